@@ -1,0 +1,69 @@
+"""Run the example server: `python -m example_server` (stdio) or `--http --port N [--tokens FILE]`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
+
+from example_server.server import build_server, create_jobs
+from handles.mcp import streamable_http_app
+
+
+class FileTokenVerifier:
+    """Bearer tokens from a JSON file {token: principal}; for the example and tests, not production."""
+
+    def __init__(self, tokens: dict[str, str]) -> None:
+        self._tokens = tokens
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        principal = self._tokens.get(token)
+        if principal is None:
+            return None
+        return AccessToken(token=token, client_id=principal, subject=principal, scopes=[])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m example_server", description=__doc__)
+    parser.add_argument(
+        "--http", action="store_true", help="serve stateless Streamable HTTP instead of stdio"
+    )
+    parser.add_argument("--port", type=int, default=8000, help="HTTP port on 127.0.0.1 (default 8000)")
+    parser.add_argument("--tokens", type=Path, help="JSON file {token: principal}; requires bearer tokens")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+
+    jobs = create_jobs()
+    if not args.http:
+        server = build_server(jobs)
+
+        async def serve_stdio() -> None:
+            async with jobs.running():
+                await server.run_stdio_async()
+
+        asyncio.run(serve_stdio())
+        return
+
+    options: dict[str, Any] = {}
+    if args.tokens:
+        tokens = json.loads(args.tokens.read_text())
+        base = f"http://127.0.0.1:{args.port}"
+        options["token_verifier"] = FileTokenVerifier(tokens)
+        options["auth"] = AuthSettings(issuer_url=base, resource_server_url=f"{base}/mcp")
+    server = build_server(jobs, **options)
+    import uvicorn
+
+    uvicorn.run(streamable_http_app(server, jobs), host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

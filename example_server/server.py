@@ -1,0 +1,130 @@
+"""The example server's jobs and tools.
+
+- `generate_report(account, months)`: reports progress month by month.
+- `deploy_release(version)`: asks mid-way for an approval and a target environment.
+- `export_dataset(rows)`: long, and cancellable mid-way.
+- `lookup_account(account)`: an ordinary quick tool, for contrast.
+
+`EXAMPLE_JOB_SECONDS` sets the nominal length of each long job (default 20).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from datetime import timedelta
+from typing import Annotated, Any, Literal
+
+from mcp.server.mcpserver import MCPServer
+from pydantic import BaseModel, Field
+
+from handles import Handles, HandlesConfig, JobContext, ToolError
+
+
+def job_seconds() -> float:
+    """The nominal length of each long job, from EXAMPLE_JOB_SECONDS (default 20)."""
+    return float(os.environ.get("EXAMPLE_JOB_SECONDS", "20"))
+
+
+class Report(BaseModel):
+    account: str
+    months: int
+    revenue_by_month: list[float]
+    total_revenue: float
+
+
+class Approval(BaseModel):
+    """What deploy_release needs to know before it touches an environment."""
+
+    approve: bool = Field(description="Approve this deployment?")
+    environment: Literal["staging", "production"] = Field(description="Where to deploy.")
+
+
+class Deployment(BaseModel):
+    version: str
+    environment: str
+    steps: list[str]
+
+
+class ExportSummary(BaseModel):
+    rows: int
+    chunks: int
+    location: str
+
+
+def _revenue(account: str, month: int) -> float:
+    return round(1000 + (sum(map(ord, account)) * (month + 1)) % 997 * 1.5, 2)
+
+
+async def generate_report(
+    ctx: JobContext, account: str, months: Annotated[int, Field(ge=1, le=120)] = 12
+) -> Report:
+    """Build the revenue report of an account, month by month."""
+    pause = job_seconds() / months
+    revenue: list[float] = []
+    for month in range(months):
+        await asyncio.sleep(pause)
+        revenue.append(_revenue(account, month))
+        await ctx.progress(month + 1, months, f"Processed month {month + 1} of {months}")
+    return Report(
+        account=account, months=months, revenue_by_month=revenue, total_revenue=round(sum(revenue), 2)
+    )
+
+
+async def deploy_release(ctx: JobContext, version: str) -> Deployment:
+    """Build and deploy a release; asks for an approval and a target environment before deploying."""
+    steps = ["build", "test", "package"]
+    pause = job_seconds() / 2 / len(steps)
+    for done, step in enumerate(steps, start=1):
+        await asyncio.sleep(pause)
+        await ctx.progress(done, len(steps) * 2, f"{step} finished")
+    approval = await ctx.ask(f"Release {version} is built and tested. Deploy it, and where?", Approval)
+    if not approval.approve:
+        raise ToolError(f"Deployment of {version} was not approved; nothing was deployed.")
+    rollout = ["upload", "migrate", "switch traffic"]
+    for done, step in enumerate(rollout, start=len(steps) + 1):
+        await asyncio.sleep(pause)
+        await ctx.progress(done, len(steps) * 2, f"{step} on {approval.environment}")
+    return Deployment(version=version, environment=approval.environment, steps=steps + rollout)
+
+
+async def export_dataset(ctx: JobContext, rows: Annotated[int, Field(ge=1, le=10_000_000)]) -> ExportSummary:
+    """Export a dataset in chunks; stops cleanly at the next chunk when cancelled."""
+    chunks = 20
+    pause = job_seconds() / chunks
+    for chunk in range(chunks):
+        await ctx.checkpoint()
+        await asyncio.sleep(pause)
+        await ctx.progress((chunk + 1) * rows // chunks, rows, f"Exported chunk {chunk + 1} of {chunks}")
+    return ExportSummary(rows=rows, chunks=chunks, location=f"exports/{ctx.job_id}.csv")
+
+
+def lookup_account(account: str) -> dict[str, Any]:
+    """Look up an account's plan and region (a quick, ordinary tool)."""
+    return {"account": account, "plan": "enterprise" if len(account) > 4 else "team", "region": "eu-west"}
+
+
+def create_jobs(config: HandlesConfig | None = None) -> Handles:
+    """A `Handles` instance with the three example jobs declared (configuration from the environment by default)."""
+    jobs = Handles(config)
+    jobs.job(retention=timedelta(hours=6), poll_after=timedelta(seconds=2))(generate_report)
+    jobs.job(retention=timedelta(hours=6), poll_after=timedelta(seconds=2), asks_input=True)(deploy_release)
+    jobs.job(retention=timedelta(hours=1), poll_after=timedelta(seconds=2))(export_dataset)
+    return jobs
+
+
+def build_server(jobs: Handles, *, token_verifier: Any = None, auth: Any = None) -> MCPServer[Any]:
+    """The example MCPServer with every job's handle tools and the quick tool bound."""
+    server: MCPServer[Any] = MCPServer(
+        "handles-example",
+        instructions=(
+            "Long jobs are started with <job>_start, which returns a handle. Follow a job with "
+            "<job>_progress, get its result with <job>_fetch, answer its questions with <job>_respond, "
+            "and stop it with <job>_cancel. Each reply's `next` field says what to do next."
+        ),
+        token_verifier=token_verifier,
+        auth=auth,
+    )
+    server.add_tool(lookup_account, structured_output=True)
+    jobs.bind(server)
+    return server

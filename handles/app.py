@@ -1,0 +1,181 @@
+"""`Handles`: the object a server author creates, decorates jobs on, and binds to a server.
+
+It owns one store, one handle codec, one runtime and one service, built on first
+use from a `HandlesConfig` (by default read from the environment).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar, overload
+
+from mcp.server.mcpserver import MCPServer
+
+from handles.config import HandlesConfig
+from handles.errors import ConfigurationError
+from handles.handle import HandleCodec
+from handles.jobs import DEFAULT_POLL_AFTER, DEFAULT_RETENTION, JobSpec, OnInterrupt
+from handles.mcp import add_tools
+from handles.principal import PrincipalResolver, default_resolver
+from handles.runtime import Runtime
+from handles.service import JobService
+from handles.store import Clock, JobRepository, Store, utc_now
+from handles.tools import JobTools, ToolDefinition
+
+logger = logging.getLogger("handles")
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+class Handles:
+    """A set of long jobs, their durable store, and the tools that serve them.
+
+    ```python
+    jobs = Handles()
+
+    @jobs.job(retention=timedelta(hours=6))
+    async def generate_report(ctx: JobContext, account: str, months: int = 12) -> Report:
+        ...
+
+    server = MCPServer("reports")
+    jobs.bind(server)
+    ```
+    """
+
+    def __init__(
+        self,
+        config: HandlesConfig | None = None,
+        *,
+        principal_resolver: PrincipalResolver | None = None,
+        clock: Clock = utc_now,
+    ) -> None:
+        self.config = config or HandlesConfig.from_env()
+        self.principal_resolver = principal_resolver or default_resolver(self.config.local_principal)
+        self._clock = clock
+        self._specs: dict[str, JobSpec] = {}
+        self._service: JobService | None = None
+
+    # -- defining jobs -----------------------------------------------------
+
+    @overload
+    def job(self, fn: F, /) -> F: ...
+
+    @overload
+    def job(
+        self,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        retention: timedelta = DEFAULT_RETENTION,
+        poll_after: timedelta = DEFAULT_POLL_AFTER,
+        asks_input: bool = False,
+        on_interrupt: OnInterrupt = "fail",
+        max_attempts: int = 3,
+    ) -> Callable[[F], F]: ...
+
+    def job(  # type: ignore[misc]  # mypy cannot relate a TypeVar bound only in one overload
+        self,
+        fn: F | None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        retention: timedelta = DEFAULT_RETENTION,
+        poll_after: timedelta = DEFAULT_POLL_AFTER,
+        asks_input: bool = False,
+        on_interrupt: OnInterrupt = "fail",
+        max_attempts: int = 3,
+    ) -> F | Callable[[F], F]:
+        """Declare an async function as a long job. Usable bare (`@jobs.job`) or with options.
+
+        `retention` is how long the job and its result are kept from its start (stated in
+        the tool descriptions); `poll_after` is the polling hint given to callers;
+        `asks_input` adds the respond tool; `on_interrupt` says what happens when the
+        process running the job dies ("fail", or "retry" up to `max_attempts`).
+        """
+
+        def register(function: F) -> F:
+            spec = JobSpec.from_function(
+                function,
+                name=name,
+                description=description,
+                retention=retention,
+                poll_after=poll_after,
+                asks_input=asks_input,
+                on_interrupt=on_interrupt,
+                max_attempts=max_attempts,
+            )
+            if spec.name in self._specs:
+                raise ConfigurationError(f"A job named {spec.name!r} is already declared.")
+            if self._service is not None:
+                raise ConfigurationError("Declare every job before binding or starting the Handles instance.")
+            self._specs[spec.name] = spec
+            return function
+
+        return register(fn) if fn is not None else register
+
+    @property
+    def specs(self) -> dict[str, JobSpec]:
+        return dict(self._specs)
+
+    # -- the machinery -----------------------------------------------------
+
+    @property
+    def service(self) -> JobService:
+        """The shared operations, built (store opened, schema created) on first use."""
+        if self._service is None:
+            url = self.config.resolved_database_url()
+            if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
+                Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            codec = HandleCodec(self.config.resolved_secret_keys())
+            repository = JobRepository(url, clock=self._clock)
+            repository.create_schema()
+            store = Store(repository)
+            runtime = Runtime(store=store, config=self.config, specs=self._specs)
+            self._service = JobService(
+                specs=self._specs, store=store, codec=codec, runtime=runtime, config=self.config
+            )
+        return self._service
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.service.runtime
+
+    def tool_definitions(self) -> list[ToolDefinition]:
+        """Every handle tool of every declared job."""
+        definitions: list[ToolDefinition] = []
+        for spec in self._specs.values():
+            definitions.extend(JobTools(spec, self.service).definitions())
+        return definitions
+
+    def bind(self, server: MCPServer[Any]) -> None:
+        """Add the handle tools of every declared job to `server`."""
+        if not self._specs:
+            raise ConfigurationError(
+                "No jobs are declared; decorate at least one function with @handles.job."
+            )
+        add_tools(server, self.tool_definitions(), self.principal_resolver)
+
+    async def start(self) -> None:
+        """Start the runtime now (otherwise it starts on the first tool call)."""
+        await self.service.ensure_running()
+
+    async def aclose(self) -> None:
+        """Stop the runtime (running jobs are settled by their interrupt policy) and close the store."""
+        if self._service is None:
+            return
+        await self._service.runtime.stop()
+        self._service.store.repo.dispose()
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Handles]:
+        """`async with jobs.running():` starts the runtime and stops it cleanly on exit."""
+        await self.start()
+        try:
+            yield self
+        finally:
+            await self.aclose()

@@ -1,0 +1,153 @@
+"""Questions a job asks: form-elicitation schemas (an object of primitive fields) and answer checks.
+
+The schema is stored with the question, so any node can check an answer without
+the job's Python classes: `validate_answer` needs only the stored dict.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import date, datetime
+from typing import Any
+
+from pydantic import BaseModel
+
+_PRIMITIVES = {"string", "number", "integer", "boolean"}
+_STRING_FORMATS = {"email", "uri", "date", "date-time"}
+
+
+class SchemaError(ValueError):
+    """A schema that form elicitation cannot carry."""
+
+
+def elicitation_schema(schema: type[BaseModel] | dict[str, Any]) -> dict[str, Any]:
+    """The requested-schema dict for `schema`, checked to be an object of primitive fields."""
+    if isinstance(schema, type) and issubclass(schema, BaseModel):
+        raw = schema.model_json_schema()
+        raw.pop("title", None)
+        raw = _inline_enum_refs(raw)
+    elif isinstance(schema, dict):
+        raw = dict(schema)
+    else:
+        raise SchemaError("ask() needs a pydantic model class or a JSON schema dict")
+    if raw.get("type") != "object" or not isinstance(raw.get("properties"), dict):
+        raise SchemaError('an elicitation schema is {"type": "object", "properties": {...}}')
+    for name, prop in raw["properties"].items():
+        _check_property(name, prop)
+    required = raw.get("required", [])
+    if not isinstance(required, list) or any(r not in raw["properties"] for r in required):
+        raise SchemaError("'required' must list property names")
+    return {k: v for k, v in raw.items() if k in {"type", "properties", "required", "title", "description"}}
+
+
+def _inline_enum_refs(raw: dict[str, Any]) -> dict[str, Any]:
+    """Replace `$ref`s to enum definitions (pydantic emits them for Enum fields) with the definitions."""
+    defs = raw.pop("$defs", {})
+    properties = {}
+    for name, prop in raw.get("properties", {}).items():
+        ref = prop.get("$ref") if isinstance(prop, dict) else None
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            target = dict(defs.get(ref.removeprefix("#/$defs/"), {}))
+            target.pop("title", None)
+            prop = {**target, **{k: v for k, v in prop.items() if k != "$ref"}}
+        properties[name] = prop
+    raw["properties"] = properties
+    return raw
+
+
+def _check_property(name: str, prop: Any) -> None:
+    if not isinstance(prop, dict):
+        raise SchemaError(f"field {name!r}: a property schema must be an object")
+    kind = prop.get("type")
+    if kind == "array":
+        items = prop.get("items")
+        if not (isinstance(items, dict) and (isinstance(items.get("enum"), list) or "anyOf" in items)):
+            raise SchemaError(f"field {name!r}: arrays are allowed only as multi-select enums")
+        return
+    if "oneOf" in prop and kind in (None, "string"):
+        return
+    if kind not in _PRIMITIVES:
+        raise SchemaError(
+            f"field {name!r}: type must be one of string, number, integer, boolean (got {kind!r})"
+        )
+    fmt = prop.get("format")
+    if fmt is not None and (kind != "string" or fmt not in _STRING_FORMATS):
+        raise SchemaError(f"field {name!r}: format {fmt!r} is not supported by form elicitation")
+
+
+def validate_answer(schema: dict[str, Any], answer: Any) -> list[str]:
+    """Problems with `answer` against a stored elicitation schema; empty when it fits."""
+    if not isinstance(answer, dict):
+        return ["the answer must be a JSON object of field values"]
+    problems: list[str] = []
+    properties: dict[str, Any] = schema.get("properties", {})
+    for name in schema.get("required", []):
+        if name not in answer:
+            problems.append(f"{name}: required")
+    for name, value in answer.items():
+        prop = properties.get(name)
+        if prop is None:
+            problems.append(
+                f"{name}: not a field of this question (fields: {', '.join(properties) or 'none'})"
+            )
+            continue
+        problem = _check_value(prop, value)
+        if problem:
+            problems.append(f"{name}: {problem}")
+    return problems
+
+
+def _allowed_values(prop: dict[str, Any]) -> list[Any] | None:
+    if isinstance(prop.get("enum"), list):
+        return list(prop["enum"])
+    for key in ("oneOf", "anyOf"):
+        if isinstance(prop.get(key), list):
+            return [option.get("const") for option in prop[key] if isinstance(option, dict)]
+    return None
+
+
+def _check_value(prop: dict[str, Any], value: Any) -> str | None:
+    kind = prop.get("type", "string")
+    if kind == "array":
+        if not isinstance(value, list):
+            return "expected a list of choices"
+        allowed = _allowed_values(prop.get("items", {}))
+        bad = [v for v in value if allowed is not None and v not in allowed]
+        return f"not among the choices {allowed}: {bad}" if bad else None
+    allowed = _allowed_values(prop)
+    if allowed is not None and value not in allowed:
+        return f"must be one of {allowed}"
+    if kind == "boolean":
+        return None if isinstance(value, bool) else "expected true or false"
+    if kind in ("number", "integer"):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            return f"expected a {kind}"
+        if kind == "integer" and not float(value).is_integer():
+            return "expected an integer"
+        if "minimum" in prop and value < prop["minimum"]:
+            return f"must be at least {prop['minimum']}"
+        if "maximum" in prop and value > prop["maximum"]:
+            return f"must be at most {prop['maximum']}"
+        return None
+    if not isinstance(value, str):
+        return "expected a string"
+    if "minLength" in prop and len(value) < prop["minLength"]:
+        return f"must be at least {prop['minLength']} characters"
+    if "maxLength" in prop and len(value) > prop["maxLength"]:
+        return f"must be at most {prop['maxLength']} characters"
+    return _check_format(prop.get("format"), value)
+
+
+def _check_format(fmt: str | None, value: str) -> str | None:
+    try:
+        if fmt == "date":
+            date.fromisoformat(value)
+        elif fmt == "date-time":
+            datetime.fromisoformat(value)
+        elif fmt == "email" and ("@" not in value or value.startswith("@") or value.endswith("@")):
+            return "expected an email address"
+        elif fmt == "uri" and ":" not in value:
+            return "expected a URI"
+    except ValueError:
+        return f"expected an ISO {fmt}"
+    return None

@@ -1,0 +1,103 @@
+"""One error tree. Every error a caller can see says what happened and what to do next.
+
+`CallerError` subclasses become tool errors (`isError: true`) on the handle tools
+and JSON-RPC errors on the Tasks face; their text never carries another
+principal's data, a secret or a stack trace. `ToolError` and `JobFailed` are raised
+by job authors inside a job function.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class HandlesError(Exception):
+    """Base of every error this package raises."""
+
+
+class ConfigurationError(HandlesError):
+    """The server is configured in a way that cannot work (raised at start-up, never to a caller)."""
+
+
+class CallerError(HandlesError):
+    """A request the caller can correct. `code` is stable; `message` and `next_step` are for people and models."""
+
+    code: str = "invalid_request"
+    retryable: bool = False
+
+    def __init__(self, message: str, next_step: str, *, data: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.next_step = next_step
+        self.data = data or {}
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"error": self.code, "message": self.message, "next": self.next_step}
+        if self.retryable:
+            body["retryable"] = True
+        body.update(self.data)
+        return body
+
+
+class UnknownHandle(CallerError):
+    """The handle is forged, truncated, signed by a retired key, or another principal's: all look the same."""
+
+    code = "unknown_handle"
+
+
+class ExpiredHandle(CallerError):
+    """The handle is genuine and the caller's, but its job's retention has passed."""
+
+    code = "expired_handle"
+
+
+class WrongJobKind(CallerError):
+    """The caller's own handle was passed to the tools of another job."""
+
+    code = "wrong_job"
+
+
+class InvalidArguments(CallerError):
+    """Arguments or responses that do not fit the declared schema or limits."""
+
+    code = "invalid_arguments"
+
+
+class IdempotencyConflict(CallerError):
+    """The idempotency key was already used for this job with different arguments."""
+
+    code = "idempotency_conflict"
+
+
+class LimitReached(CallerError):
+    """A configured cap (for example active jobs per principal) stops this request for now."""
+
+    code = "limit_reached"
+    retryable = True
+
+
+class StoreUnavailable(CallerError):
+    """The database cannot be reached; nothing was changed and the same request may be retried."""
+
+    code = "store_unavailable"
+    retryable = True
+
+
+class ToolError(HandlesError):
+    """Raise inside a job to end it `completed` with a tool-level error result (`isError: true`).
+
+    Use it for outcomes the caller should read and act on (bad input discovered
+    mid-way, a business rule refused the work); the message is shown as is.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class JobFailed(HandlesError):
+    """Raise inside a job to end it `failed` with a message that is safe to show to the caller."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message

@@ -1,0 +1,98 @@
+"""Minting and verifying handles.
+
+A handle is an itsdangerous-signed token (HMAC-SHA256, a salt of its own) over
+`[version, job_id, kind, expires_at, principal_tag]`:
+
+- `job_id`: 144 random bits, the primary key of the stored job;
+- `kind`: the job's name, so one job's tools refuse another job's handle;
+- `expires_at`: the end of the job's retention, so expiry is decided from the
+  handle's own signed time;
+- `principal_tag`: an HMAC of the job id and the principal under a key derived
+  from the signing key. It binds the principal without showing it, and cannot be
+  checked against guessed principals without the key.
+
+Keys are a list, newest first: the newest signs, every listed key verifies, so a
+key can be rotated in and the old one retired later. A handle is never
+authentication: the principal it was minted for is compared with the principal of
+the request presenting it, on every call, before anything is read from the store.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from itsdangerous import BadSignature, URLSafeSerializer
+
+HANDLE_SALT = "handles.handle.v1"
+_TAG_LABEL = b"handles.principal-binding.v1"
+_FORMAT_VERSION = 1
+JOB_ID_BYTES = 18
+MAX_HANDLE_LENGTH = 400
+
+
+def new_job_id() -> str:
+    """A fresh job id with 144 bits of entropy, URL-safe."""
+    return secrets.token_urlsafe(JOB_ID_BYTES)
+
+
+@dataclass(frozen=True)
+class HandleClaims:
+    """What a verified handle says. Only returned once signature and principal both match."""
+
+    job_id: str
+    kind: str
+    expires_at: datetime
+
+
+class HandleCodec:
+    """Mints and verifies handles with a list of secret keys (newest first)."""
+
+    def __init__(self, secret_keys: tuple[str, ...] | list[str]) -> None:
+        if not secret_keys:
+            raise ValueError("HandleCodec needs at least one secret key")
+        keys = [key.encode() for key in secret_keys]
+        # itsdangerous signs with the *last* key and tries all when verifying.
+        self._serializer = URLSafeSerializer(
+            list(reversed(keys)), salt=HANDLE_SALT, signer_kwargs={"digest_method": hashlib.sha256}
+        )
+        self._tag_keys = [hmac.new(key, _TAG_LABEL, hashlib.sha256).digest() for key in keys]
+
+    def mint(self, *, job_id: str, kind: str, principal: str, expires_at: datetime) -> str:
+        """A new handle for `job_id`, bound to `principal`, valid until `expires_at`."""
+        tag = self._tag(self._tag_keys[0], job_id, principal)
+        payload = [_FORMAT_VERSION, job_id, kind, int(expires_at.timestamp()), tag]
+        token = self._serializer.dumps(payload)
+        return token if isinstance(token, str) else token.decode()
+
+    def verify(self, token: object, *, principal: str) -> HandleClaims | None:
+        """The claims of `token` if it is genuine and bound to `principal`; otherwise None.
+
+        Forged, truncated, re-encoded, oversized, non-ASCII, retired-key and
+        other-principal handles all return None, so callers cannot tell them apart.
+        """
+        if not isinstance(token, str) or not token or len(token) > MAX_HANDLE_LENGTH or not token.isascii():
+            return None
+        try:
+            payload = self._serializer.loads(token.strip())
+        except (BadSignature, ValueError, TypeError):
+            return None
+        if not (isinstance(payload, list) and len(payload) == 5 and payload[0] == _FORMAT_VERSION):
+            return None
+        _, job_id, kind, expires, tag = payload
+        if not (isinstance(job_id, str) and isinstance(kind, str) and isinstance(expires, int)):
+            return None
+        if not isinstance(tag, str):
+            return None
+        if not any(hmac.compare_digest(self._tag(key, job_id, principal), tag) for key in self._tag_keys):
+            return None
+        return HandleClaims(job_id=job_id, kind=kind, expires_at=datetime.fromtimestamp(expires, UTC))
+
+    @staticmethod
+    def _tag(key: bytes, job_id: str, principal: str) -> str:
+        digest = hmac.new(key, f"{job_id}\x00{principal}".encode(), hashlib.sha256).digest()[:16]
+        return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()

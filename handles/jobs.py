@@ -1,0 +1,285 @@
+"""What a job author touches: the job definition (`JobSpec`) and the `JobContext` a job receives.
+
+A job is one async function. Its parameters (after the `JobContext` one) become
+the start tool's input schema; its return annotation becomes the output schema,
+derived by the `mcp` SDK exactly as for an ordinary tool, so the stored result is
+the `CallToolResult` the plain tool would have returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import re
+import typing
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+
+from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata, func_metadata
+from mcp_types import CallToolResult
+from pydantic import BaseModel, ValidationError
+
+from handles.elicitation import elicitation_schema
+from handles.errors import ConfigurationError, InvalidArguments
+from handles.limits import clean_message
+
+if TYPE_CHECKING:
+    from handles.store import Store
+
+OnInterrupt = Literal["fail", "retry"]
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,54}$")
+DEFAULT_RETENTION = timedelta(days=1)
+DEFAULT_POLL_AFTER = timedelta(seconds=2)
+
+
+def describe_duration(delta: timedelta) -> str:
+    """A short human phrase for a duration: '1 day', '2 hours', '90 seconds'."""
+    seconds = int(delta.total_seconds())
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            count = seconds // size
+            return f"{count} {unit}{'s' if count != 1 else ''}"
+    return f"{seconds} second{'s' if seconds != 1 else ''}"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One long job: its function, schemas, retention and policies."""
+
+    name: str
+    fn: Callable[..., Awaitable[Any]]
+    description: str
+    retention: timedelta
+    poll_after: timedelta
+    asks_input: bool
+    on_interrupt: OnInterrupt
+    max_attempts: int
+    context_param: str
+    metadata: FuncMetadata
+
+    @classmethod
+    def from_function(
+        cls,
+        fn: Callable[..., Awaitable[Any]],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        retention: timedelta = DEFAULT_RETENTION,
+        poll_after: timedelta = DEFAULT_POLL_AFTER,
+        asks_input: bool = False,
+        on_interrupt: OnInterrupt = "fail",
+        max_attempts: int = 3,
+    ) -> JobSpec:
+        job_name = name or fn.__name__
+        if not _NAME.match(job_name):
+            raise ConfigurationError(
+                f"Job name {job_name!r} must start with a letter and use only letters, digits and '_' "
+                "(at most 55 characters, so that '<name>_progress' stays a valid tool name)."
+            )
+        if not inspect.iscoroutinefunction(fn):
+            raise ConfigurationError(f"Job {job_name!r} must be an `async def` function.")
+        if retention <= timedelta(0):
+            raise ConfigurationError(f"Job {job_name!r}: retention must be positive.")
+        if on_interrupt not in ("fail", "retry"):
+            raise ConfigurationError(f"Job {job_name!r}: on_interrupt must be 'fail' or 'retry'.")
+        context_param = _find_context_param(fn, job_name)
+        try:
+            metadata = func_metadata(fn, skip_names=[context_param], structured_output=True)
+        except Exception as exc:
+            raise ConfigurationError(
+                f"Job {job_name!r} needs a return annotation that pydantic can describe as JSON "
+                f"(a pydantic model, TypedDict, dataclass or primitive): {exc}"
+            ) from exc
+        return cls(
+            name=job_name,
+            fn=fn,
+            description=inspect.cleandoc(description or fn.__doc__ or f"Runs the {job_name} job."),
+            retention=retention,
+            poll_after=poll_after,
+            asks_input=asks_input,
+            on_interrupt=on_interrupt,
+            max_attempts=max(1, max_attempts),
+            context_param=context_param,
+            metadata=metadata,
+        )
+
+    @property
+    def parameters_schema(self) -> dict[str, Any]:
+        """JSON Schema of the job's parameters (the start tool's arguments, without `idempotency_key`)."""
+        return self.metadata.arg_model.model_json_schema(by_alias=True)
+
+    @property
+    def output_schema(self) -> dict[str, Any]:
+        """JSON Schema of the job's structured result: what the plain tool would declare."""
+        assert self.metadata.output_schema is not None
+        return self.metadata.output_schema
+
+    def validate_arguments(self, arguments: dict[str, Any], next_step: str) -> dict[str, Any]:
+        """Arguments as JSON-ready values, validated against the job's parameters."""
+        try:
+            model = self.metadata.arg_model.model_validate(self.metadata.pre_parse_json(arguments))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}" for err in exc.errors()
+            )
+            raise InvalidArguments(f"Invalid arguments for {self.name}: {problems}.", next_step) from None
+        return model.model_dump(mode="json", by_alias=True)
+
+    def call_arguments(self, stored: dict[str, Any]) -> dict[str, Any]:
+        """Python values for the job function, rebuilt from the stored JSON arguments."""
+        return self.metadata.validate_arguments(stored)
+
+    def to_tool_result(self, value: Any) -> CallToolResult:
+        """The `CallToolResult` a plain tool returning `value` would produce."""
+        result = self.metadata.convert_result(value)
+        assert isinstance(result, CallToolResult)
+        return result
+
+
+def _find_context_param(fn: Callable[..., Any], job_name: str) -> str:
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception as exc:
+        raise ConfigurationError(f"Job {job_name!r}: cannot resolve its type hints: {exc}") from exc
+    names = [name for name, hint in hints.items() if inspect.isclass(hint) and issubclass(hint, JobContext)]
+    if len(names) != 1:
+        raise ConfigurationError(
+            f"Job {job_name!r} must take exactly one parameter annotated `JobContext` (found {len(names)})."
+        )
+    return names[0]
+
+
+class JobContext:
+    """The handle a running job has on its own stored state.
+
+    `progress()` reports how far it got (coalesced, so a tight loop costs few
+    writes); `cancelled` tells whether a cancel was requested (the job is also
+    interrupted at its next await once the grace period runs out); `ask()` parks
+    the job in `input_required` until the caller answers.
+    """
+
+    def __init__(
+        self,
+        *,
+        spec: JobSpec,
+        job_id: str,
+        principal: str,
+        attempt: int,
+        owner: str,
+        store: Store,
+        store_poll_seconds: float,
+        progress_flush_seconds: float,
+    ) -> None:
+        self.spec = spec
+        self.job_id = job_id
+        self.principal = principal
+        self.attempt = attempt
+        self._owner = owner
+        self._store = store
+        self._poll = store_poll_seconds
+        self._flush_interval = progress_flush_seconds
+        self._cancel_requested = asyncio.Event()
+        self._ask_count = 0
+        self._latest: tuple[float | None, float | None, str | None] | None = None
+        self._dirty = False
+        self._last_write = float("-inf")
+        self._write_lock = asyncio.Lock()
+        self._trailing: asyncio.Task[None] | None = None
+        self.progress_writes = 0
+
+    @property
+    def kind(self) -> str:
+        return self.spec.name
+
+    @property
+    def cancelled(self) -> bool:
+        """True once a cancel was requested for this job."""
+        return self._cancel_requested.is_set()
+
+    async def checkpoint(self) -> None:
+        """Stop here if a cancel was requested (the job then ends `cancelled`)."""
+        if self.cancelled:
+            raise asyncio.CancelledError("cancel requested")
+
+    async def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
+        """Record progress. Writes are coalesced to one per `progress_flush_seconds`; the latest value is kept."""
+        self._latest = (float(done), None if total is None else float(total), clean_message(message))
+        self._dirty = True
+        loop = asyncio.get_running_loop()
+        wait = self._last_write + self._flush_interval - loop.time()
+        if wait <= 0 and not self._write_lock.locked():
+            await self._write_progress()
+        elif self._trailing is None or self._trailing.done():
+            self._trailing = asyncio.create_task(self._write_later(max(wait, 0.0)))
+
+    async def flush(self) -> None:
+        """Write any progress not yet stored (the runtime calls this before the job ends)."""
+        if self._trailing is not None and not self._trailing.done():
+            self._trailing.cancel()
+        await self._write_progress()
+
+    async def _write_later(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await self._write_progress()
+
+    async def _write_progress(self) -> None:
+        async with self._write_lock:
+            if not self._dirty or self._latest is None:
+                return
+            done, total, message = self._latest
+            self._dirty = False
+            self._last_write = asyncio.get_running_loop().time()
+            self.progress_writes += 1
+            repo = self._store.repo
+            await self._store.write(
+                self.job_id, repo.set_progress, self.job_id, self._owner, done, total, message
+            )
+
+    @overload
+    async def ask(self, message: str, schema: type[ModelT]) -> ModelT: ...
+
+    @overload
+    async def ask(self, message: str, schema: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def ask(self, message: str, schema: type[BaseModel] | dict[str, Any]) -> Any:
+        """Ask the caller a question and wait for the answer.
+
+        `schema` is a pydantic model of primitive fields (the answer comes back as
+        that model) or a form-elicitation JSON schema dict (the answer comes back as
+        a dict). The job is `input_required` until the answer arrives through
+        `<job>_respond` or `tasks/update`. Questions are keyed `q1`, `q2`, ... in the
+        order asked; a retried job that asks again gets the recorded answer back.
+        """
+        if not self.spec.asks_input:
+            raise ConfigurationError(
+                f"Job {self.spec.name!r} called ctx.ask() but was not declared with asks_input=True."
+            )
+        requested = elicitation_schema(schema)
+        self._ask_count += 1
+        key = f"q{self._ask_count}"
+        await self.flush()
+        repo = self._store.repo
+        text = clean_message(message) or "Input required."
+        replay = await self._store.write(
+            self.job_id, repo.open_input, self.job_id, self._owner, key, text, requested
+        )
+        answer = replay.answer if replay is not None else await self._wait_for_answer(key)
+        if isinstance(schema, type) and issubclass(schema, BaseModel):
+            return schema.model_validate(answer)
+        return answer
+
+    async def _wait_for_answer(self, key: str) -> dict[str, Any]:
+        repo = self._store.repo
+        while True:
+            await self.checkpoint()
+            record = await self._store.call(repo.get_input, self.job_id, key)
+            if record is not None and record.answered_at is not None and record.answer is not None:
+                return record.answer
+            await self._store.notifier.wait(self.job_id, self._poll)
+
+    def _request_cancel(self) -> None:
+        self._cancel_requested.set()

@@ -1,0 +1,47 @@
+"""Bounds on what callers and jobs may store, and the cleaning of text shown to callers.
+
+Status messages are data, never instructions: they are stripped of control
+characters and cut to a bounded length before they are stored.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from handles.errors import InvalidArguments
+
+MAX_STATUS_MESSAGE = 500
+MAX_ARGUMENTS_BYTES = 64 * 1024
+MAX_RESULT_BYTES = 1024 * 1024
+MAX_RESPONSE_BYTES = 16 * 1024
+MAX_IDEMPOTENCY_KEY = 200
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2064\ufeff]")
+
+
+def clean_message(text: str | None, limit: int = MAX_STATUS_MESSAGE) -> str | None:
+    """`text` without control or invisible formatting characters, at most `limit` characters."""
+    if text is None:
+        return None
+    cleaned = _CONTROL.sub(" ", str(text)).strip()
+    if len(cleaned) > limit:
+        cleaned = cleaned[: limit - 1].rstrip() + "\u2026"
+    return cleaned
+
+
+def json_size(value: Any) -> int:
+    """The size in bytes of `value` as compact JSON."""
+    return len(json.dumps(value, separators=(",", ":"), default=str).encode())
+
+
+def check_size(value: Any, limit: int, what: str, next_step: str) -> None:
+    """Raise `InvalidArguments` when `value` serialises to more than `limit` bytes."""
+    size = json_size(value)
+    if size > limit:
+        raise InvalidArguments(
+            f"The {what} is {size} bytes of JSON; the limit is {limit} bytes.",
+            next_step,
+            data={"limit_bytes": limit, "size_bytes": size},
+        )

@@ -1,0 +1,115 @@
+"""Binding generated tools to the official SDK's `MCPServer`.
+
+Each `ToolDefinition` becomes an ordinary SDK tool through `MCPServer.add_tool`:
+a function whose signature is synthesised from the definition's input model (so
+the SDK derives the same `inputSchema` and validates arguments) and whose return
+annotation `Annotated[CallToolResult, OutputModel]` makes the SDK publish the
+`outputSchema` and check every structured result against it. No JSON-RPC here.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Annotated, Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import CallToolResult, ContentBlock, TextContent, ToolAnnotations
+from pydantic_core import to_jsonable_python
+from starlette.applications import Starlette
+
+from handles.errors import ConfigurationError
+from handles.principal import PrincipalResolver
+from handles.tools import ToolDefinition, ToolReply
+
+if TYPE_CHECKING:
+    from handles.app import Handles
+
+CONTEXT_PARAM = "mcp_context"
+
+
+def to_call_tool_result(reply: ToolReply) -> CallToolResult:
+    """Structured content plus the same JSON as text; caller errors carry text only."""
+    content: list[ContentBlock] = [TextContent(type="text", text=reply.text)]
+    if reply.is_error and "error" in reply.structured and "status" not in reply.structured:
+        return CallToolResult(content=content, is_error=True)
+    return CallToolResult(content=content, structured_content=reply.structured, is_error=reply.is_error)
+
+
+async def resolve_principal(resolver: PrincipalResolver, context: Any) -> str:
+    principal = resolver(context)
+    if inspect.isawaitable(principal):
+        principal = await principal
+    if not principal:
+        raise ConfigurationError("the principal resolver returned no principal for this request")
+    return principal
+
+
+def tool_function(
+    definition: ToolDefinition, resolver: PrincipalResolver
+) -> Callable[..., Awaitable[CallToolResult]]:
+    """An SDK tool function for `definition`, with a signature the SDK can read."""
+    model = definition.input_model
+    if CONTEXT_PARAM in model.model_fields:
+        raise ConfigurationError(f"{definition.name}: a parameter may not be named {CONTEXT_PARAM!r}")
+
+    async def call(**kwargs: Any) -> CallToolResult:
+        context = kwargs.pop(CONTEXT_PARAM)
+        principal = await resolve_principal(resolver, context)
+        arguments = {name: to_jsonable_python(value, by_alias=True) for name, value in kwargs.items()}
+        return to_call_tool_result(await definition.handler(principal, arguments))
+
+    parameters = [_parameter(name, field) for name, field in model.model_fields.items()]
+    parameters.append(inspect.Parameter(CONTEXT_PARAM, inspect.Parameter.KEYWORD_ONLY, annotation=Context))
+    returns = Annotated[CallToolResult, definition.output_model]
+    call.__signature__ = inspect.Signature(parameters, return_annotation=returns)  # type: ignore[attr-defined]
+    call.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": returns}
+    call.__name__ = definition.name
+    call.__qualname__ = definition.name
+    return call
+
+
+def _parameter(name: str, field: Any) -> inspect.Parameter:
+    annotation = Annotated[field.annotation, field]
+    default = inspect.Parameter.empty if field.is_required() else field.get_default(call_default_factory=True)
+    return inspect.Parameter(
+        field.alias or name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default
+    )
+
+
+def add_tools(server: MCPServer[Any], definitions: list[ToolDefinition], resolver: PrincipalResolver) -> None:
+    """Register every definition on `server` as an ordinary tool."""
+    for definition in definitions:
+        server.add_tool(
+            tool_function(definition, resolver),
+            name=definition.name,
+            title=definition.title,
+            description=definition.description,
+            annotations=ToolAnnotations(
+                title=definition.title,
+                read_only_hint=definition.read_only,
+                destructive_hint=definition.destructive,
+                idempotent_hint=definition.idempotent,
+                open_world_hint=False,
+            ),
+            structured_output=True,
+        )
+
+
+def streamable_http_app(server: MCPServer[Any], handles: Handles, **options: Any) -> Starlette:
+    """The server's stateless Streamable HTTP app, with the job runtime started and stopped by its lifespan.
+
+    Options are passed to `MCPServer.streamable_http_app` (`stateless_http=True` is the default here).
+    """
+    options.setdefault("stateless_http", True)
+    app = server.streamable_http_app(**options)
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(scope_app: Any) -> AsyncIterator[None]:
+        async with inner(scope_app), handles.running():
+            yield
+
+    app.router.lifespan_context = lifespan
+    return app

@@ -1,0 +1,382 @@
+"""Running jobs: claims, leases and heartbeats, cancellation, recovery after a crash, and the sweeper.
+
+A runtime claims a queued job with a compare-and-set on the store, holds a lease
+on it renewed by a heartbeat, and runs the job function as an asyncio task. A job
+whose lease runs out (its process died) is recovered by the next runtime that
+sweeps, according to the job's `on_interrupt` policy. Nothing about a job lives
+only here: every outcome is written to the store before anyone is told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from mcp_types import CallToolResult, TextContent
+
+from handles.config import HandlesConfig
+from handles.errors import JobFailed, ToolError
+from handles.jobs import JobContext, JobSpec
+from handles.limits import MAX_RESULT_BYTES, clean_message, json_size
+from handles.states import Status
+from handles.store import JobRecord, Store
+
+logger = logging.getLogger("handles.runtime")
+
+INTERNAL_ERROR = -32603
+SWEEP_BATCH = 500
+
+
+def interrupted_error(attempts: int) -> dict[str, Any]:
+    return {
+        "code": INTERNAL_ERROR,
+        "message": (
+            "The job was interrupted: the server process running it stopped before it finished. "
+            "Its outcome is unknown; reconcile any external effects before starting it again."
+        ),
+        "data": {"reason": "interrupted", "attempts": attempts},
+    }
+
+
+def result_to_json(result: CallToolResult) -> dict[str, Any]:
+    return result.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+@dataclass
+class _Running:
+    spec: JobSpec
+    ctx: JobContext
+    task: asyncio.Task[None] | None = None
+    stopping: bool = False
+    hard_cancel: asyncio.TimerHandle | None = None
+
+
+class Runtime:
+    """Runs the jobs of one process against a shared store."""
+
+    def __init__(self, *, store: Store, config: HandlesConfig, specs: Mapping[str, JobSpec]) -> None:
+        self.store = store
+        self.config = config
+        self.specs = specs
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._running: dict[str, _Running] = {}
+        self._loops: list[asyncio.Task[None]] = []
+        self._wake = asyncio.Event()
+        self._started = False
+        self._stopping = False
+
+    # -- life cycle --------------------------------------------------------
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    def running_ids(self) -> list[str]:
+        return list(self._running)
+
+    async def start(self) -> None:
+        """Start the background loops on the running event loop (idempotent)."""
+        if self._started:
+            return
+        self._started = True
+        self._wake = asyncio.Event()
+        self._loops = [asyncio.create_task(self._sweep_loop(), name="handles-sweeper")]
+        if self.config.run_workers:
+            self._loops.append(asyncio.create_task(self._dispatch_loop(), name="handles-dispatcher"))
+            self._loops.append(asyncio.create_task(self._heartbeat_loop(), name="handles-heartbeat"))
+
+    async def stop(self) -> None:
+        """Stop taking work; interrupt running jobs and settle them by their `on_interrupt` policy."""
+        if not self._started:
+            return
+        self._stopping = True
+        for loop_task in self._loops:
+            loop_task.cancel()
+        for loop_task in self._loops:
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop_task
+        running = list(self._running.values())
+        for entry in running:
+            entry.stopping = True
+            if entry.task is not None:
+                entry.task.cancel()
+        for entry in running:
+            if entry.task is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await entry.task
+        self._started = False
+        self._stopping = False
+
+    # -- taking work -------------------------------------------------------
+
+    def submit(self, job_id: str) -> None:
+        """A job was just stored: claim and start it now if a slot is free, else let the dispatcher queue it."""
+        if not self.config.run_workers or self._stopping:
+            return
+        if len(self._running) < self.config.max_running:
+            task = asyncio.create_task(self._claim_and_run(job_id))
+            task.add_done_callback(_log_task_failure)
+        else:
+            self._wake.set()
+
+    async def _claim_and_run(self, job_id: str) -> bool:
+        if len(self._running) >= self.config.max_running or job_id in self._running:
+            return False
+        record = await self.store.write(
+            job_id, self.store.repo.claim, job_id, self.owner, self.config.lease_seconds
+        )
+        if record is None:
+            return False
+        spec = self.specs.get(record.kind)
+        if spec is None:  # a kind this process does not serve; hand it back.
+            await self.store.write(
+                job_id,
+                self.store.repo.release,
+                job_id,
+                self.owner,
+                run_after=self.store.repo.clock(),
+                message=None,
+            )
+            return False
+        self._start_task(spec, record)
+        return True
+
+    def _start_task(self, spec: JobSpec, record: JobRecord) -> None:
+        ctx = JobContext(
+            spec=spec,
+            job_id=record.id,
+            principal=record.principal,
+            attempt=record.attempts,
+            owner=self.owner,
+            store=self.store,
+            store_poll_seconds=self.config.store_poll_seconds,
+            progress_flush_seconds=self.config.progress_flush_seconds,
+        )
+        entry = _Running(spec=spec, ctx=ctx)
+        self._running[record.id] = entry
+        entry.task = asyncio.create_task(self._execute(entry, record), name=f"handles-job-{spec.name}")
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.config.store_poll_seconds)
+            self._wake.clear()
+            try:
+                free = self.config.max_running - len(self._running)
+                if free <= 0:
+                    continue
+                ids = await self.store.call(self.store.repo.queued, list(self.specs), free)
+                for job_id in ids:
+                    await self._claim_and_run(job_id)
+            except Exception:
+                logger.exception("dispatcher pass failed; retrying")
+
+    # -- running -----------------------------------------------------------
+
+    async def _execute(self, entry: _Running, record: JobRecord) -> None:
+        spec, ctx = entry.spec, entry.ctx
+        repo = self.store.repo
+        job_id = record.id
+        outcome: tuple[Status, dict[str, Any]] | None = None
+        try:
+            try:
+                kwargs = spec.call_arguments(record.arguments)
+                kwargs[spec.context_param] = ctx
+                value = await spec.fn(**kwargs)
+                result = spec.to_tool_result(value)
+                if json_size(result_to_json(result)) > MAX_RESULT_BYTES:
+                    raise JobFailed(
+                        f"The job's result is larger than the {MAX_RESULT_BYTES} byte limit and was not stored."
+                    )
+                outcome = (
+                    Status.COMPLETED,
+                    {"result": result_to_json(result), "status_message": "Completed."},
+                )
+            except ToolError as exc:
+                message = clean_message(exc.message, 4000) or "The job reported an error."
+                result = CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
+                outcome = (
+                    Status.COMPLETED,
+                    {"result": result_to_json(result), "status_message": clean_message(message)},
+                )
+            except JobFailed as exc:
+                message = clean_message(exc.message) or "The job failed."
+                outcome = (
+                    Status.FAILED,
+                    {
+                        "error": {
+                            "code": INTERNAL_ERROR,
+                            "message": message,
+                            "data": {"reason": "job_failed"},
+                        },
+                        "status_message": message,
+                    },
+                )
+            except asyncio.CancelledError:
+                if entry.stopping:
+                    outcome = None
+                    await self._settle_interrupted(entry, record)
+                elif ctx.cancelled:
+                    outcome = (Status.CANCELLED, {"status_message": "Cancelled at the caller's request."})
+                else:
+                    raise
+            except Exception as exc:
+                reference = secrets.token_hex(6)
+                logger.error(
+                    "job %s (%s) failed [reference %s]:\n%s",
+                    job_id,
+                    spec.name,
+                    reference,
+                    "".join(traceback.format_exception(exc)),
+                )
+                message = (
+                    "The job failed because of an unexpected error on the server "
+                    f"(reference {reference}; operators can find details in the server log)."
+                )
+                outcome = (
+                    Status.FAILED,
+                    {
+                        "error": {
+                            "code": INTERNAL_ERROR,
+                            "message": message,
+                            "data": {"reason": "exception", "reference": reference},
+                        },
+                        "status_message": message,
+                    },
+                )
+            if outcome is not None:
+                with contextlib.suppress(Exception):
+                    await ctx.flush()
+                status, values = outcome
+                won = await self.store.write(
+                    job_id, repo.transition, job_id, status, owner=self.owner, **values
+                )
+                if not won:
+                    logger.info(
+                        "job %s ended %s here, but its stored state had already moved on", job_id, status
+                    )
+        finally:
+            if entry.hard_cancel is not None:
+                entry.hard_cancel.cancel()
+            self._running.pop(job_id, None)
+            self._wake.set()
+
+    async def _settle_interrupted(self, entry: _Running, record: JobRecord) -> None:
+        """This process is stopping while the job runs: apply its `on_interrupt` policy now."""
+        await self._apply_interrupt_policy(entry.spec, record.id, record.attempts, owner=self.owner)
+
+    async def _apply_interrupt_policy(
+        self, spec: JobSpec | None, job_id: str, attempts: int, *, owner: str, lease_expired: bool = False
+    ) -> None:
+        repo = self.store.repo
+        if spec is not None and spec.on_interrupt == "retry" and attempts < spec.max_attempts:
+            delay = min(2 ** max(attempts - 1, 0), 60)
+            message = f"Interrupted during attempt {attempts}; retrying (attempt {attempts + 1} of {spec.max_attempts})."
+            await self.store.write(
+                job_id,
+                repo.release,
+                job_id,
+                owner,
+                run_after=repo.clock() + timedelta(seconds=delay),
+                message=message,
+                lease_expired=lease_expired,
+            )
+            self._wake.set()
+            return
+        error = interrupted_error(attempts)
+        await self.store.write(
+            job_id,
+            repo.transition,
+            job_id,
+            Status.FAILED,
+            owner=owner,
+            lease_expired=lease_expired,
+            error=error,
+            status_message=clean_message(error["message"]),
+        )
+
+    # -- cancellation --------------------------------------------------------
+
+    def signal_cancel(self, job_id: str) -> bool:
+        """Tell a job running here that a cancel was requested; interrupt it after the grace period."""
+        entry = self._running.get(job_id)
+        if entry is None or entry.ctx.cancelled:
+            return entry is not None
+        entry.ctx._request_cancel()
+        self.store.notifier.notify(job_id)
+        if entry.task is not None:
+            entry.hard_cancel = asyncio.get_running_loop().call_later(
+                self.config.cancel_grace_seconds, entry.task.cancel
+            )
+        return True
+
+    # -- leases ----------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        interval = max(self.config.lease_seconds / 3, 0.05)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.heartbeat_once()
+            except Exception:
+                logger.exception("heartbeat failed; retrying")
+
+    async def heartbeat_once(self) -> None:
+        ids = list(self._running)
+        if not ids:
+            return
+        cancelled, lost = await self.store.call(
+            self.store.repo.heartbeat, self.owner, ids, self.config.lease_seconds
+        )
+        for job_id in cancelled:
+            self.signal_cancel(job_id)
+        for job_id in lost:
+            entry = self._running.get(job_id)
+            if entry is not None and entry.task is not None:
+                logger.warning(
+                    "lost the lease of job %s (another runtime recovered it); stopping it here", job_id
+                )
+                entry.task.cancel()
+
+    # -- sweeping ----------------------------------------------------------------
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            try:
+                await self.sweep_once()
+            except Exception:
+                logger.exception("sweep failed; retrying")
+            await asyncio.sleep(self.config.sweep_interval_seconds)
+
+    async def sweep_once(self) -> dict[str, int]:
+        """One bounded pass: recover jobs whose lease expired, delete jobs past retention."""
+        repo = self.store.repo
+        recovered = 0
+        for record in await self.store.call(repo.expired_leases, SWEEP_BATCH):
+            if record.id in self._running:
+                continue
+            assert record.lease_owner is not None
+            await self._apply_interrupt_policy(
+                self.specs.get(record.kind),
+                record.id,
+                record.attempts,
+                owner=record.lease_owner,
+                lease_expired=True,
+            )
+            recovered += 1
+        deleted = await self.store.call(repo.delete_expired, SWEEP_BATCH)
+        return {"recovered": recovered, "deleted": deleted}
+
+
+def _log_task_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("background task failed", exc_info=task.exception())

@@ -1,0 +1,215 @@
+"""The operations on stored jobs that both faces share: start, open a handle, wait, cancel, respond.
+
+The handle tools (tools.py) and the Tasks adapter translate these into their own
+wire shapes; neither touches the store or the codec directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from handles.config import HandlesConfig
+from handles.elicitation import validate_answer
+from handles.errors import (
+    ExpiredHandle,
+    IdempotencyConflict,
+    InvalidArguments,
+    UnknownHandle,
+    WrongJobKind,
+)
+from handles.handle import HandleCodec, new_job_id
+from handles.jobs import JobSpec, describe_duration
+from handles.limits import MAX_ARGUMENTS_BYTES, MAX_IDEMPOTENCY_KEY, MAX_RESPONSE_BYTES, check_size
+from handles.runtime import Runtime
+from handles.states import Status
+from handles.store import AnswerOutcome, InputRequestRecord, JobRecord, Store
+
+
+@dataclass(frozen=True)
+class StartedJob:
+    job: JobRecord
+    handle: str
+    created: bool
+
+
+def arguments_digest(arguments: dict[str, Any]) -> str:
+    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class JobService:
+    """Start, find and steer stored jobs on behalf of a principal."""
+
+    def __init__(
+        self,
+        *,
+        specs: Mapping[str, JobSpec],
+        store: Store,
+        codec: HandleCodec,
+        runtime: Runtime,
+        config: HandlesConfig,
+    ) -> None:
+        self.specs = specs
+        self.store = store
+        self.codec = codec
+        self.runtime = runtime
+        self.config = config
+
+    @property
+    def clock(self) -> Callable[[], Any]:
+        return self.store.repo.clock
+
+    async def ensure_running(self) -> None:
+        if not self.runtime.started:
+            await self.runtime.start()
+
+    # -- start -------------------------------------------------------------
+
+    async def start(
+        self, spec: JobSpec, principal: str, arguments: dict[str, Any], idempotency_key: str | None
+    ) -> StartedJob:
+        """Validate, store durably, then mint the handle and hand the job to the runtime."""
+        await self.ensure_running()
+        retry_hint = f"Fix the arguments and call {spec.name}_start again."
+        check_size(arguments, MAX_ARGUMENTS_BYTES, "arguments", retry_hint)
+        values = spec.validate_arguments(arguments, retry_hint)
+        if idempotency_key is not None and not (0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY):
+            raise InvalidArguments(
+                f"idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY} characters.",
+                "Use a short unique string such as a UUID, or leave it out.",
+            )
+        now = self.clock()
+        record = JobRecord(
+            id=new_job_id(),
+            kind=spec.name,
+            principal=principal,
+            status=Status.WORKING.value,
+            status_message="Queued; starting shortly.",
+            arguments=values,
+            arguments_digest=arguments_digest(values),
+            idempotency_key=idempotency_key,
+            created_at=now,
+            updated_at=now,
+            run_after=now,
+            expires_at=now + spec.retention,
+        )
+        stored, created = await self.store.write(record.id, self.store.repo.insert, record)
+        if not created and stored.arguments_digest != record.arguments_digest:
+            raise IdempotencyConflict(
+                f"The idempotency_key {idempotency_key!r} was already used to start {spec.name} with "
+                "different arguments.",
+                "Use a new idempotency_key for a different request, or repeat the original arguments to get "
+                "the original job's handle back.",
+            )
+        handle = self.codec.mint(
+            job_id=stored.id, kind=spec.name, principal=principal, expires_at=stored.expires_at
+        )
+        if created:
+            self.runtime.submit(stored.id)
+        return StartedJob(job=stored, handle=handle, created=created)
+
+    # -- handles -----------------------------------------------------------
+
+    async def open(self, spec: JobSpec, principal: str, handle: object) -> JobRecord:
+        """The caller's job for `handle`, or a caller error that reveals nothing about other principals."""
+        await self.ensure_running()
+        claims = self.codec.verify(handle, principal=principal)
+        if claims is None:
+            raise self.unknown_handle(spec)
+        if claims.kind != spec.name:
+            raise WrongJobKind(
+                f"This handle belongs to a {claims.kind} job, not to {spec.name}.",
+                f"Use the {claims.kind}_progress, {claims.kind}_fetch or {claims.kind}_cancel tools with it.",
+            )
+        if claims.expires_at <= self.clock():
+            raise self.expired_handle(spec, claims.expires_at.isoformat())
+        record = await self.store.call(self.store.repo.get, claims.job_id)
+        if record is None:
+            raise self.expired_handle(spec, claims.expires_at.isoformat(), purged=True)
+        if record.principal != principal or record.kind != spec.name:
+            raise self.unknown_handle(spec)
+        return record
+
+    def unknown_handle(self, spec: JobSpec) -> UnknownHandle:
+        return UnknownHandle(
+            "This handle is not valid here: it may be mistyped, truncated, made up, signed by a retired key, "
+            "or issued to someone else.",
+            f"Pass the exact handle string that {spec.name}_start returned, or start a new job with "
+            f"{spec.name}_start.",
+        )
+
+    def expired_handle(self, spec: JobSpec, expires_at: str, *, purged: bool = False) -> ExpiredHandle:
+        detail = "was removed before its retention ended" if purged else f"expired at {expires_at}"
+        return ExpiredHandle(
+            f"This {spec.name} job {detail}; {spec.name} jobs and their results are kept for "
+            f"{describe_duration(spec.retention)}.",
+            f"Start a new job with {spec.name}_start if you still need the result.",
+        )
+
+    # -- waiting -----------------------------------------------------------
+
+    async def wait(
+        self, record: JobRecord, wait_seconds: float, until: Callable[[JobRecord], bool]
+    ) -> JobRecord:
+        """Re-read the job until `until(job)` holds or `wait_seconds` (capped) pass; returns the latest state."""
+        if wait_seconds <= 0 or until(record):
+            return record
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(wait_seconds, self.config.max_wait_seconds)
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return record
+            await self.store.notifier.wait(record.id, min(remaining, self.config.store_poll_seconds))
+            latest = await self.store.call(self.store.repo.get, record.id)
+            if latest is None:
+                return record
+            record = latest
+            if until(record):
+                return record
+
+    async def pending_inputs(self, record: JobRecord) -> list[InputRequestRecord]:
+        if Status(record.status) is not Status.INPUT_REQUIRED:
+            return []
+        return await self.store.call(self.store.repo.pending_inputs, record.id)
+
+    # -- steering ------------------------------------------------------------
+
+    async def cancel(self, record: JobRecord) -> JobRecord:
+        """Request cancellation: durable first, then the running job is signalled."""
+        outcome = await self.store.write(record.id, self.store.repo.request_cancel, record.id)
+        if outcome is None:
+            return record
+        if not outcome.ended_now and not Status(outcome.job.status).is_terminal:
+            self.runtime.signal_cancel(record.id)
+        return outcome.job
+
+    async def respond(self, spec: JobSpec, record: JobRecord, responses: dict[str, Any]) -> AnswerOutcome:
+        """Check every answer against its question's schema, then store them all or none."""
+        check_size(
+            responses,
+            MAX_RESPONSE_BYTES,
+            "responses",
+            "Send shorter answers; each answer is an object of the requested fields.",
+        )
+        pending = {r.key: r for r in await self.store.call(self.store.repo.pending_inputs, record.id)}
+        problems: list[str] = []
+        for key, answer in responses.items():
+            request = pending.get(key)
+            if request is None:
+                continue
+            problems.extend(f"{key}.{p}" for p in validate_answer(request.requested_schema, answer))
+        if problems:
+            raise InvalidArguments(
+                "Some answers do not fit the requested schema: " + "; ".join(problems) + ".",
+                f"Fix those fields and call {spec.name}_respond again; nothing was stored.",
+            )
+        outcome = await self.store.write(record.id, self.store.repo.answer_inputs, record.id, responses)
+        if outcome is None:
+            raise self.expired_handle(spec, record.expires_at.isoformat(), purged=True)
+        return outcome

@@ -1,0 +1,88 @@
+"""The stored shape: SQLModel tables for jobs and their input requests.
+
+Nothing here is SQLite-specific: times are stored as UTC by `UTCDateTime`, JSON
+as the portable `JSON` type, and every status change is a compare-and-set update
+issued by the repository.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, Column, DateTime, Index, Text, UniqueConstraint
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator
+from sqlmodel import Field, SQLModel
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in, aware UTC datetimes out, on every engine."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; use aware UTC datetimes")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _time(nullable: bool = False, index: bool = False) -> Any:
+    return Field(default=None, sa_column=Column(UTCDateTime(), nullable=nullable, index=index))
+
+
+class JobRecord(SQLModel, table=True):
+    """One job: its arguments, status, progress, lease, and outcome."""
+
+    __tablename__ = "handles_jobs"
+    __table_args__ = (
+        UniqueConstraint("principal", "kind", "idempotency_key", name="uq_handles_jobs_idempotency"),
+        Index("ix_handles_jobs_claim", "status", "lease_owner", "run_after"),
+    )
+
+    id: str = Field(primary_key=True, max_length=64)
+    kind: str = Field(index=True, max_length=128)
+    principal: str = Field(index=True, max_length=512)
+    status: str = Field(max_length=20)
+    status_message: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    arguments: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    arguments_digest: str = Field(max_length=64)
+    idempotency_key: str | None = Field(default=None, max_length=200)
+    result: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    error: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    progress_done: float | None = None
+    progress_total: float | None = None
+    attempts: int = 0
+    version: int = 0
+    created_at: datetime = _time()
+    updated_at: datetime = _time()
+    started_at: datetime | None = _time(nullable=True)
+    finished_at: datetime | None = _time(nullable=True)
+    expires_at: datetime = _time(index=True)
+    run_after: datetime = _time()
+    lease_owner: str | None = Field(default=None, max_length=128)
+    lease_expires_at: datetime | None = _time(nullable=True)
+    cancel_requested_at: datetime | None = _time(nullable=True)
+
+
+class InputRequestRecord(SQLModel, table=True):
+    """A question a job asked; `key` is unique over the job's life."""
+
+    __tablename__ = "handles_input_requests"
+
+    job_id: str = Field(primary_key=True, max_length=64)
+    key: str = Field(primary_key=True, max_length=64)
+    message: str = Field(sa_column=Column(Text, nullable=False))
+    requested_schema: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    created_at: datetime = _time()
+    answered_at: datetime | None = _time(nullable=True)
+    answer: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))

@@ -1,0 +1,485 @@
+"""The repository: every read and write of stored jobs, as short transactions.
+
+Each status change is a compare-and-set `UPDATE ... WHERE status IN (sources)`
+guarded by the transition table, so a cancel racing a completion has exactly one
+winner. Work that reads then writes runs in a write transaction that takes the
+write lock first (`BEGIN IMMEDIATE` on SQLite, row locks on PostgreSQL).
+
+The methods are synchronous; `Store` (store/__init__.py) runs them on worker
+threads so the event loop never waits on the database.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, and_, create_engine, event, func, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.pool import StaticPool
+from sqlmodel import Session, SQLModel, col, delete, select
+
+from handles.states import ACTIVE, TERMINAL, Status, sources_of
+from handles.store.models import InputRequestRecord, JobRecord
+
+logger = logging.getLogger("handles.store")
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class CancelOutcome:
+    """What `request_cancel` did: the job as it now stands, and whether it ended right away."""
+
+    job: JobRecord
+    ended_now: bool
+
+
+@dataclass(frozen=True)
+class AnswerOutcome:
+    """Which answered keys were taken and which ignored (unknown or already answered)."""
+
+    job: JobRecord
+    accepted: list[str]
+    ignored: list[str]
+
+
+def _is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite")
+
+
+def _make_engines(url: str) -> tuple[Engine, Engine]:
+    """(read engine, write engine). On SQLite the write engine begins with BEGIN IMMEDIATE."""
+    if not _is_sqlite(url):
+        engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+        return engine, engine
+
+    memory = url in ("sqlite://", "sqlite:///:memory:")
+    kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 30}}
+    if memory:
+        kwargs["poolclass"] = StaticPool
+
+    def configure(engine: Engine, begin: str) -> Engine:
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+            # Take transaction control away from pysqlite so BEGIN is ours to issue.
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            if not memory:
+                cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(connection: Any) -> None:
+            connection.exec_driver_sql(begin)
+
+        return engine
+
+    write = configure(create_engine(url, **kwargs), "BEGIN IMMEDIATE")
+    if memory:
+        return write, write
+    read = configure(create_engine(url, **kwargs), "BEGIN")
+    return read, write
+
+
+class JobRepository:
+    """Synchronous access to the job tables of one database."""
+
+    def __init__(self, url: str, *, clock: Clock = utc_now) -> None:
+        self.url = url
+        self.clock = clock
+        self._read_engine, self._write_engine = _make_engines(url)
+
+    @property
+    def dialect(self) -> str:
+        return self._write_engine.dialect.name
+
+    def create_schema(self) -> None:
+        SQLModel.metadata.create_all(self._write_engine)
+
+    def dispose(self) -> None:
+        self._read_engine.dispose()
+        if self._write_engine is not self._read_engine:
+            self._write_engine.dispose()
+
+    @contextmanager
+    def _reading(self) -> Iterator[Session]:
+        with Session(self._read_engine, expire_on_commit=False) as session:
+            yield session
+
+    @contextmanager
+    def _writing(self) -> Iterator[Session]:
+        with Session(self._write_engine, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    # -- reads -------------------------------------------------------------
+
+    def get(self, job_id: str) -> JobRecord | None:
+        with self._reading() as session:
+            return session.get(JobRecord, job_id)
+
+    def pending_inputs(self, job_id: str) -> list[InputRequestRecord]:
+        with self._reading() as session:
+            rows = session.exec(
+                select(InputRequestRecord)
+                .where(InputRequestRecord.job_id == job_id, col(InputRequestRecord.answered_at).is_(None))
+                .order_by(col(InputRequestRecord.created_at), col(InputRequestRecord.key))
+            )
+            return list(rows)
+
+    def get_input(self, job_id: str, key: str) -> InputRequestRecord | None:
+        with self._reading() as session:
+            return session.get(InputRequestRecord, (job_id, key))
+
+    def count_active(self, *, principal: str | None = None) -> int:
+        with self._reading() as session:
+            query = select(func.count()).select_from(JobRecord).where(col(JobRecord.status).in_(list(ACTIVE)))
+            if principal is not None:
+                query = query.where(JobRecord.principal == principal)
+            return int(session.exec(query).one())
+
+    # -- creation ----------------------------------------------------------
+
+    def insert(self, job: JobRecord) -> tuple[JobRecord, bool]:
+        """Store a new job, or return the job its idempotency key already names: (job, created)."""
+        if job.idempotency_key is not None:
+            existing = self._find_idempotent(job)
+            if existing is not None:
+                return existing, False
+        try:
+            with self._writing() as session:
+                session.add(job)
+            return job, True
+        except IntegrityError:
+            existing = self._find_idempotent(job) if job.idempotency_key is not None else None
+            if existing is None:
+                raise
+            return existing, False
+
+    def _find_idempotent(self, job: JobRecord) -> JobRecord | None:
+        with self._reading() as session:
+            return session.exec(
+                select(JobRecord).where(
+                    JobRecord.principal == job.principal,
+                    JobRecord.kind == job.kind,
+                    JobRecord.idempotency_key == job.idempotency_key,
+                )
+            ).first()
+
+    # -- claiming and leases ----------------------------------------------
+
+    def claim(self, job_id: str, owner: str, lease_seconds: float) -> JobRecord | None:
+        """Take a queued job for `owner`; None when it is not queued (someone else has it, or it ended)."""
+        now = self.clock()
+        with self._writing() as session:
+            claimed = session.exec(
+                update(JobRecord)
+                .where(
+                    col(JobRecord.id) == job_id,
+                    col(JobRecord.status) == Status.WORKING.value,
+                    col(JobRecord.lease_owner).is_(None),
+                    col(JobRecord.cancel_requested_at).is_(None),
+                    col(JobRecord.run_after) <= now,
+                )
+                .values(
+                    lease_owner=owner,
+                    lease_expires_at=_after(now, lease_seconds),
+                    attempts=JobRecord.attempts + 1,
+                    started_at=func.coalesce(JobRecord.started_at, now),
+                    updated_at=now,
+                    version=JobRecord.version + 1,
+                )
+            ).rowcount
+            return session.get(JobRecord, job_id) if claimed == 1 else None
+
+    def queued(self, kinds: Sequence[str], limit: int) -> list[str]:
+        """Ids of queued jobs of `kinds` that may start now, oldest first."""
+        if not kinds or limit <= 0:
+            return []
+        now = self.clock()
+        with self._reading() as session:
+            rows = session.exec(
+                select(JobRecord.id)
+                .where(
+                    col(JobRecord.status) == Status.WORKING.value,
+                    col(JobRecord.lease_owner).is_(None),
+                    col(JobRecord.run_after) <= now,
+                    col(JobRecord.kind).in_(list(kinds)),
+                )
+                .order_by(col(JobRecord.run_after))
+                .limit(limit)
+            )
+            return list(rows)
+
+    def heartbeat(
+        self, owner: str, job_ids: Sequence[str], lease_seconds: float
+    ) -> tuple[set[str], set[str]]:
+        """Extend `owner`'s leases. Returns (ids with a cancel request, ids no longer held)."""
+        if not job_ids:
+            return set(), set()
+        now = self.clock()
+        with self._writing() as session:
+            session.exec(
+                update(JobRecord)
+                .where(
+                    col(JobRecord.id).in_(list(job_ids)),
+                    col(JobRecord.lease_owner) == owner,
+                    col(JobRecord.status).in_(list(ACTIVE)),
+                )
+                .values(lease_expires_at=_after(now, lease_seconds))
+            )
+            rows = session.exec(
+                select(
+                    JobRecord.id, JobRecord.lease_owner, JobRecord.cancel_requested_at, JobRecord.status
+                ).where(col(JobRecord.id).in_(list(job_ids)))
+            ).all()
+        held = {r[0] for r in rows if r[1] == owner and r[3] in ACTIVE}
+        cancelled = {r[0] for r in rows if r[0] in held and r[2] is not None}
+        return cancelled, set(job_ids) - held
+
+    def expired_leases(self, limit: int) -> list[JobRecord]:
+        """Active jobs whose lease ran out: their process is gone."""
+        now = self.clock()
+        with self._reading() as session:
+            rows = session.exec(
+                select(JobRecord)
+                .where(
+                    col(JobRecord.status).in_(list(ACTIVE)),
+                    col(JobRecord.lease_owner).is_not(None),
+                    col(JobRecord.lease_expires_at) < now,
+                )
+                .limit(limit)
+            )
+            return list(rows)
+
+    # -- progress and status -----------------------------------------------
+
+    def set_progress(
+        self, job_id: str, owner: str, done: float | None, total: float | None, message: str | None
+    ) -> bool:
+        now = self.clock()
+        with self._writing() as session:
+            changed = session.exec(
+                update(JobRecord)
+                .where(
+                    col(JobRecord.id) == job_id,
+                    col(JobRecord.lease_owner) == owner,
+                    col(JobRecord.status).in_(list(ACTIVE)),
+                )
+                .values(
+                    progress_done=done,
+                    progress_total=total,
+                    status_message=message,
+                    updated_at=now,
+                    version=JobRecord.version + 1,
+                )
+            ).rowcount
+        return changed == 1
+
+    def set_status_message(self, job_id: str, message: str | None) -> None:
+        now = self.clock()
+        with self._writing() as session:
+            session.exec(
+                update(JobRecord)
+                .where(col(JobRecord.id) == job_id, col(JobRecord.status).in_(list(ACTIVE)))
+                .values(status_message=message, updated_at=now, version=JobRecord.version + 1)
+            )
+
+    def transition(
+        self,
+        job_id: str,
+        target: Status,
+        *,
+        owner: str | None = None,
+        lease_expired: bool = False,
+        **values: Any,
+    ) -> bool:
+        """Move a job to `target` if the transition table allows it from its current status.
+
+        `owner` additionally requires that lease holder; `lease_expired` requires
+        the lease to have run out (recovery must not race a renewal). Terminal
+        targets release the lease and stamp `finished_at`. Returns whether this
+        call made the change (False: someone else won, or the edge is not allowed).
+        """
+        now = self.clock()
+        conditions = [
+            col(JobRecord.id) == job_id,
+            col(JobRecord.status).in_([s.value for s in sources_of(target)]),
+        ]
+        if owner is not None:
+            conditions.append(col(JobRecord.lease_owner) == owner)
+        if lease_expired:
+            conditions.append(col(JobRecord.lease_expires_at) < now)
+        changes: dict[str, Any] = {
+            "status": target.value,
+            "updated_at": now,
+            "version": JobRecord.version + 1,
+        }
+        if target in TERMINAL:
+            changes.update(lease_owner=None, lease_expires_at=None, finished_at=now)
+        changes.update(values)
+        with self._writing() as session:
+            changed = session.exec(update(JobRecord).where(and_(*conditions)).values(**changes)).rowcount
+        return changed == 1
+
+    def release(
+        self,
+        job_id: str,
+        owner: str,
+        *,
+        run_after: datetime,
+        message: str | None,
+        lease_expired: bool = False,
+    ) -> bool:
+        """Give a job back to the queue (a retry after an interruption, or a kind this node does not run)."""
+        now = self.clock()
+        conditions = [
+            col(JobRecord.id) == job_id,
+            col(JobRecord.lease_owner) == owner,
+            col(JobRecord.status).in_(list(ACTIVE)),
+        ]
+        if lease_expired:
+            conditions.append(col(JobRecord.lease_expires_at) < now)
+        with self._writing() as session:
+            changed = session.exec(
+                update(JobRecord)
+                .where(and_(*conditions))
+                .values(
+                    status=Status.WORKING.value,
+                    lease_owner=None,
+                    lease_expires_at=None,
+                    run_after=run_after,
+                    status_message=message,
+                    updated_at=now,
+                    version=JobRecord.version + 1,
+                )
+            ).rowcount
+        return changed == 1
+
+    def request_cancel(self, job_id: str) -> CancelOutcome | None:
+        """Record a cancel request. A queued job ends `cancelled` at once; a running one is signalled."""
+        now = self.clock()
+        with self._writing() as session:
+            job = session.get(JobRecord, job_id)
+            if job is None:
+                return None
+            if Status(job.status) in TERMINAL:
+                return CancelOutcome(job, ended_now=False)
+            if job.lease_owner is None:
+                job.status = Status.CANCELLED.value
+                job.status_message = "Cancelled before it started."
+                job.finished_at = now
+                ended = True
+            else:
+                ended = False
+            if job.cancel_requested_at is None:
+                job.cancel_requested_at = now
+            job.updated_at = now
+            job.version += 1
+            session.add(job)
+        return CancelOutcome(job, ended_now=ended)
+
+    # -- input requests ----------------------------------------------------
+
+    def open_input(
+        self, job_id: str, owner: str, key: str, message: str, schema: dict[str, Any]
+    ) -> InputRequestRecord | None:
+        """Ask a question. Returns the stored request if it was already answered (a replay), else None.
+
+        The job moves to `input_required` in the same transaction, so the question
+        and the status are visible together.
+        """
+        now = self.clock()
+        with self._writing() as session:
+            existing = session.get(InputRequestRecord, (job_id, key))
+            if existing is not None and existing.answered_at is not None:
+                return existing
+            if existing is None:
+                session.add(
+                    InputRequestRecord(
+                        job_id=job_id, key=key, message=message, requested_schema=schema, created_at=now
+                    )
+                )
+            session.exec(
+                update(JobRecord)
+                .where(
+                    col(JobRecord.id) == job_id,
+                    col(JobRecord.lease_owner) == owner,
+                    col(JobRecord.status).in_([s.value for s in sources_of(Status.INPUT_REQUIRED)]),
+                )
+                .values(
+                    status=Status.INPUT_REQUIRED.value,
+                    status_message=message,
+                    updated_at=now,
+                    version=JobRecord.version + 1,
+                )
+            )
+        return None
+
+    def answer_inputs(self, job_id: str, answers: dict[str, dict[str, Any]]) -> AnswerOutcome | None:
+        """Record answers for pending keys; unknown or answered keys are ignored.
+
+        When no question is left pending the job returns to `working`.
+        """
+        now = self.clock()
+        with self._writing() as session:
+            job = session.get(JobRecord, job_id)
+            if job is None:
+                return None
+            accepted: list[str] = []
+            ignored: list[str] = []
+            pending = {
+                r.key: r
+                for r in session.exec(
+                    select(InputRequestRecord).where(
+                        InputRequestRecord.job_id == job_id, col(InputRequestRecord.answered_at).is_(None)
+                    )
+                )
+            }
+            if Status(job.status) is not Status.INPUT_REQUIRED:
+                return AnswerOutcome(job, [], sorted(answers))
+            for key, answer in answers.items():
+                record = pending.get(key)
+                if record is None:
+                    ignored.append(key)
+                    continue
+                record.answer = answer
+                record.answered_at = now
+                session.add(record)
+                accepted.append(key)
+            if accepted:
+                if len(accepted) == len(pending):
+                    job.status = Status.WORKING.value
+                    job.status_message = "Answer received; continuing."
+                job.updated_at = now
+                job.version += 1
+                session.add(job)
+        return AnswerOutcome(job, accepted, ignored)
+
+    # -- cleanup -----------------------------------------------------------
+
+    def delete_expired(self, limit: int) -> int:
+        """Delete up to `limit` jobs past their retention, with their input requests."""
+        now = self.clock()
+        with self._writing() as session:
+            ids = list(session.exec(select(JobRecord.id).where(col(JobRecord.expires_at) < now).limit(limit)))
+            if not ids:
+                return 0
+            session.exec(delete(InputRequestRecord).where(col(InputRequestRecord.job_id).in_(ids)))
+            session.exec(delete(JobRecord).where(col(JobRecord.id).in_(ids)))
+        return len(ids)
+
+
+def _after(now: datetime, seconds: float) -> datetime:
+    return now + timedelta(seconds=seconds)

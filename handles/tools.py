@@ -1,0 +1,472 @@
+"""The generator: one job in, its handle tools out (names, descriptions, schemas, handlers).
+
+Framework-neutral: a `ToolDefinition` carries pydantic models for its input and
+output and an async handler `(principal, arguments) -> ToolReply`. `handles.mcp`
+binds these to the SDK's server. Every reply says what to call next (`next`),
+because the caller is often a language model that would otherwise guess.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Optional
+
+from pydantic import BaseModel, Field, create_model
+
+from handles.errors import CallerError
+from handles.jobs import JobSpec, describe_duration
+from handles.service import JobService
+from handles.states import Status
+from handles.store import InputRequestRecord, JobRecord
+
+HANDLE_DESCRIPTION = "The handle string returned by the start tool, exactly as given."
+
+
+# -- output models -------------------------------------------------------------
+
+
+class ProgressView(BaseModel):
+    done: float | None = Field(None, description="Units of work done so far, as reported by the job.")
+    total: float | None = Field(None, description="Total units of work, when the job knows it.")
+    fraction: float | None = Field(None, description="done / total between 0 and 1, when both are known.")
+
+
+class InputRequestView(BaseModel):
+    message: str = Field(description="The question, for a person or for you to answer.")
+    requested_schema: dict[str, Any] = Field(
+        description="JSON schema of the answer: an object of primitive fields."
+    )
+
+
+class ErrorView(BaseModel):
+    code: int
+    message: str
+    data: dict[str, Any] | None = None
+
+
+class StartOutput(BaseModel):
+    handle: str = Field(description="Pass this to the progress, fetch, cancel and respond tools.")
+    job: str
+    status: Status
+    status_message: str | None = None
+    created: bool = Field(
+        description="False when an earlier start with the same idempotency_key is returned."
+    )
+    poll_after_ms: int = Field(description="Wait at least this long before checking progress.")
+    expires_at: datetime = Field(description="When the job and its result are deleted.")
+    next: str = Field(description="What to do next.")
+
+
+class ProgressOutput(BaseModel):
+    job: str
+    status: Status
+    status_message: str | None = None
+    progress: ProgressView
+    input_requests: dict[str, InputRequestView] = Field(
+        default_factory=dict,
+        description="Questions waiting for an answer, by key (answer with the respond tool).",
+    )
+    attempts: int = 0
+    created_at: datetime
+    updated_at: datetime
+    expires_at: datetime
+    poll_after_ms: int | None = Field(None, description="When to check again; null once the job has ended.")
+    next: str
+
+
+class CancelOutput(BaseModel):
+    job: str
+    status: Status
+    status_message: str | None = None
+    cancel_requested: bool
+    next: str
+
+
+class RespondOutput(BaseModel):
+    job: str
+    status: Status
+    accepted: list[str] = Field(description="Keys whose answers were recorded.")
+    ignored: list[str] = Field(
+        description="Keys that were unknown or already answered; nothing was changed for them."
+    )
+    input_requests: dict[str, InputRequestView] = Field(default_factory=dict)
+    next: str
+
+
+class FetchOutputBase(BaseModel):
+    job: str
+    status: Status
+    status_message: str | None = None
+    error: ErrorView | None = Field(None, description="Why the job failed, when it failed.")
+    tool_error: str | None = Field(
+        None, description="The job's own error message, when it ended in a tool error."
+    )
+    poll_after_ms: int | None = None
+    expires_at: datetime
+    next: str
+
+
+# -- definitions -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolReply:
+    """A tool's answer: structured content (conforming to the output model) or a caller error."""
+
+    structured: dict[str, Any]
+    is_error: bool = False
+
+    @property
+    def text(self) -> str:
+        return json.dumps(self.structured, ensure_ascii=False, default=str)
+
+
+ToolHandler = Callable[[str, dict[str, Any]], Awaitable[ToolReply]]
+
+
+@dataclass(frozen=True)
+class ToolDefinition:
+    name: str
+    title: str
+    description: str
+    input_model: type[BaseModel]
+    output_model: type[BaseModel]
+    handler: ToolHandler
+    read_only: bool
+    destructive: bool = False
+    idempotent: bool = True
+
+
+def error_reply(error: CallerError) -> ToolReply:
+    return ToolReply(structured=error.to_dict(), is_error=True)
+
+
+def _guarded(handler: ToolHandler) -> ToolHandler:
+    async def guarded(principal: str, arguments: dict[str, Any]) -> ToolReply:
+        try:
+            return await handler(principal, arguments)
+        except CallerError as error:
+            return error_reply(error)
+
+    return guarded
+
+
+class JobTools:
+    """The handle tools of one job."""
+
+    def __init__(self, spec: JobSpec, service: JobService) -> None:
+        self.spec = spec
+        self.service = service
+        self.max_wait = service.config.max_wait_seconds
+        result_type: Any = spec.metadata.output_model
+        self.fetch_model: type[FetchOutputBase] = create_model(
+            f"{spec.name}_fetch_output",
+            __base__=FetchOutputBase,
+            result=(
+                Optional[result_type],  # noqa: UP045 - a runtime type expression
+                Field(None, description=f"The {spec.name} result, once completed."),
+            ),
+        )
+
+    # -- names and guidance ------------------------------------------------
+
+    def tool(self, verb: str) -> str:
+        return f"{self.spec.name}_{verb}"
+
+    @property
+    def poll_after_ms(self) -> int:
+        return int(self.spec.poll_after.total_seconds() * 1000)
+
+    def next_step(self, job: JobRecord, pending: list[InputRequestRecord], *, fetching: bool = False) -> str:
+        status = Status(job.status)
+        seconds = max(self.spec.poll_after.total_seconds(), 0.1)
+        wait_hint = f"set wait_seconds (up to {int(self.max_wait)}) to wait for the change instead of polling"
+        if status is Status.WORKING:
+            return (
+                f"The job is still running. Call {self.tool('progress')} with this handle in about "
+                f"{seconds:g} s ({wait_hint}), or {self.tool('fetch')} with wait_seconds to wait for the result."
+            )
+        if status is Status.INPUT_REQUIRED:
+            keys = ", ".join(r.key for r in pending) or "the pending keys"
+            example = json.dumps({r.key: {"...": "..."} for r in pending[:1]} or {"q1": {"...": "..."}})
+            return (
+                f"The job is waiting for an answer to {keys}. Read input_requests, then call "
+                f"{self.tool('respond')} with this handle and responses like {example} (one object per key, "
+                f"fields as in its requested_schema); then keep following the job with {self.tool('progress')}."
+            )
+        if status is Status.COMPLETED:
+            until = job.expires_at.isoformat()
+            if fetching:
+                return f"The job is finished and this is its result. Nothing more to do; it stays available until {until}."
+            return f"The job is finished. Call {self.tool('fetch')} with this handle to get the result (kept until {until})."
+        if status is Status.FAILED:
+            return (
+                "The job failed and will not produce a result; see error. Do not retry blindly: check whether "
+                f"anything it started must be reconciled, then start a new job with {self.tool('start')} if needed."
+            )
+        return (
+            "The job was cancelled and will not produce a result. Start a new job with "
+            f"{self.tool('start')} if you still need it."
+        )
+
+    def _requests(self, pending: list[InputRequestRecord]) -> dict[str, InputRequestView]:
+        return {
+            r.key: InputRequestView(message=r.message, requested_schema=r.requested_schema) for r in pending
+        }
+
+    # -- handlers ----------------------------------------------------------
+
+    async def start(self, principal: str, arguments: dict[str, Any]) -> ToolReply:
+        arguments = dict(arguments)
+        key = arguments.pop("idempotency_key", None)
+        started = await self.service.start(self.spec, principal, arguments, key)
+        job = started.job
+        if started.created:
+            advice = (
+                f"The job has started. Call {self.tool('progress')} with this handle in about "
+                f"{self.spec.poll_after.total_seconds():g} s (or with wait_seconds up to {int(self.max_wait)} "
+                f"to wait for a change), and {self.tool('fetch')} for the result once it is completed. "
+                "Keep the handle: it is the only way back to this job."
+            )
+        else:
+            advice = (
+                "This idempotency_key already started this job; no new job was started. Follow it with "
+                f"{self.tool('progress')} and {self.tool('fetch')}."
+            )
+        out = StartOutput(
+            handle=started.handle,
+            job=self.spec.name,
+            status=Status(job.status),
+            status_message=job.status_message,
+            created=started.created,
+            poll_after_ms=self.poll_after_ms,
+            expires_at=job.expires_at,
+            next=advice,
+        )
+        return ToolReply(out.model_dump(mode="json"))
+
+    async def progress(self, principal: str, arguments: dict[str, Any]) -> ToolReply:
+        job = await self.service.open(self.spec, principal, arguments.get("handle"))
+        version = job.version
+        job = await self.service.wait(job, _seconds(arguments), lambda j: j.version != version)
+        pending = await self.service.pending_inputs(job)
+        out = ProgressOutput(
+            job=self.spec.name,
+            status=Status(job.status),
+            status_message=job.status_message,
+            progress=_progress(job),
+            input_requests=self._requests(pending),
+            attempts=job.attempts,
+            created_at=job.created_at,
+            updated_at=job.updated_at,
+            expires_at=job.expires_at,
+            poll_after_ms=None if Status(job.status).is_terminal else self.poll_after_ms,
+            next=self.next_step(job, pending),
+        )
+        return ToolReply(out.model_dump(mode="json"))
+
+    async def fetch(self, principal: str, arguments: dict[str, Any]) -> ToolReply:
+        job = await self.service.open(self.spec, principal, arguments.get("handle"))
+        job = await self.service.wait(
+            job, _seconds(arguments), lambda j: Status(j.status) is not Status.WORKING
+        )
+        status = Status(job.status)
+        pending = await self.service.pending_inputs(job)
+        fields: dict[str, Any] = {
+            "job": self.spec.name,
+            "status": status,
+            "status_message": job.status_message,
+            "expires_at": job.expires_at,
+            "poll_after_ms": None if status.is_terminal else self.poll_after_ms,
+            "next": self.next_step(job, pending, fetching=True),
+        }
+        is_error = False
+        if status is Status.COMPLETED and job.result is not None:
+            if job.result.get("isError"):
+                is_error = True
+                fields["tool_error"] = _text_of(job.result)
+            else:
+                fields["result"] = job.result.get("structuredContent")
+        elif status is Status.FAILED:
+            is_error = True
+            fields["error"] = ErrorView.model_validate(
+                job.error or {"code": -32603, "message": "The job failed."}
+            )
+        elif not status.is_terminal:
+            fields["next"] = "The result is not ready yet. " + fields["next"]
+        out = self.fetch_model.model_validate(fields)
+        return ToolReply(out.model_dump(mode="json"), is_error=is_error)
+
+    async def cancel(self, principal: str, arguments: dict[str, Any]) -> ToolReply:
+        job = await self.service.open(self.spec, principal, arguments.get("handle"))
+        before = Status(job.status)
+        job = await self.service.cancel(job)
+        status = Status(job.status)
+        if before.is_terminal:
+            advice = f"The job had already ended ({status}); cancelling changed nothing."
+        elif status is Status.CANCELLED:
+            advice = "The job is cancelled. It will not produce a result."
+        else:
+            advice = (
+                "Cancellation was requested; the job stops at its next safe point. It may still finish first. "
+                f"Call {self.tool('progress')} with this handle to see its final status."
+            )
+        out = CancelOutput(
+            job=self.spec.name,
+            status=status,
+            status_message=job.status_message,
+            cancel_requested=job.cancel_requested_at is not None,
+            next=advice,
+        )
+        return ToolReply(out.model_dump(mode="json"))
+
+    async def respond(self, principal: str, arguments: dict[str, Any]) -> ToolReply:
+        job = await self.service.open(self.spec, principal, arguments.get("handle"))
+        responses = arguments.get("responses") or {}
+        outcome = await self.service.respond(self.spec, job, responses)
+        pending = await self.service.pending_inputs(outcome.job)
+        out = RespondOutput(
+            job=self.spec.name,
+            status=Status(outcome.job.status),
+            accepted=outcome.accepted,
+            ignored=outcome.ignored,
+            input_requests=self._requests(pending),
+            next=self.next_step(outcome.job, pending),
+        )
+        return ToolReply(out.model_dump(mode="json"))
+
+    # -- definitions ---------------------------------------------------------
+
+    def definitions(self) -> list[ToolDefinition]:
+        spec = self.spec
+        retention = describe_duration(spec.retention)
+        wait_field = (
+            float,
+            Field(
+                0,
+                ge=0,
+                description=(
+                    f"Seconds to wait for a change before answering (0 answers at once; at most "
+                    f"{int(self.max_wait)}). Waiting is cheaper than polling often."
+                ),
+            ),
+        )
+        handle_field = (str, Field(description=HANDLE_DESCRIPTION))
+        start_input = create_model(
+            f"{spec.name}_start_input",
+            __base__=spec.metadata.arg_model,
+            idempotency_key=(
+                Optional[str],  # noqa: UP045
+                Field(
+                    None,
+                    description=(
+                        "Optional. Reusing a key with the same arguments returns the same job instead of "
+                        "starting another (safe retries after a lost connection)."
+                    ),
+                ),
+            ),
+        )
+        defs = [
+            ToolDefinition(
+                name=self.tool("start"),
+                title=f"Start {spec.name}",
+                description=(
+                    f"{spec.description}\n\nStarts this as a background job and answers at once with a handle. "
+                    f"Follow it with {self.tool('progress')} and get the result with {self.tool('fetch')}"
+                    + (f"; answer its questions with {self.tool('respond')}" if spec.asks_input else "")
+                    + f". Jobs and their results are kept for {retention}; after that the handle expires."
+                ),
+                input_model=start_input,
+                output_model=StartOutput,
+                handler=_guarded(self.start),
+                read_only=False,
+                idempotent=False,
+            ),
+            ToolDefinition(
+                name=self.tool("progress"),
+                title=f"{spec.name} progress",
+                description=(
+                    f"Status and progress of a {spec.name} job started with {self.tool('start')}: "
+                    "working, input_required, completed, failed or cancelled, with any questions waiting "
+                    f"for an answer. Handles expire {retention} after the job started."
+                ),
+                input_model=create_model(
+                    f"{spec.name}_progress_input", handle=handle_field, wait_seconds=wait_field
+                ),
+                output_model=ProgressOutput,
+                handler=_guarded(self.progress),
+                read_only=True,
+            ),
+            ToolDefinition(
+                name=self.tool("fetch"),
+                title=f"{spec.name} result",
+                description=(
+                    f"The result of a {spec.name} job started with {self.tool('start')}, once completed. "
+                    "Before that it reports the status and never invents a result; with wait_seconds it "
+                    f"waits for the job to finish. Results are kept for {retention} after the job started."
+                ),
+                input_model=create_model(
+                    f"{spec.name}_fetch_input", handle=handle_field, wait_seconds=wait_field
+                ),
+                output_model=self.fetch_model,
+                handler=_guarded(self.fetch),
+                read_only=True,
+            ),
+            ToolDefinition(
+                name=self.tool("cancel"),
+                title=f"Cancel {spec.name}",
+                description=(
+                    f"Ask a running {spec.name} job to stop. Safe to repeat; cancelling a finished job changes "
+                    "nothing and reports its final status."
+                ),
+                input_model=create_model(f"{spec.name}_cancel_input", handle=handle_field),
+                output_model=CancelOutput,
+                handler=_guarded(self.cancel),
+                read_only=False,
+                destructive=True,
+            ),
+        ]
+        if spec.asks_input:
+            defs.append(
+                ToolDefinition(
+                    name=self.tool("respond"),
+                    title=f"Answer {spec.name}",
+                    description=(
+                        f"Answer the questions a {spec.name} job is waiting on (status input_required). "
+                        "responses maps each question key from input_requests to an object of the requested "
+                        "fields. Unknown or already answered keys are ignored."
+                    ),
+                    input_model=create_model(
+                        f"{spec.name}_respond_input",
+                        handle=handle_field,
+                        responses=(
+                            dict[str, dict[str, Any]],
+                            Field(description='Answers by question key, e.g. {"q1": {"approve": true}}.'),
+                        ),
+                    ),
+                    output_model=RespondOutput,
+                    handler=_guarded(self.respond),
+                    read_only=False,
+                )
+            )
+        return defs
+
+
+def _seconds(arguments: dict[str, Any]) -> float:
+    value = arguments.get("wait_seconds") or 0
+    return float(value)
+
+
+def _progress(job: JobRecord) -> ProgressView:
+    fraction = None
+    if job.progress_done is not None and job.progress_total:
+        fraction = max(0.0, min(1.0, job.progress_done / job.progress_total))
+    return ProgressView(done=job.progress_done, total=job.progress_total, fraction=fraction)
+
+
+def _text_of(result: dict[str, Any]) -> str:
+    parts = [block.get("text", "") for block in result.get("content", []) if block.get("type") == "text"]
+    return "\n".join(p for p in parts if p) or "The job reported an error."
