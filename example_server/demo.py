@@ -56,7 +56,9 @@ async def run_demo(job_seconds: float) -> None:
         print("Tools:", ", ".join(sorted(t.name for t in tools.tools)))
 
         print("\n1. An ordinary quick tool")
-        _show("lookup", await _call(client, "lookup_account", {"account": "acme"}), "account", "plan", "region")
+        _show(
+            "lookup", await _call(client, "lookup_account", {"account": "acme"}), "account", "plan", "region"
+        )
 
         print("\n2. generate_report: start, watch progress, fetch")
         started = await _call(client, "generate_report_start", {"account": "acme", "months": 6})
@@ -72,9 +74,13 @@ async def run_demo(job_seconds: float) -> None:
         for key, request in state["input_requests"].items():
             print(f"  question   {key}: {request['message']}")
         answer = {"q1": {"approve": True, "environment": "staging"}}
-        replied = await _call(client, "deploy_release_respond", {"handle": started["handle"], "responses": answer})
+        replied = await _call(
+            client, "deploy_release_respond", {"handle": started["handle"], "responses": answer}
+        )
         _show("respond", replied, "status", "accepted", "ignored")
-        deployed = await _call(client, "deploy_release_fetch", {"handle": started["handle"], "wait_seconds": 30})
+        deployed = await _call(
+            client, "deploy_release_fetch", {"handle": started["handle"], "wait_seconds": 30}
+        )
         _show("fetch", deployed, "status", "result")
 
         print("\n4. export_dataset: cancel it mid-way")
@@ -93,7 +99,9 @@ async def run_demo(job_seconds: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m example_server.demo", description=__doc__)
-    parser.add_argument("--job-seconds", type=float, default=4.0, help="nominal length of each job (default 4)")
+    parser.add_argument(
+        "--job-seconds", type=float, default=4.0, help="nominal length of each job (default 4)"
+    )
     args = parser.parse_args()
     asyncio.run(run_demo(args.job_seconds))
 

@@ -6,6 +6,8 @@
 - `lookup_account(account)`: an ordinary quick tool, for contrast.
 
 `EXAMPLE_JOB_SECONDS` sets the nominal length of each long job (default 20).
+`EXAMPLE_EFFECTS_FILE`, when set, gets one line per external effect of
+`deploy_release` (what its durable steps guard), so tests can count them.
 """
 
 from __future__ import annotations
@@ -52,6 +54,15 @@ class ExportSummary(BaseModel):
     location: str
 
 
+def _record_effect(effect: str) -> str:
+    """Stand-in for a real side effect (an upload, a traffic switch): appends a line to EXAMPLE_EFFECTS_FILE."""
+    path = os.environ.get("EXAMPLE_EFFECTS_FILE")
+    if path:
+        with open(path, "a") as effects:
+            effects.write(effect + "\n")
+    return effect
+
+
 def _revenue(account: str, month: int) -> float:
     return round(1000 + (sum(map(ord, account)) * (month + 1)) % 997 * 1.5, 2)
 
@@ -84,6 +95,8 @@ async def deploy_release(ctx: JobContext, version: str) -> Deployment:
     rollout = ["upload", "migrate", "switch traffic"]
     for done, step in enumerate(rollout, start=len(steps) + 1):
         await asyncio.sleep(pause)
+        # A durable step: recorded once done, never repeated when the job is retried after a crash.
+        await ctx.step(step, _record_effect, f"{step} {version} to {approval.environment}")
         await ctx.progress(done, len(steps) * 2, f"{step} on {approval.environment}")
     return Deployment(version=version, environment=approval.environment, steps=steps + rollout)
 
@@ -107,9 +120,22 @@ def lookup_account(account: str) -> dict[str, Any]:
 def create_jobs(config: HandlesConfig | None = None) -> Handles:
     """A `Handles` instance with the three example jobs declared (configuration from the environment by default)."""
     jobs = Handles(config)
-    jobs.job(retention=timedelta(hours=6), poll_after=timedelta(seconds=2))(generate_report)
-    jobs.job(retention=timedelta(hours=6), poll_after=timedelta(seconds=2), asks_input=True)(deploy_release)
-    jobs.job(retention=timedelta(hours=1), poll_after=timedelta(seconds=2))(export_dataset)
+    # A report is pure: safe to run again after a crash.
+    jobs.job(retention=timedelta(hours=6), poll_after=timedelta(seconds=2), on_interrupt="retry")(
+        generate_report
+    )
+    # A deployment has effects, each guarded by a durable step, so a retry resumes instead of repeating them.
+    jobs.job(
+        retention=timedelta(hours=6),
+        poll_after=timedelta(seconds=2),
+        asks_input=True,
+        input_timeout=timedelta(hours=1),
+        on_interrupt="retry",
+    )(deploy_release)
+    # An export left half-done is not resumable here: on a crash it fails and says so.
+    jobs.job(
+        retention=timedelta(hours=1), keep_result_for=timedelta(minutes=30), poll_after=timedelta(seconds=2)
+    )(export_dataset)
     return jobs
 
 

@@ -9,16 +9,15 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, Unpack, overload
 
 from mcp.server.mcpserver import MCPServer
 
 from handles.config import HandlesConfig
 from handles.errors import ConfigurationError
 from handles.handle import HandleCodec
-from handles.jobs import DEFAULT_POLL_AFTER, DEFAULT_RETENTION, JobSpec, OnInterrupt
+from handles.jobs import JobOptions, JobSpec
 from handles.mcp import add_tools
 from handles.principal import PrincipalResolver, default_resolver
 from handles.runtime import Runtime
@@ -65,50 +64,21 @@ class Handles:
     def job(self, fn: F, /) -> F: ...
 
     @overload
-    def job(
-        self,
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        retention: timedelta = DEFAULT_RETENTION,
-        poll_after: timedelta = DEFAULT_POLL_AFTER,
-        asks_input: bool = False,
-        on_interrupt: OnInterrupt = "fail",
-        max_attempts: int = 3,
-    ) -> Callable[[F], F]: ...
+    def job(self, /, **options: Unpack[JobOptions]) -> Callable[[F], F]: ...
 
-    def job(  # type: ignore[misc]  # mypy cannot relate a TypeVar bound only in one overload
-        self,
-        fn: F | None = None,
-        /,
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        retention: timedelta = DEFAULT_RETENTION,
-        poll_after: timedelta = DEFAULT_POLL_AFTER,
-        asks_input: bool = False,
-        on_interrupt: OnInterrupt = "fail",
-        max_attempts: int = 3,
-    ) -> F | Callable[[F], F]:
+    def job(self, fn: F | None = None, /, **options: Unpack[JobOptions]) -> F | Callable[[F], F]:
         """Declare an async function as a long job. Usable bare (`@jobs.job`) or with options.
 
         `retention` is how long the job and its result are kept from its start (stated in
         the tool descriptions); `poll_after` is the polling hint given to callers;
         `asks_input` adds the respond tool; `on_interrupt` says what happens when the
-        process running the job dies ("fail", or "retry" up to `max_attempts`).
+        process running the job dies ("fail", or "retry" up to `max_attempts`);
+        `keep_result_for`, `input_timeout` and `abandon_after` bound how long a finished,
+        waiting or forgotten job lingers. See `JobSpec`.
         """
 
         def register(function: F) -> F:
-            spec = JobSpec.from_function(
-                function,
-                name=name,
-                description=description,
-                retention=retention,
-                poll_after=poll_after,
-                asks_input=asks_input,
-                on_interrupt=on_interrupt,
-                max_attempts=max_attempts,
-            )
+            spec = JobSpec.from_function(function, **options)
             if spec.name in self._specs:
                 raise ConfigurationError(f"A job named {spec.name!r} is already declared.")
             if self._service is not None:

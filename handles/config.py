@@ -63,7 +63,9 @@ class HandlesConfig:
     local_principal: str = "local"
     max_running: int = 32
     max_wait_seconds: float = 50.0
+    max_active_per_principal: int = 50
     lease_seconds: float = 30.0
+    heartbeat_seconds: float = 2.0
     sweep_interval_seconds: float = 5.0
     store_poll_seconds: float = 1.0
     cancel_grace_seconds: float = 5.0
@@ -83,7 +85,11 @@ class HandlesConfig:
             local_principal=os.environ.get("HANDLES_LOCAL_PRINCIPAL") or "local",
             max_running=_env_int("HANDLES_MAX_RUNNING", cls.max_running),
             max_wait_seconds=_env_float("HANDLES_MAX_WAIT_SECONDS", cls.max_wait_seconds),
+            max_active_per_principal=_env_int(
+                "HANDLES_MAX_ACTIVE_PER_PRINCIPAL", cls.max_active_per_principal
+            ),
             lease_seconds=_env_float("HANDLES_LEASE_SECONDS", cls.lease_seconds),
+            heartbeat_seconds=_env_float("HANDLES_HEARTBEAT_SECONDS", cls.heartbeat_seconds),
             sweep_interval_seconds=_env_float("HANDLES_SWEEP_SECONDS", cls.sweep_interval_seconds),
             store_poll_seconds=_env_float("HANDLES_STORE_POLL_SECONDS", cls.store_poll_seconds),
             cancel_grace_seconds=_env_float("HANDLES_CANCEL_GRACE_SECONDS", cls.cancel_grace_seconds),

@@ -83,6 +83,10 @@ class StoreUnavailable(CallerError):
     retryable = True
 
 
+class LeaseLost(HandlesError):
+    """Internal: this runtime no longer holds the job (it ended, or another runtime recovered it)."""
+
+
 class ToolError(HandlesError):
     """Raise inside a job to end it `completed` with a tool-level error result (`isError: true`).
 
@@ -101,3 +105,21 @@ class JobFailed(HandlesError):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class StepOutcomeUnknown(HandlesError):
+    """A durable step started in an earlier attempt and never recorded an outcome.
+
+    The effect may or may not have happened. Catch it to run an idempotent
+    re-check, or let it propagate: the job then ends `failed` and asks for
+    reconciliation before any retry.
+    """
+
+    def __init__(self, step: str, started_at: str, attempt: int) -> None:
+        super().__init__(
+            f"Step {step!r} started at {started_at} (attempt {attempt}) but its outcome was never recorded: "
+            "the process stopped in the middle of it. Reconcile it before retrying the job."
+        )
+        self.step = step
+        self.started_at = started_at
+        self.attempt = attempt

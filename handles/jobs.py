@@ -15,18 +15,23 @@ import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, overload
 
+import anyio.to_thread
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata, func_metadata
 from mcp_types import CallToolResult
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic_core import to_jsonable_python
 
 from handles.elicitation import elicitation_schema
-from handles.errors import ConfigurationError, InvalidArguments
+from handles.errors import ConfigurationError, InvalidArguments, LeaseLost, StepOutcomeUnknown
 from handles.limits import clean_message
+from handles.states import TERMINAL, Status
 
 if TYPE_CHECKING:
     from handles.store import Store
+
+StepT = TypeVar("StepT")
 
 OnInterrupt = Literal["fail", "retry"]
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -46,9 +51,31 @@ def describe_duration(delta: timedelta) -> str:
     return f"{seconds} second{'s' if seconds != 1 else ''}"
 
 
+class JobOptions(TypedDict, total=False):
+    """Options of `Handles.job` (see `JobSpec` for their meaning)."""
+
+    name: str | None
+    description: str | None
+    retention: timedelta
+    poll_after: timedelta
+    asks_input: bool
+    on_interrupt: OnInterrupt
+    max_attempts: int
+    keep_result_for: timedelta | None
+    input_timeout: timedelta | None
+    abandon_after: timedelta | None
+
+
 @dataclass(frozen=True)
 class JobSpec:
-    """One long job: its function, schemas, retention and policies."""
+    """One long job: its function, schemas, retention and policies.
+
+    - `retention`: the longest the job lives from its start (its handle expires then);
+    - `keep_result_for`: how long a finished job stays fetchable (never beyond `retention`);
+    - `input_timeout`: how long `input_required` waits for an answer before the job fails;
+    - `abandon_after`: cancel the job when nobody has looked at it for this long;
+    - `on_interrupt`: when its process dies, "fail" (default) or "retry" up to `max_attempts`.
+    """
 
     name: str
     fn: Callable[..., Awaitable[Any]]
@@ -58,6 +85,9 @@ class JobSpec:
     asks_input: bool
     on_interrupt: OnInterrupt
     max_attempts: int
+    keep_result_for: timedelta | None
+    input_timeout: timedelta | None
+    abandon_after: timedelta | None
     context_param: str
     metadata: FuncMetadata
 
@@ -73,6 +103,9 @@ class JobSpec:
         asks_input: bool = False,
         on_interrupt: OnInterrupt = "fail",
         max_attempts: int = 3,
+        keep_result_for: timedelta | None = None,
+        input_timeout: timedelta | None = None,
+        abandon_after: timedelta | None = None,
     ) -> JobSpec:
         job_name = name or fn.__name__
         if not _NAME.match(job_name):
@@ -86,6 +119,13 @@ class JobSpec:
             raise ConfigurationError(f"Job {job_name!r}: retention must be positive.")
         if on_interrupt not in ("fail", "retry"):
             raise ConfigurationError(f"Job {job_name!r}: on_interrupt must be 'fail' or 'retry'.")
+        for label, value in (
+            ("keep_result_for", keep_result_for),
+            ("input_timeout", input_timeout),
+            ("abandon_after", abandon_after),
+        ):
+            if value is not None and value <= timedelta(0):
+                raise ConfigurationError(f"Job {job_name!r}: {label} must be positive (or None).")
         context_param = _find_context_param(fn, job_name)
         try:
             metadata = func_metadata(fn, skip_names=[context_param], structured_output=True)
@@ -102,7 +142,10 @@ class JobSpec:
             poll_after=poll_after,
             asks_input=asks_input,
             on_interrupt=on_interrupt,
-            max_attempts=max(1, max_attempts),
+            max_attempts=max(1, max_attempts) if on_interrupt == "retry" else 1,
+            keep_result_for=keep_result_for,
+            input_timeout=input_timeout,
+            abandon_after=abandon_after,
             context_param=context_param,
             metadata=metadata,
         )
@@ -189,6 +232,7 @@ class JobContext:
         self._last_write = float("-inf")
         self._write_lock = asyncio.Lock()
         self._trailing: asyncio.Task[None] | None = None
+        self._step_names: set[str] = set()
         self.progress_writes = 0
 
     @property
@@ -279,7 +323,69 @@ class JobContext:
             record = await self._store.call(repo.get_input, self.job_id, key)
             if record is not None and record.answered_at is not None and record.answer is not None:
                 return record.answer
+            job = await self._store.call(repo.get, self.job_id)
+            if job is None or Status(job.status) in TERMINAL or job.lease_owner != self._owner:
+                # Ended elsewhere (input timeout, ttl, recovery): nothing more to do here.
+                raise LeaseLost(self.job_id)
             await self._store.notifier.wait(self.job_id, self._poll)
+
+    async def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        recheck: Callable[[], Any] | None = None,
+        result_type: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Run `fn(*args, **kwargs)` at most once over the job's life and record its result.
+
+        A retried job that reaches a step that already completed gets the recorded
+        result back and `fn` does not run again, so a payment, a publish or a
+        deployment is never repeated by a retry. Results are stored as JSON and
+        returned as JSON values (pass `result_type` to rebuild a type). A step that
+        started in an earlier attempt and never recorded an outcome raises
+        `StepOutcomeUnknown`, unless `recheck` is given: an idempotent function that
+        finds out what happened, whose answer is recorded instead. Step names must be
+        unique within a job.
+        """
+        if name in self._step_names:
+            raise ValueError(
+                f"Step name {name!r} is used twice in job {self.spec.name!r}; give every step its own name."
+            )
+        self._step_names.add(name)
+        repo = self._store.repo
+        record, fresh = await self._store.write(
+            self.job_id, repo.begin_step, self.job_id, self._owner, name, self.attempt
+        )
+        if not fresh and record.status == "completed":
+            return _typed(record.result, result_type)
+        if not fresh:
+            if recheck is None:
+                raise StepOutcomeUnknown(name, record.started_at.isoformat(), record.attempt)
+            value = await _invoke(recheck)
+        else:
+            try:
+                value = await _invoke(fn, *args, **kwargs)
+            except Exception as exc:
+                error = clean_message(f"{type(exc).__name__}: {exc}")
+                await self._store.write(self.job_id, repo.finish_step, self.job_id, name, error=error)
+                raise
+        stored = to_jsonable_python(value)
+        await self._store.write(self.job_id, repo.finish_step, self.job_id, name, result=stored)
+        return _typed(stored, result_type)
 
     def _request_cancel(self) -> None:
         self._cancel_requested.set()
+
+
+async def _invoke(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Await an async callable; run a plain one on a worker thread so it cannot block the event loop."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args, **kwargs)
+    value = await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+    return await value if inspect.isawaitable(value) else value
+
+
+def _typed(value: Any, result_type: Any) -> Any:
+    return value if result_type is None else TypeAdapter(result_type).validate_python(value)

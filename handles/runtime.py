@@ -24,7 +24,7 @@ from typing import Any
 from mcp_types import CallToolResult, TextContent
 
 from handles.config import HandlesConfig
-from handles.errors import JobFailed, ToolError
+from handles.errors import JobFailed, LeaseLost, StepOutcomeUnknown, ToolError
 from handles.jobs import JobContext, JobSpec
 from handles.limits import MAX_RESULT_BYTES, clean_message, json_size
 from handles.states import Status
@@ -36,15 +36,11 @@ INTERNAL_ERROR = -32603
 SWEEP_BATCH = 500
 
 
-def interrupted_error(attempts: int) -> dict[str, Any]:
-    return {
-        "code": INTERNAL_ERROR,
-        "message": (
-            "The job was interrupted: the server process running it stopped before it finished. "
-            "Its outcome is unknown; reconcile any external effects before starting it again."
-        ),
-        "data": {"reason": "interrupted", "attempts": attempts},
-    }
+def _failed(message: str, reason: str, **data: Any) -> tuple[Status, dict[str, Any]]:
+    """A `failed` outcome: the JSON-RPC error object the Tasks face returns, and the status message."""
+    message = clean_message(message, 2000) or "The job failed."
+    error = {"code": INTERNAL_ERROR, "message": message, "data": {"reason": reason, **data}}
+    return Status.FAILED, {"error": error, "status_message": clean_message(message)}
 
 
 def result_to_json(result: CallToolResult) -> dict[str, Any]:
@@ -57,6 +53,7 @@ class _Running:
     ctx: JobContext
     task: asyncio.Task[None] | None = None
     stopping: bool = False
+    lost: bool = False
     hard_cancel: asyncio.TimerHandle | None = None
 
 
@@ -82,6 +79,12 @@ class Runtime:
 
     def running_ids(self) -> list[str]:
         return list(self._running)
+
+    def free_slots(self) -> int:
+        """How many more jobs this process would run right now (0 when it runs no workers)."""
+        if not self.config.run_workers:
+            return 0
+        return self.config.max_running - len(self._running)
 
     async def start(self) -> None:
         """Start the background loops on the running event loop (idempotent)."""
@@ -184,107 +187,93 @@ class Runtime:
 
     async def _execute(self, entry: _Running, record: JobRecord) -> None:
         spec, ctx = entry.spec, entry.ctx
-        repo = self.store.repo
         job_id = record.id
-        outcome: tuple[Status, dict[str, Any]] | None = None
         try:
-            try:
-                kwargs = spec.call_arguments(record.arguments)
-                kwargs[spec.context_param] = ctx
-                value = await spec.fn(**kwargs)
-                result = spec.to_tool_result(value)
-                if json_size(result_to_json(result)) > MAX_RESULT_BYTES:
-                    raise JobFailed(
-                        f"The job's result is larger than the {MAX_RESULT_BYTES} byte limit and was not stored."
-                    )
-                outcome = (
-                    Status.COMPLETED,
-                    {"result": result_to_json(result), "status_message": "Completed."},
-                )
-            except ToolError as exc:
-                message = clean_message(exc.message, 4000) or "The job reported an error."
-                result = CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
-                outcome = (
-                    Status.COMPLETED,
-                    {"result": result_to_json(result), "status_message": clean_message(message)},
-                )
-            except JobFailed as exc:
-                message = clean_message(exc.message) or "The job failed."
-                outcome = (
-                    Status.FAILED,
-                    {
-                        "error": {
-                            "code": INTERNAL_ERROR,
-                            "message": message,
-                            "data": {"reason": "job_failed"},
-                        },
-                        "status_message": message,
-                    },
-                )
-            except asyncio.CancelledError:
-                if entry.stopping:
-                    outcome = None
-                    await self._settle_interrupted(entry, record)
-                elif ctx.cancelled:
-                    outcome = (Status.CANCELLED, {"status_message": "Cancelled at the caller's request."})
-                else:
-                    raise
-            except Exception as exc:
-                reference = secrets.token_hex(6)
-                logger.error(
-                    "job %s (%s) failed [reference %s]:\n%s",
-                    job_id,
-                    spec.name,
-                    reference,
-                    "".join(traceback.format_exception(exc)),
-                )
-                message = (
-                    "The job failed because of an unexpected error on the server "
-                    f"(reference {reference}; operators can find details in the server log)."
-                )
-                outcome = (
-                    Status.FAILED,
-                    {
-                        "error": {
-                            "code": INTERNAL_ERROR,
-                            "message": message,
-                            "data": {"reason": "exception", "reference": reference},
-                        },
-                        "status_message": message,
-                    },
-                )
+            outcome = await self._run_job(entry, record)
             if outcome is not None:
                 with contextlib.suppress(Exception):
                     await ctx.flush()
                 status, values = outcome
                 won = await self.store.write(
-                    job_id, repo.transition, job_id, status, owner=self.owner, **values
+                    job_id, self.store.repo.transition, job_id, status, owner=self.owner, **values
                 )
                 if not won:
                     logger.info(
                         "job %s ended %s here, but its stored state had already moved on", job_id, status
                     )
+        except Exception:
+            logger.exception("could not record the outcome of job %s (%s)", job_id, spec.name)
         finally:
             if entry.hard_cancel is not None:
                 entry.hard_cancel.cancel()
             self._running.pop(job_id, None)
             self._wake.set()
 
-    async def _settle_interrupted(self, entry: _Running, record: JobRecord) -> None:
-        """This process is stopping while the job runs: apply its `on_interrupt` policy now."""
-        await self._apply_interrupt_policy(entry.spec, record.id, record.attempts, owner=self.owner)
+    async def _run_job(self, entry: _Running, record: JobRecord) -> tuple[Status, dict[str, Any]] | None:
+        """Run the job function; return the outcome to store, or None when there is nothing to store here."""
+        spec, ctx = entry.spec, entry.ctx
+        try:
+            kwargs = spec.call_arguments(record.arguments)
+            kwargs[spec.context_param] = ctx
+            result = result_to_json(spec.to_tool_result(await spec.fn(**kwargs)))
+            if json_size(result) > MAX_RESULT_BYTES:
+                return _failed(
+                    f"The job's result is larger than the {MAX_RESULT_BYTES} byte limit and was not stored.",
+                    "result_too_large",
+                )
+            return Status.COMPLETED, {"result": result, "status_message": "Completed."}
+        except ToolError as exc:
+            message = clean_message(exc.message, 4000) or "The job reported an error."
+            error_result = CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
+            return Status.COMPLETED, {
+                "result": result_to_json(error_result),
+                "status_message": clean_message(message),
+            }
+        except JobFailed as exc:
+            return _failed(clean_message(exc.message) or "The job failed.", "job_failed")
+        except StepOutcomeUnknown as exc:
+            return _failed(str(exc), "step_unknown", step=exc.step)
+        except LeaseLost:
+            logger.info("job %s ended elsewhere while it ran here; dropping this run", record.id)
+            return None
+        except asyncio.CancelledError:
+            if entry.stopping:
+                await self._apply_interrupt_policy(record, owner=self.owner)
+                return None
+            if entry.lost:
+                return None
+            if ctx.cancelled:
+                return Status.CANCELLED, {"status_message": "Cancelled at the caller's request."}
+            raise
+        except Exception as exc:
+            reference = secrets.token_hex(6)
+            logger.error(
+                "job %s (%s) failed [reference %s]:\n%s",
+                record.id,
+                spec.name,
+                reference,
+                "".join(traceback.format_exception(exc)),
+            )
+            return _failed(
+                "The job failed because of an unexpected error on the server "
+                f"(reference {reference}; operators can find details in the server log).",
+                "exception",
+                reference=reference,
+            )
 
     async def _apply_interrupt_policy(
-        self, spec: JobSpec | None, job_id: str, attempts: int, *, owner: str, lease_expired: bool = False
+        self, record: JobRecord, *, owner: str, lease_expired: bool = False
     ) -> None:
+        """The job's process stopped mid-run: retry it (with backoff) or fail it, as its row says."""
         repo = self.store.repo
-        if spec is not None and spec.on_interrupt == "retry" and attempts < spec.max_attempts:
+        attempts = record.attempts
+        if record.on_interrupt == "retry" and attempts < record.max_attempts:
             delay = min(2 ** max(attempts - 1, 0), 60)
-            message = f"Interrupted during attempt {attempts}; retrying (attempt {attempts + 1} of {spec.max_attempts})."
+            message = f"Interrupted during attempt {attempts}; retrying as attempt {attempts + 1} of {record.max_attempts}."
             await self.store.write(
-                job_id,
+                record.id,
                 repo.release,
-                job_id,
+                record.id,
                 owner,
                 run_after=repo.clock() + timedelta(seconds=delay),
                 message=message,
@@ -292,16 +281,15 @@ class Runtime:
             )
             self._wake.set()
             return
-        error = interrupted_error(attempts)
+        status, values = _failed(
+            "The job was interrupted: the server process running it stopped before it finished"
+            + (f" (after {attempts} attempts)" if attempts > 1 else "")
+            + ". Its outcome is unknown; reconcile any external effects before starting it again.",
+            "interrupted",
+            attempts=attempts,
+        )
         await self.store.write(
-            job_id,
-            repo.transition,
-            job_id,
-            Status.FAILED,
-            owner=owner,
-            lease_expired=lease_expired,
-            error=error,
-            status_message=clean_message(error["message"]),
+            record.id, repo.transition, record.id, status, owner=owner, lease_expired=lease_expired, **values
         )
 
     # -- cancellation --------------------------------------------------------
@@ -319,10 +307,17 @@ class Runtime:
             )
         return True
 
+    def _drop(self, job_id: str) -> None:
+        """The job ended in the store while it runs here: stop it without writing anything."""
+        entry = self._running.get(job_id)
+        if entry is not None and entry.task is not None:
+            entry.lost = True
+            entry.task.cancel()
+
     # -- leases ----------------------------------------------------------------
 
     async def _heartbeat_loop(self) -> None:
-        interval = max(self.config.lease_seconds / 3, 0.05)
+        interval = max(min(self.config.heartbeat_seconds, self.config.lease_seconds / 3), 0.05)
         while True:
             await asyncio.sleep(interval)
             try:
@@ -358,23 +353,43 @@ class Runtime:
             await asyncio.sleep(self.config.sweep_interval_seconds)
 
     async def sweep_once(self) -> dict[str, int]:
-        """One bounded pass: recover jobs whose lease expired, delete jobs past retention."""
+        """One bounded pass over the store; safe to run on every node at once.
+
+        Recovers jobs whose lease expired (by their interrupt policy), ends jobs past
+        their retention or input timeout, cancels abandoned jobs, and deletes ended
+        jobs past retention, at most `SWEEP_BATCH` of each.
+        """
         repo = self.store.repo
-        recovered = 0
+        counts = {"recovered": 0, "timed_out": 0, "abandoned": 0, "deleted": 0}
         for record in await self.store.call(repo.expired_leases, SWEEP_BATCH):
-            if record.id in self._running:
+            if record.id in self._running or record.lease_owner is None:
                 continue
-            assert record.lease_owner is not None
-            await self._apply_interrupt_policy(
-                self.specs.get(record.kind),
-                record.id,
-                record.attempts,
-                owner=record.lease_owner,
-                lease_expired=True,
+            await self._apply_interrupt_policy(record, owner=record.lease_owner, lease_expired=True)
+            counts["recovered"] += 1
+        overdue = await self.store.call(repo.overdue, SWEEP_BATCH)
+        for record in overdue["ttl"]:
+            status, values = _failed(
+                "The job ran longer than its retention allows and was stopped; its handle has expired.", "ttl"
             )
-            recovered += 1
-        deleted = await self.store.call(repo.delete_expired, SWEEP_BATCH)
-        return {"recovered": recovered, "deleted": deleted}
+            if await self.store.write(record.id, repo.transition, record.id, status, **values):
+                self._drop(record.id)
+                counts["timed_out"] += 1
+        for record in overdue["input"]:
+            status, values = _failed(
+                "No answer to the job's question arrived in time, so the job ended without it. "
+                "Start a new job and answer within the time limit.",
+                "input_timeout",
+            )
+            if await self.store.write(record.id, repo.transition, record.id, status, **values):
+                self._drop(record.id)
+                counts["timed_out"] += 1
+        for record in overdue["abandoned"]:
+            outcome = await self.store.write(record.id, repo.request_cancel, record.id)
+            if outcome is not None:
+                self.signal_cancel(record.id)
+                counts["abandoned"] += 1
+        counts["deleted"] = await self.store.call(repo.delete_expired, SWEEP_BATCH)
+        return counts
 
 
 def _log_task_failure(task: asyncio.Task[Any]) -> None:

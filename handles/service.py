@@ -11,6 +11,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from handles.config import HandlesConfig
@@ -19,6 +20,7 @@ from handles.errors import (
     ExpiredHandle,
     IdempotencyConflict,
     InvalidArguments,
+    LimitReached,
     UnknownHandle,
     WrongJobKind,
 )
@@ -27,7 +29,8 @@ from handles.jobs import JobSpec, describe_duration
 from handles.limits import MAX_ARGUMENTS_BYTES, MAX_IDEMPOTENCY_KEY, MAX_RESPONSE_BYTES, check_size
 from handles.runtime import Runtime
 from handles.states import Status
-from handles.store import AnswerOutcome, InputRequestRecord, JobRecord, Store
+from handles.store import AnswerOutcome, InputRequestRecord, JobRecord, StepRecord, Store
+from handles.store.repository import ActiveLimitReached
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,10 @@ class StartedJob:
 def arguments_digest(arguments: dict[str, Any]) -> str:
     canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _seconds(delta: timedelta | None) -> float | None:
+    return None if delta is None else delta.total_seconds()
 
 
 class JobService:
@@ -84,12 +91,18 @@ class JobService:
                 "Use a short unique string such as a UUID, or leave it out.",
             )
         now = self.clock()
+        if not self.config.run_workers:
+            queued = "Queued; a worker will pick it up shortly."
+        elif self.runtime.free_slots() <= 0:
+            queued = "Queued: every worker is busy; it starts as soon as one is free."
+        else:
+            queued = "Queued; starting shortly."
         record = JobRecord(
             id=new_job_id(),
             kind=spec.name,
             principal=principal,
             status=Status.WORKING.value,
-            status_message="Queued; starting shortly.",
+            status_message=queued,
             arguments=values,
             arguments_digest=arguments_digest(values),
             idempotency_key=idempotency_key,
@@ -97,8 +110,23 @@ class JobService:
             updated_at=now,
             run_after=now,
             expires_at=now + spec.retention,
+            on_interrupt=spec.on_interrupt,
+            max_attempts=spec.max_attempts,
+            keep_result_seconds=_seconds(spec.keep_result_for),
+            input_timeout_seconds=_seconds(spec.input_timeout),
+            abandon_after_seconds=_seconds(spec.abandon_after),
+            abandon_at=None if spec.abandon_after is None else now + spec.abandon_after,
         )
-        stored, created = await self.store.write(record.id, self.store.repo.insert, record)
+        try:
+            stored, created = await self.store.write(
+                record.id, self.store.repo.insert, record, active_limit=self.config.max_active_per_principal
+            )
+        except ActiveLimitReached as exc:
+            raise LimitReached(
+                f"You already have {exc.active} active jobs on this server; the limit is {exc.limit}.",
+                "Wait for one of them to finish, or cancel one you no longer need, then start again.",
+                data={"limit": exc.limit},
+            ) from None
         if not created and stored.arguments_digest != record.arguments_digest:
             raise IdempotencyConflict(
                 f"The idempotency_key {idempotency_key!r} was already used to start {spec.name} with "
@@ -133,7 +161,16 @@ class JobService:
             raise self.expired_handle(spec, claims.expires_at.isoformat(), purged=True)
         if record.principal != principal or record.kind != spec.name:
             raise self.unknown_handle(spec)
+        await self._keep_alive(record)
         return record
+
+    async def _keep_alive(self, record: JobRecord) -> None:
+        """Someone is following the job: push back its abandonment deadline (at most a few writes per period)."""
+        if record.abandon_after_seconds is None or record.abandon_at is None:
+            return
+        remaining = (record.abandon_at - self.clock()).total_seconds()
+        if remaining < record.abandon_after_seconds * 0.75:
+            await self.store.call(self.store.repo.touch_abandon_deadline, record.id)
 
     def unknown_handle(self, spec: JobSpec) -> UnknownHandle:
         return UnknownHandle(
@@ -144,10 +181,16 @@ class JobService:
         )
 
     def expired_handle(self, spec: JobSpec, expires_at: str, *, purged: bool = False) -> ExpiredHandle:
-        detail = "was removed before its retention ended" if purged else f"expired at {expires_at}"
+        kept = f"{spec.name} jobs are kept for {describe_duration(spec.retention)}"
+        if spec.keep_result_for is not None:
+            kept += f", and their results for {describe_duration(spec.keep_result_for)} after they end"
+        detail = (
+            "no longer exists: it was deleted (retention ended, or an operator purged it)"
+            if purged
+            else (f"expired at {expires_at}")
+        )
         return ExpiredHandle(
-            f"This {spec.name} job {detail}; {spec.name} jobs and their results are kept for "
-            f"{describe_duration(spec.retention)}.",
+            f"This {spec.name} job {detail}; {kept}.",
             f"Start a new job with {spec.name}_start if you still need the result.",
         )
 
@@ -172,6 +215,9 @@ class JobService:
             record = latest
             if until(record):
                 return record
+
+    async def steps(self, record: JobRecord) -> list[StepRecord]:
+        return await self.store.call(self.store.repo.steps, record.id)
 
     async def pending_inputs(self, record: JobRecord) -> list[InputRequestRecord]:
         if Status(record.status) is not Status.INPUT_REQUIRED:

@@ -41,6 +41,14 @@ class InputRequestView(BaseModel):
     )
 
 
+class StepView(BaseModel):
+    name: str
+    status: str = Field(description="started (outcome not yet recorded), completed, or failed.")
+    attempt: int
+    started_at: datetime
+    finished_at: datetime | None = None
+
+
 class ErrorView(BaseModel):
     code: int
     message: str
@@ -69,7 +77,12 @@ class ProgressOutput(BaseModel):
         default_factory=dict,
         description="Questions waiting for an answer, by key (answer with the respond tool).",
     )
-    attempts: int = 0
+    attempts: int = Field(
+        0, description="How many times the job has been started (more than 1 after a retry)."
+    )
+    steps: list[StepView] = Field(
+        default_factory=list, description="The job's durable steps so far (names and outcomes, not values)."
+    )
     created_at: datetime
     updated_at: datetime
     expires_at: datetime
@@ -260,6 +273,16 @@ class JobTools:
             progress=_progress(job),
             input_requests=self._requests(pending),
             attempts=job.attempts,
+            steps=[
+                StepView(
+                    name=step.name,
+                    status=step.status,
+                    attempt=step.attempt,
+                    started_at=step.started_at,
+                    finished_at=step.finished_at,
+                )
+                for step in await self.service.steps(job)
+            ],
             created_at=job.created_at,
             updated_at=job.updated_at,
             expires_at=job.expires_at,

@@ -19,7 +19,7 @@ import anyio.to_thread
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from handles.errors import StoreUnavailable
-from handles.store.models import InputRequestRecord, JobRecord
+from handles.store.models import InputRequestRecord, JobRecord, StepRecord
 from handles.store.repository import AnswerOutcome, CancelOutcome, Clock, JobRepository, utc_now
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "InputRequestRecord",
     "JobRecord",
     "JobRepository",
+    "StepRecord",
     "Store",
     "utc_now",
 ]

@@ -1,4 +1,4 @@
-"""The stored shape: SQLModel tables for jobs and their input requests.
+"""The stored shape: SQLModel tables for jobs, their input requests and their durable steps.
 
 Nothing here is SQLite-specific: times are stored as UTC by `UTCDateTime`, JSON
 as the portable `JSON` type, and every status change is a compare-and-set update
@@ -72,6 +72,15 @@ class JobRecord(SQLModel, table=True):
     lease_owner: str | None = Field(default=None, max_length=128)
     lease_expires_at: datetime | None = _time(nullable=True)
     cancel_requested_at: datetime | None = _time(nullable=True)
+    input_deadline: datetime | None = _time(nullable=True)
+    abandon_at: datetime | None = _time(nullable=True)
+    # Policies are frozen into the row at creation, so any node (or the CLI) applies them
+    # without the job's code: a web-only node can recover a job it could never run.
+    on_interrupt: str = Field(default="fail", max_length=10)
+    max_attempts: int = 1
+    keep_result_seconds: float | None = None
+    input_timeout_seconds: float | None = None
+    abandon_after_seconds: float | None = None
 
 
 class InputRequestRecord(SQLModel, table=True):
@@ -86,3 +95,18 @@ class InputRequestRecord(SQLModel, table=True):
     created_at: datetime = _time()
     answered_at: datetime | None = _time(nullable=True)
     answer: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+
+
+class StepRecord(SQLModel, table=True):
+    """One durable step of a job (the operation ledger): started, then completed or failed, exactly once."""
+
+    __tablename__ = "handles_steps"
+
+    job_id: str = Field(primary_key=True, max_length=64)
+    name: str = Field(primary_key=True, max_length=200)
+    status: str = Field(max_length=20)
+    attempt: int = 0
+    started_at: datetime = _time()
+    finished_at: datetime | None = _time(nullable=True)
+    result: Any = Field(default=None, sa_column=Column(JSON, nullable=True))
+    error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))

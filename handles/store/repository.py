@@ -23,8 +23,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.pool import StaticPool
 from sqlmodel import Session, SQLModel, col, delete, select
 
-from handles.states import ACTIVE, TERMINAL, Status, sources_of
-from handles.store.models import InputRequestRecord, JobRecord
+from handles.errors import LeaseLost
+from handles.states import ACTIVE, TERMINAL, Status, can_transition
+from handles.store.models import InputRequestRecord, JobRecord, StepRecord
 
 logger = logging.getLogger("handles.store")
 
@@ -33,6 +34,15 @@ Clock = Callable[[], datetime]
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+class ActiveLimitReached(Exception):
+    """The principal already has `limit` active jobs; nothing was stored."""
+
+    def __init__(self, active: int, limit: int) -> None:
+        super().__init__(f"{active} active jobs (limit {limit})")
+        self.active = active
+        self.limit = limit
 
 
 @dataclass(frozen=True)
@@ -151,14 +161,31 @@ class JobRepository:
 
     # -- creation ----------------------------------------------------------
 
-    def insert(self, job: JobRecord) -> tuple[JobRecord, bool]:
-        """Store a new job, or return the job its idempotency key already names: (job, created)."""
+    def insert(self, job: JobRecord, *, active_limit: int | None = None) -> tuple[JobRecord, bool]:
+        """Store a new job, or return the job its idempotency key already names: (job, created).
+
+        With `active_limit`, refuse (`ActiveLimitReached`) when the principal already
+        has that many active jobs; the count and the insert share one transaction.
+        """
         if job.idempotency_key is not None:
             existing = self._find_idempotent(job)
             if existing is not None:
                 return existing, False
         try:
             with self._writing() as session:
+                if active_limit is not None:
+                    self._lock_principal(session, job.principal)
+                    active = int(
+                        session.exec(
+                            select(func.count())
+                            .select_from(JobRecord)
+                            .where(
+                                JobRecord.principal == job.principal, col(JobRecord.status).in_(list(ACTIVE))
+                            )
+                        ).one()
+                    )
+                    if active >= active_limit:
+                        raise ActiveLimitReached(active, active_limit)
                 session.add(job)
             return job, True
         except IntegrityError:
@@ -166,6 +193,11 @@ class JobRepository:
             if existing is None:
                 raise
             return existing, False
+
+    def _lock_principal(self, session: Session, principal: str) -> None:
+        """Serialise concurrent starts of one principal (SQLite's write lock already does)."""
+        if self.dialect == "postgresql":
+            session.exec(select(func.pg_advisory_xact_lock(func.hashtext(principal))))
 
     def _find_idempotent(self, job: JobRecord) -> JobRecord | None:
         with self._reading() as session:
@@ -309,29 +341,33 @@ class JobRepository:
 
         `owner` additionally requires that lease holder; `lease_expired` requires
         the lease to have run out (recovery must not race a renewal). Terminal
-        targets release the lease and stamp `finished_at`. Returns whether this
-        call made the change (False: someone else won, or the edge is not allowed).
+        targets release the lease, stamp `finished_at` and shorten the retention
+        to `keep_result_seconds`. Returns whether this call made the change
+        (False: someone else won, or the edge is not allowed).
         """
         now = self.clock()
-        conditions = [
-            col(JobRecord.id) == job_id,
-            col(JobRecord.status).in_([s.value for s in sources_of(target)]),
-        ]
-        if owner is not None:
-            conditions.append(col(JobRecord.lease_owner) == owner)
-        if lease_expired:
-            conditions.append(col(JobRecord.lease_expires_at) < now)
-        changes: dict[str, Any] = {
-            "status": target.value,
-            "updated_at": now,
-            "version": JobRecord.version + 1,
-        }
-        if target in TERMINAL:
-            changes.update(lease_owner=None, lease_expires_at=None, finished_at=now)
-        changes.update(values)
         with self._writing() as session:
-            changed = session.exec(update(JobRecord).where(and_(*conditions)).values(**changes)).rowcount
-        return changed == 1
+            job = self._locked(session, job_id)
+            if job is None or not can_transition(Status(job.status), target):
+                return False
+            if owner is not None and job.lease_owner != owner:
+                return False
+            if lease_expired and (job.lease_expires_at is None or job.lease_expires_at >= now):
+                return False
+            job.status = target.value
+            if target in TERMINAL:
+                _finish(job, now)
+            elif target is Status.WORKING:
+                job.input_deadline = None
+            for name, value in values.items():
+                setattr(job, name, value)
+            _touch(job, now)
+            session.add(job)
+        return True
+
+    def _locked(self, session: Session, job_id: str) -> JobRecord | None:
+        """The job row, locked for this write transaction (SQLite: BEGIN IMMEDIATE holds the lock)."""
+        return session.get(JobRecord, job_id, with_for_update=self.dialect != "sqlite")
 
     def release(
         self,
@@ -371,22 +407,19 @@ class JobRepository:
         """Record a cancel request. A queued job ends `cancelled` at once; a running one is signalled."""
         now = self.clock()
         with self._writing() as session:
-            job = session.get(JobRecord, job_id)
+            job = self._locked(session, job_id)
             if job is None:
                 return None
             if Status(job.status) in TERMINAL:
                 return CancelOutcome(job, ended_now=False)
-            if job.lease_owner is None:
+            ended = job.lease_owner is None
+            if ended:
                 job.status = Status.CANCELLED.value
                 job.status_message = "Cancelled before it started."
-                job.finished_at = now
-                ended = True
-            else:
-                ended = False
+                _finish(job, now)
             if job.cancel_requested_at is None:
                 job.cancel_requested_at = now
-            job.updated_at = now
-            job.version += 1
+            _touch(job, now)
             session.add(job)
         return CancelOutcome(job, ended_now=ended)
 
@@ -411,20 +444,15 @@ class JobRepository:
                         job_id=job_id, key=key, message=message, requested_schema=schema, created_at=now
                     )
                 )
-            session.exec(
-                update(JobRecord)
-                .where(
-                    col(JobRecord.id) == job_id,
-                    col(JobRecord.lease_owner) == owner,
-                    col(JobRecord.status).in_([s.value for s in sources_of(Status.INPUT_REQUIRED)]),
-                )
-                .values(
-                    status=Status.INPUT_REQUIRED.value,
-                    status_message=message,
-                    updated_at=now,
-                    version=JobRecord.version + 1,
-                )
-            )
+            job = self._locked(session, job_id)
+            if job is None or job.lease_owner != owner or Status(job.status) not in ACTIVE:
+                raise LeaseLost(job_id)
+            job.status = Status.INPUT_REQUIRED.value
+            job.status_message = message
+            if job.input_deadline is None and job.input_timeout_seconds is not None:
+                job.input_deadline = now + timedelta(seconds=job.input_timeout_seconds)
+            _touch(job, now)
+            session.add(job)
         return None
 
     def answer_inputs(self, job_id: str, answers: dict[str, dict[str, Any]]) -> AnswerOutcome | None:
@@ -462,23 +490,138 @@ class JobRepository:
                 if len(accepted) == len(pending):
                     job.status = Status.WORKING.value
                     job.status_message = "Answer received; continuing."
-                job.updated_at = now
-                job.version += 1
+                    job.input_deadline = None
+                _touch(job, now)
                 session.add(job)
         return AnswerOutcome(job, accepted, ignored)
 
-    # -- cleanup -----------------------------------------------------------
+    # -- durable steps --------------------------------------------------------
 
-    def delete_expired(self, limit: int) -> int:
-        """Delete up to `limit` jobs past their retention, with their input requests."""
+    def begin_step(self, job_id: str, owner: str, name: str, attempt: int) -> tuple[StepRecord, bool]:
+        """Record that step `name` starts, unless it is already known: (record, fresh).
+
+        Not fresh: the step completed before (replay its result) or started without
+        a recorded outcome (unknown). A failed step is started afresh.
+        """
         now = self.clock()
         with self._writing() as session:
-            ids = list(session.exec(select(JobRecord.id).where(col(JobRecord.expires_at) < now).limit(limit)))
+            job = self._locked(session, job_id)
+            if job is None or job.lease_owner != owner or Status(job.status) not in ACTIVE:
+                raise LeaseLost(job_id)
+            step = session.get(StepRecord, (job_id, name))
+            if step is not None and step.status != "failed":
+                return step, False
+            if step is None:
+                step = StepRecord(job_id=job_id, name=name, status="started", attempt=attempt, started_at=now)
+            else:
+                step.status, step.attempt, step.started_at = "started", attempt, now
+                step.finished_at, step.error, step.result = None, None, None
+            session.add(step)
+            _touch(job, now)
+            session.add(job)
+        return step, True
+
+    def finish_step(self, job_id: str, name: str, *, result: Any = None, error: str | None = None) -> None:
+        """Record a started step's outcome: its JSON result, or the error it raised."""
+        now = self.clock()
+        with self._writing() as session:
+            step = session.get(StepRecord, (job_id, name))
+            if step is None:
+                return
+            step.status = "failed" if error is not None else "completed"
+            step.result, step.error, step.finished_at = result, error, now
+            session.add(step)
+            job = session.get(JobRecord, job_id)
+            if job is not None:
+                _touch(job, now)
+                session.add(job)
+
+    def steps(self, job_id: str) -> list[StepRecord]:
+        with self._reading() as session:
+            rows = session.exec(
+                select(StepRecord).where(StepRecord.job_id == job_id).order_by(col(StepRecord.started_at))
+            )
+            return list(rows)
+
+    # -- sweeping --------------------------------------------------------------
+
+    def touch_abandon_deadline(self, job_id: str) -> None:
+        """A caller looked at the job: push its abandonment deadline back."""
+        now = self.clock()
+        with self._writing() as session:
+            job = self._locked(session, job_id)
+            if job is None or job.abandon_after_seconds is None or Status(job.status) in TERMINAL:
+                return
+            job.abandon_at = now + timedelta(seconds=job.abandon_after_seconds)
+            session.add(job)
+
+    def overdue(self, limit: int) -> dict[str, list[JobRecord]]:
+        """Active jobs past a deadline: `ttl` (past expires_at), `input` (no answer in time), `abandoned`."""
+        now = self.clock()
+        active = col(JobRecord.status).in_(list(ACTIVE))
+        with self._reading() as session:
+            return {
+                "ttl": list(
+                    session.exec(
+                        select(JobRecord).where(active, col(JobRecord.expires_at) < now).limit(limit)
+                    )
+                ),
+                "input": list(
+                    session.exec(
+                        select(JobRecord)
+                        .where(
+                            col(JobRecord.status) == Status.INPUT_REQUIRED.value,
+                            col(JobRecord.input_deadline) < now,
+                        )
+                        .limit(limit)
+                    )
+                ),
+                "abandoned": list(
+                    session.exec(
+                        select(JobRecord)
+                        .where(
+                            active,
+                            col(JobRecord.cancel_requested_at).is_(None),
+                            col(JobRecord.abandon_at) < now,
+                        )
+                        .limit(limit)
+                    )
+                ),
+            }
+
+    def delete_expired(self, limit: int) -> int:
+        """Delete up to `limit` ended jobs past their retention, with their questions and steps."""
+        now = self.clock()
+        with self._writing() as session:
+            ids = list(
+                session.exec(
+                    select(JobRecord.id)
+                    .where(col(JobRecord.expires_at) < now, col(JobRecord.status).in_(list(TERMINAL)))
+                    .limit(limit)
+                )
+            )
             if not ids:
                 return 0
             session.exec(delete(InputRequestRecord).where(col(InputRequestRecord.job_id).in_(ids)))
+            session.exec(delete(StepRecord).where(col(StepRecord.job_id).in_(ids)))
             session.exec(delete(JobRecord).where(col(JobRecord.id).in_(ids)))
         return len(ids)
+
+
+def _touch(job: JobRecord, now: datetime) -> None:
+    job.updated_at = now
+    job.version += 1
+
+
+def _finish(job: JobRecord, now: datetime) -> None:
+    """Terminal bookkeeping: release the lease, stamp the end, keep the result only as long as allowed."""
+    job.lease_owner = None
+    job.lease_expires_at = None
+    job.input_deadline = None
+    job.abandon_at = None
+    job.finished_at = now
+    if job.keep_result_seconds is not None:
+        job.expires_at = min(job.expires_at, now + timedelta(seconds=job.keep_result_seconds))
 
 
 def _after(now: datetime, seconds: float) -> datetime:
