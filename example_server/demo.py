@@ -1,8 +1,10 @@
 """End-to-end demo: start the example server over stdio and drive it with the official `mcp` client.
 
-Run it with `python -m example_server.demo`. It starts a report and watches its
-progress, answers a deployment's approval question, cancels an export mid-way,
-and fetches every result, printing what the server answers at each step.
+Run it with `python -m example_server.demo`. It follows a report with `handles.client`
+through the Tasks extension (giving up at a first deadline, then resuming the same job
+from the client's journal), follows a deployment through the handle tools and answers
+its approval question from a callback, then drives an export by hand with the handle
+tools (start, progress, cancel, fetch), printing what the server answers at each step.
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ import os
 import secrets
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 from mcp import Client, StdioServerParameters
 from mcp_types import CallToolResult
+
+from handles.client import DeadlineExceeded, Journal, Progress, follow
+from handles.tasks_client import TasksClientExtension
 
 
 def _show(label: str, payload: dict[str, Any], *keys: str) -> None:
@@ -32,13 +38,16 @@ async def _call(client: Client, tool: str, arguments: dict[str, Any]) -> dict[st
     return result.structured_content
 
 
-async def _follow(client: Client, job: str, handle: str) -> dict[str, Any]:
-    """Long-poll progress until the job leaves `working`."""
-    while True:
-        state = await _call(client, f"{job}_progress", {"handle": handle, "wait_seconds": 10})
-        _show("progress", state, "status", "status_message", "progress")
-        if state["status"] != "working":
-            return state
+def _show_progress(update: Progress) -> None:
+    amount = f" {update.done:g}/{update.total:g}" if update.done is not None and update.total else ""
+    print(f"  progress   {update.status}{amount}  {update.message or ''}".rstrip())
+
+
+def _approve(key: str, message: str, schema: dict[str, Any]) -> dict[str, Any]:
+    print(f"  question   {key}: {message} (fields: {', '.join(schema.get('properties', {}))})")
+    answer = {"approve": True, "environment": "staging"}
+    print(f"  answer     {json.dumps(answer)}")
+    return answer
 
 
 async def run_demo(job_seconds: float) -> None:
@@ -51,7 +60,8 @@ async def run_demo(job_seconds: float) -> None:
     )
     params = StdioServerParameters(command=sys.executable, args=["-m", "example_server"], env=env)
     print(f"Starting the example server over stdio (state in {data_dir}/handles.db)")
-    async with Client(params) as client:
+    journal = Journal(Path(data_dir) / "client-journal.db")
+    async with Client(params, extensions=[TasksClientExtension()]) as client:
         tools = await client.list_tools()
         print("Tools:", ", ".join(sorted(t.name for t in tools.tools)))
 
@@ -60,28 +70,35 @@ async def run_demo(job_seconds: float) -> None:
             "lookup", await _call(client, "lookup_account", {"account": "acme"}), "account", "plan", "region"
         )
 
-        print("\n2. generate_report: start, watch progress, fetch")
-        started = await _call(client, "generate_report_start", {"account": "acme", "months": 6})
-        _show("start", started, "status", "poll_after_ms", "expires_at")
-        print(f"  next:      {started['next']}")
-        await _follow(client, "generate_report", started["handle"])
-        report = await _call(client, "generate_report_fetch", {"handle": started["handle"]})
-        _show("fetch", report, "status", "result")
+        print("\n2. generate_report with handles.client, through the Tasks extension (tasks/get)")
+        report = {"account": "acme", "months": 6}
+        try:
+            await follow(
+                client, "generate_report", report, key="acme-report", journal=journal,
+                on_progress=_show_progress, deadline=job_seconds / 4, prefer="tasks",
+            )  # fmt: skip
+        except DeadlineExceeded as late:
+            print(f"  deadline   {late.message}")
+        entry = journal.get("acme-report")
+        assert entry is not None
+        print(
+            f"  journal    acme-report -> {entry.job} job {(entry.handle or '')[:16]}..., state {entry.state}"
+        )
+        print("  resuming the same key: no second start, the same job is followed to its end")
+        result = await follow(
+            client, "generate_report", report, key="acme-report", journal=journal,
+            on_progress=_show_progress, prefer="tasks",
+        )  # fmt: skip
+        print(f"  result     {json.dumps(result)}")
 
-        print("\n3. deploy_release: the job asks a question mid-way")
-        started = await _call(client, "deploy_release_start", {"version": "2.4.0"})
-        state = await _follow(client, "deploy_release", started["handle"])
-        for key, request in state["input_requests"].items():
-            print(f"  question   {key}: {request['message']}")
-        answer = {"q1": {"approve": True, "environment": "staging"}}
-        replied = await _call(
-            client, "deploy_release_respond", {"handle": started["handle"], "responses": answer}
+        print(
+            "\n3. deploy_release with handles.client, through the handle tools; a callback answers its question"
         )
-        _show("respond", replied, "status", "accepted", "ignored")
-        deployed = await _call(
-            client, "deploy_release_fetch", {"handle": started["handle"], "wait_seconds": 30}
-        )
-        _show("fetch", deployed, "status", "result")
+        result = await follow(
+            client, "deploy_release", {"version": "2.4.0"}, key="deploy-2.4.0", journal=journal,
+            on_progress=_show_progress, on_input=_approve, prefer="handles", deadline=60,
+        )  # fmt: skip
+        print(f"  result     {json.dumps(result)}")
 
         print("\n4. export_dataset: cancel it mid-way")
         started = await _call(client, "export_dataset_start", {"rows": 100_000})
@@ -94,7 +111,8 @@ async def run_demo(job_seconds: float) -> None:
         print("\n5. A made-up handle gets a clear tool error")
         bogus = await client.call_tool("generate_report_progress", {"handle": "not-a-real-handle"})
         print(f"  isError={bogus.is_error} {bogus.content[0].text}")  # type: ignore[union-attr]
-    print("\nDemo finished.")
+    print("\nDemo finished. Follow one job yourself (stop it at any moment, run it again: it resumes):")
+    print("""  python -m example_server.client_demo generate_report '{"account": "acme", "months": 6}'""")
 
 
 def main() -> None:

@@ -140,16 +140,19 @@ def create_jobs(config: HandlesConfig | None = None) -> Handles:
 
 
 def build_server(jobs: Handles, *, token_verifier: Any = None, auth: Any = None) -> MCPServer[Any]:
-    """The example MCPServer with every job's handle tools and the quick tool bound."""
+    """The example MCPServer: every job's tools (plain, handle and Tasks) and the quick tool."""
     server: MCPServer[Any] = MCPServer(
         "handles-example",
         instructions=(
-            "Long jobs are started with <job>_start, which returns a handle. Follow a job with "
-            "<job>_progress, get its result with <job>_fetch, answer its questions with <job>_respond, "
-            "and stop it with <job>_cancel. Each reply's `next` field says what to do next."
+            "Each long job is a tool of its own name, which answers its result when the job is quick and "
+            "a handle otherwise; clients that declare the io.modelcontextprotocol/tasks extension get a task. "
+            "The handle works with <job>_progress, <job>_fetch, <job>_respond (answer its questions) and "
+            "<job>_cancel; <job>_start starts a job and returns its handle at once. Each reply's `next` "
+            "field says what to do next."
         ),
         token_verifier=token_verifier,
         auth=auth,
+        extensions=[jobs.tasks_extension()],
     )
     server.add_tool(lookup_account, structured_output=True)
     jobs.bind(server)

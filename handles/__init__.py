@@ -3,27 +3,61 @@
 One async function becomes `<job>_start`, `<job>_progress`, `<job>_fetch`,
 `<job>_cancel` (and `<job>_respond`) tools sharing a signed, principal-bound
 handle, on durable SQL state.
+
+Names are imported on first use, so `handles.cli` and the store stay quick to load.
 """
 
-from handles.app import Handles
-from handles.config import HandlesConfig
-from handles.errors import (
-    CallerError,
-    ConfigurationError,
-    ExpiredHandle,
-    HandlesError,
-    IdempotencyConflict,
-    InvalidArguments,
-    JobFailed,
-    LimitReached,
-    StepOutcomeUnknown,
-    StoreUnavailable,
-    ToolError,
-    UnknownHandle,
-    WrongJobKind,
-)
-from handles.jobs import JobContext, JobSpec
-from handles.states import Status
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from handles.app import Handles
+    from handles.config import HandlesConfig
+    from handles.errors import (
+        CallerError,
+        ConfigurationError,
+        ExpiredHandle,
+        HandlesError,
+        IdempotencyConflict,
+        InvalidArguments,
+        JobFailed,
+        LimitReached,
+        StepOutcomeUnknown,
+        StoreUnavailable,
+        ToolError,
+        UnknownHandle,
+        WrongJobKind,
+    )
+    from handles.jobs import JobContext, JobSpec
+    from handles.states import Status
+
+_EXPORTS = {
+    "Handles": "handles.app",
+    "HandlesConfig": "handles.config",
+    "JobContext": "handles.jobs",
+    "JobSpec": "handles.jobs",
+    "Status": "handles.states",
+    **{
+        name: "handles.errors"
+        for name in (
+            "CallerError",
+            "ConfigurationError",
+            "ExpiredHandle",
+            "HandlesError",
+            "IdempotencyConflict",
+            "InvalidArguments",
+            "JobFailed",
+            "LimitReached",
+            "StepOutcomeUnknown",
+            "StoreUnavailable",
+            "ToolError",
+            "UnknownHandle",
+            "WrongJobKind",
+        )
+    },
+}
 
 __all__ = [
     "CallerError",
@@ -45,3 +79,13 @@ __all__ = [
     "UnknownHandle",
     "WrongJobKind",
 ]
+assert sorted(__all__) == sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'handles' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -9,20 +9,24 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar, Unpack, overload
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import CallToolResult
 
 from handles.config import HandlesConfig
 from handles.errors import ConfigurationError
 from handles.handle import HandleCodec
 from handles.jobs import JobOptions, JobSpec
-from handles.mcp import add_tools
+from handles.mcp import add_plain_tool, add_tools
+from handles.plain import PlainCall, PlainCallPolicy, PlainTool
 from handles.principal import PrincipalResolver, default_resolver
 from handles.runtime import Runtime
 from handles.service import JobService
 from handles.store import Clock, JobRepository, Store, utc_now
+from handles.tasks import TasksExtension
 from handles.tools import JobTools, ToolDefinition
 
 logger = logging.getLogger("handles")
@@ -56,7 +60,9 @@ class Handles:
         self.principal_resolver = principal_resolver or default_resolver(self.config.local_principal)
         self._clock = clock
         self._specs: dict[str, JobSpec] = {}
+        self._plain: dict[str, PlainCallPolicy] = {}
         self._service: JobService | None = None
+        self._tasks: TasksExtension | None = None
 
     # -- defining jobs -----------------------------------------------------
 
@@ -64,9 +70,24 @@ class Handles:
     def job(self, fn: F, /) -> F: ...
 
     @overload
-    def job(self, /, **options: Unpack[JobOptions]) -> Callable[[F], F]: ...
+    def job(
+        self,
+        /,
+        *,
+        plain_call: PlainCall = "adaptive",
+        inline_budget: timedelta | None = None,
+        **options: Unpack[JobOptions],
+    ) -> Callable[[F], F]: ...
 
-    def job(self, fn: F | None = None, /, **options: Unpack[JobOptions]) -> F | Callable[[F], F]:
+    def job(
+        self,
+        fn: F | None = None,
+        /,
+        *,
+        plain_call: PlainCall = "adaptive",
+        inline_budget: timedelta | None = None,
+        **options: Unpack[JobOptions],
+    ) -> F | Callable[[F], F]:
         """Declare an async function as a long job. Usable bare (`@jobs.job`) or with options.
 
         `retention` is how long the job and its result are kept from its start (stated in
@@ -75,7 +96,17 @@ class Handles:
         process running the job dies ("fail", or "retry" up to `max_attempts`);
         `keep_result_for`, `input_timeout` and `abandon_after` bound how long a finished,
         waiting or forgotten job lingers. See `JobSpec`.
+
+        The job is also served as the plain tool `<name>`: a call that declares the Tasks
+        extension becomes a task; any other call follows `plain_call`: "adaptive" runs the
+        job and answers its result if it ends within `inline_budget` (default
+        `HandlesConfig.inline_budget_seconds`), else its handle; "tasks_only" refuses with
+        -32021.
         """
+        if plain_call not in ("adaptive", "tasks_only"):
+            raise ConfigurationError("plain_call must be 'adaptive' or 'tasks_only'.")
+        if inline_budget is not None and inline_budget < timedelta(0):
+            raise ConfigurationError("inline_budget must not be negative.")
 
         def register(function: F) -> F:
             spec = JobSpec.from_function(function, **options)
@@ -84,6 +115,7 @@ class Handles:
             if self._service is not None:
                 raise ConfigurationError("Declare every job before binding or starting the Handles instance.")
             self._specs[spec.name] = spec
+            self._plain[spec.name] = PlainCallPolicy(mode=plain_call, inline_budget=inline_budget)
             return function
 
         return register(fn) if fn is not None else register
@@ -103,7 +135,7 @@ class Handles:
                 Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
             codec = HandleCodec(self.config.resolved_secret_keys())
             repository = JobRepository(url, clock=self._clock)
-            repository.create_schema()
+            repository.prepare(auto_migrate=self.config.resolved_auto_migrate())
             store = Store(repository)
             runtime = Runtime(store=store, config=self.config, specs=self._specs)
             self._service = JobService(
@@ -122,13 +154,37 @@ class Handles:
             definitions.extend(JobTools(spec, self.service).definitions())
         return definitions
 
+    def plain_tools(self) -> list[PlainTool]:
+        """The plain tool `<job>` of every declared job."""
+        return [PlainTool(spec, self.service, self._plain[name]) for name, spec in self._specs.items()]
+
+    def tasks_extension(self) -> TasksExtension:
+        """The Tasks extension serving these jobs; pass it to `MCPServer(extensions=[...])`."""
+        if self._tasks is None:
+            self._tasks = TasksExtension(self)
+        return self._tasks
+
     def bind(self, server: MCPServer[Any]) -> None:
-        """Add the handle tools of every declared job to `server`."""
+        """Add every declared job's handle tools and its plain tool `<job>` to `server`.
+
+        Build the server with `extensions=[jobs.tasks_extension()]` so that a `tools/call <job>`
+        declaring the Tasks extension becomes a task.
+        """
         if not self._specs:
             raise ConfigurationError(
                 "No jobs are declared; decorate at least one function with @handles.job."
             )
         add_tools(server, self.tool_definitions(), self.principal_resolver)
+        for tool in self.plain_tools():
+            add_plain_tool(
+                server,
+                name=tool.name,
+                title=tool.spec.name,
+                description=tool.description,
+                input_model=tool.spec.metadata.arg_model,
+                handler=_plain_handler(tool),
+                resolver=self.principal_resolver,
+            )
 
     async def start(self) -> None:
         """Start the runtime now (otherwise it starts on the first tool call)."""
@@ -149,3 +205,12 @@ class Handles:
             yield self
         finally:
             await self.aclose()
+
+
+def _plain_handler(
+    tool: PlainTool,
+) -> Callable[[str, dict[str, Any], Context[Any, Any]], Awaitable[CallToolResult]]:
+    async def handle(principal: str, arguments: dict[str, Any], context: Context[Any, Any]) -> CallToolResult:
+        return await tool.call(principal, arguments, context.report_progress)
+
+    return handle

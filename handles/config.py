@@ -42,6 +42,11 @@ def _env_int(name: str, default: int) -> int:
         raise ConfigurationError(f"{name}={raw!r} is not an integer.") from None
 
 
+def _env_optional_bool(name: str) -> bool | None:
+    raw = os.environ.get(name)
+    return None if raw is None or raw == "" else _env_bool(name, False)
+
+
 def _env_bool(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -71,6 +76,8 @@ class HandlesConfig:
     cancel_grace_seconds: float = 5.0
     progress_flush_seconds: float = 0.1
     run_workers: bool = True
+    auto_migrate: bool | None = None
+    inline_budget_seconds: float = 20.0
 
     @classmethod
     def from_env(cls, **overrides: Any) -> HandlesConfig:
@@ -93,7 +100,10 @@ class HandlesConfig:
             sweep_interval_seconds=_env_float("HANDLES_SWEEP_SECONDS", cls.sweep_interval_seconds),
             store_poll_seconds=_env_float("HANDLES_STORE_POLL_SECONDS", cls.store_poll_seconds),
             cancel_grace_seconds=_env_float("HANDLES_CANCEL_GRACE_SECONDS", cls.cancel_grace_seconds),
+            progress_flush_seconds=_env_float("HANDLES_PROGRESS_FLUSH_SECONDS", cls.progress_flush_seconds),
             run_workers=_env_bool("HANDLES_RUN_WORKERS", True),
+            auto_migrate=_env_optional_bool("HANDLES_AUTO_MIGRATE"),
+            inline_budget_seconds=_env_float("HANDLES_INLINE_BUDGET_SECONDS", cls.inline_budget_seconds),
         )
         return replace(config, **overrides) if overrides else config
 
@@ -102,6 +112,12 @@ class HandlesConfig:
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'handles.db').as_posix()}"
+
+    def resolved_auto_migrate(self) -> bool:
+        """Upgrade the schema on start? Default: yes for an SQLite file, no for a shared database."""
+        if self.auto_migrate is not None:
+            return self.auto_migrate
+        return self.resolved_database_url().startswith("sqlite")
 
     def resolved_secret_keys(self) -> tuple[str, ...]:
         """The signing keys, newest first. Without keys, only development mode may go on."""

@@ -121,7 +121,7 @@ def _check_value(prop: dict[str, Any], value: Any) -> str | None:
         return None if isinstance(value, bool) else "expected true or false"
     if kind in ("number", "integer"):
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            return f"expected a {kind}"
+            return "expected an integer" if kind == "integer" else "expected a number"
         if kind == "integer" and not float(value).is_integer():
             return "expected an integer"
         if "minimum" in prop and value < prop["minimum"]:

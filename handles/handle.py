@@ -75,6 +75,24 @@ class HandleCodec:
         Forged, truncated, re-encoded, oversized, non-ASCII, retired-key and
         other-principal handles all return None, so callers cannot tell them apart.
         """
+        payload = self._payload(token)
+        if payload is None:
+            return None
+        job_id, kind, expires, tag = payload
+        if not any(hmac.compare_digest(self._tag(key, job_id, principal), tag) for key in self._tag_keys):
+            return None
+        return HandleClaims(job_id=job_id, kind=kind, expires_at=datetime.fromtimestamp(expires, UTC))
+
+    def inspect(self, token: object) -> HandleClaims | None:
+        """Operator use only: the claims of a genuine handle, whoever it belongs to (no principal check)."""
+        payload = self._payload(token)
+        if payload is None:
+            return None
+        job_id, kind, expires, _tag = payload
+        return HandleClaims(job_id=job_id, kind=kind, expires_at=datetime.fromtimestamp(expires, UTC))
+
+    def _payload(self, token: object) -> tuple[str, str, int, str] | None:
+        """(job_id, kind, expires, principal tag) of a token signed by one of our keys, else None."""
         if not isinstance(token, str) or not token or len(token) > MAX_HANDLE_LENGTH or not token.isascii():
             return None
         try:
@@ -84,13 +102,14 @@ class HandleCodec:
         if not (isinstance(payload, list) and len(payload) == 5 and payload[0] == _FORMAT_VERSION):
             return None
         _, job_id, kind, expires, tag = payload
-        if not (isinstance(job_id, str) and isinstance(kind, str) and isinstance(expires, int)):
+        if not (
+            isinstance(job_id, str)
+            and isinstance(kind, str)
+            and isinstance(expires, int)
+            and isinstance(tag, str)
+        ):
             return None
-        if not isinstance(tag, str):
-            return None
-        if not any(hmac.compare_digest(self._tag(key, job_id, principal), tag) for key in self._tag_keys):
-            return None
-        return HandleClaims(job_id=job_id, kind=kind, expires_at=datetime.fromtimestamp(expires, UTC))
+        return job_id, kind, expires, tag
 
     @staticmethod
     def _tag(key: bytes, job_id: str, principal: str) -> str:

@@ -24,7 +24,13 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic_core import to_jsonable_python
 
 from handles.elicitation import elicitation_schema
-from handles.errors import ConfigurationError, InvalidArguments, LeaseLost, StepOutcomeUnknown
+from handles.errors import (
+    ConfigurationError,
+    InvalidArguments,
+    LeaseLost,
+    StepOutcomeUnknown,
+    StoreUnavailable,
+)
 from handles.limits import clean_message
 from handles.states import TERMINAL, Status
 
@@ -279,9 +285,13 @@ class JobContext:
             self._last_write = asyncio.get_running_loop().time()
             self.progress_writes += 1
             repo = self._store.repo
-            await self._store.write(
-                self.job_id, repo.set_progress, self.job_id, self._owner, done, total, message
-            )
+            try:
+                await self._store.write(
+                    self.job_id, repo.set_progress, self.job_id, self._owner, done, total, message
+                )
+            except StoreUnavailable:
+                # Progress is advisory: keep working, and store the latest value once the database is back.
+                self._dirty = True
 
     @overload
     async def ask(self, message: str, schema: type[ModelT]) -> ModelT: ...
@@ -320,14 +330,15 @@ class JobContext:
         repo = self._store.repo
         while True:
             await self.checkpoint()
-            record = await self._store.call(repo.get_input, self.job_id, key)
+            changed = self._store.notifier.watch(self.job_id)  # before reading, so no change slips by
+            record = await self._store.read(repo.get_input, self.job_id, key)
             if record is not None and record.answered_at is not None and record.answer is not None:
                 return record.answer
-            job = await self._store.call(repo.get, self.job_id)
+            job = await self._store.read(repo.get, self.job_id)
             if job is None or Status(job.status) in TERMINAL or job.lease_owner != self._owner:
                 # Ended elsewhere (input timeout, ttl, recovery): nothing more to do here.
                 raise LeaseLost(self.job_id)
-            await self._store.notifier.wait(self.job_id, self._poll)
+            await self._store.notifier.wait(self.job_id, self._poll, event=changed)
 
     async def step(
         self,

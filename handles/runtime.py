@@ -24,7 +24,7 @@ from typing import Any
 from mcp_types import CallToolResult, TextContent
 
 from handles.config import HandlesConfig
-from handles.errors import JobFailed, LeaseLost, StepOutcomeUnknown, ToolError
+from handles.errors import JobFailed, LeaseLost, StepOutcomeUnknown, StoreUnavailable, ToolError
 from handles.jobs import JobContext, JobSpec
 from handles.limits import MAX_RESULT_BYTES, clean_message, json_size
 from handles.states import Status
@@ -68,6 +68,9 @@ class Runtime:
         self._running: dict[str, _Running] = {}
         self._loops: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
+        self._check_leases = asyncio.Event()
+        self._reserved = 0
+        store.origin = self.owner
         self._started = False
         self._stopping = False
 
@@ -84,7 +87,22 @@ class Runtime:
         """How many more jobs this process would run right now (0 when it runs no workers)."""
         if not self.config.run_workers:
             return 0
-        return self.config.max_running - len(self._running)
+        return self.config.max_running - len(self._running) - self._reserved
+
+    def reserve(self, kind: str) -> bool:
+        """Hold a slot for a job about to be stored already claimed by this runtime (see `adopt`)."""
+        if self._stopping or not self._started or kind not in self.specs or self.free_slots() <= 0:
+            return False
+        self._reserved += 1
+        return True
+
+    def unreserve(self) -> None:
+        self._reserved = max(self._reserved - 1, 0)
+
+    def adopt(self, record: JobRecord) -> None:
+        """Run a job that was stored already leased to this runtime, in the slot `reserve` held."""
+        self.unreserve()
+        self._start_task(self.specs[record.kind], record)
 
     async def start(self) -> None:
         """Start the background loops on the running event loop (idempotent)."""
@@ -92,7 +110,13 @@ class Runtime:
             return
         self._started = True
         self._wake = asyncio.Event()
+        self._check_leases = asyncio.Event()
         self._loops = [asyncio.create_task(self._sweep_loop(), name="handles-sweeper")]
+        if self.store.repo.dialect == "postgresql":
+            from handles.store.listen import ChangeListener
+
+            listener = ChangeListener(self.store.repo.url, self.owner, self._on_remote_change)
+            self._loops.append(asyncio.create_task(listener.run(), name="handles-listener"))
         if self.config.run_workers:
             self._loops.append(asyncio.create_task(self._dispatch_loop(), name="handles-dispatcher"))
             self._loops.append(asyncio.create_task(self._heartbeat_loop(), name="handles-heartbeat"))
@@ -125,14 +149,14 @@ class Runtime:
         """A job was just stored: claim and start it now if a slot is free, else let the dispatcher queue it."""
         if not self.config.run_workers or self._stopping:
             return
-        if len(self._running) < self.config.max_running:
+        if self.free_slots() > 0:
             task = asyncio.create_task(self._claim_and_run(job_id))
             task.add_done_callback(_log_task_failure)
         else:
             self._wake.set()
 
     async def _claim_and_run(self, job_id: str) -> bool:
-        if len(self._running) >= self.config.max_running or job_id in self._running:
+        if self.free_slots() <= 0 or job_id in self._running:
             return False
         record = await self.store.write(
             job_id, self.store.repo.claim, job_id, self.owner, self.config.lease_seconds
@@ -170,18 +194,27 @@ class Runtime:
 
     async def _dispatch_loop(self) -> None:
         while True:
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that lands as the event
+            # is set, and stop() would then wait for this loop forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.config.store_poll_seconds)
+                async with asyncio.timeout(self.config.store_poll_seconds):
+                    await self._wake.wait()
             self._wake.clear()
             try:
-                free = self.config.max_running - len(self._running)
-                if free <= 0:
-                    continue
-                ids = await self.store.call(self.store.repo.queued, list(self.specs), free)
-                for job_id in ids:
-                    await self._claim_and_run(job_id)
+                await self._claim_queued()
             except Exception:
                 logger.exception("dispatcher pass failed; retrying")
+
+    async def _claim_queued(self) -> None:
+        free = self.free_slots()
+        if free <= 0 or self._stopping:
+            return
+        repo = self.store.repo
+        for record in await self.store.call(
+            repo.claim_next, self.owner, list(self.specs), free, self.config.lease_seconds
+        ):
+            self.store.notifier.notify(record.id)
+            self._start_task(self.specs[record.kind], record)
 
     # -- running -----------------------------------------------------------
 
@@ -194,10 +227,7 @@ class Runtime:
                 with contextlib.suppress(Exception):
                     await ctx.flush()
                 status, values = outcome
-                won = await self.store.write(
-                    job_id, self.store.repo.transition, job_id, status, owner=self.owner, **values
-                )
-                if not won:
+                if not await self._record_outcome(job_id, status, values):
                     logger.info(
                         "job %s ended %s here, but its stored state had already moved on", job_id, status
                     )
@@ -208,6 +238,29 @@ class Runtime:
                 entry.hard_cancel.cancel()
             self._running.pop(job_id, None)
             self._wake.set()
+
+    async def _record_outcome(self, job_id: str, status: Status, values: dict[str, Any]) -> bool:
+        """Store a job's final state, waiting out a database outage for up to two lease periods.
+
+        Past that, the lease has run out and the sweep of whichever node sees the
+        database first settles the job by its interrupt policy.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(2 * self.config.lease_seconds, 10.0)
+        delay = 0.2
+        while True:
+            try:
+                return await self.store.write(
+                    job_id, self.store.repo.transition, job_id, status, owner=self.owner, **values
+                )
+            except StoreUnavailable:
+                if loop.time() + delay > deadline:
+                    logger.error(
+                        "could not store the outcome of job %s: the database stayed unavailable", job_id
+                    )
+                    return False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def _run_job(self, entry: _Running, record: JobRecord) -> tuple[Status, dict[str, Any]] | None:
         """Run the job function; return the outcome to store, or None when there is nothing to store here."""
@@ -235,6 +288,11 @@ class Runtime:
             return _failed(str(exc), "step_unknown", step=exc.step)
         except LeaseLost:
             logger.info("job %s ended elsewhere while it ran here; dropping this run", record.id)
+            return None
+        except StoreUnavailable:
+            # The job could not record what it did. Leave it to its lease: once the lease runs
+            # out, a sweep settles it by its interrupt policy (retry, or fail as interrupted).
+            logger.warning("job %s stopped: the database became unavailable mid-run", record.id)
             return None
         except asyncio.CancelledError:
             if entry.stopping:
@@ -292,6 +350,14 @@ class Runtime:
             record.id, repo.transition, record.id, status, owner=owner, lease_expired=lease_expired, **values
         )
 
+    def _on_remote_change(self, job_id: str) -> None:
+        """Another node changed `job_id`: wake waiters here; if the job runs here, look for a cancel now."""
+        self.store.notifier.notify(job_id)
+        if job_id in self._running:
+            self._check_leases.set()
+        else:
+            self._wake.set()  # it may be a job queued on another node: try to pick it up
+
     # -- cancellation --------------------------------------------------------
 
     def signal_cancel(self, job_id: str) -> bool:
@@ -319,7 +385,10 @@ class Runtime:
     async def _heartbeat_loop(self) -> None:
         interval = max(min(self.config.heartbeat_seconds, self.config.lease_seconds / 3), 0.05)
         while True:
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):  # not wait_for: see _dispatch_loop
+                    await self._check_leases.wait()
+            self._check_leases.clear()
             try:
                 await self.heartbeat_once()
             except Exception:

@@ -24,13 +24,22 @@ from handles.errors import (
     UnknownHandle,
     WrongJobKind,
 )
-from handles.handle import HandleCodec, new_job_id
+from handles.handle import HandleClaims, HandleCodec, new_job_id
 from handles.jobs import JobSpec, describe_duration
 from handles.limits import MAX_ARGUMENTS_BYTES, MAX_IDEMPOTENCY_KEY, MAX_RESPONSE_BYTES, check_size
 from handles.runtime import Runtime
 from handles.states import Status
 from handles.store import AnswerOutcome, InputRequestRecord, JobRecord, StepRecord, Store
 from handles.store.repository import ActiveLimitReached
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job with its open questions and its durable steps."""
+
+    job: JobRecord
+    pending: list[InputRequestRecord]
+    steps: list[StepRecord]
 
 
 @dataclass(frozen=True)
@@ -85,24 +94,30 @@ class JobService:
         retry_hint = f"Fix the arguments and call {spec.name}_start again."
         check_size(arguments, MAX_ARGUMENTS_BYTES, "arguments", retry_hint)
         values = spec.validate_arguments(arguments, retry_hint)
-        if idempotency_key is not None and not (0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY):
+        if idempotency_key is not None and not (
+            0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY and idempotency_key.isprintable()
+        ):
+            # Printable only: a NUL cannot even be stored in a PostgreSQL text column.
             raise InvalidArguments(
-                f"idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY} characters.",
+                f"idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY} printable characters.",
                 "Use a short unique string such as a UUID, or leave it out.",
             )
         now = self.clock()
-        if not self.config.run_workers:
-            queued = "Queued; a worker will pick it up shortly."
-        elif self.runtime.free_slots() <= 0:
-            queued = "Queued: every worker is busy; it starts as soon as one is free."
+        # Claim at insert: with a free local slot the job is stored already leased to this
+        # runtime and starts at once, saving the claim's write transaction.
+        claimed = self.runtime.reserve(spec.name)
+        if claimed:
+            status_message = "Running."
+        elif not self.config.run_workers:
+            status_message = "Queued; a worker will pick it up shortly."
         else:
-            queued = "Queued; starting shortly."
+            status_message = "Queued: every worker is busy; it starts as soon as one is free."
         record = JobRecord(
             id=new_job_id(),
             kind=spec.name,
             principal=principal,
             status=Status.WORKING.value,
-            status_message=queued,
+            status_message=status_message,
             arguments=values,
             arguments_digest=arguments_digest(values),
             idempotency_key=idempotency_key,
@@ -117,16 +132,31 @@ class JobService:
             abandon_after_seconds=_seconds(spec.abandon_after),
             abandon_at=None if spec.abandon_after is None else now + spec.abandon_after,
         )
+        if claimed:
+            record.lease_owner = self.runtime.owner
+            record.lease_expires_at = now + timedelta(seconds=self.config.lease_seconds)
+            record.attempts = 1
+            record.started_at = now
         try:
             stored, created = await self.store.write(
                 record.id, self.store.repo.insert, record, active_limit=self.config.max_active_per_principal
             )
         except ActiveLimitReached as exc:
+            if claimed:
+                self.runtime.unreserve()
             raise LimitReached(
                 f"You already have {exc.active} active jobs on this server; the limit is {exc.limit}.",
                 "Wait for one of them to finish, or cancel one you no longer need, then start again.",
                 data={"limit": exc.limit},
             ) from None
+        except BaseException:
+            if claimed:
+                self.runtime.unreserve()
+            raise
+        if claimed and created:
+            self.runtime.adopt(stored)
+        elif claimed:
+            self.runtime.unreserve()
         if not created and stored.arguments_digest != record.arguments_digest:
             raise IdempotencyConflict(
                 f"The idempotency_key {idempotency_key!r} was already used to start {spec.name} with "
@@ -137,7 +167,7 @@ class JobService:
         handle = self.codec.mint(
             job_id=stored.id, kind=spec.name, principal=principal, expires_at=stored.expires_at
         )
-        if created:
+        if created and not claimed:
             self.runtime.submit(stored.id)
         return StartedJob(job=stored, handle=handle, created=created)
 
@@ -145,6 +175,23 @@ class JobService:
 
     async def open(self, spec: JobSpec, principal: str, handle: object) -> JobRecord:
         """The caller's job for `handle`, or a caller error that reveals nothing about other principals."""
+        claims = await self._claims(spec, principal, handle)
+        record = await self.store.read(self.store.repo.get, claims.job_id)
+        return await self._owned(spec, principal, claims, record)
+
+    async def open_view(self, spec: JobSpec, principal: str, handle: object) -> JobView:
+        """Like `open`, with the job's open questions and steps, read together in one go."""
+        claims = await self._claims(spec, principal, handle)
+        record, pending, steps = await self.store.read(self.store.repo.snapshot, claims.job_id)
+        return JobView(await self._owned(spec, principal, claims, record), pending, steps)
+
+    async def view(self, record: JobRecord) -> JobView:
+        """The latest state of a job already opened, with its open questions and steps."""
+        latest, pending, steps = await self.store.read(self.store.repo.snapshot, record.id)
+        return JobView(latest or record, pending, steps)
+
+    async def _claims(self, spec: JobSpec, principal: str, handle: object) -> HandleClaims:
+        """Signature, principal, job kind and expiry of `handle`, all checked before the store is read."""
         await self.ensure_running()
         claims = self.codec.verify(handle, principal=principal)
         if claims is None:
@@ -156,7 +203,11 @@ class JobService:
             )
         if claims.expires_at <= self.clock():
             raise self.expired_handle(spec, claims.expires_at.isoformat())
-        record = await self.store.call(self.store.repo.get, claims.job_id)
+        return claims
+
+    async def _owned(
+        self, spec: JobSpec, principal: str, claims: HandleClaims, record: JobRecord | None
+    ) -> JobRecord:
         if record is None:
             raise self.expired_handle(spec, claims.expires_at.isoformat(), purged=True)
         if record.principal != principal or record.kind != spec.name:
@@ -171,6 +222,19 @@ class JobService:
         remaining = (record.abandon_at - self.clock()).total_seconds()
         if remaining < record.abandon_after_seconds * 0.75:
             await self.store.call(self.store.repo.touch_abandon_deadline, record.id)
+
+    async def open_any(self, principal: str, handle: object) -> tuple[JobSpec, JobRecord]:
+        """The caller's job for a handle of any declared kind (the Tasks face has no tool name to go by)."""
+        await self.ensure_running()
+        claims = self.codec.verify(handle, principal=principal)
+        spec = self.specs.get(claims.kind) if claims is not None else None
+        if spec is None:
+            raise UnknownHandle(
+                "This handle is not valid here: it may be mistyped, truncated, made up, signed by a retired "
+                "key, or issued to someone else.",
+                "Pass the exact handle string the server returned, or start a new job.",
+            )
+        return spec, await self.open(spec, principal, handle)
 
     def unknown_handle(self, spec: JobSpec) -> UnknownHandle:
         return UnknownHandle(
@@ -205,24 +269,23 @@ class JobService:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(wait_seconds, self.config.max_wait_seconds)
         while True:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return record
-            await self.store.notifier.wait(record.id, min(remaining, self.config.store_poll_seconds))
-            latest = await self.store.call(self.store.repo.get, record.id)
+            # Watch, then read: a change landing after the read still ends the wait at once.
+            changed = self.store.notifier.watch(record.id)
+            latest = await self.store.read(self.store.repo.get, record.id)
             if latest is None:
                 return record
             record = latest
-            if until(record):
+            remaining = deadline - loop.time()
+            if until(record) or remaining <= 0:
                 return record
-
-    async def steps(self, record: JobRecord) -> list[StepRecord]:
-        return await self.store.call(self.store.repo.steps, record.id)
+            await self.store.notifier.wait(
+                record.id, min(remaining, self.config.store_poll_seconds), event=changed
+            )
 
     async def pending_inputs(self, record: JobRecord) -> list[InputRequestRecord]:
         if Status(record.status) is not Status.INPUT_REQUIRED:
             return []
-        return await self.store.call(self.store.repo.pending_inputs, record.id)
+        return await self.store.read(self.store.repo.pending_inputs, record.id)
 
     # -- steering ------------------------------------------------------------
 
@@ -243,7 +306,7 @@ class JobService:
             "responses",
             "Send shorter answers; each answer is an object of the requested fields.",
         )
-        pending = {r.key: r for r in await self.store.call(self.store.repo.pending_inputs, record.id)}
+        pending = {r.key: r for r in await self.store.read(self.store.repo.pending_inputs, record.id)}
         problems: list[str] = []
         for key, answer in responses.items():
             request = pending.get(key)

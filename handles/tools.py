@@ -262,16 +262,24 @@ class JobTools:
         return ToolReply(out.model_dump(mode="json"))
 
     async def progress(self, principal: str, arguments: dict[str, Any]) -> ToolReply:
-        job = await self.service.open(self.spec, principal, arguments.get("handle"))
-        version = job.version
-        job = await self.service.wait(job, _seconds(arguments), lambda j: j.version != version)
-        pending = await self.service.pending_inputs(job)
+        view = await self.service.open_view(self.spec, principal, arguments.get("handle"))
+        job, version = view.job, view.job.version
+        # Wait only while the job works on its own: one waiting for the caller's answer, or ended, is
+        # reported at once (the caller may not have seen it get there; waiting would only stall them).
+        if _seconds(arguments) > 0 and job.status == Status.WORKING:
+            job = await self.service.wait(
+                job,
+                _seconds(arguments),
+                lambda j: j.version != version or Status(j.status) is not Status.WORKING,
+            )
+            view = await self.service.view(job)
+        job = view.job
         out = ProgressOutput(
             job=self.spec.name,
             status=Status(job.status),
             status_message=job.status_message,
             progress=_progress(job),
-            input_requests=self._requests(pending),
+            input_requests=self._requests(view.pending),
             attempts=job.attempts,
             steps=[
                 StepView(
@@ -281,13 +289,13 @@ class JobTools:
                     started_at=step.started_at,
                     finished_at=step.finished_at,
                 )
-                for step in await self.service.steps(job)
+                for step in view.steps
             ],
             created_at=job.created_at,
             updated_at=job.updated_at,
             expires_at=job.expires_at,
             poll_after_ms=None if Status(job.status).is_terminal else self.poll_after_ms,
-            next=self.next_step(job, pending),
+            next=self.next_step(job, view.pending),
         )
         return ToolReply(out.model_dump(mode="json"))
 

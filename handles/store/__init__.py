@@ -52,13 +52,22 @@ class ChangeNotifier:
         if event is not None:
             event.set()
 
-    async def wait(self, job_id: str, timeout: float) -> None:
-        """Return when `job_id` changes here, or after `timeout` seconds, whichever is first."""
+    def watch(self, job_id: str) -> asyncio.Event:
+        """The event the next change of `job_id` sets. Take it *before* reading the job, so that a
+        change committed between the read and the wait is not missed."""
         event = self._events.get(job_id)
         if event is None:
             event = self._events[job_id] = asyncio.Event()
+        return event
+
+    async def wait(self, job_id: str, timeout: float, *, event: asyncio.Event | None = None) -> None:
+        """Return when `job_id` changes here (or `event`, from `watch`, is set), or after `timeout` seconds."""
+        event = event if event is not None else self.watch(job_id)
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that lands
+        # just as the event is set, and the cancelled waiter would carry on.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout=max(timeout, 0.0))
+            async with asyncio.timeout(max(timeout, 0.0)):
+                await event.wait()
 
 
 class Store:
@@ -67,18 +76,37 @@ class Store:
     def __init__(self, repository: JobRepository, *, threads: int = 8) -> None:
         self.repo = repository
         self.notifier = ChangeNotifier()
+        self.origin = "unnamed"  # the runtime names it; other nodes ignore their own publications
+        self._publishes = repository.dialect == "postgresql"
         self._limiter = anyio.CapacityLimiter(threads)
+
+    async def read(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run a read-only repository method: on the event loop for an SQLite file, else on a worker thread.
+
+        A read that meets a lock on the loop (rare in WAL mode) is retried on a worker thread.
+        """
+        if self.repo.reads_inline:
+            with contextlib.suppress(OperationalError):
+                return self.repo.read_inline(fn, *args, **kwargs)
+        return await self._run(functools.partial(fn, *args, **kwargs))
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a repository method that changes nothing anyone waits for (reads, sweeps)."""
         return await self._run(functools.partial(fn, *args, **kwargs))
 
     async def write(self, job_id: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run a repository method that may change `job_id`, then wake its local waiters."""
+        """Run a repository method that may change `job_id`, then wake its waiters here and on other nodes."""
         try:
             return await self._run(functools.partial(fn, *args, **kwargs))
         finally:
-            self.notifier.notify(job_id)
+            await self.announce(job_id)
+
+    async def announce(self, job_id: str) -> None:
+        """`job_id` changed: wake its waiters in this process, and on PostgreSQL in every other one."""
+        self.notifier.notify(job_id)
+        if self._publishes:
+            with contextlib.suppress(StoreUnavailable):
+                await self._run(functools.partial(self.repo.publish, job_id, self.origin))
 
     async def _run(self, call: Callable[[], T]) -> T:
         try:

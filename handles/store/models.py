@@ -47,6 +47,7 @@ class JobRecord(SQLModel, table=True):
     __table_args__ = (
         UniqueConstraint("principal", "kind", "idempotency_key", name="uq_handles_jobs_idempotency"),
         Index("ix_handles_jobs_claim", "status", "lease_owner", "run_after"),
+        Index("ix_handles_jobs_principal_status", "principal", "status"),
     )
 
     id: str = Field(primary_key=True, max_length=64)

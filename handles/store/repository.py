@@ -11,17 +11,20 @@ threads so the event loop never waits on the database.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy import Engine, and_, create_engine, event, func, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.pool import StaticPool
-from sqlmodel import Session, SQLModel, col, delete, select
+from sqlmodel import Session, col, delete, select
 
 from handles.errors import LeaseLost
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
@@ -30,6 +33,10 @@ from handles.store.models import InputRequestRecord, JobRecord, StepRecord
 logger = logging.getLogger("handles.store")
 
 Clock = Callable[[], datetime]
+P = ParamSpec("P")
+T = TypeVar("T")
+_INLINE: ContextVar[bool] = ContextVar("handles_inline_read", default=False)
+NOTIFY_CHANNEL = "handles_jobs"
 
 
 def utc_now() -> datetime:
@@ -66,18 +73,25 @@ def _is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
 
-def _make_engines(url: str) -> tuple[Engine, Engine]:
-    """(read engine, write engine). On SQLite the write engine begins with BEGIN IMMEDIATE."""
+def _make_engines(url: str) -> tuple[Engine, Engine, Engine | None]:
+    """(read engine, write engine, inline-read engine or None).
+
+    On SQLite the write engine begins with BEGIN IMMEDIATE, and a file database gets a
+    third engine for reads made on the event loop itself: in WAL mode a read never waits
+    for a writer, so it costs microseconds, less than the hop to a worker thread. Its
+    connections give up after 50 ms instead of waiting on a lock (the caller then falls
+    back to a worker thread).
+    """
     if not _is_sqlite(url):
         engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
-        return engine, engine
+        return engine, engine, None
 
     memory = url in ("sqlite://", "sqlite:///:memory:")
     kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 30}}
     if memory:
         kwargs["poolclass"] = StaticPool
 
-    def configure(engine: Engine, begin: str) -> Engine:
+    def configure(engine: Engine, begin: str, busy_ms: int = 30000) -> Engine:
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_connection: Any, _record: Any) -> None:
             # Take transaction control away from pysqlite so BEGIN is ours to issue.
@@ -86,7 +100,7 @@ def _make_engines(url: str) -> tuple[Engine, Engine]:
             if not memory:
                 cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
 
@@ -98,9 +112,10 @@ def _make_engines(url: str) -> tuple[Engine, Engine]:
 
     write = configure(create_engine(url, **kwargs), "BEGIN IMMEDIATE")
     if memory:
-        return write, write
+        return write, write, None
     read = configure(create_engine(url, **kwargs), "BEGIN")
-    return read, write
+    inline = configure(create_engine(url, **kwargs), "BEGIN", busy_ms=50)
+    return read, write, inline
 
 
 class JobRepository:
@@ -109,28 +124,72 @@ class JobRepository:
     def __init__(self, url: str, *, clock: Clock = utc_now) -> None:
         self.url = url
         self.clock = clock
-        self._read_engine, self._write_engine = _make_engines(url)
+        self._read_engine, self._write_engine, self._inline_engine = _make_engines(url)
+        # SQLite has one writer at a time. Queue this process's writers on a lock rather than in
+        # SQLite's busy handler, which sleeps in coarse steps (up to 100 ms) while the lock is held.
+        self._write_lock: contextlib.AbstractContextManager[Any] = (
+            threading.RLock() if _is_sqlite(url) else contextlib.nullcontext()
+        )
 
     @property
     def dialect(self) -> str:
         return self._write_engine.dialect.name
 
+    @property
+    def engine(self) -> Engine:
+        """The engine writes go through (migrations, bulk maintenance)."""
+        return self._write_engine
+
     def create_schema(self) -> None:
-        SQLModel.metadata.create_all(self._write_engine)
+        """Create or upgrade the handles tables to the newest schema revision (Alembic migrations)."""
+        from handles.store import migrate
+
+        migrate.upgrade(self.engine)
+
+    def prepare(self, *, auto_migrate: bool) -> None:
+        """Make sure the schema is current: upgrade it, or refuse to go on when upgrades are the operator's."""
+        from handles.store import migrate
+
+        if auto_migrate:
+            migrate.upgrade(self._write_engine)
+        else:
+            migrate.check_current(self._write_engine)
 
     def dispose(self) -> None:
         self._read_engine.dispose()
+        if self._inline_engine is not None:
+            self._inline_engine.dispose()
         if self._write_engine is not self._read_engine:
             self._write_engine.dispose()
 
+    @property
+    def reads_inline(self) -> bool:
+        """Whether reads may run on the calling (event loop) thread: SQLite files only."""
+        return self._inline_engine is not None
+
+    def read_inline(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run the read method `fn` here, on connections that fail fast instead of waiting on a lock."""
+        token = _INLINE.set(True)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _INLINE.reset(token)
+
     @contextmanager
     def _reading(self) -> Iterator[Session]:
-        with Session(self._read_engine, expire_on_commit=False) as session:
+        engine = (
+            self._inline_engine if _INLINE.get() and self._inline_engine is not None else self._read_engine
+        )
+        with Session(engine, expire_on_commit=False) as session:
             yield session
 
     @contextmanager
     def _writing(self) -> Iterator[Session]:
-        with Session(self._write_engine, expire_on_commit=False) as session, session.begin():
+        with (
+            self._write_lock,
+            Session(self._write_engine, expire_on_commit=False) as session,
+            session.begin(),
+        ):
             yield session
 
     # -- reads -------------------------------------------------------------
@@ -141,16 +200,45 @@ class JobRepository:
 
     def pending_inputs(self, job_id: str) -> list[InputRequestRecord]:
         with self._reading() as session:
-            rows = session.exec(
-                select(InputRequestRecord)
-                .where(InputRequestRecord.job_id == job_id, col(InputRequestRecord.answered_at).is_(None))
-                .order_by(col(InputRequestRecord.created_at), col(InputRequestRecord.key))
-            )
-            return list(rows)
+            return _pending(session, job_id)
+
+    def snapshot(self, job_id: str) -> tuple[JobRecord | None, list[InputRequestRecord], list[StepRecord]]:
+        """The job, its open questions (when it waits for answers) and its steps, read in one session."""
+        with self._reading() as session:
+            job = session.get(JobRecord, job_id)
+            if job is None:
+                return None, [], []
+            pending = _pending(session, job_id) if job.status == Status.INPUT_REQUIRED.value else []
+            return job, pending, _steps(session, job_id)
 
     def get_input(self, job_id: str, key: str) -> InputRequestRecord | None:
         with self._reading() as session:
             return session.get(InputRequestRecord, (job_id, key))
+
+    def list_jobs(
+        self,
+        *,
+        statuses: Sequence[str] = (),
+        kind: str | None = None,
+        principal: str | None = None,
+        created_before: datetime | None = None,
+        created_after: datetime | None = None,
+        limit: int = 50,
+    ) -> list[JobRecord]:
+        """Jobs matching every given filter, newest first (operator listings)."""
+        query = select(JobRecord)
+        if statuses:
+            query = query.where(col(JobRecord.status).in_(list(statuses)))
+        if kind is not None:
+            query = query.where(JobRecord.kind == kind)
+        if principal is not None:
+            query = query.where(JobRecord.principal == principal)
+        if created_before is not None:
+            query = query.where(col(JobRecord.created_at) < created_before)
+        if created_after is not None:
+            query = query.where(col(JobRecord.created_at) >= created_after)
+        with self._reading() as session:
+            return list(session.exec(query.order_by(col(JobRecord.created_at).desc()).limit(limit)))
 
     def count_active(self, *, principal: str | None = None) -> int:
         with self._reading() as session:
@@ -234,6 +322,61 @@ class JobRepository:
                 )
             ).rowcount
             return session.get(JobRecord, job_id) if claimed == 1 else None
+
+    def claim_next(
+        self, owner: str, kinds: Sequence[str], limit: int, lease_seconds: float
+    ) -> list[JobRecord]:
+        """Claim up to `limit` queued jobs of `kinds` for `owner`, oldest first.
+
+        PostgreSQL: one `UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED)`, so
+        concurrent workers never wait on each other and never take the same job.
+        Elsewhere: pick candidates, then claim each with the compare-and-set of `claim`.
+        """
+        if not kinds or limit <= 0:
+            return []
+        if self.dialect != "postgresql":
+            return [
+                job
+                for job_id in self.queued(kinds, limit)
+                if (job := self.claim(job_id, owner, lease_seconds))
+            ]
+        now = self.clock()
+        candidates = (
+            select(JobRecord.id)
+            .where(
+                col(JobRecord.status) == Status.WORKING.value,
+                col(JobRecord.lease_owner).is_(None),
+                col(JobRecord.cancel_requested_at).is_(None),
+                col(JobRecord.run_after) <= now,
+                col(JobRecord.kind).in_(list(kinds)),
+            )
+            .order_by(col(JobRecord.run_after))
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+        with self._writing() as session:
+            claimed = session.execute(
+                update(JobRecord)
+                .where(col(JobRecord.id).in_(candidates.scalar_subquery()))
+                .values(
+                    lease_owner=owner,
+                    lease_expires_at=_after(now, lease_seconds),
+                    attempts=JobRecord.attempts + 1,
+                    started_at=func.coalesce(JobRecord.started_at, now),
+                    updated_at=now,
+                    version=JobRecord.version + 1,
+                )
+                .returning(JobRecord)
+                .execution_options(synchronize_session=False)
+            )
+            return list(claimed.scalars().all())
+
+    def publish(self, job_id: str, origin: str) -> None:
+        """Tell every node listening on PostgreSQL that `job_id` changed (no-op elsewhere)."""
+        if self.dialect != "postgresql":
+            return
+        with self._writing() as session:
+            session.execute(select(func.pg_notify(NOTIFY_CHANNEL, f"{job_id} {origin}")))
 
     def queued(self, kinds: Sequence[str], limit: int) -> list[str]:
         """Ids of queued jobs of `kinds` that may start now, oldest first."""
@@ -462,19 +605,13 @@ class JobRepository:
         """
         now = self.clock()
         with self._writing() as session:
-            job = session.get(JobRecord, job_id)
+            # Locked: a cancel committing between this read and the write must not be undone.
+            job = self._locked(session, job_id)
             if job is None:
                 return None
             accepted: list[str] = []
             ignored: list[str] = []
-            pending = {
-                r.key: r
-                for r in session.exec(
-                    select(InputRequestRecord).where(
-                        InputRequestRecord.job_id == job_id, col(InputRequestRecord.answered_at).is_(None)
-                    )
-                )
-            }
+            pending = {r.key: r for r in _pending(session, job_id)}
             if Status(job.status) is not Status.INPUT_REQUIRED:
                 return AnswerOutcome(job, [], sorted(answers))
             for key, answer in answers.items():
@@ -538,10 +675,7 @@ class JobRepository:
 
     def steps(self, job_id: str) -> list[StepRecord]:
         with self._reading() as session:
-            rows = session.exec(
-                select(StepRecord).where(StepRecord.job_id == job_id).order_by(col(StepRecord.started_at))
-            )
-            return list(rows)
+            return _steps(session, job_id)
 
     # -- sweeping --------------------------------------------------------------
 
@@ -606,6 +740,26 @@ class JobRepository:
             session.exec(delete(StepRecord).where(col(StepRecord.job_id).in_(ids)))
             session.exec(delete(JobRecord).where(col(JobRecord.id).in_(ids)))
         return len(ids)
+
+
+def _pending(session: Session, job_id: str) -> list[InputRequestRecord]:
+    """A job's unanswered questions, in the order asked."""
+    return list(
+        session.exec(
+            select(InputRequestRecord)
+            .where(InputRequestRecord.job_id == job_id, col(InputRequestRecord.answered_at).is_(None))
+            .order_by(col(InputRequestRecord.created_at), col(InputRequestRecord.key))
+        )
+    )
+
+
+def _steps(session: Session, job_id: str) -> list[StepRecord]:
+    """A job's durable steps, in the order started."""
+    return list(
+        session.exec(
+            select(StepRecord).where(StepRecord.job_id == job_id).order_by(col(StepRecord.started_at))
+        )
+    )
 
 
 def _touch(job: JobRecord, now: datetime) -> None:

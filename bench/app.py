@@ -1,0 +1,158 @@
+"""The benchmark server: one no-op plain tool and one job of a tunable length, on the official SDK.
+
+- `noop()`: an ordinary tool that does nothing and returns a tiny structured result (the baseline).
+- `work(seconds=0.0, mark="")`: a `handles` job that sleeps `seconds` (0: returns at once) and
+  returns a small structured result. In-process benchmarks pass a `mark` to learn the moment the
+  job function started (`STARTED[mark]`, `time.perf_counter()`), and can hold a job open until
+  they release it (`gate(mark)`).
+
+Run it as a server process:
+
+    python -m bench.app --stdio
+    python -m bench.app --http --port 8123 [--tokens tokens.json]
+
+Configuration comes from `HANDLES_*` (HANDLES_DATABASE_URL, HANDLES_DATA_DIR, HANDLES_SECRET_KEYS, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.mcpserver import MCPServer
+from pydantic import BaseModel
+
+from handles import Handles, HandlesConfig, JobContext
+
+STARTED: dict[str, float] = {}
+"""`mark` -> `time.perf_counter()` when the job function began (in-process benchmarks only)."""
+
+FINISHED: dict[str, float] = {}
+"""`mark` -> `time.perf_counter()` just before the job function returned."""
+
+_GATES: dict[str, asyncio.Event] = {}
+
+
+def gate(mark: str) -> asyncio.Event:
+    """An event a `work(mark=...)` job with `seconds < 0` waits on before it returns."""
+    event = _GATES.get(mark)
+    if event is None:
+        event = _GATES[mark] = asyncio.Event()
+    return event
+
+
+class WorkResult(BaseModel):
+    slept: float
+    mark: str
+
+
+class NoopResult(BaseModel):
+    ok: bool
+
+
+async def work(ctx: JobContext, seconds: float = 0.0, mark: str = "") -> WorkResult:
+    """Sleep `seconds` and return; `seconds < 0` waits until the benchmark opens `gate(mark)`."""
+    if mark:
+        STARTED[mark] = time.perf_counter()
+    if seconds > 0:
+        await asyncio.sleep(seconds)
+    elif seconds < 0:
+        await gate(mark).wait()
+    if mark:
+        FINISHED[mark] = time.perf_counter()
+    return WorkResult(slept=seconds, mark=mark)
+
+
+def noop() -> NoopResult:
+    """Do nothing (the baseline of every ratio)."""
+    return NoopResult(ok=True)
+
+
+class FileTokenVerifier:
+    """Bearer tokens from a dict {token: principal}; for benchmarks only."""
+
+    def __init__(self, tokens: dict[str, str]) -> None:
+        self._tokens = tokens
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        principal = self._tokens.get(token)
+        if principal is None:
+            return None
+        return AccessToken(token=token, client_id=principal, subject=principal, scopes=[])
+
+
+def create_jobs(config: HandlesConfig | None = None) -> Handles:
+    jobs = Handles(config)
+    # poll_after 0.1 s: the Tasks face advertises pollIntervalMs=100 (the peer's default is 5 s).
+    jobs.job(retention=timedelta(hours=6), poll_after=timedelta(milliseconds=100))(work)
+    return jobs
+
+
+def build_server(jobs: Handles, *, token_verifier: Any = None, auth: Any = None) -> MCPServer[Any]:
+    server: MCPServer[Any] = MCPServer(
+        "handles-bench",
+        token_verifier=token_verifier,
+        auth=auth,
+        extensions=[jobs.tasks_extension()],
+    )
+    server.add_tool(noop, structured_output=True)
+    jobs.bind(server)
+    return server
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.app", description=__doc__)
+    parser.add_argument("--stdio", action="store_true")
+    parser.add_argument("--http", action="store_true")
+    parser.add_argument("--port", type=int, default=8123)
+    parser.add_argument("--tokens", type=Path, help="JSON file {token: principal}; requires bearer tokens")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    switch = os.environ.get("BENCH_SWITCH_INTERVAL")
+    if switch:  # an experiment knob: the GIL switch interval in seconds (CPython's default is 0.005)
+        sys.setswitchinterval(float(switch))
+    jobs = create_jobs()
+    if os.environ.get("BENCH_NO_WRITE_LOCK"):  # A/B experiment: without the in-process SQLite writer lock
+        import contextlib
+
+        jobs.service.store.repo._write_lock = contextlib.nullcontext()
+    if not args.http:
+        server = build_server(jobs)
+
+        async def serve_stdio() -> None:
+            async with jobs.running():
+                await server.run_stdio_async()
+
+        asyncio.run(serve_stdio())
+        return
+    options: dict[str, Any] = {}
+    if args.tokens:
+        base = f"http://127.0.0.1:{args.port}"
+        options["token_verifier"] = FileTokenVerifier(json.loads(args.tokens.read_text()))
+        options["auth"] = AuthSettings(issuer_url=base, resource_server_url=f"{base}/mcp")
+    server = build_server(jobs, **options)
+    import uvicorn
+
+    from handles.mcp import streamable_http_app
+
+    uvicorn.run(
+        streamable_http_app(server, jobs),
+        host="127.0.0.1",
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+    )
+
+
+if __name__ == "__main__":
+    main()

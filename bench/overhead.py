@@ -1,0 +1,172 @@
+"""Section 1: overhead against the bare call, on the same server, client and transport.
+
+For each transport (in-process, stdio, Streamable HTTP) one `mcp.Client` (declaring the Tasks
+extension) calls, in shuffled order each round: the no-op plain tool, `work_start` (a 0 s job),
+`work_progress` (no wait) of a running job, `work_fetch` of a completed job, and `tasks/get` of
+the same completed job. Each is reported as a ratio to the no-op call measured in the same rounds.
+After each round the job that `work_start` started is awaited (untimed) so that its background
+execution does not overlap the next round's timings.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    REPO_ROOT,
+    SIGNING_KEY,
+    Options,
+    Stats,
+    Table,
+    client,
+    handles_env,
+    handles_http_server,
+    log,
+    ms,
+    quiet_gc,
+    ratio,
+    timed,
+    verdict,
+)
+
+SECTION = "overhead"
+TARGETS = {"work_progress": 1.3, "work_start": 2.0}
+TRANSPORTS = ("inprocess", "stdio", "http")
+
+
+async def _structured(c: Any, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    result = await c.call_tool(tool, arguments)
+    if result.is_error or result.structured_content is None:
+        raise RuntimeError(f"{tool} failed: {result.content}")
+    data: dict[str, Any] = result.structured_content
+    return data
+
+
+async def measure_client(c: Any, rounds: int, warmup: int) -> dict[str, list[float]]:
+    """Interleaved rounds of every call on one connected client; samples in seconds."""
+    from handles.tasks_client import get_task
+
+    running = (await _structured(c, "work_start", {"seconds": 3600}))["handle"]
+    done = (await _structured(c, "work_start", {"seconds": 0}))["handle"]
+    finished = await _structured(c, "work_fetch", {"handle": done, "wait_seconds": 10})
+    assert finished["status"] == "completed", finished
+    started: list[str] = []
+
+    async def noop() -> None:
+        result = await c.call_tool("noop", {})
+        assert not result.is_error
+
+    async def start() -> None:
+        started.append((await _structured(c, "work_start", {"seconds": 0}))["handle"])
+
+    async def progress() -> None:
+        data = await _structured(c, "work_progress", {"handle": running})
+        assert data["status"] == "working"
+
+    async def fetch() -> None:
+        data = await _structured(c, "work_fetch", {"handle": done})
+        assert data["status"] == "completed"
+
+    async def tasks_get() -> None:
+        task = await get_task(c.session, done)
+        assert task.status == "completed"
+
+    calls: dict[str, Callable[[], Awaitable[None]]] = {
+        "noop": noop,
+        "work_start": start,
+        "work_progress": progress,
+        "work_fetch": fetch,
+        "tasks/get": tasks_get,
+    }
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    order = list(calls)
+    for index in range(warmup + rounds):
+        random.shuffle(order)
+        for name in order:
+            elapsed, _ = await timed(calls[name])
+            if index >= warmup:
+                samples[name].append(elapsed)
+        while started:  # untimed: let the started job finish before the next round
+            await _structured(c, "work_fetch", {"handle": started.pop(), "wait_seconds": 10})
+    await _structured(c, "work_cancel", {"handle": running})
+    return samples
+
+
+async def run_transport(transport: str, rounds: int, warmup: int, work: Path) -> dict[str, list[float]]:
+    from mcp import StdioServerParameters
+
+    from bench.app import build_server, create_jobs
+    from handles import HandlesConfig
+
+    data_dir = Path(tempfile.mkdtemp(prefix=f"overhead-{transport}-", dir=work))
+    if transport == "inprocess":
+        jobs = create_jobs(HandlesConfig(data_dir=data_dir, secret_keys=(SIGNING_KEY,)))
+        server = build_server(jobs)
+        async with jobs.running(), client(server) as c:
+            return await measure_client(c, rounds, warmup)
+    if transport == "stdio":
+        params = StdioServerParameters(
+            command=sys.executable,
+            args=["-m", "bench.app", "--stdio"],
+            env=handles_env(data_dir),
+            cwd=REPO_ROOT,
+        )
+        async with client(params) as c:
+            return await measure_client(c, rounds, warmup)
+    server_process = handles_http_server(data_dir).start()
+    try:
+        async with client(server_process.url) as c:
+            return await measure_client(c, rounds, warmup)
+    finally:
+        server_process.stop()
+
+
+async def run(options: Options) -> list[Table]:
+    rounds = options.n(1000, 60)
+    warmup = options.n(50, 10)
+    table = Table(
+        section=SECTION,
+        title="1. Overhead against the bare call (SQLite file store)",
+        columns=["transport", "call", "p50 ms", "p99 ms", "p50 / no-op", "p99 / no-op", "target", "holds"],
+        command=options.section_command(SECTION),
+    )
+    for transport in TRANSPORTS:
+        log(f"overhead: {transport}, {rounds} rounds")
+        quiet_gc()
+        samples = await run_transport(transport, rounds, warmup, options.work_dir)
+        stats = {name: Stats.of(values) for name, values in samples.items()}
+        base = stats["noop"]
+        table.data[transport] = {name: s.as_dict() for name, s in stats.items()}
+        for name, s in stats.items():
+            limit = TARGETS.get(name)
+            holds = None if limit is None else s.p50 / base.p50 <= limit
+            table.rows.append(
+                [
+                    transport,
+                    "no-op plain tool" if name == "noop" else name,
+                    ms(s.p50),
+                    ms(s.p99),
+                    ratio(s.p50, base.p50),
+                    ratio(s.p99, base.p99),
+                    f"<= {limit}x" if limit else "",
+                    verdict(holds),
+                ]
+            )
+    table.notes += [
+        f"{rounds} rounds per transport after {warmup} warm-up rounds; each round calls every row once, in a "
+        "freshly shuffled order, so the ratios compare calls measured side by side.",
+        "Client: the official `mcp` 2.3 `Client` (protocol 2026-07-28, Tasks extension declared), which also "
+        "checks every structured result against the tool's output schema; the no-op tool returns a structured "
+        "result too, so both sides pay that check.",
+        "`work_progress` reads a running job; `work_fetch` and `tasks/get` read a completed job (with its result); "
+        "`work_start` stores a 0 s job (its execution is awaited, untimed, before the next round).",
+        "in-process: `Client(server)` (no transport, no JSON-RPC framing); stdio and http: the server is a "
+        "separate process (`python -m bench.app`), http is stateless Streamable HTTP (uvicorn, SSE replies).",
+        "Targets (issue 7) are judged on the p50 ratio.",
+    ]
+    return [table]

@@ -1,0 +1,383 @@
+"""Section 6: the peer, side by side in one run: FastMCP 4 + fastmcp-tasks (Docket, memory://) vs `handles`.
+
+Both servers run as their own processes over stateless Streamable HTTP and serve the same job
+shape, `work(seconds)`, as a tool that becomes a task when the call declares the Tasks extension
+(`io.modelcontextprotocol/tasks`) and runs inline otherwise; both advertise `pollIntervalMs=100`.
+`handles` stores its state in an SQLite file; the peer keeps its state in Docket's in-memory backend.
+
+One measuring client (the official `mcp` 2.3 client of the project's environment, protocol 2026-07-28)
+drives both, alternating between them sample by sample:
+
+- task creation: `tools/call work {seconds: 0}` declaring Tasks -> `CreateTaskResult`;
+- start -> result: creation, then `tasks/get` back to back until the task is completed (0 s and 100 ms jobs);
+- calls/s: concurrent workers each running create -> poll -> result cycles of the 0 s job;
+- for reference, the same job as a plain call (no extension: inline on both), and on `handles` its
+  handle tools (`work_start`, then a long-polling `work_fetch` with `wait_seconds`).
+
+The peer is installed by this module into its own virtual environment, bench/.peer-venv
+(`fastmcp-tasks==4.1.4`, which pins its FastMCP), never into the project's dependencies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    BENCH_DIR,
+    Options,
+    ServerProcess,
+    Stats,
+    Table,
+    client,
+    cpu_seconds,
+    free_port,
+    handles_http_server,
+    log,
+    ms,
+    read_status_kb,
+    verdict,
+)
+
+SECTION = "peer"
+PEER_VENV = BENCH_DIR / ".peer-venv"
+PEER_PYTHON = PEER_VENV / "bin" / "python"
+PEER_REQUIREMENT = "fastmcp-tasks==4.1.4"
+
+
+def peer_ready() -> bool:
+    if not PEER_PYTHON.exists():
+        return False
+    check = subprocess.run(
+        [str(PEER_PYTHON), "-c", "import fastmcp, fastmcp_tasks, uvicorn"], capture_output=True, timeout=60
+    )
+    return check.returncode == 0
+
+
+def ensure_peer_venv(timeout: float = 600) -> str | None:
+    """Create bench/.peer-venv with the peer installed; None on success, else why not."""
+    if peer_ready():
+        return None
+    log(f"peer: creating {PEER_VENV} and installing {PEER_REQUIREMENT}")
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(PEER_VENV)], check=True, timeout=120)
+        subprocess.run(
+            [str(PEER_PYTHON), "-m", "pip", "install", "-q", PEER_REQUIREMENT, "uvicorn"],
+            check=True,
+            timeout=timeout,
+        )
+    except (subprocess.SubprocessError, OSError) as exc:
+        return f"could not create the peer's virtual environment: {exc}"
+    return None if peer_ready() else "the peer's virtual environment does not import fastmcp_tasks"
+
+
+def peer_server(work: Path) -> ServerProcess:
+    port = free_port()
+    return ServerProcess(
+        args=[str(PEER_PYTHON), str(BENCH_DIR / "peer_server.py"), "--port", str(port)],
+        env={"PATH": "/usr/bin:/bin", "HOME": str(work), "PYTHONUNBUFFERED": "1"},
+        log_path=work / f"peer-{port}.log",
+        port=port,
+    )
+
+
+# -- one server's operations ---------------------------------------------------------------
+
+
+class Target:
+    """The measuring operations against one server, through two clients (declaring Tasks, and not)."""
+
+    def __init__(self, name: str, tasks_client: Any, plain_client: Any, *, handle_tools: bool) -> None:
+        self.name = name
+        self.tasks = tasks_client
+        self.plain = plain_client
+        self.handle_tools = handle_tools
+        self.polls: list[int] = []
+
+    async def create(self, seconds: float) -> Any:
+        created = await self.tasks.session.call_tool("work", {"seconds": seconds}, allow_claimed=True)
+        if getattr(created, "result_type", None) != "task":
+            raise RuntimeError(f"{self.name}: a declaring call did not become a task: {created}")
+        return created
+
+    async def follow(self, task_id: str, client_: Any | None = None) -> Any:
+        from handles.tasks_client import get_task
+
+        session = (client_ or self.tasks).session
+        polls = 0
+        while True:
+            polls += 1
+            state = await get_task(session, task_id)
+            if state.status == "completed":
+                self.polls.append(polls)
+                return state
+            if state.status != "working":
+                raise RuntimeError(f"{self.name}: task ended {state.status}: {state.status_message}")
+
+    async def task_roundtrip(self, seconds: float, client_: Any | None = None) -> None:
+        created = await (self.create(seconds) if client_ is None else self._create_on(client_, seconds))
+        await self.follow(created.task_id, client_)
+
+    async def _create_on(self, c: Any, seconds: float) -> Any:
+        created = await c.session.call_tool("work", {"seconds": seconds}, allow_claimed=True)
+        if getattr(created, "result_type", None) != "task":
+            raise RuntimeError(f"{self.name}: a declaring call did not become a task")
+        return created
+
+    async def plain_call(self, seconds: float) -> None:
+        result = await self.plain.call_tool("work", {"seconds": seconds})
+        if result.is_error or (result.structured_content or {}).get("slept") != seconds:
+            raise RuntimeError(f"{self.name}: plain call failed: {result}")
+
+    async def handle_roundtrip(self, seconds: float) -> None:
+        started = await self.plain.call_tool("work_start", {"seconds": seconds})
+        handle = started.structured_content["handle"]
+        while True:
+            fetched = await self.plain.call_tool("work_fetch", {"handle": handle, "wait_seconds": 10})
+            if fetched.structured_content["status"] == "completed":
+                return
+
+
+async def _paired(
+    targets: list[Target], samples: int, warmup: int, make: Callable[[Target], Callable[[], Awaitable[Any]]]
+) -> dict[str, list[float]]:
+    """Alternate the targets sample by sample (in shuffled order) so both see the same machine noise."""
+    out: dict[str, list[float]] = {t.name: [] for t in targets}
+    for index in range(warmup + samples):
+        order = list(targets)
+        random.shuffle(order)
+        for target in order:
+            call = make(target)
+            started = time.perf_counter()
+            await call()
+            elapsed = time.perf_counter() - started
+            if index >= warmup:
+                out[target.name].append(elapsed)
+    return out
+
+
+async def _throughput(url: str, target: Target, workers: int, seconds: float, kind: str) -> tuple[float, int]:
+    """Completed calls per second with `workers` concurrent clients looping for `seconds`."""
+    done = 0
+    errors = 0
+    stop_at = 0.0
+
+    async def worker() -> None:
+        nonlocal done, errors
+        async with client(url, tasks=kind == "task") as c:
+            await c.call_tool("noop", {})
+            await ready.wait()
+            while time.perf_counter() < stop_at:
+                try:
+                    if kind == "task":
+                        await target.task_roundtrip(0.0, c)
+                    else:
+                        result = await c.call_tool("work", {"seconds": 0.0})
+                        if result.is_error:
+                            raise RuntimeError(str(result.content))
+                    done += 1
+                except Exception:
+                    errors += 1
+
+    ready = asyncio.Event()
+    tasks = [asyncio.create_task(worker()) for _ in range(workers)]
+    await asyncio.sleep(1.0)  # let the clients connect
+    began = time.perf_counter()
+    stop_at = began + seconds
+    ready.set()
+    await asyncio.gather(*tasks)
+    return done / (time.perf_counter() - began), errors
+
+
+# -- the section ----------------------------------------------------------------------------
+
+
+async def run(options: Options) -> list[Table]:
+    table = Table(
+        section=SECTION,
+        title="6. Peer side by side: handles (SQLite file) vs FastMCP 4 + fastmcp-tasks (Docket memory://), "
+        "Streamable HTTP",
+        columns=[
+            "measure",
+            "handles p50 / p99 ms",
+            "peer p50 / p99 ms",
+            "handles / peer (p50)",
+            "handles faster",
+        ],
+        command=options.section_command(SECTION),
+    )
+    if options.quick and not peer_ready():
+        table.rows.append(["skipped", "n/a", "n/a", "n/a", "n/a"])
+        table.notes.append(
+            f"Skipped in --quick mode: {PEER_VENV} does not exist yet (creating it takes a minute or more). "
+            "Run `python bench/run.py --only peer` once to create it."
+        )
+        return [table]
+    problem = ensure_peer_venv()
+    if problem is not None:
+        table.rows.append(["skipped", "n/a", "n/a", "n/a", "n/a"])
+        table.notes.append(f"Skipped: {problem}.")
+        return [table]
+
+    samples = options.n(300, 15)
+    warmup = options.n(20, 5)
+    slow_samples = options.n(100, 6)
+    workers = options.n(8, 4)
+    window = options.n(10.0, 1.5)
+    work = Path(tempfile.mkdtemp(prefix="peer-", dir=options.work_dir))
+    mine = handles_http_server(work / "handles").start()
+    theirs = peer_server(work).start()
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        async with (
+            client(mine.url) as mine_tasks,
+            client(mine.url, tasks=False) as mine_plain,
+            client(theirs.url) as their_tasks,
+            client(theirs.url, tasks=False) as their_plain,
+        ):
+            h = Target("handles", mine_tasks, mine_plain, handle_tools=True)
+            p = Target("peer", their_tasks, their_plain, handle_tools=False)
+            both = [h, p]
+            for t in both:  # list tools once on each client (the SDK client checks outputs against them)
+                await t.tasks.call_tool("noop", {})
+                await t.plain.call_tool("noop", {})
+
+            log(f"peer: task creation, {samples} samples each")
+            created_ids: dict[str, list[str]] = {"handles": [], "peer": []}
+
+            def creation(t: Target) -> Callable[[], Awaitable[Any]]:
+                async def call() -> None:
+                    created = await t.create(0.0)
+                    created_ids[t.name].append(created.task_id)
+
+                return call
+
+            results["creation"] = await _paired(both, samples, warmup, creation)
+            for t in both:  # untimed: let every created task finish
+                for task_id in created_ids[t.name]:
+                    await t.follow(task_id)
+                t.polls.clear()
+
+            log("peer: start -> result, 0 s job")
+            results["result_0"] = await _paired(
+                both, samples, warmup, lambda t: lambda: t.task_roundtrip(0.0)
+            )
+            polls_0 = {t.name: sorted(t.polls)[len(t.polls) // 2] for t in both}
+            for t in both:
+                t.polls.clear()
+            log("peer: start -> result, 100 ms job")
+            results["result_100"] = await _paired(
+                both, slow_samples, 2, lambda t: lambda: t.task_roundtrip(0.1)
+            )
+            polls_100 = {t.name: sorted(t.polls)[len(t.polls) // 2] for t in both}
+
+            log("peer: plain calls (no extension)")
+            results["plain_0"] = await _paired(both, samples, warmup, lambda t: lambda: t.plain_call(0.0))
+            results["plain_100"] = await _paired(both, slow_samples, 2, lambda t: lambda: t.plain_call(0.1))
+            log("peer: handles' handle tools (start + long-polling fetch)")
+            handle_0 = (await _paired([h], samples, warmup, lambda t: lambda: t.handle_roundtrip(0.0)))[
+                "handles"
+            ]
+            handle_100 = (await _paired([h], slow_samples, 2, lambda t: lambda: t.handle_roundtrip(0.1)))[
+                "handles"
+            ]
+
+        log(f"peer: calls/s, {workers} workers x {window:g} s each")
+        throughput: dict[str, dict[str, tuple[float, int]]] = {"task": {}, "plain": {}}
+        async with client(mine.url) as a, client(theirs.url) as b:
+            targets = {
+                "handles": (mine.url, Target("handles", a, a, handle_tools=True)),
+                "peer": (theirs.url, Target("peer", b, b, handle_tools=False)),
+            }
+            for kind in ("task", "plain"):
+                for name in random.sample(list(targets), 2):
+                    url, target = targets[name]
+                    throughput[kind][name] = await _throughput(url, target, workers, window, kind)
+        memory = {
+            "handles": (read_status_kb(mine.pid, "VmHWM"), cpu_seconds(mine.pid)),
+            "peer": (read_status_kb(theirs.pid, "VmHWM"), cpu_seconds(theirs.pid)),
+        }
+    finally:
+        mine.stop()
+        theirs.stop()
+
+    def row(label: str, key: str, *, faster: bool = True) -> None:
+        a, b = Stats.of(results[key]["handles"]), Stats.of(results[key]["peer"])
+        table.data[key] = {"handles": a.as_dict(), "peer": b.as_dict()}
+        table.rows.append(
+            [
+                label,
+                f"{ms(a.p50)} / {ms(a.p99)}",
+                f"{ms(b.p50)} / {ms(b.p99)}",
+                f"{a.p50 / b.p50:.2f}x",
+                verdict(a.p50 < b.p50) if faster else "",
+            ]
+        )
+
+    row("task creation (tools/call -> CreateTaskResult)", "creation")
+    row(
+        f"start -> result, 0 s job (Tasks; median polls: handles {polls_0['handles']}, peer {polls_0['peer']})",
+        "result_0",
+    )
+    row(
+        f"start -> result, 100 ms job (Tasks; median polls: handles {polls_100['handles']}, peer {polls_100['peer']})",
+        "result_100",
+    )
+    for kind, label in (
+        ("task", "calls/s, Tasks (create -> poll -> result)"),
+        ("plain", "calls/s, plain call (inline)"),
+    ):
+        ours, peer_ = throughput[kind]["handles"], throughput[kind]["peer"]
+        table.data[f"throughput_{kind}"] = {
+            "handles": ours,
+            "peer": peer_,
+            "workers": workers,
+            "window_s": window,
+        }
+        table.rows.append(
+            [
+                f"{label}, {workers} concurrent clients"
+                + (f" (errors: handles {ours[1]}, peer {peer_[1]})" if ours[1] or peer_[1] else ""),
+                f"{ours[0]:.0f} calls/s",
+                f"{peer_[0]:.0f} calls/s",
+                f"{ours[0] / peer_[0]:.2f}x" if peer_[0] else "n/a",
+                verdict(ours[0] > peer_[0]),
+            ]
+        )
+    row("plain call, 0 s job (no extension: inline on both)", "plain_0", faster=False)
+    row("plain call, 100 ms job (no extension: inline on both)", "plain_100", faster=False)
+    for label, values in (
+        ("handles only: work_start + long-polling work_fetch, 0 s job", handle_0),
+        ("handles only: work_start + long-polling work_fetch, 100 ms job", handle_100),
+    ):
+        s = Stats.of(values)
+        table.data[label] = s.as_dict()
+        table.rows.append([label, f"{ms(s.p50)} / {ms(s.p99)}", "(no equivalent)", "", ""])
+    table.rows.append(
+        [
+            "server peak RSS (VmHWM) MiB / CPU s over the whole section",
+            f"{(memory['handles'][0] or 0) / 1024:.0f} MiB / {memory['handles'][1] or 0:.1f} s",
+            f"{(memory['peer'][0] or 0) / 1024:.0f} MiB / {memory['peer'][1] or 0:.1f} s",
+            "",
+            "",
+        ]
+    )
+    table.notes += [
+        f"{samples} samples per latency row ({slow_samples} for the 100 ms rows), alternating the two servers "
+        "sample by sample in shuffled order; the client polls `tasks/get` back to back (no pause), so start -> "
+        "result measures the servers, not a polling interval (both advertise pollIntervalMs=100).",
+        "The peer runs Docket's defaults (worker concurrency 10, minimum_check_interval 50 ms); its state is in "
+        "memory (`memory://`), so it is not durable across a restart, while every handles figure includes its "
+        "SQLite commits.",
+        "Plain calls: the peer runs the tool inline in the request; handles stores the job, runs it, and answers "
+        "its result inline (durable, adaptive plain call).",
+        f"calls/s: {workers} clients, each looping for {window:g} s; servers measured one after the other.",
+    ]
+    return [table]

@@ -1,0 +1,439 @@
+"""Hot paths of `work_progress` and `work_start`: where the time of one call goes.
+
+Two views:
+
+1. A breakdown, in-process: each layer of the call timed on its own (the handle check, one store
+   read with and without the worker-thread hop, the handler `JobTools.*`, the whole MCP tool call,
+   and the no-op call), so the differences show what each layer adds.
+2. A sampling profile of the server process (py-spy, all threads, CPU only) while one client calls
+   the tool back to back over Streamable HTTP: the share of the server's CPU samples spent in each
+   library, and the package's own functions (handles/...) by inclusive share. Skipped with a note
+   when py-spy is not installed (`pip install py-spy`) or cannot attach.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from bench.common import Options, Stats, Table, client, handles_http_server, inprocess, log, ms, structured
+
+SECTION = "profile"
+PRINCIPAL = "local:local"
+
+
+async def _sample(call: Callable[[], Awaitable[Any]], n: int, warmup: int) -> Stats:
+    for _ in range(warmup):
+        await call()
+    values = []
+    for _ in range(n):
+        started = time.perf_counter()
+        await call()
+        values.append(time.perf_counter() - started)
+    return Stats.of(values)
+
+
+async def breakdown(options: Options) -> Table:
+    import anyio.to_thread
+
+    from handles.tools import JobTools
+
+    n = options.n(2000, 150)
+    table = Table(
+        section=SECTION,
+        title="Profile A. Where one call's time goes (in-process, SQLite file, each layer timed alone)",
+        columns=["layer", "p50 us", "p99 us"],
+        command=options.section_command(SECTION),
+    )
+    data_dir = Path(tempfile.mkdtemp(prefix="profile-", dir=options.work_dir))
+    async with inprocess(data_dir) as (jobs, c):
+        service = jobs.service
+        spec = jobs.specs["work"]
+        tools = JobTools(spec, service)
+        handle = (await structured(c, "work_start", {"seconds": 3600}))["handle"]
+        claims = service.codec.verify(handle, principal=PRINCIPAL)
+        assert claims is not None
+        job_id = claims.job_id
+        repo = service.store.repo
+        layers: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+            (
+                "HandleCodec.verify (signature + principal tag)",
+                lambda: asyncio.sleep(0, service.codec.verify(handle, principal=PRINCIPAL)),
+            ),
+            (
+                "worker-thread hop alone (anyio.to_thread.run_sync of a no-op)",
+                lambda: anyio.to_thread.run_sync(lambda: None),
+            ),
+            (
+                "JobRepository.get, called directly (ORM session + SELECT by key)",
+                lambda: asyncio.sleep(0, repo.get(job_id)),
+            ),
+            ("JobRepository.steps, called directly", lambda: asyncio.sleep(0, repo.steps(job_id))),
+            ("Store.call(repo.get) (read + thread hop)", lambda: service.store.call(repo.get, job_id)),
+            (
+                "one write transaction, called directly (JobRepository.set_status_message)",
+                lambda: asyncio.sleep(0, repo.set_status_message(job_id, "profiling")),
+            ),
+            (
+                "Store.write(repo.set_status_message) (write + thread hop + wake)",
+                lambda: service.store.write(job_id, repo.set_status_message, job_id, "profiling"),
+            ),
+            (
+                "JobService.open (verify + read + keep-alive check)",
+                lambda: service.open(spec, PRINCIPAL, handle),
+            ),
+            (
+                "JobTools.progress handler (open + steps + reply model)",
+                lambda: tools.progress(PRINCIPAL, {"handle": handle}),
+            ),
+            (
+                "work_progress via mcp.Client in-process (whole tool call)",
+                lambda: c.call_tool("work_progress", {"handle": handle}),
+            ),
+            ("no-op plain tool via mcp.Client in-process", lambda: c.call_tool("noop", {})),
+        ]
+        for label, call in layers:
+            s = await _sample(call, n, 50)
+            table.rows.append([label, f"{s.p50 * 1000:.0f}", f"{s.p99 * 1000:.0f}"])
+            table.data[label] = s.as_dict()
+        starts = options.n(400, 60)
+        for label, key in (
+            ("JobTools.start handler (validate + insert + handle + submit)", "handler"),
+            ("work_start via mcp.Client in-process (whole tool call)", "mcp"),
+        ):
+            values = []
+            for index in range(starts + 10):
+                began = time.perf_counter()
+                if key == "handler":
+                    handle_ = (await tools.start(PRINCIPAL, {"seconds": 0})).structured["handle"]
+                else:
+                    handle_ = (await structured(c, "work_start", {"seconds": 0}))["handle"]
+                elapsed = time.perf_counter() - began
+                await structured(c, "work_fetch", {"handle": handle_, "wait_seconds": 10})  # untimed
+                if index >= 10:
+                    values.append(elapsed)
+            s = Stats.of(values)
+            table.rows.append([label, f"{s.p50 * 1000:.0f}", f"{s.p99 * 1000:.0f}"])
+            table.data[label] = s.as_dict()
+    table.notes += [
+        "p50 and p99 in microseconds, each layer measured alone on the same server instance; subtract "
+        "neighbouring rows to see what a layer adds.",
+        "Start rows: each start of a 0 s job is timed alone; the job is then awaited (untimed) so starts do not "
+        "overlap.",
+    ]
+    return table
+
+
+# -- sampling profile ---------------------------------------------------------------------
+
+LIBRARIES = (
+    ("handles (package code, self time)", r"^handles/"),
+    ("sqlite3 driver calls (execute, commit, rollback)", r"^sqlalchemy/engine/default\.py:(?:\d+)$", "do_"),
+    ("sqlalchemy (ORM, sessions, SQL compilation)", r"^sqlalchemy/|^<sqlalchemy"),
+    ("sqlmodel", r"^sqlmodel/"),
+    ("pydantic / pydantic_core (validation, dumps)", r"^pydantic"),
+    ("mcp SDK (server, types)", r"^mcp/|^mcp_types/"),
+    ("jsonschema / referencing", r"^jsonschema|^referencing"),
+    ("HTTP (starlette, uvicorn, sse-starlette, h11)", r"^starlette|^uvicorn|^sse_starlette|^h11|^httptools"),
+    ("itsdangerous / hmac / hashlib (handle signing)", r"^itsdangerous|^hmac|^hashlib"),
+    (
+        "anyio / asyncio / threading (scheduling, thread hops)",
+        r"^anyio/|^asyncio/|^threading|^selectors|^queue|^concurrent/",
+    ),
+    ("json", r"^json/"),
+)
+IDLE = ("Condition.wait", "EpollSelector.select", "Event.wait", "Thread.join", "Queue.get", "sleep")
+_FRAME = re.compile(r"^(?P<name>.*) \((?P<path>.*?)(?::(?P<line>\d+))?\)$")
+
+
+def _split(frame: str) -> tuple[str, str]:
+    match = _FRAME.match(frame)
+    if match is None:
+        return frame, ""
+    path = match.group("path")
+    path = re.sub(r"^.*/(?:site-packages|lib/python3\.\d+)/", "", path)
+    path = re.sub(r"^.*?/(handles|bench)/", r"\1/", path)
+    return match.group("name"), path
+
+
+def _category(frames: list[str]) -> str:
+    name, path = _split(frames[-1])
+    for entry in LIBRARIES:
+        label, pattern = entry[0], entry[1]
+        if len(entry) == 3:
+            if path.startswith("sqlalchemy/engine/default.py") and name.split(".")[-1].startswith(entry[2]):
+                return label
+            continue
+        if re.search(pattern, path):
+            return label
+    return "other (stdlib, typing, logging, ...)"
+
+
+def _aggregate(raw: Path) -> tuple[int, collections.Counter[str], collections.Counter[str]]:
+    total = 0
+    categories: collections.Counter[str] = collections.Counter()
+    own: collections.Counter[str] = collections.Counter()
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        frames = stack.split(";")[1:]  # the first entry names the thread
+        if not frames or _split(frames[-1])[0].split(".")[-1] in {i.split(".")[-1] for i in IDLE}:
+            continue
+        total += n
+        categories[_category(frames)] += n
+        seen: set[str] = set()
+        for frame in frames:
+            name, path = _split(frame)
+            if not path.startswith("handles/"):
+                continue
+            key = f"{name} ({path})"
+            if key not in seen:
+                seen.add(key)
+                own[key] += n
+    return total, categories, own
+
+
+async def sampled(options: Options) -> list[Table]:
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    tables: list[Table] = []
+    seconds = options.n(12, 2)
+    for tool in ("work_progress", "work_start"):
+        table = Table(
+            section=SECTION,
+            title=f"Profile B. Sampling profile of the server during back-to-back {tool} calls (Streamable HTTP, SQLite file)",
+            columns=["where the server's CPU samples are", "share"],
+            command=options.section_command(SECTION),
+        )
+        tables.append(table)
+        if spy is None:
+            table.rows.append(["py-spy is not installed", "n/a"])
+            table.notes.append(
+                "Install py-spy (`pip install py-spy`) into the environment to get this table."
+            )
+            continue
+        data_dir = Path(tempfile.mkdtemp(prefix=f"spy-{tool}-", dir=options.work_dir))
+        server = handles_http_server(data_dir).start()
+        raw = data_dir / "py-spy.txt"
+        calls = 0
+        try:
+            async with client(server.url, tasks=False) as c:
+                running = (await structured(c, "work_start", {"seconds": 3600}))["handle"]
+                for _ in range(50):
+                    await c.call_tool("work_progress", {"handle": running})
+                recorder = subprocess.Popen(
+                    [
+                        spy,
+                        "record",
+                        "-p",
+                        str(server.pid),
+                        "-d",
+                        str(seconds),
+                        "-r",
+                        "1000",
+                        "--threads",
+                        "--idle",
+                        "-f",
+                        "raw",
+                        "-o",
+                        str(raw),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                )
+                deadline = time.perf_counter() + seconds + 1
+                while time.perf_counter() < deadline and recorder.poll() is None:
+                    if tool == "work_progress":
+                        await structured(c, "work_progress", {"handle": running})
+                    else:
+                        data = await structured(c, "work_start", {"seconds": 0})
+                        await structured(c, "work_fetch", {"handle": data["handle"], "wait_seconds": 10})
+                    calls += 1
+                _, error = await asyncio.to_thread(recorder.communicate)
+        finally:
+            server.stop()
+        if not raw.exists():
+            table.rows.append(["py-spy could not record", "n/a"])
+            table.notes.append(f"py-spy: {error.decode(errors='replace').strip()[-300:]}")
+            continue
+        total, categories, own = _aggregate(raw)
+        table.data = {"samples": total, "calls": calls, "categories": dict(categories), "handles": dict(own)}
+        for label, count in categories.most_common():
+            table.rows.append([f"leaf in {label}", f"{count / total:.0%}"])
+        for name, count in own.most_common(12):
+            table.rows.append([f"inclusive: `{name}`", f"{count / total:.0%}"])
+        table.notes += [
+            f"{total} CPU samples at 1000 Hz over {seconds} s, all threads (the event loop and the store's worker "
+            f"threads), waiting frames (lock, selector and queue waits) excluded; {calls} calls"
+            + (
+                " (each start followed by a long-polling fetch, so the job's claim and outcome writes are included)"
+                if tool == "work_start"
+                else ""
+            )
+            + ".",
+            "`leaf in X`: the share of samples whose innermost frame is in X (self time by library); "
+            "`inclusive`: the share of samples with that package function anywhere on the stack.",
+        ]
+    return tables
+
+
+# -- pickup, step by step ------------------------------------------------------------------
+
+
+async def pickup_steps(options: Options) -> Table:
+    """Timestamps along the pickup path (wrappers around the runtime's submit and claim; in-process)."""
+    import handles.runtime as runtime_module
+    from bench.app import STARTED
+    from handles.store.repository import JobRepository
+
+    table = Table(
+        section=SECTION,
+        title="Profile C. Pickup step by step: work_start called -> job function running (in-process, SQLite file)",
+        columns=["step", "p50 ms", "p90 ms"],
+        command=options.section_command(SECTION),
+    )
+    runtime_cls = runtime_module.Runtime
+    if not all(hasattr(runtime_cls, name) for name in ("submit", "_claim_and_run")) or not hasattr(
+        JobRepository, "claim"
+    ):
+        table.rows.append(["the runtime's submit/claim path changed; step timing unavailable", "n/a", "n/a"])
+        return table
+    marks: dict[str, dict[str, float]] = {}
+    original = (runtime_cls.submit, runtime_cls._claim_and_run, JobRepository.claim)
+
+    def submit(self: Any, job_id: str) -> None:
+        marks.setdefault(job_id, {})["submit"] = time.perf_counter()
+        original[0](self, job_id)
+
+    async def claim_and_run(self: Any, job_id: str) -> bool:
+        marks.setdefault(job_id, {})["task"] = time.perf_counter()
+        return bool(await original[1](self, job_id))
+
+    def claim(self: Any, job_id: str, owner: str, lease_seconds: float) -> Any:
+        marks.setdefault(job_id, {})["sql_in"] = time.perf_counter()
+        record = original[2](self, job_id, owner, lease_seconds)
+        marks[job_id]["sql_out"] = time.perf_counter()
+        return record
+
+    runtime_cls.submit = submit  # type: ignore[method-assign]
+    runtime_cls._claim_and_run = claim_and_run  # type: ignore[method-assign]
+    JobRepository.claim = claim  # type: ignore[method-assign]
+    steps: dict[str, list[float]] = collections.defaultdict(list)
+    try:
+        data_dir = Path(tempfile.mkdtemp(prefix="pickup-steps-", dir=options.work_dir))
+        async with inprocess(data_dir) as (jobs, c):
+            n = options.n(300, 25)
+            for index in range(n + 10):
+                mark = f"steps-{index}"
+                called = time.perf_counter()
+                data = await structured(c, "work_start", {"seconds": 0, "mark": mark})
+                answered = time.perf_counter()
+                await structured(c, "work_fetch", {"handle": data["handle"], "wait_seconds": 10})
+                claims = jobs.service.codec.verify(data["handle"], principal=PRINCIPAL)
+                m = marks.get(claims.job_id if claims else "", {})
+                if index < 10 or not {"submit", "task", "sql_in", "sql_out"} <= m.keys():
+                    continue
+                steps["work_start called -> job stored, submitted to the runtime"].append(
+                    m["submit"] - called
+                )
+                steps["(submitted -> work_start answer reaches the client)"].append(answered - m["submit"])
+                steps["submitted -> claim task scheduled"].append(m["task"] - m["submit"])
+                steps["claim task -> claim SQL starts on a worker thread (thread hop)"].append(
+                    m["sql_in"] - m["task"]
+                )
+                steps["claim write transaction (BEGIN IMMEDIATE, UPDATE, SELECT, COMMIT)"].append(
+                    m["sql_out"] - m["sql_in"]
+                )
+                steps[
+                    "claim done -> job function running (hop back, task start, argument validation)"
+                ].append(STARTED[mark] - m["sql_out"])
+                steps["total: work_start called -> job function running"].append(STARTED[mark] - called)
+    finally:
+        runtime_cls.submit, runtime_cls._claim_and_run, JobRepository.claim = original  # type: ignore[method-assign]
+    for label, values in steps.items():
+        s = Stats.of(values)
+        table.rows.append([label, ms(s.p50), ms(s.p90)])
+        table.data[label] = s.as_dict()
+    table.notes.append(
+        "Each step is timed by wrapping the runtime's `submit`, `_claim_and_run` and `JobRepository.claim`; "
+        "medians of separate steps need not add up exactly to the median of the total."
+    )
+    return table
+
+
+# -- the per-principal active count at scale --------------------------------------------------
+
+
+async def active_count(options: Options) -> Table:
+    """Why work_start slows down as the store grows: the plan and cost of the per-principal active count."""
+    import sqlite3
+
+    from bench.store_scale import seed
+
+    size = options.n(300_000, 20_000)
+    table = Table(
+        section=SECTION,
+        title=f"Profile D. The per-principal active-job count of work_start, SQLite file with {size:,} stored "
+        "jobs of one principal",
+        columns=["query", "plan", "p50 ms"],
+        command=options.section_command(SECTION),
+    )
+    data_dir = Path(tempfile.mkdtemp(prefix="count-", dir=options.work_dir))
+    url = f"sqlite:///{(data_dir / 'handles.db').as_posix()}"
+    async with inprocess(data_dir, url):
+        pass
+    seed(url, "sqlite", size)
+    query = (
+        "SELECT count(*) FROM handles_jobs WHERE principal = 'local:local' "
+        "AND status IN ('working', 'input_required')"
+    )
+    connection = sqlite3.connect(data_dir / "handles.db")
+    try:
+        for label, index in (
+            ("as work_start runs it (schema as shipped)", None),
+            (
+                "with an index on (principal, status) added",
+                "CREATE INDEX bench_principal_status ON handles_jobs (principal, status)",
+            ),
+        ):
+            if index:
+                connection.execute(index)
+            plan = "; ".join(str(row[-1]) for row in connection.execute("EXPLAIN QUERY PLAN " + query))
+            values = []
+            for _ in range(5):
+                began = time.perf_counter()
+                connection.execute(query).fetchall()
+                values.append(time.perf_counter() - began)
+            s = Stats.of(values)
+            table.rows.append([label, f"`{plan}`", ms(s.p50)])
+            table.data[label] = {"plan": plan, **s.as_dict()}
+    finally:
+        connection.close()
+    table.notes.append(
+        "`JobRepository.insert` counts the principal's active jobs (for `max_active_per_principal`) in the insert's "
+        "write transaction; the query's only usable index is on `principal`, so it visits every stored job of the "
+        "principal, finished ones included."
+    )
+    return table
+
+
+async def run(options: Options) -> list[Table]:
+    log("profile: breakdown")
+    tables = [await breakdown(options)]
+    log("profile: pickup steps")
+    tables.append(await pickup_steps(options))
+    log("profile: per-principal active count")
+    tables.append(await active_count(options))
+    log("profile: sampling (py-spy)")
+    tables += await sampled(options)
+    return tables

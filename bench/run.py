@@ -1,0 +1,149 @@
+"""The benchmark suite of `handles` (issue 7): one command runs every section and prints markdown tables.
+
+    python bench/run.py                       # the full suite (several minutes)
+    python bench/run.py --quick               # a smoke run, well under two minutes
+    python bench/run.py --only overhead       # one section (repeatable: --only pickup --only peer)
+    python bench/run.py --json out.json       # also write every figure as JSON
+    python bench/run.py --quick --no-peer     # skip the FastMCP peer (no venv to create)
+
+Sections: overhead (1), durable (2), pickup (3), store_scale (4), concurrency (5), peer (6),
+profile (hot paths of work_progress and work_start). Section 7 (multi-node) is not part of the
+suite yet. Absolute times on a shared machine are noisy: read the ratios, measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import DEFAULT_POSTGRES_URL, Options, Table, environment, environment_markdown, log
+
+SECTIONS = ("overhead", "durable", "pickup", "store_scale", "concurrency", "peer", "profile")
+
+
+def _module(name: str):  # type: ignore[no-untyped-def]
+    import importlib
+
+    return importlib.import_module(f"bench.{name}")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python bench/run.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="small sample counts; finishes in under two minutes"
+    )
+    parser.add_argument(
+        "--only", action="append", choices=SECTIONS, help="run only this section (repeatable)"
+    )
+    parser.add_argument("--json", type=Path, help="also write the results as JSON to this file")
+    parser.add_argument("--markdown", type=Path, help="also write the printed markdown to this file")
+    parser.add_argument(
+        "--no-peer", action="store_true", help="skip section 6 (the FastMCP peer and its virtual environment)"
+    )
+    parser.add_argument(
+        "--postgres-url",
+        default=None,
+        help=f"PostgreSQL for the store sections (default: HANDLES_BENCH_POSTGRES_URL or {DEFAULT_POSTGRES_URL})",
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the scratch directory (databases, server logs)"
+    )
+    return parser.parse_args(argv)
+
+
+async def main_async(args: argparse.Namespace, command: str) -> int:
+    import os
+
+    work_dir = Path(tempfile.mkdtemp(prefix="handles-bench-"))
+    options = Options(
+        quick=args.quick,
+        peer=not args.no_peer,
+        postgres_url=args.postgres_url
+        or os.environ.get("HANDLES_BENCH_POSTGRES_URL")
+        or DEFAULT_POSTGRES_URL,
+        work_dir=work_dir,
+        command=command,
+    )
+    sections = args.only or [s for s in SECTIONS if s != "peer" or options.peer]
+    started = time.perf_counter()
+    info = environment(options)
+    out: list[str] = ["# handles benchmark results", "", environment_markdown(info)]
+    print("\n".join(out), flush=True)
+    tables: list[Table] = []
+    failures: list[str] = []
+    for section in sections:
+        log(f"section {section}")
+        section_started = time.perf_counter()
+        try:
+            produced: list[Table] = await _module(section).run(options)
+        except Exception:
+            failures.append(section)
+            detail = traceback.format_exc()
+            log(f"section {section} failed:\n{detail}")
+            produced = [
+                Table(
+                    section=section,
+                    title=f"{section}: FAILED",
+                    columns=["error"],
+                    rows=[[detail.strip().splitlines()[-1]]],
+                    command=options.section_command(section),
+                )
+            ]
+        for table in produced:
+            text = table.markdown()
+            print(text, flush=True)
+            out.append(text)
+        tables.extend(produced)
+        log(f"section {section} took {time.perf_counter() - section_started:.1f} s")
+        logging.getLogger().setLevel(logging.WARNING)
+    footer = [
+        "### 7. Multi-node",
+        "",
+        "Not measured: the PostgreSQL multi-node work has not landed in this suite yet.",
+        "",
+        f"Total wall time: {time.perf_counter() - started:.0f} s; load average (1/5/15 min) at the end: "
+        + " / ".join(f"{x:.2f}" for x in os.getloadavg())
+        + ".",
+    ]
+    print("\n".join(footer), flush=True)
+    out.append("\n".join(footer) + "\n")
+    if args.markdown:
+        args.markdown.write_text("\n".join(out))
+    if args.json:
+        args.json.write_text(
+            json.dumps({"environment": info, "tables": [t.as_dict() for t in tables]}, indent=2, default=str)
+        )
+    if args.keep:
+        log(f"scratch directory kept: {work_dir}")
+    else:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    if failures:
+        log(f"sections that failed: {', '.join(failures)}")
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    for noisy in ("httpx", "httpx2", "httpcore", "alembic", "mcp", "sqlalchemy", "docket", "fastmcp"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    shown_args = sys.argv[1:] if argv is None else argv
+    command = "python bench/run.py" + ("" if not shown_args else " " + shlex.join(shown_args))
+    return asyncio.run(main_async(args, command))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,257 @@
+"""Section 4: scale of the store. `work_progress` (and `work_start`, `work_fetch`) latency with 10^3, 10^5
+and 10^6 stored jobs.
+
+The job table is seeded directly in bulk, in SQL (a recursive CTE on SQLite, `generate_series` on
+PostgreSQL): completed jobs of the same kind and the same principal as the benchmark client (the
+worst case for per-principal queries), with a stored result, expiring in 6 hours. The database
+grows in place from one size to the next; at each size a fresh server instance (cold pools) starts
+one running and one completed job and the calls are measured in shuffled rounds with the no-op tool.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    Options,
+    Stats,
+    Table,
+    inprocess,
+    log,
+    ms,
+    postgres_schema,
+    quiet_gc,
+    ratio,
+    structured,
+    timed,
+    verdict,
+)
+
+SECTION = "store_scale"
+FLAT_TARGET = 1.2
+PRINCIPAL = "local:local"
+RESULT = {
+    "content": [{"type": "text", "text": '{"slept": 0.0, "mark": ""}'}],
+    "structuredContent": {"slept": 0.0, "mark": ""},
+    "isError": False,
+}
+
+
+def _literal(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int | float):
+        return repr(value)
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def _expressions(dialect: str) -> dict[str, str]:
+    """SQL for each seeded column; `i` is the row number."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    if dialect == "sqlite":
+
+        def stamp(moment: datetime) -> str:
+            return _literal(moment.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds"))
+
+        ident = "lower(hex(randomblob(12)))"
+        as_json = _literal
+    else:
+
+        def stamp(moment: datetime) -> str:
+            return _literal(moment.isoformat()) + "::timestamptz"
+
+        ident = "md5(i::text || random()::text)"
+
+        def as_json(value: Any) -> str:
+            return _literal(value) + "::json"
+
+    created = now - timedelta(minutes=30)
+    return {
+        "id": ident,
+        "kind": _literal("work"),
+        "principal": _literal(PRINCIPAL),
+        "status": _literal("completed"),
+        "status_message": _literal("Completed."),
+        "arguments": as_json(json.dumps({"seconds": 0.0, "mark": ""})),
+        "arguments_digest": _literal("0" * 64),
+        "idempotency_key": "NULL",
+        "result": as_json(json.dumps(RESULT)),
+        "error": as_json("null"),
+        "attempts": "1",
+        "version": "3",
+        "created_at": stamp(created),
+        "updated_at": stamp(created + timedelta(seconds=1)),
+        "started_at": stamp(created),
+        "finished_at": stamp(created + timedelta(seconds=1)),
+        "expires_at": stamp(now + timedelta(hours=6)),
+        "run_after": stamp(created),
+        "on_interrupt": _literal("fail"),
+        "max_attempts": "1",
+    }
+
+
+def seed(database_url: str, dialect: str, count: int) -> float:
+    """Insert `count` completed jobs in bulk; returns the seconds it took."""
+    from sqlalchemy import create_engine, text
+
+    from handles.store.models import JobRecord
+
+    expressions = _expressions(dialect)
+    columns: list[str] = []
+    values: list[str] = []
+    for column in JobRecord.__table__.columns:  # type: ignore[attr-defined]
+        if column.name in expressions:
+            columns.append(column.name)
+            values.append(expressions[column.name])
+        elif not column.nullable and column.default is None and column.server_default is None:
+            raise RuntimeError(f"store_scale does not know how to seed the column {column.name}")
+    column_list = ", ".join(columns)
+    value_list = ", ".join(values)
+    engine = create_engine(database_url)
+    started = time.perf_counter()
+    chunk = 200_000
+    try:
+        remaining = count
+        while remaining > 0:
+            size = min(chunk, remaining)
+            if dialect == "sqlite":
+                sql = (
+                    f"INSERT INTO handles_jobs ({column_list}) "
+                    f"WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {size}) "
+                    f"SELECT {value_list} FROM n"
+                )
+            else:
+                sql = (
+                    f"INSERT INTO handles_jobs ({column_list}) "
+                    f"SELECT {value_list} FROM generate_series(1, {size}) AS i"
+                )
+            with engine.begin() as connection:
+                connection.execute(text(sql))
+            remaining -= size
+    finally:
+        engine.dispose()
+    return time.perf_counter() - started
+
+
+def count_jobs(database_url: str) -> int:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as connection:
+            return int(connection.execute(text("SELECT count(*) FROM handles_jobs")).scalar() or 0)
+    finally:
+        engine.dispose()
+
+
+async def measure(data_dir: Path, database_url: str, rounds: int, warmup: int) -> dict[str, list[float]]:
+    async with inprocess(data_dir, database_url) as (_jobs, c):
+        running = (await structured(c, "work_start", {"seconds": 3600}))["handle"]
+        done = (await structured(c, "work_start", {"seconds": 0}))["handle"]
+        await structured(c, "work_fetch", {"handle": done, "wait_seconds": 10})
+        started: list[str] = []
+
+        async def start() -> None:
+            started.append((await structured(c, "work_start", {"seconds": 0}))["handle"])
+
+        calls = {
+            "noop": lambda: c.call_tool("noop", {}),
+            "work_progress": lambda: structured(c, "work_progress", {"handle": running}),
+            "work_fetch": lambda: structured(c, "work_fetch", {"handle": done}),
+            "work_start": start,
+        }
+        samples: dict[str, list[float]] = {name: [] for name in calls}
+        order = list(calls)
+        for index in range(warmup + rounds):
+            random.shuffle(order)
+            for name in order:
+                elapsed, _ = await timed(calls[name])
+                if index >= warmup:
+                    samples[name].append(elapsed)
+            while started:
+                await structured(c, "work_fetch", {"handle": started.pop(), "wait_seconds": 10})
+        await structured(c, "work_cancel", {"handle": running})
+        return samples
+
+
+async def run(options: Options) -> list[Table]:
+    sizes = [1_000, 10_000] if options.quick else [1_000, 100_000, 1_000_000]
+    rounds = options.n(600, 60)
+    warmup = options.n(40, 10)
+    table = Table(
+        section=SECTION,
+        title="4. Scale of the store: latency by number of stored jobs",
+        columns=[
+            "store",
+            "stored jobs",
+            "seed s",
+            "work_progress p50 / p99 ms",
+            "progress p50 vs smallest",
+            "work_fetch p50 / p99 ms",
+            "work_start p50 / p99 ms",
+            "start p50 vs smallest",
+            "no-op p50 ms",
+            f"progress flat (<= {FLAT_TARGET}x)",
+        ],
+        command=options.section_command(SECTION),
+    )
+    with postgres_schema(options.postgres_url, "scale") as pg_url:
+        data_dir = Path(tempfile.mkdtemp(prefix="scale-", dir=options.work_dir))
+        for label, url, dialect in (
+            ("SQLite file", f"sqlite:///{(data_dir / 'handles.db').as_posix()}", "sqlite"),
+            ("PostgreSQL", pg_url, "postgresql"),
+        ):
+            if url is None:
+                table.rows.append([label, "unreachable", *(["n/a"] * 8)])
+                continue
+            # Create the schema first (a server instance does it), then grow the table in place.
+            async with inprocess(data_dir, url):
+                pass
+            base_progress = base_start = None
+            table.data[label] = {}
+            for size in sizes:
+                have = count_jobs(url)
+                log(f"store_scale: {label}, seeding to {size} jobs")
+                seconds = seed(url, dialect, size - have) if size > have else 0.0
+                quiet_gc()
+                log(f"store_scale: {label}, {size} jobs, {rounds} rounds")
+                samples = await measure(data_dir, url, rounds, warmup)
+                stats = {name: Stats.of(values) for name, values in samples.items()}
+                progress, start = stats["work_progress"], stats["work_start"]
+                if base_progress is None:
+                    base_progress, base_start = progress, start
+                assert base_start is not None
+                flat = progress.p50 / base_progress.p50 <= FLAT_TARGET
+                table.data[label][size] = {name: s.as_dict() for name, s in stats.items()} | {
+                    "seed_s": seconds
+                }
+                table.rows.append(
+                    [
+                        label,
+                        f"{count_jobs(url):,}",
+                        f"{seconds:.1f}",
+                        f"{ms(progress.p50)} / {ms(progress.p99)}",
+                        ratio(progress.p50, base_progress.p50),
+                        f"{ms(stats['work_fetch'].p50)} / {ms(stats['work_fetch'].p99)}",
+                        f"{ms(start.p50)} / {ms(start.p99)}",
+                        ratio(start.p50, base_start.p50),
+                        ms(stats["noop"].p50),
+                        verdict(flat) if size != sizes[0] else "(base)",
+                    ]
+                )
+    table.notes += [
+        "Seeded jobs are completed, of kind `work`, and belong to the benchmark's own principal; `stored jobs` "
+        "counts every row at measurement time (the seed plus the jobs the measurements started).",
+        "Latencies through the official client in-process (no transport), so the store's share is as large "
+        "as it gets; the target is judged on the work_progress p50 ratio.",
+        "No ANALYZE is run after seeding (as in a deployment that never runs one).",
+    ]
+    return [table]

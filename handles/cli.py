@@ -1,0 +1,406 @@
+"""The `handles` command for operators: see and steer every stored job from a terminal.
+
+- `handles jobs list|show|cancel|purge`: stored jobs, read from the configured database;
+- `handles watch HANDLE|ID`: a live progress bar until the job ends;
+- `handles keygen`: a new signing key (prepend it to HANDLES_SECRET_KEYS to rotate);
+- `handles db upgrade`: apply the schema migrations to HANDLES_DATABASE_URL;
+- `handles worker --app module:attribute`: run jobs without serving MCP.
+
+It reads the same `HANDLES_*` environment as the servers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import json
+import logging
+import os
+import secrets
+import signal
+import sys
+import time
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+
+from handles.config import MIN_KEY_LENGTH, HandlesConfig
+from handles.errors import ConfigurationError
+from handles.handle import HandleCodec
+from handles.states import Status
+from handles.store import JobRecord, JobRepository, migrate
+
+if TYPE_CHECKING:
+    from handles.app import Handles
+
+# -- the database ------------------------------------------------------------------------
+
+
+def open_repository(url: str | None = None) -> JobRepository:
+    """The configured job store, checked to be reachable and current; clear errors otherwise."""
+    config = HandlesConfig.from_env()
+    url = url or config.resolved_database_url()
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        raise ConfigurationError(
+            f"There is no handles database at {url}. Set HANDLES_DATABASE_URL (or HANDLES_DATA_DIR) to the "
+            "database your servers use."
+        )
+    try:
+        repository = JobRepository(url)
+        migrate.check_current(repository.engine)
+    except ConfigurationError:
+        raise
+    except (ArgumentError, NoSuchModuleError) as exc:
+        raise ConfigurationError(f"HANDLES_DATABASE_URL is not a valid database URL: {exc}") from None
+    except SQLAlchemyError as exc:
+        raise ConfigurationError(
+            f"Cannot reach the database at {make_url(url).render_as_string(hide_password=True)}: "
+            f"{exc.__class__.__name__}. Check HANDLES_DATABASE_URL and that the server is running."
+        ) from None
+    return repository
+
+
+def find_job(repository: JobRepository, ident: str) -> JobRecord:
+    """A job by id or by handle (any principal's: this is the operator's view)."""
+    job_id = ident
+    if "." in ident:
+        claims = HandleCodec(HandlesConfig.from_env().resolved_secret_keys()).inspect(ident)
+        if claims is None:
+            raise ConfigurationError(
+                "That handle was not signed by any key in HANDLES_SECRET_KEYS (or it is damaged). "
+                "Pass the job id instead, or configure the key that signed it."
+            )
+        job_id = claims.job_id
+    job = repository.get(job_id)
+    if job is None:
+        raise ConfigurationError(f"No job {job_id!r} in this database (it may have expired and been purged).")
+    return job
+
+
+def _age(value: str) -> timedelta:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        return timedelta(seconds=float(value[:-1]) * units[value[-1]])
+    except (KeyError, ValueError, IndexError):
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: use a number and a unit, like 30s, 15m, 2h or 7d"
+        ) from None
+
+
+def _when(value: datetime | None) -> str:
+    return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _progress(job: JobRecord) -> str:
+    if job.progress_done is None:
+        return "-"
+    if job.progress_total:
+        return f"{100 * job.progress_done / job.progress_total:.0f}%"
+    return f"{job.progress_done:g}"
+
+
+def job_summary(job: JobRecord) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "job": job.kind,
+        "status": job.status,
+        "status_message": job.status_message,
+        "principal": job.principal,
+        "progress": {"done": job.progress_done, "total": job.progress_total},
+        "attempts": job.attempts,
+        "created_at": job.created_at.isoformat(),
+        "updated_at": job.updated_at.isoformat(),
+        "expires_at": job.expires_at.isoformat(),
+    }
+
+
+def _table(rows: list[list[str]], headers: list[str]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(lines)
+
+
+# -- commands ------------------------------------------------------------------------------
+
+
+def jobs_list(args: argparse.Namespace) -> int:
+    repository = open_repository()
+    now = datetime.now(UTC)
+    jobs = repository.list_jobs(
+        statuses=args.status or (),
+        kind=args.job,
+        principal=args.principal,
+        created_before=now - args.older_than if args.older_than else None,
+        created_after=now - args.newer_than if args.newer_than else None,
+        limit=args.limit,
+    )
+    if args.json:
+        print(json.dumps([job_summary(j) for j in jobs], indent=2))
+        return 0
+    if not jobs:
+        print("No jobs match.")
+        return 0
+    rows = [
+        [
+            j.id,
+            j.kind,
+            j.status,
+            _progress(j),
+            str(j.attempts),
+            j.principal[:40],
+            _when(j.created_at),
+            _when(j.updated_at),
+        ]
+        for j in jobs
+    ]
+    print(_table(rows, ["ID", "JOB", "STATUS", "PROGRESS", "ATTEMPTS", "PRINCIPAL", "CREATED", "UPDATED"]))
+    return 0
+
+
+def jobs_show(args: argparse.Namespace) -> int:
+    repository = open_repository()
+    job = find_job(repository, args.job)
+    details = job_summary(job)
+    details.update(
+        started_at=job.started_at and job.started_at.isoformat(),
+        finished_at=job.finished_at and job.finished_at.isoformat(),
+        cancel_requested_at=job.cancel_requested_at and job.cancel_requested_at.isoformat(),
+        lease_owner=job.lease_owner,
+        on_interrupt=job.on_interrupt,
+        max_attempts=job.max_attempts,
+        error=job.error,
+        input_requests=[
+            {"key": r.key, "message": r.message, "answered": r.answered_at is not None}
+            for r in repository.pending_inputs(job.id)
+        ],
+        steps=[
+            {
+                "name": s.name,
+                "status": s.status,
+                "attempt": s.attempt,
+                "started_at": s.started_at.isoformat(),
+                "finished_at": s.finished_at and s.finished_at.isoformat(),
+            }
+            for s in repository.steps(job.id)
+        ],
+    )
+    if args.reveal_results:
+        details["arguments"] = job.arguments
+        details["result"] = job.result
+    if args.json:
+        print(json.dumps(details, indent=2, default=str))
+        return 0
+    for key, value in details.items():
+        if isinstance(value, list | dict):
+            value = json.dumps(value, default=str)
+        print(f"{key:>20}  {value}")
+    if not args.reveal_results:
+        print("\n(arguments and result values are hidden; pass --reveal-results to show them)")
+    return 0
+
+
+def jobs_cancel(args: argparse.Namespace) -> int:
+    repository = open_repository()
+    job = find_job(repository, args.job)
+    outcome = repository.request_cancel(job.id)
+    assert outcome is not None
+    repository.publish(job.id, "cli")
+    if Status(job.status).is_terminal:
+        print(f"{job.id} had already ended ({job.status}); nothing changed.")
+    elif outcome.ended_now:
+        print(f"{job.id} was queued and is now cancelled.")
+    else:
+        print(f"Cancellation requested for {job.id}; the node running it stops it at its next safe point.")
+    return 0
+
+
+def jobs_purge(args: argparse.Namespace) -> int:
+    if not args.expired:
+        raise ConfigurationError(
+            "Say what to purge: `handles jobs purge --expired` deletes ended jobs past retention."
+        )
+    repository = open_repository()
+    total = 0
+    while deleted := repository.delete_expired(500):
+        total += deleted
+    print(f"Purged {total} expired job{'s' if total != 1 else ''}.")
+    return 0
+
+
+def watch(args: argparse.Namespace) -> int:
+    repository = open_repository()
+    job = find_job(repository, args.job)
+    width = 30
+    while True:
+        fraction = (job.progress_done or 0) / job.progress_total if job.progress_total else None
+        bar = "#" * int(width * fraction) if fraction is not None else ""
+        shown = f"{fraction * 100:5.1f}%" if fraction is not None else "   ..."
+        line = f"\r{job.kind} [{bar.ljust(width)}] {shown} {job.status}: {(job.status_message or '')[:60]}"
+        sys.stdout.write(line.ljust(120))
+        sys.stdout.flush()
+        if Status(job.status).is_terminal:
+            sys.stdout.write("\n")
+            return 0 if job.status == Status.COMPLETED else 1
+        time.sleep(args.interval)
+        latest = repository.get(job.id)
+        if latest is None:
+            sys.stdout.write("\nThe job was deleted while watching.\n")
+            return 1
+        job = latest
+
+
+def keygen(_args: argparse.Namespace) -> int:
+    key = secrets.token_urlsafe(48)
+    assert len(key) >= MIN_KEY_LENGTH
+    print(key)
+    return 0
+
+
+def db_upgrade(args: argparse.Namespace) -> int:
+    config = HandlesConfig.from_env()
+    url = args.database_url or config.resolved_database_url()
+    repository = JobRepository(url)
+    try:
+        before = migrate.current_revision(repository.engine)
+        migrate.upgrade(repository.engine)
+        after = migrate.current_revision(repository.engine)
+    finally:
+        repository.dispose()
+    print(
+        f"handles schema: {before or 'empty'} -> {after}"
+        if before != after
+        else f"handles schema: {after} (current)"
+    )
+    return 0
+
+
+def load_app(spec: str) -> Handles:
+    """`module:attribute`, where the attribute is a `Handles` or a function returning one."""
+    from handles.app import Handles
+
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ConfigurationError(f"--app {spec!r}: use the form module:attribute, e.g. myservice.jobs:jobs")
+    sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"--app {spec!r}: cannot load it ({exc})") from exc
+    app = target() if callable(target) and not isinstance(target, Handles) else target
+    if not isinstance(app, Handles):
+        raise ConfigurationError(f"--app {spec!r} is a {type(app).__name__}, not a handles.Handles")
+    return app
+
+
+def worker(args: argparse.Namespace) -> int:
+    app = load_app(args.app or os.environ.get("HANDLES_APP", ""))
+    # A worker always runs jobs, whatever HANDLES_RUN_WORKERS says for the web nodes.
+    app.config = replace(app.config, run_workers=True)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(signum, stop.set)
+        async with app.running():
+            logging.getLogger("handles").info(
+                "worker %s running jobs %s", app.runtime.owner, ", ".join(sorted(app.specs))
+            )
+            await stop.wait()
+
+    asyncio.run(run())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="handles", description="Operate a handles deployment.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    jobs = commands.add_parser("jobs", help="see and steer stored jobs").add_subparsers(
+        dest="jobs_command", required=True
+    )
+    listing = jobs.add_parser("list", help="list jobs, newest first")
+    listing.add_argument("--status", action="append", choices=[s.value for s in Status], help="repeatable")
+    listing.add_argument("--job", help="only jobs of this kind (the job's name)")
+    listing.add_argument("--principal", help="only jobs of this principal")
+    listing.add_argument(
+        "--older-than", type=_age, metavar="AGE", help="created more than AGE ago (30s, 15m, 2h, 7d)"
+    )
+    listing.add_argument("--newer-than", type=_age, metavar="AGE", help="created less than AGE ago")
+    listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument("--json", action="store_true", help="JSON for scripts")
+    listing.set_defaults(run=jobs_list)
+    show = jobs.add_parser("show", help="one job: status, progress, attempts, steps, timestamps")
+    show.add_argument("job", metavar="ID|HANDLE")
+    show.add_argument("--json", action="store_true")
+    show.add_argument(
+        "--reveal-results",
+        action="store_true",
+        help="also print the job's arguments and result (operator only)",
+    )
+    show.set_defaults(run=jobs_show)
+    cancel = jobs.add_parser("cancel", help="request cancellation of a job")
+    cancel.add_argument("job", metavar="ID|HANDLE")
+    cancel.set_defaults(run=jobs_cancel)
+    purge = jobs.add_parser("purge", help="delete ended jobs past their retention now")
+    purge.add_argument("--expired", action="store_true", help="required: purge jobs past retention")
+    purge.set_defaults(run=jobs_purge)
+
+    follow = commands.add_parser("watch", help="a live progress bar until the job ends")
+    follow.add_argument("job", metavar="HANDLE|ID")
+    follow.add_argument("--interval", type=float, default=0.5, help="seconds between reads (default 0.5)")
+    follow.set_defaults(run=watch)
+
+    generate = commands.add_parser(
+        "keygen",
+        help="print a new secret key for signing handles",
+        description="Print a new random signing key (64 URL-safe characters). Put it first in "
+        "HANDLES_SECRET_KEYS to rotate; keep the old key after it until its handles have expired.",
+    )
+    generate.set_defaults(run=keygen)
+
+    database = commands.add_parser("db", help="database schema").add_subparsers(
+        dest="db_command", required=True
+    )
+    upgrade = database.add_parser(
+        "upgrade",
+        help="apply schema migrations",
+        description="Bring the handles tables in HANDLES_DATABASE_URL (or --database-url) to the newest "
+        "schema revision. Safe to run on a live database and from several places at once.",
+    )
+    upgrade.add_argument("--database-url", help="SQLAlchemy URL (default: HANDLES_DATABASE_URL)")
+    upgrade.set_defaults(run=db_upgrade)
+
+    work = commands.add_parser(
+        "worker",
+        help="run jobs without serving MCP",
+        description="Run the jobs of an application against the configured database, without serving "
+        "MCP: the job tier of a deployment whose web nodes set HANDLES_RUN_WORKERS=0.",
+    )
+    work.add_argument("--app", help="module:attribute of your Handles instance (default: HANDLES_APP)")
+    work.set_defaults(run=worker)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.run(args)
+    except ConfigurationError as exc:
+        print(f"handles: {exc}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""The plain tool `<job>`: a job as one ordinary tool with the job's own parameters.
+
+A `tools/call <job>` that declares the Tasks extension is turned into a task before it
+gets here (handles/tasks.py). Every other call follows the job's `plain_call` policy:
+
+- `"adaptive"` (the default): store and start the job, then wait up to the inline
+  budget. A job that ends in time answers exactly as an ordinary tool would (its
+  stored `CallToolResult`; a failed job's JSON-RPC error). A job still running, or
+  waiting for an answer, answers with its handle and says to continue with
+  `<job>_progress` / `<job>_fetch` (and `<job>_respond`). While waiting, progress goes
+  out as `notifications/progress` when the request carries a progress token.
+- `"tasks_only"`: refused with `-32021`, naming the extension the caller must declare.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+import anyio
+from mcp.shared.exceptions import MCPError
+from mcp_types import INTERNAL_ERROR, CallToolResult, TextContent
+from pydantic import BaseModel, Field
+
+from handles.errors import CallerError
+from handles.jobs import JobSpec, describe_duration
+from handles.mcp import to_call_tool_result
+from handles.service import JobService
+from handles.states import Status
+from handles.store import JobRecord
+from handles.tasks import missing_tasks_capability
+from handles.tasks_client import TASKS_EXTENSION
+from handles.tools import InputRequestView, JobTools, ToolReply, error_reply
+
+logger = logging.getLogger("handles.plain")
+
+PlainCall = Literal["adaptive", "tasks_only"]
+ProgressReporter = Callable[[float, float | None, str | None], Awaitable[None]]
+"""`(progress, total, message)`: sends `notifications/progress` (a no-op without a progress token)."""
+
+
+@dataclass(frozen=True)
+class PlainCallPolicy:
+    """What a call of the plain tool `<job>` does when it does not become a task."""
+
+    mode: PlainCall = "adaptive"
+    inline_budget: timedelta | None = None
+    """How long to wait for the result before answering with the handle; None: the configured default."""
+
+
+class HandoffOutput(BaseModel):
+    """The answer of an adaptive call whose job outlived the inline budget (or asked a question)."""
+
+    handle: str = Field(description="Pass this to the progress, fetch, cancel and respond tools.")
+    job: str
+    status: Status
+    status_message: str | None = None
+    input_requests: dict[str, InputRequestView] = Field(
+        default_factory=dict, description="Questions waiting for an answer, by key."
+    )
+    poll_after_ms: int
+    expires_at: datetime
+    next: str = Field(description="What to do next.")
+
+
+class PlainTool:
+    """The plain tool of one job."""
+
+    def __init__(self, spec: JobSpec, service: JobService, policy: PlainCallPolicy) -> None:
+        self.spec = spec
+        self.service = service
+        self.policy = policy
+        self.handle_tools = JobTools(spec, service)
+        budget = policy.inline_budget
+        self.budget_seconds = (
+            budget.total_seconds() if budget is not None else service.config.inline_budget_seconds
+        )
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def description(self) -> str:
+        spec, tool = self.spec, self.handle_tools.tool
+        retention = describe_duration(spec.retention)
+        if self.policy.mode == "tasks_only":
+            return (
+                f"{spec.description}\n\nRuns only as a task: declare the {TASKS_EXTENSION} extension on the "
+                f"call, or use {tool('start')} and its {spec.name}_* companions instead. Jobs and their "
+                f"results are kept for {retention}."
+            )
+        return (
+            f"{spec.description}\n\nAnswers with the result when the job finishes within about "
+            f"{self.budget_seconds:g} s. If it takes longer"
+            + (" or needs an answer" if spec.asks_input else "")
+            + f", it answers with a handle instead: follow the job with {tool('progress')} and get the "
+            f"result with {tool('fetch')}"
+            + (f" (answer its questions with {tool('respond')})" if spec.asks_input else "")
+            + f". Callers that declare the {TASKS_EXTENSION} extension get a task. Jobs and their results "
+            f"are kept for {retention}."
+        )
+
+    async def call(
+        self, principal: str, arguments: dict[str, Any], report: ProgressReporter
+    ) -> CallToolResult:
+        if self.policy.mode == "tasks_only":
+            raise missing_tasks_capability(
+                f"{self.name} runs only as a task: declare the {TASKS_EXTENSION} extension on this "
+                f"request, or use {self.handle_tools.tool('start')}."
+            )
+        try:
+            started = await self.service.start(self.spec, principal, arguments, None)
+        except CallerError as error:
+            return to_call_tool_result(error_reply(error))
+        try:
+            job = await self._follow(started.job, report)
+        except anyio.get_cancelled_exc_class():
+            # The caller went away and only this call knew the handle: stop the orphaned job.
+            with anyio.CancelScope(shield=True):
+                await self._cancel_quietly(started.job)
+            raise
+        except CallerError:
+            job = started.job  # the store faltered while we waited; the job itself is stored and running
+        return await self._answer(job, started.handle)
+
+    async def _follow(self, job: JobRecord, report: ProgressReporter) -> JobRecord:
+        """Wait for the job to end or park, within the budget, relaying progress as it grows."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.budget_seconds
+        reported: float | None = None
+        while True:
+            status = Status(job.status)
+            if status.is_terminal or status is Status.INPUT_REQUIRED:
+                return job
+            done = job.progress_done
+            if done is not None and (reported is None or done > reported):
+                await report(done, job.progress_total, job.status_message)
+                reported = done
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return job
+            job = await self.service.wait(job, remaining, _changed_since(job.version))
+
+    async def _answer(self, job: JobRecord, handle: str) -> CallToolResult:
+        status = Status(job.status)
+        if status is Status.COMPLETED and job.result is not None:
+            return CallToolResult.model_validate(job.result)
+        if status is Status.FAILED:
+            error = job.error or {}
+            raise MCPError(
+                code=int(error.get("code", INTERNAL_ERROR)),
+                message=str(error.get("message") or job.status_message or "The job failed."),
+                data=error.get("data"),
+            )
+        if status is Status.CANCELLED:
+            message = job.status_message or "The job was cancelled."
+            return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
+        return await self._handoff(job, handle)
+
+    async def _handoff(self, job: JobRecord, handle: str) -> CallToolResult:
+        pending = await self.service.pending_inputs(job)
+        if Status(job.status) is Status.INPUT_REQUIRED:
+            lead = "The job needs an answer before it can go on, so this answer is its handle. "
+        else:
+            lead = f"No result within {self.budget_seconds:g} s, so this answer is the job's handle instead. "
+        out = HandoffOutput(
+            handle=handle,
+            job=self.name,
+            status=Status(job.status),
+            status_message=job.status_message,
+            input_requests={
+                r.key: InputRequestView(message=r.message, requested_schema=r.requested_schema)
+                for r in pending
+            },
+            poll_after_ms=self.handle_tools.poll_after_ms,
+            expires_at=job.expires_at,
+            next=lead
+            + self.handle_tools.next_step(job, pending)
+            + " Keep the handle: it is the only way back to this job.",
+        )
+        return to_call_tool_result(ToolReply(out.model_dump(mode="json")))
+
+    async def _cancel_quietly(self, job: JobRecord) -> None:
+        try:
+            await self.service.cancel(job)
+        except Exception:
+            logger.warning("could not cancel job %s after its caller went away", job.id, exc_info=True)
+
+
+def _changed_since(version: int) -> Callable[[JobRecord], bool]:
+    return lambda job: job.version != version

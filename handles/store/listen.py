@@ -1,0 +1,54 @@
+"""Cross-node wake-ups on PostgreSQL: LISTEN for job changes other nodes publish with NOTIFY.
+
+Every write that may change a job publishes `"<job_id> <origin>"` on the
+`handles_jobs` channel. Each node keeps one listening connection and passes
+changes made elsewhere to a callback (waking long-polls, answers and cancels at
+once instead of at the next store poll). When the connection drops, the node
+falls back to polling the store until it reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import psycopg
+from sqlalchemy.engine import make_url
+
+from handles.store.repository import NOTIFY_CHANNEL
+
+logger = logging.getLogger("handles.store")
+
+
+def libpq_url(sqlalchemy_url: str) -> str:
+    """The plain libpq URL for a `postgresql+psycopg://` SQLAlchemy URL."""
+    return make_url(sqlalchemy_url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class ChangeListener:
+    """Listens for job changes published by other nodes and calls `on_change(job_id)` for each."""
+
+    def __init__(self, url: str, origin: str, on_change: Callable[[str], None]) -> None:
+        self._url = libpq_url(url)
+        self._origin = origin
+        self._on_change = on_change
+        self.connected = asyncio.Event()
+
+    async def run(self) -> None:
+        """Listen until cancelled, reconnecting after failures."""
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self._url, autocommit=True) as connection:
+                    await connection.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    self.connected.set()
+                    async for notice in connection.notifies():
+                        job_id, _, origin = notice.payload.partition(" ")
+                        if origin != self._origin:
+                            self._on_change(job_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.connected.clear()
+                logger.warning("lost the PostgreSQL change listener (%s); polling until it is back", exc)
+                await asyncio.sleep(1.0)

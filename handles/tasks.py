@@ -1,0 +1,326 @@
+"""The Tasks extension (`io.modelcontextprotocol/tasks`, 2026-07-28) on the SDK's `Extension` seam.
+
+A `tools/call <job>` that declares the extension answers a flat `CreateTaskResult`
+whose `taskId` is the job's handle, once the job is stored; `tasks/get`,
+`tasks/update` and `tasks/cancel` read and steer the same job through
+`JobService`. This module only translates between those operations and the
+extension's wire shapes; the rules it follows are those of
+`specification/draft/tasks.md` in `modelcontextprotocol/ext-tasks`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.extension import Extension, MethodBinding
+from mcp.server.mcpserver import Context
+from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import MCP_NAME_HEADER, decode_header_value
+from mcp_types import (
+    HEADER_MISMATCH,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    MISSING_REQUIRED_CLIENT_CAPABILITY,
+    CallToolRequestParams,
+    ClientCapabilities,
+    MissingRequiredClientCapabilityErrorData,
+    RequestParams,
+)
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from starlette.requests import Request
+
+from handles.errors import CallerError, ExpiredHandle, InvalidArguments, UnknownHandle, WrongJobKind
+from handles.jobs import JobSpec
+from handles.mcp import resolve_principal, to_call_tool_result
+from handles.states import Status
+from handles.store import InputRequestRecord, JobRecord
+from handles.tasks_client import TASKS_EXTENSION
+from handles.tools import error_reply
+
+if TYPE_CHECKING:
+    from handles.app import Handles
+    from handles.service import JobService
+
+UNKNOWN_TASK = (
+    "Unknown task: no task with this taskId is available to you. It may be mistyped, expired and "
+    "deleted after its ttlMs, or issued to someone else."
+)
+_ACK: dict[str, Any] = {"resultType": "complete"}
+_ELICITATION_ACTIONS = ("accept", "decline", "cancel")
+
+
+class TaskIdParams(RequestParams):
+    """`{taskId}`. Typed loosely so a malformed id is refused after the capability gate, as -32602."""
+
+    task_id: Any = None
+
+
+class UpdateTaskParams(TaskIdParams):
+    """`{taskId, inputResponses}`."""
+
+    input_responses: Any = None
+
+
+# -- capability -----------------------------------------------------------------
+
+
+def declares_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
+    """Whether this request declared the extension (only 2026-07-28 requests can; capabilities are per request)."""
+    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        return False
+    capabilities = ctx.session.client_capabilities
+    return bool(capabilities and capabilities.extensions and TASKS_EXTENSION in capabilities.extensions)
+
+
+def missing_tasks_capability(message: str) -> MCPError:
+    """`-32021` naming the extension in `data.requiredCapabilities`."""
+    data = MissingRequiredClientCapabilityErrorData(
+        required_capabilities=ClientCapabilities(extensions={TASKS_EXTENSION: {}})
+    )
+    return MCPError(
+        code=MISSING_REQUIRED_CLIENT_CAPABILITY,
+        message=message,
+        data=data.model_dump(by_alias=True, mode="json", exclude_none=True),
+    )
+
+
+# -- wire shapes ------------------------------------------------------------------
+
+
+def iso_time(moment: datetime) -> str:
+    """ISO 8601 in UTC with a `Z`, millisecond precision."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _milliseconds(delta: timedelta) -> int:
+    return int(delta.total_seconds() * 1000)
+
+
+def _status_message(job: JobRecord) -> str | None:
+    if job.status_message:
+        return job.status_message
+    if job.progress_done is not None:
+        total = f" of {job.progress_total:g}" if job.progress_total else ""
+        return f"{job.progress_done:g}{total} done."
+    return None
+
+
+def task_fields(spec: JobSpec, job: JobRecord, task_id: str) -> dict[str, Any]:
+    """The `Task` base shape. `ttlMs` is the job's retention, counted from `createdAt` as the spec says."""
+    status = Status(job.status)
+    fields: dict[str, Any] = {"taskId": task_id, "status": status.value}
+    message = _status_message(job)
+    if message:
+        fields["statusMessage"] = message
+    fields["createdAt"] = iso_time(job.created_at)
+    fields["lastUpdatedAt"] = iso_time(job.updated_at)
+    fields["ttlMs"] = _milliseconds(job.expires_at - job.created_at)
+    if not status.is_terminal:
+        fields["pollIntervalMs"] = max(1, _milliseconds(spec.poll_after))
+    return fields
+
+
+def create_task_result(spec: JobSpec, job: JobRecord, task_id: str) -> dict[str, Any]:
+    """The flat `CreateTaskResult`: the task fields and `resultType: "task"`, nothing else."""
+    return {"resultType": "task", **task_fields(spec, job, task_id)}
+
+
+def elicitation_request(record: InputRequestRecord) -> dict[str, Any]:
+    """One stored question as an MRTR `elicitation/create` input request (form mode)."""
+    return {
+        "method": "elicitation/create",
+        "params": {"mode": "form", "message": record.message, "requestedSchema": record.requested_schema},
+    }
+
+
+def detailed_task(
+    spec: JobSpec, job: JobRecord, task_id: str, pending: Sequence[InputRequestRecord]
+) -> dict[str, Any]:
+    """The `tasks/get` answer: `resultType: "complete"`, the task, and what its status carries."""
+    body: dict[str, Any] = {"resultType": "complete", **task_fields(spec, job, task_id)}
+    status = Status(job.status)
+    if status is Status.INPUT_REQUIRED:
+        if not pending:
+            # Every question was answered between our two reads: the job is resuming.
+            body["status"] = Status.WORKING.value
+            body["pollIntervalMs"] = max(1, _milliseconds(spec.poll_after))
+        else:
+            body["inputRequests"] = {record.key: elicitation_request(record) for record in pending}
+    elif status is Status.COMPLETED:
+        body["result"] = job.result or {
+            "content": [{"type": "text", "text": "The job completed without a stored result."}],
+            "isError": True,
+        }
+    elif status is Status.FAILED:
+        error = job.error or {"code": INTERNAL_ERROR, "message": job.status_message or "The job failed."}
+        body["error"] = error
+        body.setdefault("statusMessage", str(error.get("message") or "The job failed."))
+    return body
+
+
+# -- the extension ------------------------------------------------------------------
+
+TaskHandler = Callable[["TasksExtension", ServerRequestContext[Any, Any], Any], Awaitable[dict[str, Any]]]
+
+
+def _as_jsonrpc_errors(handler: TaskHandler) -> TaskHandler:
+    """Caller errors become JSON-RPC errors: a vanished job is the one -32602, a store outage -32603."""
+
+    @functools.wraps(handler)
+    async def guarded(
+        self: TasksExtension, ctx: ServerRequestContext[Any, Any], params: Any
+    ) -> dict[str, Any]:
+        try:
+            return await handler(self, ctx, params)
+        except (UnknownHandle, ExpiredHandle, WrongJobKind):
+            raise MCPError(code=INVALID_PARAMS, message=UNKNOWN_TASK) from None
+        except InvalidArguments as error:
+            raise MCPError(code=INVALID_PARAMS, message=error.message) from None
+        except CallerError as error:
+            raise MCPError(code=INTERNAL_ERROR, message=f"{error.message} {error.next_step}") from None
+
+    return guarded
+
+
+class TasksExtension(Extension):
+    """Serves every job of a `Handles` instance through the Tasks extension.
+
+    Pass it to the server at construction (`MCPServer(extensions=[jobs.tasks_extension()])`);
+    `Handles.bind` adds the plain tool `<job>` that a declaring `tools/call` turns into a task.
+    """
+
+    identifier = TASKS_EXTENSION
+
+    def __init__(self, handles: Handles) -> None:
+        self._handles = handles
+
+    @property
+    def service(self) -> JobService:
+        return self._handles.service
+
+    def methods(self) -> Sequence[MethodBinding]:
+        # Bound at every version so a handshake-era client is told -32021 (it cannot declare the
+        # extension), not -32601. tasks/result and tasks/list are not bound: the SDK answers -32601.
+        return (
+            MethodBinding("tasks/get", TaskIdParams, self._bound(TasksExtension.get_task)),
+            MethodBinding("tasks/update", UpdateTaskParams, self._bound(TasksExtension.update_task)),
+            MethodBinding("tasks/cancel", TaskIdParams, self._bound(TasksExtension.cancel_task)),
+        )
+
+    def _bound(
+        self, handler: TaskHandler
+    ) -> Callable[[ServerRequestContext[Any, Any], Any], Awaitable[HandlerResult]]:
+        async def call(ctx: ServerRequestContext[Any, Any], params: Any) -> HandlerResult:
+            return await handler(self, ctx, params)
+
+        return call
+
+    # -- tools/call ----------------------------------------------------------
+
+    async def intercept_tool_call(
+        self, params: CallToolRequestParams, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        """A declaring call of a job's plain tool becomes a task; everything else passes through.
+
+        A legacy `params.task` is ignored either way: the server alone decides.
+        """
+        spec = self._handles.specs.get(params.name)
+        if spec is None or not declares_tasks(ctx):
+            return await call_next(ctx)
+        principal = await resolve_principal(self._handles.principal_resolver, Context(request_context=ctx))
+        try:
+            started = await self.service.start(spec, principal, dict(params.arguments or {}), None)
+        except CallerError as error:
+            return to_call_tool_result(error_reply(error))
+        return create_task_result(spec, started.job, started.handle)
+
+    # -- tasks/* -----------------------------------------------------------------
+
+    async def _open(
+        self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams
+    ) -> tuple[JobSpec, JobRecord, str]:
+        """Routing header, capability gate, then the caller's own job, or one -32602 for every miss."""
+        task_id = params.task_id
+        if isinstance(task_id, str):
+            _check_routing_header(ctx, task_id)
+        if not declares_tasks(ctx):
+            raise missing_tasks_capability(
+                f"{ctx.method} needs the {TASKS_EXTENSION} extension: declare it in this request's "
+                "_meta clientCapabilities.extensions."
+            )
+        if not isinstance(task_id, str) or not task_id:
+            raise MCPError(
+                code=INVALID_PARAMS, message="params.taskId must be the taskId string the server returned."
+            )
+        principal = await resolve_principal(self._handles.principal_resolver, Context(request_context=ctx))
+        spec, job = await self.service.open_any(principal, task_id)
+        return spec, job, task_id
+
+    @_as_jsonrpc_errors
+    async def get_task(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
+        spec, job, task_id = await self._open(ctx, params)
+        pending = await self.service.pending_inputs(job)
+        return detailed_task(spec, job, task_id, pending)
+
+    @_as_jsonrpc_errors
+    async def update_task(
+        self, ctx: ServerRequestContext[Any, Any], params: UpdateTaskParams
+    ) -> dict[str, Any]:
+        """Store accepted answers (all or none); a declined or dismissed question cancels the job.
+
+        Keys that are unknown or already answered are ignored, whatever their value.
+        """
+        spec, job, _ = await self._open(ctx, params)
+        responses = params.input_responses
+        if not isinstance(responses, dict):
+            raise MCPError(
+                code=INVALID_PARAMS,
+                message='params.inputResponses must be an object: {"<key>": {"action": "accept", "content": {...}}}.',
+            )
+        pending = {record.key for record in await self.service.pending_inputs(job)}
+        answers: dict[str, Any] = {}
+        refused: list[str] = []
+        for key, response in responses.items():
+            if key not in pending:
+                continue
+            action = response.get("action") if isinstance(response, dict) else None
+            if action not in _ELICITATION_ACTIONS:
+                raise MCPError(
+                    code=INVALID_PARAMS,
+                    message=f'inputResponses["{key}"] must be an elicitation result: '
+                    '{"action": "accept" | "decline" | "cancel", "content": {...}}.',
+                )
+            if action != "accept":
+                refused.append(key)
+                continue
+            content = response.get("content")
+            if content is not None and not isinstance(content, dict):
+                raise MCPError(
+                    code=INVALID_PARAMS, message=f'inputResponses["{key}"].content must be an object.'
+                )
+            answers[key] = content or {}
+        if answers:
+            await self.service.respond(spec, job, answers)
+        if refused:
+            # A job cannot go on without its answer, and ask() has no "declined" outcome to return.
+            await self.service.cancel(job)
+        return dict(_ACK)
+
+    @_as_jsonrpc_errors
+    async def cancel_task(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
+        """Cooperative and eventually consistent; the same empty ack for an already finished task."""
+        _, job, _ = await self._open(ctx, params)
+        await self.service.cancel(job)
+        return dict(_ACK)
+
+
+def _check_routing_header(ctx: ServerRequestContext[Any, Any], task_id: str) -> None:
+    """Over 2026-07-28 Streamable HTTP, `Mcp-Name` must carry `params.taskId` (the SDK checks core methods only)."""
+    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS or not isinstance(ctx.request, Request):
+        return
+    if decode_header_value(ctx.request.headers.get(MCP_NAME_HEADER)) != task_id:
+        raise MCPError(code=HEADER_MISMATCH, message=f"{MCP_NAME_HEADER} header does not match params.taskId")

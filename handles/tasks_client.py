@@ -1,0 +1,280 @@
+"""The client side of the Tasks extension (`io.modelcontextprotocol/tasks`) for the official `mcp` client.
+
+`TasksClientExtension` declares the extension on every request of a `mcp.Client` and
+claims `resultType: "task"` results of `tools/call`, so `client.call_tool(...)` returns
+the final `CallToolResult` as if the call had been synchronous: it polls `tasks/get`
+(honouring the server's `pollIntervalMs`), answers input requests with `tasks/update`,
+and sends `tasks/cancel` when it gives up (cancelled, timed out, or the input handler
+refused or failed). A failed task raises `TaskFailed`, a cancelled one `TaskCancelled`.
+
+```python
+async with Client(url, extensions=[TasksClientExtension()], elicitation_callback=ask_user) as client:
+    result = await client.call_tool("generate_report", {"account": "acme"})
+```
+
+Input requests go to `on_input` when given, else through the client's own callbacks
+(`elicitation_callback`, ...), exactly as a standalone server request would. The
+functions `get_task`, `update_task`, `cancel_task` and `follow_task` work on any
+`ClientSession` for callers that drive tasks themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Literal
+
+import anyio
+from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
+from mcp.client.session import ClientRequestContext, ClientSession
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    INTERNAL_ERROR,
+    CallToolResult,
+    ErrorData,
+    InputRequest,
+    InputResponse,
+    Request,
+    RequestParams,
+    Result,
+)
+from pydantic import TypeAdapter
+
+logger = logging.getLogger("handles.tasks_client")
+
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
+TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+DEFAULT_POLL_SECONDS = 1.0
+CANCEL_TIMEOUT_SECONDS = 5.0
+
+InputHandler = Callable[[str, InputRequest], Awaitable[InputResponse | ErrorData]]
+"""`(key, request) -> response` for one entry of a task's `inputRequests`; `ErrorData` refuses it."""
+
+_INPUT_REQUEST: TypeAdapter[InputRequest] = TypeAdapter(InputRequest)
+
+
+# -- wire models ------------------------------------------------------------------
+
+
+class TaskResultBase(Result):
+    """The `Task` fields shared by `CreateTaskResult` and the `tasks/get` answer."""
+
+    task_id: str
+    status: TaskStatus
+    status_message: str | None = None
+    created_at: str
+    last_updated_at: str
+    ttl_ms: int | None = None
+    poll_interval_ms: int | None = None
+
+
+class CreateTaskResult(TaskResultBase):
+    """A `tools/call` answered with a task (flat: the task fields and `resultType: "task"`)."""
+
+    result_type: Literal["task"] = "task"
+
+
+class DetailedTask(TaskResultBase):
+    """A `tasks/get` answer: the task plus what its status carries."""
+
+    result_type: str = "complete"
+    input_requests: dict[str, dict[str, Any]] | None = None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+    def pending_requests(self) -> dict[str, InputRequest]:
+        """The outstanding input requests, parsed (empty unless `input_required`)."""
+        return {
+            key: _INPUT_REQUEST.validate_python(value) for key, value in (self.input_requests or {}).items()
+        }
+
+
+class TaskIdParams(RequestParams):
+    task_id: str
+
+
+class UpdateTaskParams(TaskIdParams):
+    input_responses: dict[str, Any]
+
+
+class GetTaskRequest(Request[TaskIdParams, Literal["tasks/get"]]):
+    method: Literal["tasks/get"] = "tasks/get"
+    params: TaskIdParams
+    name_param = "taskId"  # Streamable HTTP: Mcp-Name carries the taskId
+
+
+class UpdateTaskRequest(Request[UpdateTaskParams, Literal["tasks/update"]]):
+    method: Literal["tasks/update"] = "tasks/update"
+    params: UpdateTaskParams
+    name_param = "taskId"
+
+
+class CancelTaskRequest(Request[TaskIdParams, Literal["tasks/cancel"]]):
+    method: Literal["tasks/cancel"] = "tasks/cancel"
+    params: TaskIdParams
+    name_param = "taskId"
+
+
+class Ack(Result):
+    result_type: str = "complete"
+
+
+# -- outcomes -------------------------------------------------------------------------
+
+
+class TaskFailed(MCPError):
+    """The task ended `failed`: carries its JSON-RPC error (the error the call would have returned)."""
+
+    def __init__(self, task: DetailedTask) -> None:
+        error = task.error or {}
+        super().__init__(
+            code=int(error.get("code", INTERNAL_ERROR)),
+            message=str(error.get("message") or task.status_message or "The task failed."),
+            data=error.get("data"),
+        )
+        self.task = task
+
+
+class TaskCancelled(RuntimeError):
+    """The task ended `cancelled` without a result."""
+
+    def __init__(self, task: DetailedTask) -> None:
+        super().__init__(task.status_message or "The task was cancelled.")
+        self.task = task
+
+
+# -- operations --------------------------------------------------------------------------
+
+
+async def get_task(session: ClientSession, task_id: str, *, timeout: float | None = None) -> DetailedTask:
+    return await session.send_request(
+        GetTaskRequest(params=TaskIdParams(task_id=task_id)),
+        DetailedTask,
+        request_read_timeout_seconds=timeout,
+    )
+
+
+async def update_task(
+    session: ClientSession, task_id: str, responses: dict[str, Any], *, timeout: float | None = None
+) -> None:
+    """Send answers; `responses` maps input-request keys to results (e.g. `ElicitResult`s or plain dicts)."""
+    wire = {
+        key: value.model_dump(by_alias=True, mode="json", exclude_none=True)
+        if isinstance(value, Result)
+        else value
+        for key, value in responses.items()
+    }
+    await session.send_request(
+        UpdateTaskRequest(params=UpdateTaskParams(task_id=task_id, input_responses=wire)),
+        Ack,
+        request_read_timeout_seconds=timeout,
+    )
+
+
+async def cancel_task(session: ClientSession, task_id: str, *, timeout: float | None = None) -> None:
+    await session.send_request(
+        CancelTaskRequest(params=TaskIdParams(task_id=task_id)), Ack, request_read_timeout_seconds=timeout
+    )
+
+
+def session_input_handler(session: ClientSession) -> InputHandler:
+    """Answer input requests with the client's own sampling / elicitation / roots callbacks."""
+
+    async def handle(key: str, request: InputRequest) -> InputResponse | ErrorData:
+        meta = request.params.meta if request.params is not None else None
+        return await session.dispatch_input_request(
+            ClientRequestContext(session=session, request_id=key, meta=meta), request
+        )
+
+    return handle
+
+
+async def follow_task(
+    session: ClientSession,
+    task: CreateTaskResult | str,
+    *,
+    on_input: InputHandler | None = None,
+    request_timeout: float | None = None,
+    default_poll_seconds: float = DEFAULT_POLL_SECONDS,
+) -> CallToolResult:
+    """Poll a task to its end and return its `CallToolResult`; cancel it if we stop following first.
+
+    Each input request is answered once (keys are unique over a task's life), through
+    `on_input` or else the session's own callbacks.
+    """
+    task_id = task if isinstance(task, str) else task.task_id
+    hint = None if isinstance(task, str) else task.poll_interval_ms
+    answer = on_input or session_input_handler(session)
+    answered: set[str] = set()
+    ended = False
+    try:
+        while True:
+            state = await get_task(session, task_id, timeout=request_timeout)
+            hint = state.poll_interval_ms or hint
+            if state.status in TERMINAL_STATUSES:
+                ended = True
+                return _outcome(state)
+            if state.status == "input_required":
+                fresh = {k: v for k, v in state.pending_requests().items() if k not in answered}
+                if fresh:
+                    responses = {key: _accepted(await answer(key, request)) for key, request in fresh.items()}
+                    await update_task(session, task_id, responses, timeout=request_timeout)
+                    answered.update(fresh)
+                    continue
+            await anyio.sleep(hint / 1000 if hint else default_poll_seconds)
+    except BaseException:
+        if not ended:
+            await _abandon(session, task_id)
+        raise
+
+
+def _outcome(state: DetailedTask) -> CallToolResult:
+    if state.status == "completed":
+        return CallToolResult.model_validate(state.result or {"content": []}, by_name=False)
+    if state.status == "failed":
+        raise TaskFailed(state)
+    raise TaskCancelled(state)
+
+
+def _accepted(response: InputResponse | ErrorData) -> InputResponse:
+    if isinstance(response, ErrorData):
+        raise MCPError.from_error_data(response)
+    return response
+
+
+async def _abandon(session: ClientSession, task_id: str) -> None:
+    """Best effort, shielded from the cancellation that brought us here."""
+    with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_TIMEOUT_SECONDS):
+        with contextlib.suppress(Exception):
+            await cancel_task(session, task_id)
+            return
+        logger.warning("could not cancel abandoned task %s", task_id)
+
+
+# -- the extension ------------------------------------------------------------------------
+
+
+class TasksClientExtension(ClientExtension):
+    """Declares the Tasks extension and resolves `"task"` results of `call_tool` to their final result."""
+
+    identifier = TASKS_EXTENSION
+
+    def __init__(
+        self, *, on_input: InputHandler | None = None, default_poll_seconds: float = DEFAULT_POLL_SECONDS
+    ) -> None:
+        self.on_input = on_input
+        self.default_poll_seconds = default_poll_seconds
+
+    def claims(self) -> Sequence[ResultClaim[Any]]:
+        return (ResultClaim(result_type="task", model=CreateTaskResult, resolve=self._resolve),)
+
+    async def _resolve(self, created: CreateTaskResult, ctx: ClaimContext) -> CallToolResult:
+        return await follow_task(
+            ctx.session,
+            created,
+            on_input=self.on_input,
+            request_timeout=ctx.read_timeout_seconds,
+            default_poll_seconds=self.default_poll_seconds,
+        )

@@ -1,0 +1,204 @@
+"""Shared fixtures: the async backend, signing keys, databases (SQLite and PostgreSQL), example servers.
+
+Async tests run on anyio's pytest plugin (`anyio_mode = "auto"` in pyproject.toml).
+PostgreSQL is reached at `HANDLES_TEST_POSTGRES_URL` (default
+`postgresql+psycopg://postgres@127.0.0.1:5432/test`); each run works in a schema of
+its own. When PostgreSQL is unreachable its tests skip, unless `CI` is set: then
+they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from example_server.server import build_server, create_jobs
+from tests.support import (
+    JOB_SECONDS,
+    LOCAL_PRINCIPAL,
+    TOKENS,
+    TRANSPORTS,
+    Connected,
+    HttpExampleServer,
+    InProcessExample,
+    ToolClient,
+    connect,
+    example_env,
+    handles_config,
+    new_key,
+    stdio_params,
+    token_of,
+)
+
+DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _example_job_seconds() -> Iterator[None]:
+    """In-process example jobs read EXAMPLE_JOB_SECONDS when they run: keep them short."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("EXAMPLE_JOB_SECONDS", str(JOB_SECONDS))
+        patch.delenv("HANDLES_DATABASE_URL", raising=False)
+        yield
+
+
+@pytest.fixture(scope="session")
+def signing_key() -> str:
+    return new_key()
+
+
+# -- databases ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A PostgreSQL URL whose search_path is a schema of this run alone; dropped at the end."""
+    base = os.environ.get("HANDLES_TEST_POSTGRES_URL", DEFAULT_POSTGRES_URL)
+    try:
+        engine = create_engine(base, connect_args={"connect_timeout": 3})
+        with engine.connect() as connection:
+            connection.execute(text("select 1"))
+    except Exception as exc:
+        message = f"PostgreSQL is unreachable at {base}: {exc.__class__.__name__}: {exc}"
+        if os.environ.get("CI"):
+            pytest.fail(f"{message} (CI is set, so the PostgreSQL tests must run)", pytrace=False)
+        pytest.skip(message)
+    schema = f"handles_test_{os.getpid()}_{secrets.token_hex(4)}"
+    with engine.begin() as connection:
+        connection.execute(text(f'create schema "{schema}"'))
+    separator = "&" if "?" in base else "?"
+    url = f"{base}{separator}options={quote(f'-csearch_path={schema}')}"
+    try:
+        yield url
+    finally:
+        with engine.begin() as connection:
+            connection.execute(text(f'drop schema if exists "{schema}" cascade'))
+        engine.dispose()
+
+
+def _truncate_postgres(url: str) -> None:
+    engine = create_engine(url)
+    try:
+        with engine.begin() as connection:
+            tables = connection.execute(
+                # Keep the migration version table: the schema stays at its revision, only rows go.
+                text(
+                    "select tablename from pg_tables where schemaname = current_schema() "
+                    "and tablename <> 'handles_alembic_version'"
+                )
+            ).scalars()
+            names = ", ".join(f'"{name}"' for name in tables)
+            if names:
+                connection.execute(text(f"truncate {names} cascade"))
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database, once on an SQLite file and once on PostgreSQL."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{(tmp_path / 'store.db').as_posix()}"
+        return
+    url: str = request.getfixturevalue("postgres_url")
+    _truncate_postgres(url)
+    try:
+        yield url
+    finally:
+        _truncate_postgres(url)
+
+
+# -- the example server in-process ------------------------------------------------------
+
+
+@pytest.fixture
+async def inprocess_example(tmp_path: Path, signing_key: str) -> AsyncIterator[InProcessExample]:
+    jobs = create_jobs(handles_config(tmp_path / "data", [signing_key]))
+    try:
+        yield InProcessExample(jobs, build_server(jobs), signing_key, tmp_path / "data")
+    finally:
+        await jobs.aclose()
+
+
+# -- the example server over HTTP (one process per session) ------------------------------
+
+
+@pytest.fixture(scope="session")
+def http_example(tmp_path_factory: pytest.TempPathFactory, signing_key: str) -> Iterator[HttpExampleServer]:
+    """Unauthenticated Streamable HTTP example server: every request is the local principal."""
+    server = HttpExampleServer(tmp_path_factory.mktemp("http-example"), [signing_key]).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def http_auth_example(
+    tmp_path_factory: pytest.TempPathFactory, signing_key: str
+) -> Iterator[HttpExampleServer]:
+    """Streamable HTTP example server that requires one of `TOKENS` as a bearer token."""
+    server = HttpExampleServer(tmp_path_factory.mktemp("http-auth-example"), [signing_key], TOKENS).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+# -- one client fixture, three transports ------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+async def stdio_example(
+    tmp_path_factory: pytest.TempPathFactory, signing_key: str
+) -> AsyncIterator[ToolClient]:
+    """One `python -m example_server` over stdio for the session (tests that restart it start their own)."""
+    params = stdio_params(example_env(tmp_path_factory.mktemp("stdio-example"), [signing_key]))
+    async with connect(params, forbidden=[signing_key]) as client:
+        yield client
+
+
+@pytest.fixture(params=TRANSPORTS)
+async def example(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    signing_key: str,
+    stdio_example: ToolClient,
+    http_example: HttpExampleServer,
+) -> AsyncIterator[Connected]:
+    """The example server through the official client: in-process, over stdio, over Streamable HTTP."""
+    transport: str = request.param
+    if transport == "inprocess":
+        jobs = create_jobs(handles_config(tmp_path / "data", [signing_key]))
+        try:
+            async with connect(build_server(jobs), forbidden=[signing_key]) as client:
+                yield Connected(client, transport, signing_key, LOCAL_PRINCIPAL)
+        finally:
+            await jobs.aclose()
+    elif transport == "stdio":
+        yield Connected(stdio_example, transport, signing_key, LOCAL_PRINCIPAL)
+    else:
+        async with connect(http_example.url, forbidden=[signing_key]) as client:
+            yield Connected(client, transport, signing_key, LOCAL_PRINCIPAL)
+
+
+@pytest.fixture
+def as_principal(http_auth_example: HttpExampleServer, signing_key: str) -> Callable[[str], Any]:
+    """`async with as_principal("alice") as client:` connects to the authenticated HTTP server with a token."""
+
+    def open_as(name: str) -> Any:
+        return connect(http_auth_example.url, token=token_of(name), forbidden=[signing_key, *TOKENS])
+
+    return open_as

@@ -1,0 +1,100 @@
+"""Migrations: a database created by the previous schema revision, with jobs in it, upgrades and reads back."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine, text
+from sqlmodel import SQLModel
+
+from handles.errors import ConfigurationError
+from handles.states import Status
+from handles.store import JobRepository, migrate
+
+
+def _insert_revision_0001_job(url: str) -> None:
+    """Rows exactly as revision 0001 stored them (no policy columns, no steps)."""
+    engine = create_engine(url)
+    now = datetime.now(UTC)
+    naive = engine.dialect.name == "sqlite"
+
+    def ts(value: datetime) -> datetime:
+        return value.replace(tzinfo=None) if naive else value
+
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "insert into handles_jobs (id, kind, principal, status, status_message, arguments, "
+                "arguments_digest, attempts, version, created_at, updated_at, started_at, expires_at, run_after, "
+                "lease_owner, lease_expires_at, progress_done, progress_total) values (:id, 'report', 'local:local', "
+                "'input_required', 'Approve?', :arguments, 'digest', 1, 3, :now, :now, :now, :expires, :now, "
+                "'node-a', :lease, 2, 5)"
+            ),
+            {
+                "id": "old-job",
+                "arguments": json.dumps({"account": "acme"}),
+                "now": ts(now),
+                "expires": ts(now + timedelta(days=1)),
+                "lease": ts(now + timedelta(seconds=30)),
+            },
+        )
+        connection.execute(
+            text(
+                "insert into handles_input_requests (job_id, key, message, requested_schema, created_at) "
+                "values ('old-job', 'q1', 'Approve?', :schema, :now)"
+            ),
+            {"schema": json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}}), "now": ts(now)},
+        )
+    engine.dispose()
+
+
+def _fresh(url: str) -> None:
+    engine = create_engine(url)
+    with engine.begin() as connection:
+        for table in ("handles_steps", "handles_input_requests", "handles_jobs", "handles_alembic_version"):
+            connection.execute(text(f"drop table if exists {table}"))
+    engine.dispose()
+
+
+def test_upgrade_from_previous_revision_keeps_jobs_readable(database_url: str) -> None:
+    _fresh(database_url)
+    repo = JobRepository(database_url)
+    migrate.upgrade(repo.engine, "0001")
+    assert migrate.current_revision(repo.engine) == "0001"
+    _insert_revision_0001_job(database_url)
+    with pytest.raises(ConfigurationError, match="handles db upgrade"):
+        repo.prepare(auto_migrate=False)
+
+    repo.prepare(auto_migrate=True)
+    assert migrate.current_revision(repo.engine) == migrate.head_revision()
+    job = repo.get("old-job")
+    assert job is not None
+    assert (job.kind, job.status, job.arguments) == ("report", "input_required", {"account": "acme"})
+    assert (job.progress_done, job.progress_total, job.attempts) == (2, 5, 1)
+    assert (job.on_interrupt, job.max_attempts) == ("fail", 1), "old jobs keep the behaviour they started with"
+    assert job.keep_result_seconds is None and job.input_deadline is None
+    assert [r.key for r in repo.pending_inputs("old-job")] == ["q1"]
+    assert repo.steps("old-job") == []
+    outcome = repo.answer_inputs("old-job", {"q1": {"ok": True}})
+    assert outcome is not None and outcome.accepted == ["q1"] and outcome.job.status == Status.WORKING
+    repo.dispose()
+    _fresh(database_url)
+
+
+def test_migrated_schema_matches_the_models(database_url: str) -> None:
+    _fresh(database_url)
+    repo = JobRepository(database_url)
+    repo.create_schema()
+    with repo.engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        differences = [
+            d for d in compare_metadata(context, SQLModel.metadata) if not str(d).count("handles_alembic_version")
+        ]
+    assert differences == []
+    repo.create_schema()  # idempotent
+    repo.dispose()
+    _fresh(database_url)

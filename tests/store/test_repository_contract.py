@@ -1,0 +1,501 @@
+"""The store contract of `JobRepository`, run on an SQLite file and on PostgreSQL (`database_url` fixture).
+
+Every status change is a compare-and-set through the transition table: racing
+writers have exactly one winner, terminal states never change, and a claim is
+exclusive. Races use real threads on separate connections, released together by a
+barrier, many times over.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import pytest
+
+from handles.errors import LeaseLost
+from handles.handle import new_job_id
+from handles.states import ACTIVE, TERMINAL, Status, can_transition
+from handles.store import JobRecord, JobRepository
+
+T = TypeVar("T")
+TRIALS = 30
+OWNER, OTHER_OWNER = "node-a:1:aaaa", "node-b:2:bbbb"
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+
+
+class MovableClock:
+    """A clock the test moves by hand (leases and retention without sleeping)."""
+
+    def __init__(self) -> None:
+        self.now = datetime.now(UTC).replace(microsecond=0)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock() -> MovableClock:
+    return MovableClock()
+
+
+@pytest.fixture
+def repo(database_url: str, clock: MovableClock) -> Iterator[JobRepository]:
+    repository = JobRepository(database_url, clock=clock)
+    repository.create_schema()
+    try:
+        yield repository
+    finally:
+        repository.dispose()
+
+
+@pytest.fixture
+def pool() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(max_workers=4) as executor:
+        yield executor
+
+
+def race(pool: ThreadPoolExecutor, *calls: Callable[[], Any]) -> list[Any]:
+    """Run `calls` on separate threads, released at the same instant; their results in order."""
+    barrier = threading.Barrier(len(calls))
+
+    def run(call: Callable[[], T]) -> T:
+        barrier.wait(timeout=10)
+        return call()
+
+    futures = [pool.submit(run, call) for call in calls]
+    return [future.result(timeout=60) for future in futures]
+
+
+def new_job(
+    repo: JobRepository,
+    *,
+    status: Status = Status.WORKING,
+    principal: str = "local:alice",
+    kind: str = "report",
+    key: str | None = None,
+    arguments: dict[str, Any] | None = None,
+    run_after: datetime | None = None,
+    retention: float = 3600,
+    insert: bool = True,
+) -> JobRecord:
+    now = repo.clock()
+    job = JobRecord(
+        id=new_job_id(),
+        kind=kind,
+        principal=principal,
+        status=status.value,
+        status_message="Queued.",
+        arguments=arguments if arguments is not None else {"account": "acme", "months": 3},
+        arguments_digest="digest",
+        idempotency_key=key,
+        created_at=now,
+        updated_at=now,
+        run_after=run_after or now,
+        expires_at=now + timedelta(seconds=retention),
+    )
+    if insert:
+        stored, created = repo.insert(job)
+        assert created
+        return stored
+    return job
+
+
+def claimed_job(repo: JobRepository, owner: str = OWNER, **options: Any) -> JobRecord:
+    job = new_job(repo, **options)
+    record = repo.claim(job.id, owner, 30)
+    assert record is not None
+    return record
+
+
+def snapshot(repo: JobRepository, job_id: str) -> dict[str, Any]:
+    record = repo.get(job_id)
+    assert record is not None
+    return record.model_dump()
+
+
+def reach(repo: JobRepository, status: Status) -> JobRecord:
+    """A job that got to `status` along the runtime's own path (claimed, then moved by its owner)."""
+    job = claimed_job(repo)
+    if status is Status.WORKING:
+        return job
+    if status is Status.INPUT_REQUIRED:
+        repo.open_input(job.id, OWNER, "q1", "Proceed?", SCHEMA)
+    else:
+        values: dict[str, Any] = {"status_message": f"{status.value}."}
+        if status is Status.COMPLETED:
+            values["result"] = {"content": [{"type": "text", "text": "{}"}], "structuredContent": {}}
+        if status is Status.FAILED:
+            values["error"] = {"code": -32603, "message": "boom"}
+        assert repo.transition(job.id, status, owner=OWNER, **values)
+    record = repo.get(job.id)
+    assert record is not None and record.status == status.value
+    return record
+
+
+# -- basics --------------------------------------------------------------------------------
+
+
+def test_insert_and_get_round_trip(repo: JobRepository) -> None:
+    job = new_job(repo, arguments={"account": "ünïcode", "nested": {"list": [1, 2.5, None, True]}})
+    stored = repo.get(job.id)
+    assert stored is not None
+    assert stored.arguments == {"account": "ünïcode", "nested": {"list": [1, 2.5, None, True]}}
+    assert stored.status == "working" and stored.version == 0 and stored.attempts == 0
+    for name in ("created_at", "updated_at", "run_after", "expires_at"):
+        value = getattr(stored, name)
+        assert value.tzinfo is not None and value.utcoffset() == timedelta(0), name
+        assert value == getattr(job, name), name
+    assert repo.get("no-such-job") is None
+
+
+def test_naive_datetimes_are_refused(repo: JobRepository) -> None:
+    job = new_job(repo, insert=False)
+    job.created_at = datetime(2030, 1, 1)  # no tzinfo
+    with pytest.raises(Exception, match="naive datetime"):
+        repo.insert(job)
+    assert repo.get(job.id) is None
+
+
+def test_idempotency_key_returns_the_first_job(repo: JobRepository) -> None:
+    first = new_job(repo, key="k-1")
+    again, created = repo.insert(new_job(repo, key="k-1", arguments={"other": True}, insert=False))
+    assert not created and again.id == first.id and again.arguments == first.arguments
+    # The key is scoped to (principal, kind); no key never collides.
+    assert repo.insert(new_job(repo, key="k-1", principal="local:bob", insert=False))[1]
+    assert repo.insert(new_job(repo, key="k-1", kind="export", insert=False))[1]
+    assert repo.insert(new_job(repo, insert=False))[1]
+    assert repo.insert(new_job(repo, insert=False))[1]
+
+
+def test_concurrent_starts_with_one_idempotency_key_store_one_job(
+    repo: JobRepository, pool: ThreadPoolExecutor
+) -> None:
+    for trial in range(TRIALS // 3):
+        candidates = [new_job(repo, key=f"race-{trial}", insert=False) for _ in range(3)]
+        results = race(pool, *[lambda job=job: repo.insert(job) for job in candidates])
+        assert sorted(created for _, created in results) == [False, False, True]
+        assert len({job.id for job, _ in results}) == 1
+
+
+# -- the transition table, enforced by the store -------------------------------------------------
+
+
+@pytest.mark.parametrize("source", list(Status))
+def test_transition_follows_the_table(repo: JobRepository, source: Status) -> None:
+    for target in Status:
+        job = new_job(repo, status=source)
+        before = snapshot(repo, job.id)
+        changed = repo.transition(job.id, target)
+        assert changed is can_transition(source, target), (source, target)
+        after = snapshot(repo, job.id)
+        if changed:
+            assert after["status"] == target.value
+            assert after["version"] == before["version"] + 1
+            assert (after["finished_at"] is not None) is target.is_terminal
+        else:
+            assert after == before, "a refused transition writes nothing"
+    assert repo.transition("no-such-job", Status.CANCELLED) is False
+
+
+def test_transition_checks_the_lease_owner(repo: JobRepository) -> None:
+    job = claimed_job(repo)
+    assert not repo.transition(job.id, Status.COMPLETED, owner=OTHER_OWNER)
+    assert repo.transition(job.id, Status.COMPLETED, owner=OWNER, result={"content": []})
+    done = repo.get(job.id)
+    assert done is not None
+    assert done.lease_owner is None and done.lease_expires_at is None and done.finished_at is not None
+    assert done.result == {"content": []}
+
+
+@pytest.mark.parametrize("terminal", sorted(TERMINAL))
+def test_terminal_states_never_change(repo: JobRepository, clock: MovableClock, terminal: Status) -> None:
+    job = reach(repo, terminal)
+    before = snapshot(repo, job.id)
+    clock.advance(3600 * 24 * 365)  # leases long gone, run_after long past
+    for target in Status:
+        assert not repo.transition(job.id, target)
+        assert not repo.transition(job.id, target, owner=OWNER)
+        assert not repo.transition(job.id, target, lease_expired=True)
+    outcome = repo.request_cancel(job.id)
+    assert outcome is not None and not outcome.ended_now and outcome.job.status == terminal.value
+    assert repo.claim(job.id, OTHER_OWNER, 30) is None
+    assert not repo.set_progress(job.id, OWNER, 1, 2, "late")
+    repo.set_status_message(job.id, "late")
+    assert not repo.release(job.id, OWNER, run_after=clock(), message="again")
+    answered = repo.answer_inputs(job.id, {"q1": {"ok": True}})
+    assert answered is not None and answered.accepted == []
+    with pytest.raises(LeaseLost):
+        repo.open_input(job.id, OWNER, "q9", "Again?", SCHEMA)
+    assert repo.heartbeat(OWNER, [job.id], 30) == (set(), {job.id})
+    assert repo.expired_leases(10) == []
+    assert snapshot(repo, job.id) == before
+
+
+# -- races: exactly one winner ----------------------------------------------------------------
+
+
+def test_cancel_racing_completion_has_exactly_one_winner(
+    repo: JobRepository, pool: ThreadPoolExecutor
+) -> None:
+    winners = {Status.COMPLETED: 0, Status.CANCELLED: 0}
+    for _ in range(TRIALS):
+        job = claimed_job(repo)
+        completed, cancelled = race(
+            pool,
+            lambda job=job: repo.transition(job.id, Status.COMPLETED, owner=OWNER, result={"content": []}),
+            lambda job=job: repo.transition(job.id, Status.CANCELLED, owner=OWNER),
+        )
+        assert completed != cancelled, "exactly one of the two writers wins"
+        final = repo.get(job.id)
+        assert final is not None
+        winner = Status.COMPLETED if completed else Status.CANCELLED
+        assert final.status == winner.value
+        assert (final.result is not None) is completed
+        assert final.version == job.version + 1, "one change, not two"
+        winners[winner] += 1
+    assert sum(winners.values()) == TRIALS
+
+
+def test_racing_terminal_writers_have_exactly_one_winner(
+    repo: JobRepository, pool: ThreadPoolExecutor
+) -> None:
+    for _ in range(TRIALS // 2):
+        job = claimed_job(repo)
+        targets = [Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.COMPLETED]
+        results = race(pool, *[lambda job=job, t=t: repo.transition(job.id, t) for t in targets])
+        assert results.count(True) == 1
+        final = repo.get(job.id)
+        assert final is not None and final.status == targets[results.index(True)].value
+
+
+def test_cancel_request_racing_claim_has_exactly_one_winner(
+    repo: JobRepository, pool: ThreadPoolExecutor
+) -> None:
+    for _ in range(TRIALS):
+        job = new_job(repo)
+        claimed, cancel = race(
+            pool,
+            lambda job=job: repo.claim(job.id, OWNER, 30),
+            lambda job=job: repo.request_cancel(job.id),
+        )
+        assert cancel is not None
+        assert (claimed is not None) != cancel.ended_now, "either the claim or the cancel wins, never both"
+        final = repo.get(job.id)
+        assert final is not None and final.cancel_requested_at is not None
+        if claimed is not None:
+            # The runtime holds it and will be told to stop; it is not ended under its feet.
+            assert final.status == "working" and final.lease_owner == OWNER
+        else:
+            assert final.status == "cancelled" and final.lease_owner is None
+
+
+def test_an_answer_racing_a_cancel_never_revives_the_job(
+    repo: JobRepository, pool: ThreadPoolExecutor
+) -> None:
+    for _ in range(TRIALS):
+        job = reach(repo, Status.INPUT_REQUIRED)
+        answered, cancelled = race(
+            pool,
+            lambda job=job: repo.answer_inputs(job.id, {"q1": {"ok": True}}),
+            lambda job=job: repo.transition(job.id, Status.CANCELLED),
+        )
+        assert cancelled is True, "working and input_required can both be cancelled"
+        final = repo.get(job.id)
+        assert final is not None and final.status == "cancelled", "a terminal state never changes back"
+        assert answered is not None
+
+
+def test_claim_is_exclusive(repo: JobRepository, pool: ThreadPoolExecutor) -> None:
+    owners = [f"node-{n}" for n in range(4)]
+    for _ in range(TRIALS):
+        job = new_job(repo)
+        results = race(pool, *[lambda job=job, o=o: repo.claim(job.id, o, 30) for o in owners])
+        winners = [record for record in results if record is not None]
+        assert len(winners) == 1
+        final = repo.get(job.id)
+        assert final is not None
+        assert final.lease_owner == winners[0].lease_owner and final.attempts == 1
+
+
+# -- claims, leases, heartbeats ---------------------------------------------------------------
+
+
+def test_claim_takes_only_a_queued_job_that_may_start(repo: JobRepository, clock: MovableClock) -> None:
+    later = new_job(repo, run_after=clock() + timedelta(seconds=60))
+    assert repo.claim(later.id, OWNER, 30) is None
+    clock.advance(60)
+    record = repo.claim(later.id, OWNER, 30)
+    assert record is not None
+    assert record.lease_owner == OWNER and record.attempts == 1 and record.started_at == clock()
+    assert record.lease_expires_at == clock() + timedelta(seconds=30)
+    assert repo.claim(later.id, OTHER_OWNER, 30) is None, "held"
+
+    cancelled_first = new_job(repo)
+    repo.request_cancel(cancelled_first.id)
+    assert repo.claim(cancelled_first.id, OWNER, 30) is None
+    assert repo.claim("no-such-job", OWNER, 30) is None
+
+
+def test_queued_lists_startable_jobs_oldest_first(repo: JobRepository, clock: MovableClock) -> None:
+    older = new_job(repo, run_after=clock() - timedelta(seconds=20))
+    newer = new_job(repo, run_after=clock() - timedelta(seconds=10))
+    new_job(repo, run_after=clock() + timedelta(seconds=10))  # not yet
+    new_job(repo, kind="export")  # another kind
+    claimed_job(repo)  # running
+    reach(repo, Status.COMPLETED)
+    assert repo.queued(["report"], 10) == [older.id, newer.id]
+    assert repo.queued(["report"], 1) == [older.id]
+    assert repo.queued([], 10) == [] and repo.queued(["report"], 0) == []
+
+
+def test_heartbeat_extends_leases_and_reports_cancels_and_losses(
+    repo: JobRepository, clock: MovableClock
+) -> None:
+    mine = claimed_job(repo)
+    cancelled = claimed_job(repo)
+    theirs = claimed_job(repo, owner=OTHER_OWNER)
+    ended = reach(repo, Status.COMPLETED)
+    repo.request_cancel(cancelled.id)
+    clock.advance(20)
+    asked, lost = repo.heartbeat(OWNER, [mine.id, cancelled.id, theirs.id, ended.id, "gone"], 30)
+    assert asked == {cancelled.id}
+    assert lost == {theirs.id, ended.id, "gone"}
+    record = repo.get(mine.id)
+    assert record is not None and record.lease_expires_at == clock() + timedelta(seconds=30)
+    other = repo.get(theirs.id)
+    assert other is not None and other.lease_expires_at == theirs.lease_expires_at, "not mine to renew"
+
+
+def test_recovery_waits_for_the_lease_to_run_out(repo: JobRepository, clock: MovableClock) -> None:
+    job = claimed_job(repo)
+    assert repo.expired_leases(10) == []
+    assert not repo.transition(job.id, Status.FAILED, owner=OWNER, lease_expired=True)
+    assert not repo.release(job.id, OWNER, run_after=clock(), message="retry", lease_expired=True)
+    clock.advance(31)
+    assert [r.id for r in repo.expired_leases(10)] == [job.id]
+    assert repo.release(
+        job.id, OWNER, run_after=clock() + timedelta(seconds=5), message="retry", lease_expired=True
+    )
+    requeued = repo.get(job.id)
+    assert requeued is not None
+    assert (
+        requeued.status == "working" and requeued.lease_owner is None and requeued.status_message == "retry"
+    )
+    assert repo.queued(["report"], 10) == []
+    clock.advance(5)
+    assert repo.queued(["report"], 10) == [job.id]
+    again = repo.claim(job.id, OTHER_OWNER, 30)
+    assert again is not None and again.attempts == 2
+    clock.advance(31)
+    assert repo.transition(job.id, Status.FAILED, owner=OTHER_OWNER, lease_expired=True)
+
+
+def test_progress_is_written_only_by_the_lease_holder_of_an_active_job(repo: JobRepository) -> None:
+    job = claimed_job(repo)
+    assert not repo.set_progress(job.id, OTHER_OWNER, 1, 4, "not mine")
+    assert repo.set_progress(job.id, OWNER, 1, 4, "a quarter")
+    record = repo.get(job.id)
+    assert record is not None
+    assert (record.progress_done, record.progress_total, record.status_message) == (1, 4, "a quarter")
+    assert record.version == job.version + 1
+
+
+# -- cancellation ---------------------------------------------------------------------------------
+
+
+def test_cancelling_a_queued_job_ends_it_at_once(repo: JobRepository, clock: MovableClock) -> None:
+    job = new_job(repo)
+    outcome = repo.request_cancel(job.id)
+    assert outcome is not None and outcome.ended_now
+    record = repo.get(job.id)
+    assert record is not None
+    assert (
+        record.status == "cancelled"
+        and record.finished_at == clock()
+        and record.cancel_requested_at == clock()
+    )
+    assert repo.request_cancel("no-such-job") is None
+
+
+def test_cancelling_a_running_job_only_records_the_request(repo: JobRepository, clock: MovableClock) -> None:
+    job = claimed_job(repo)
+    first = repo.request_cancel(job.id)
+    assert first is not None and not first.ended_now and first.job.status == "working"
+    requested_at = first.job.cancel_requested_at
+    clock.advance(5)
+    second = repo.request_cancel(job.id)
+    assert second is not None and second.job.cancel_requested_at == requested_at, "the first request stands"
+    assert repo.transition(job.id, Status.CANCELLED, owner=OWNER)
+
+
+# -- questions and answers -----------------------------------------------------------------------
+
+
+def test_questions_park_the_job_until_every_one_is_answered(repo: JobRepository) -> None:
+    job = claimed_job(repo)
+    with pytest.raises(LeaseLost):
+        repo.open_input(job.id, OTHER_OWNER, "q1", "Not mine", SCHEMA)
+    assert repo.open_input(job.id, OWNER, "q1", "First?", SCHEMA) is None
+    assert repo.open_input(job.id, OWNER, "q2", "Second?", SCHEMA) is None
+    record = repo.get(job.id)
+    assert record is not None and record.status == "input_required" and record.status_message == "Second?"
+    pending = repo.pending_inputs(job.id)
+    assert [(p.key, p.message, p.requested_schema) for p in pending] == [
+        ("q1", "First?", SCHEMA),
+        ("q2", "Second?", SCHEMA),
+    ]
+
+    partial = repo.answer_inputs(job.id, {"q1": {"ok": True}, "q7": {"ok": False}})
+    assert partial is not None and partial.accepted == ["q1"] and partial.ignored == ["q7"]
+    assert partial.job.status == "input_required", "q2 still waits"
+    assert [p.key for p in repo.pending_inputs(job.id)] == ["q2"]
+
+    again = repo.answer_inputs(job.id, {"q1": {"ok": False}})
+    assert again is not None and again.accepted == [] and again.ignored == ["q1"], "already answered"
+    stored = repo.get_input(job.id, "q1")
+    assert stored is not None and stored.answer == {"ok": True} and stored.answered_at is not None
+
+    final = repo.answer_inputs(job.id, {"q2": {"ok": False}})
+    assert final is not None and final.accepted == ["q2"] and final.job.status == "working"
+    assert repo.pending_inputs(job.id) == []
+    replay = repo.open_input(job.id, OWNER, "q1", "First?", SCHEMA)
+    assert replay is not None and replay.answer == {"ok": True}, "a retried job gets the recorded answer back"
+    assert repo.answer_inputs("no-such-job", {"q1": {}}) is None
+
+
+# -- retention -------------------------------------------------------------------------------------
+
+
+def test_only_ended_jobs_past_retention_are_deleted(repo: JobRepository, clock: MovableClock) -> None:
+    asked = reach(repo, Status.INPUT_REQUIRED)
+    repo.transition(asked.id, Status.CANCELLED)
+    done = reach(repo, Status.COMPLETED)
+    running = claimed_job(repo)
+    kept = new_job(repo, retention=7200)
+    repo.transition(kept.id, Status.CANCELLED)
+    clock.advance(3601)
+    assert repo.delete_expired(1) == 1
+    assert repo.delete_expired(10) == 1
+    assert repo.delete_expired(10) == 0
+    assert repo.get(asked.id) is None and repo.get(done.id) is None
+    assert repo.get_input(asked.id, "q1") is None, "questions go with their job"
+    assert repo.get(running.id) is not None, "an active job is ended by the sweeper first, never deleted"
+    assert repo.get(kept.id) is not None
+
+
+def test_count_active(repo: JobRepository) -> None:
+    reach(repo, Status.WORKING)
+    reach(repo, Status.INPUT_REQUIRED)
+    reach(repo, Status.FAILED)
+    new_job(repo, principal="local:bob")
+    assert repo.count_active() == 3
+    assert repo.count_active(principal="local:alice") == 2
+    assert repo.count_active(principal="local:nobody") == 0
+    assert {Status(s) for s in ("working", "input_required")} == ACTIVE

@@ -1,0 +1,346 @@
+"""Helpers shared by the test suites: a checking tool client, example-server processes, handle forging.
+
+Everything here drives real parts: the official `mcp.Client` (in-process, stdio or
+Streamable HTTP), the example server as a subprocess, and real SQL databases.
+Importable as `tests.support` by any test package (tests/tasks/ included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx2
+from jsonschema.validators import validator_for
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.server.mcpserver import MCPServer
+from mcp_types import CallToolResult, TextContent, Tool
+
+from handles import Handles, HandlesConfig
+from handles.handle import HandleCodec
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+JOB_SECONDS = 1.0
+"""`EXAMPLE_JOB_SECONDS` for every example server the tests run: long enough to cancel mid-way, short to wait for."""
+
+STORE_POLL_SECONDS = 5.0
+"""`HANDLES_STORE_POLL_SECONDS` of the example servers: long, so only a change notification ends a wait quickly."""
+
+LOCAL_PRINCIPAL = "local:local"
+"""The principal of every unauthenticated request (stdio, in-process, HTTP without tokens)."""
+
+TOKENS = {"token-alice-7Hq2c9": "alice", "token-bob-3Vn8x1": "bob"}
+"""Bearer tokens of the authenticated HTTP example server: token -> principal name."""
+
+TRANSPORTS = ["inprocess", "stdio", "http"]
+
+
+def new_key() -> str:
+    """A fresh handle signing key (at least 32 characters)."""
+    return secrets.token_urlsafe(48)
+
+
+def token_of(name: str) -> str:
+    """The bearer token of principal `name` in `TOKENS`."""
+    return next(token for token, principal in TOKENS.items() if principal == name)
+
+
+def token_principal(name: str) -> str:
+    """The principal `handles` derives from a token of the example server's `FileTokenVerifier` for `name`."""
+    return "token:" + json.dumps([None, name, name], separators=(",", ":"))
+
+
+def handles_config(data_dir: Path, keys: Sequence[str], **overrides: Any) -> HandlesConfig:
+    """A config on an SQLite file in `data_dir` (or `database_url=`), signing with `keys` (newest first)."""
+    overrides.setdefault("store_poll_seconds", STORE_POLL_SECONDS)
+    return HandlesConfig(data_dir=data_dir, secret_keys=tuple(keys), **overrides)
+
+
+def example_env(data_dir: Path, keys: Sequence[str], **extra: str) -> dict[str, str]:
+    """Environment for an example-server subprocess on `data_dir`, signing with `keys` (newest first)."""
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": os.environ.get("HOME", str(data_dir)),
+        "PYTHONUNBUFFERED": "1",
+        "HANDLES_DATA_DIR": str(data_dir),
+        "HANDLES_SECRET_KEYS": ",".join(keys),
+        "EXAMPLE_JOB_SECONDS": str(JOB_SECONDS),
+        "HANDLES_STORE_POLL_SECONDS": str(STORE_POLL_SECONDS),
+    }
+    env.update(extra)
+    return env
+
+
+def stdio_params(env: dict[str, str]) -> StdioServerParameters:
+    """Launch `python -m example_server` over stdio with `env`."""
+    return StdioServerParameters(
+        command=sys.executable, args=["-m", "example_server"], env=env, cwd=REPO_ROOT
+    )
+
+
+# -- forging and reading handles ---------------------------------------------------
+
+
+def job_id_of(handle: str, key: str, principal: str = LOCAL_PRINCIPAL) -> str:
+    """The job id inside a genuine handle (needs the signing key and the handle's principal)."""
+    claims = HandleCodec([key]).verify(handle, principal=principal)
+    assert claims is not None, "not a genuine handle for this key and principal"
+    return claims.job_id
+
+
+def expired_twin(handle: str, key: str, principal: str = LOCAL_PRINCIPAL) -> str:
+    """A correctly signed handle for the same job and principal whose retention ended an hour ago."""
+    claims = HandleCodec([key]).verify(handle, principal=principal)
+    assert claims is not None
+    return HandleCodec([key]).mint(
+        job_id=claims.job_id,
+        kind=claims.kind,
+        principal=principal,
+        expires_at=datetime.now(UTC) - timedelta(hours=1),
+    )
+
+
+def tampered_handles(handle: str) -> dict[str, object]:
+    """Variants of a genuine handle that must all be refused exactly like a made-up one."""
+    payload, _, signature = handle.rpartition(".")
+    flip = {"A": "B", "B": "A"}
+
+    def flipped(text: str, index: int) -> str:
+        char = text[index]
+        return text[:index] + flip.get(char, "A") + text[index + 1 :]
+
+    return {
+        "made_up": "not-a-real-handle",
+        "empty": "",
+        "truncated": handle[:-6],
+        "signature_only": signature,
+        "payload_only": payload,
+        "signature_flipped": payload + "." + flipped(signature, len(signature) // 2),
+        "payload_flipped": flipped(payload, len(payload) // 2) + "." + signature,
+        "extra_segment": handle + ".AAAA",
+        "oversized": handle + "A" * 5000,
+        "non_ascii": handle[:-1] + "\u00e9",
+        "upper_cased": handle.upper(),
+    }
+
+
+# -- a client that checks every reply -------------------------------------------------
+
+
+@dataclass
+class Reply:
+    """One tool result, already checked: `data` is the structured content, or the error JSON from the text."""
+
+    name: str
+    result: CallToolResult
+    data: dict[str, Any]
+
+    @property
+    def is_error(self) -> bool:
+        return bool(self.result.is_error)
+
+    @property
+    def structured(self) -> dict[str, Any] | None:
+        return self.result.structured_content
+
+    @property
+    def text(self) -> str:
+        block = self.result.content[0]
+        assert isinstance(block, TextContent)
+        return block.text
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+
+@dataclass
+class ToolClient:
+    """`mcp.Client` plus the checks every reply of a handle tool must pass.
+
+    - one text block whose JSON equals `structuredContent` when there is one;
+    - `structuredContent` valid against the tool's listed `outputSchema` (error results too);
+    - caller errors (no structured content) are `isError` with `error`, `message` and `next`;
+    - no `forbidden` string (signing keys, secrets) anywhere in the text.
+    """
+
+    client: Client
+    forbidden: Sequence[str] = ()
+    _tools: dict[str, Tool] = field(default_factory=dict)
+
+    async def tools(self) -> dict[str, Tool]:
+        if not self._tools:
+            listing = await self.client.list_tools()
+            self._tools = {tool.name: tool for tool in listing.tools}
+        return self._tools
+
+    async def call(self, name: str, arguments: dict[str, Any] | None = None) -> Reply:
+        """Call `name` and check the result (the SDK client has already checked non-error results)."""
+        tools = await self.tools()
+        assert name in tools, f"{name} is not listed"
+        result = await self.client.call_tool(name, arguments or {})
+        return self.check(tools[name], result)
+
+    def check(self, tool: Tool, result: CallToolResult) -> Reply:
+        assert len(result.content) == 1, result
+        block = result.content[0]
+        assert isinstance(block, TextContent), result
+        for secret in self.forbidden:
+            assert secret not in block.text, f"{tool.name} leaked a secret"
+        if result.structured_content is not None:
+            assert json.loads(block.text) == result.structured_content, "text and structuredContent differ"
+            assert tool.output_schema is not None
+            schema = tool.output_schema
+            validator_for(schema)(schema).validate(result.structured_content)
+            return Reply(tool.name, result, result.structured_content)
+        assert result.is_error, f"{tool.name} returned no structured content: {block.text}"
+        try:
+            body = json.loads(block.text)
+        except json.JSONDecodeError:
+            # An error produced by the SDK itself (for example argument validation): plain text.
+            return Reply(tool.name, result, {"error": "sdk", "message": block.text})
+        assert isinstance(body, dict) and {"error", "message", "next"} <= body.keys(), body
+        return Reply(tool.name, result, body)
+
+    async def wait_status(self, job: str, handle: str, *statuses: str, timeout: float = 20.0) -> Reply:
+        """Long-poll `<job>_progress` until the job's status is one of `statuses`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"{job} never reached {statuses}"
+            reply = await self.call(f"{job}_progress", {"handle": handle, "wait_seconds": min(remaining, 5)})
+            assert not reply.is_error, reply.data
+            if reply["status"] in statuses:
+                return reply
+
+
+@dataclass
+class Connected:
+    """A checked client on the example server, and what a test needs to know about that server."""
+
+    client: ToolClient
+    transport: str
+    key: str
+    principal: str
+
+
+@dataclass
+class InProcessExample:
+    """The example server built in this process around a `Handles` instance."""
+
+    jobs: Handles
+    server: MCPServer[Any]
+    key: str
+    data_dir: Path
+
+
+def http_client_with_token(token: str | None) -> httpx2.AsyncClient:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120))
+
+
+@asynccontextmanager
+async def connect(
+    target: MCPServer[Any] | StdioServerParameters | str,
+    *,
+    token: str | None = None,
+    forbidden: Sequence[str] = (),
+) -> AsyncIterator[ToolClient]:
+    """A connected `ToolClient`: in-process for an `MCPServer`, stdio for parameters, HTTP for a URL."""
+    async with AsyncExitStack() as stack:
+        if isinstance(target, str) and token is not None:
+            http = await stack.enter_async_context(http_client_with_token(token))
+            client = Client(streamable_http_client(target, http_client=http))
+        else:
+            client = Client(target)
+        await stack.enter_async_context(client)
+        yield ToolClient(client, forbidden=forbidden)
+
+
+# -- example server over HTTP ---------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class HttpExampleServer:
+    """`python -m example_server --http` as a subprocess, restartable on the same data directory."""
+
+    data_dir: Path
+    keys: list[str]
+    tokens: dict[str, str] | None = None
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def start(self, timeout: float = 30.0) -> HttpExampleServer:
+        assert self.process is None, "already running"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        args = [sys.executable, "-m", "example_server", "--http", "--port", str(self.port)]
+        if self.tokens is not None:
+            tokens_file = self.data_dir / "tokens.json"
+            tokens_file.write_text(json.dumps(self.tokens))
+            args += ["--tokens", str(tokens_file)]
+        self.log_path = self.data_dir / f"server-{self.port}.log"
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                args,
+                env=example_env(self.data_dir, self.keys),
+                cwd=REPO_ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the example server exited early:\n{self.log()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"the example server did not answer within {timeout} s:\n{self.log()}")
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=5)
+        self.process = None
+
+    def restart(self, keys: list[str] | None = None) -> HttpExampleServer:
+        self.stop()
+        if keys is not None:
+            self.keys = keys
+        return self.start()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""

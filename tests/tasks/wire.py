@@ -1,0 +1,224 @@
+"""Raw JSON-RPC over Streamable HTTP (2026-07-28), to see the exact wire, and servers to send it to.
+
+`Wire.call` builds one POST the way the spec describes it: the `_meta` envelope
+(protocol version, client capabilities, optionally the Tasks extension), the
+`MCP-Protocol-Version`, `Mcp-Method` and `Mcp-Name` headers, and a bearer token.
+The reply keeps the HTTP status, the headers, every SSE notification, and the
+JSON-RPC `result` or `error`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import uvicorn
+from starlette.types import ASGIApp
+
+PROTOCOL = "2026-07-28"
+TASKS = "io.modelcontextprotocol/tasks"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+_ids = itertools.count(1)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def meta(*, declare: bool, capabilities: dict[str, Any] | None = None) -> dict[str, Any]:
+    caps: dict[str, Any] = dict(capabilities or {})
+    if declare:
+        caps["extensions"] = {**caps.get("extensions", {}), TASKS: {}}
+    return {
+        "io.modelcontextprotocol/protocolVersion": PROTOCOL,
+        "io.modelcontextprotocol/clientCapabilities": caps,
+        "io.modelcontextprotocol/clientInfo": {"name": "raw-wire-test", "version": "0"},
+    }
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: httpx2.Headers
+    body: dict[str, Any]
+    notifications: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def result(self) -> dict[str, Any]:
+        assert "result" in self.body, f"expected a result, got {self.body}"
+        result: dict[str, Any] = self.body["result"]
+        return result
+
+    @property
+    def error(self) -> dict[str, Any]:
+        assert "error" in self.body, f"expected an error, got {self.body}"
+        error: dict[str, Any] = self.body["error"]
+        return error
+
+
+def _parse_sse(text: str) -> list[dict[str, Any]]:
+    messages = []
+    for event in text.replace("\r\n", "\n").split("\n\n"):
+        data = "\n".join(line[5:].lstrip() for line in event.split("\n") if line.startswith("data:"))
+        if data:
+            messages.append(json.loads(data))
+    return messages
+
+
+@dataclass
+class Wire:
+    """Sends hand-built 2026-07-28 requests to one Streamable HTTP endpoint."""
+
+    url: str
+    http: httpx2.AsyncClient
+
+    async def call(
+        self,
+        method: str,
+        params: dict[str, Any] | None = None,
+        *,
+        token: str | None = None,
+        declare: bool = True,
+        capabilities: dict[str, Any] | None = None,
+        headers: dict[str, str | None] | None = None,
+    ) -> Reply:
+        body_params = dict(params or {})
+        body_params.setdefault("_meta", {})
+        body_params["_meta"] = {**meta(declare=declare, capabilities=capabilities), **body_params["_meta"]}
+        sent: dict[str, str] = {
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": PROTOCOL,
+            "Mcp-Method": method,
+        }
+        name = body_params.get("taskId") if method.startswith("tasks/") else body_params.get("name")
+        if isinstance(name, str):
+            sent["Mcp-Name"] = name
+        if token is not None:
+            sent["Authorization"] = f"Bearer {token}"
+        for key, value in (headers or {}).items():
+            sent.pop(key, None)
+            if value is not None:
+                sent[key] = value
+        request = {"jsonrpc": "2.0", "id": next(_ids), "method": method, "params": body_params}
+        response = await self.http.post(self.url, json=request, headers=sent)
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            messages = _parse_sse(response.text)
+            final = [m for m in messages if "id" in m and ("result" in m or "error" in m)]
+            notes = [m for m in messages if "id" not in m]
+            return Reply(response.status_code, response.headers, final[-1], notes)
+        return Reply(response.status_code, response.headers, response.json())
+
+    async def tool(self, name: str, arguments: dict[str, Any] | None = None, **options: Any) -> Reply:
+        return await self.call("tools/call", {"name": name, "arguments": arguments or {}}, **options)
+
+    async def get(self, task_id: str, **options: Any) -> Reply:
+        return await self.call("tasks/get", {"taskId": task_id}, **options)
+
+    async def until(
+        self, task_id: str, statuses: set[str], *, timeout: float = 15.0, **options: Any
+    ) -> dict[str, Any]:
+        """Poll tasks/get until the task's status is one of `statuses`; returns that `tasks/get` result."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = (await self.get(task_id, **options)).result
+            if result["status"] in statuses:
+                return result
+            assert time.monotonic() < deadline, f"task still {result['status']} after {timeout} s"
+            await asyncio.sleep(0.05)
+
+
+class ThreadedServer:
+    """An ASGI app served by uvicorn on a thread of its own (its own event loop), on a free port."""
+
+    def __init__(self, app: ASGIApp, port: int) -> None:
+        self.port = port
+        self._server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        )
+        self._thread = threading.Thread(target=self._server.run, name="tasks-test-server", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def start(self) -> ThreadedServer:
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self._server.started:
+            assert self._thread.is_alive(), "the test server thread died while starting"
+            assert time.monotonic() < deadline, "the test server did not start"
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=20)
+
+
+class ExampleProcess:
+    """`python -m example_server --http --port N --tokens FILE` as a subprocess."""
+
+    def __init__(self, data_dir: Path, env: dict[str, str], tokens: dict[str, str]) -> None:
+        self.port = free_port()
+        data_dir.mkdir(parents=True, exist_ok=True)
+        tokens_file = data_dir / "tokens.json"
+        tokens_file.write_text(json.dumps(tokens))
+        self.log_path = data_dir / "server.log"
+        self._args = [
+            sys.executable,
+            "-m",
+            "example_server",
+            "--http",
+            "--port",
+            str(self.port),
+            "--tokens",
+            str(tokens_file),
+        ]
+        self._env = env
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def start(self) -> ExampleProcess:
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                self._args, env=self._env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log
+            )
+        deadline = time.monotonic() + 30
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the example server exited:\n{self.log_path.read_text()}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return self
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"the example server did not start:\n{self.log_path.read_text()}"
+                    ) from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)

@@ -1,0 +1,159 @@
+"""`HandleCodec`: signed, principal-bound, expiring handles; every bad handle is just None."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import secrets
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from itsdangerous import URLSafeSerializer
+
+from handles.handle import HANDLE_SALT, MAX_HANDLE_LENGTH, HandleClaims, HandleCodec, new_job_id
+from tests.support import new_key, tampered_handles
+
+KEY, OLD_KEY, OTHER_KEY = new_key(), new_key(), new_key()
+ALICE, BOB = 'token:[null,"alice","alice"]', 'token:[null,"bob","bob"]'
+EXPIRES = datetime(2030, 1, 1, 12, 30, 45, tzinfo=UTC)
+
+
+def serializer(key: str, salt: str = HANDLE_SALT) -> URLSafeSerializer:
+    return URLSafeSerializer(key.encode(), salt=salt, signer_kwargs={"digest_method": hashlib.sha256})
+
+
+def mint(codec: HandleCodec, *, job_id: str = "job-1", kind: str = "report", principal: str = ALICE) -> str:
+    return codec.mint(job_id=job_id, kind=kind, principal=principal, expires_at=EXPIRES)
+
+
+def test_round_trip_gives_the_claims() -> None:
+    codec = HandleCodec([KEY])
+    handle = mint(codec, job_id="abc", kind="generate_report")
+    assert codec.verify(handle, principal=ALICE) == HandleClaims(
+        job_id="abc", kind="generate_report", expires_at=EXPIRES
+    )
+    assert handle.isascii() and len(handle) <= MAX_HANDLE_LENGTH
+    assert all(c.isalnum() or c in "-_." for c in handle), "a handle is URL-safe"
+
+
+def test_the_principal_is_bound_but_not_shown() -> None:
+    handle = mint(HandleCodec([KEY]), principal="local:someone-secret")
+    payload = handle.rpartition(".")[0]
+    decoded = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)).decode()
+    assert "someone-secret" not in decoded
+    assert "someone-secret" not in handle
+
+
+def test_another_principal_gets_none() -> None:
+    codec = HandleCodec([KEY])
+    handle = mint(codec, principal=ALICE)
+    assert codec.verify(handle, principal=BOB) is None
+    assert codec.verify(handle, principal="") is None
+    assert codec.verify(handle, principal=ALICE.upper()) is None
+
+
+def test_forged_with_another_key_gets_none() -> None:
+    forged = mint(HandleCodec([OTHER_KEY]))
+    assert HandleCodec([KEY]).verify(forged, principal=ALICE) is None
+
+
+@pytest.mark.parametrize("variant", sorted(tampered_handles("x.y")))
+def test_tampered_truncated_and_made_up_handles_get_none(variant: str) -> None:
+    codec = HandleCodec([KEY])
+    bad = tampered_handles(mint(codec))[variant]
+    assert codec.verify(bad, principal=ALICE) is None
+
+
+def test_re_encoded_payload_with_the_old_signature_gets_none() -> None:
+    codec = HandleCodec([KEY])
+    handle = mint(codec, kind="report")
+    payload, _, signature = handle.rpartition(".")
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    claims[2] = "deploy"  # another job kind
+    reencoded = base64.urlsafe_b64encode(json.dumps(claims, separators=(",", ":")).encode()).rstrip(b"=")
+    assert codec.verify(reencoded.decode() + "." + signature, principal=ALICE) is None
+    claims[2] = "report"  # same content, different spacing: not the signed bytes
+    spaced = base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
+    assert codec.verify(spaced + "." + signature, principal=ALICE) is None
+
+
+def test_signed_but_malformed_payloads_get_none() -> None:
+    """Even a correct signature (the key leaked into a test) does not make a malformed payload a handle."""
+    signer = serializer(KEY)
+    codec = HandleCodec([KEY])
+    tag = signer.loads(mint(codec))[4]
+    for payload in (
+        {"job": "job-1"},
+        [1, "job-1", "report", int(EXPIRES.timestamp())],
+        [2, "job-1", "report", int(EXPIRES.timestamp()), tag],
+        [1, 7, "report", int(EXPIRES.timestamp()), tag],
+        [1, "job-1", "report", "2030-01-01", tag],
+        [1, "job-1", "report", int(EXPIRES.timestamp()), None],
+    ):
+        token = signer.dumps(payload)
+        assert codec.verify(token, principal=ALICE) is None, payload
+    # The same serializer with the right payload is accepted: the checks above are about the payload.
+    assert codec.verify(signer.dumps([1, "job-1", "report", int(EXPIRES.timestamp()), tag]), principal=ALICE)
+
+
+def test_another_salt_gets_none() -> None:
+    codec = HandleCodec([KEY])
+    payload = serializer(KEY).loads(mint(codec))
+    assert codec.verify(serializer(KEY, "another.salt").dumps(payload), principal=ALICE) is None
+
+
+@pytest.mark.parametrize("value", [None, 12, b"bytes", ["list"], {"handle": "x"}, "", " ", "\u00e9" * 10])
+def test_non_strings_and_junk_get_none(value: object) -> None:
+    assert HandleCodec([KEY]).verify(value, principal=ALICE) is None
+
+
+def test_oversized_gets_none_even_if_otherwise_genuine() -> None:
+    codec = HandleCodec([KEY])
+    long_kind = secrets.token_hex(MAX_HANDLE_LENGTH)  # incompressible
+    handle = mint(codec, kind=long_kind)
+    assert len(handle) > MAX_HANDLE_LENGTH
+    assert codec.verify(handle, principal=ALICE) is None
+
+
+def test_non_ascii_gets_none() -> None:
+    codec = HandleCodec([KEY])
+    handle = mint(codec)
+    assert codec.verify(handle + "\u00e9", principal=ALICE) is None
+    assert codec.verify("\uff21" + handle[1:], principal=ALICE) is None  # a full-width look-alike
+
+
+def test_rotation_newest_signs_and_every_listed_key_verifies() -> None:
+    old_codec = HandleCodec([OLD_KEY])
+    rotated = HandleCodec([KEY, OLD_KEY])
+    old_handle = mint(old_codec, job_id="old")
+    assert rotated.verify(old_handle, principal=ALICE) is not None, "an old key still verifies"
+    assert rotated.verify(old_handle, principal=BOB) is None, "and still checks the principal"
+
+    new_handle = mint(rotated, job_id="new")
+    assert HandleCodec([KEY]).verify(new_handle, principal=ALICE) is not None, "the newest key signs"
+    assert old_codec.verify(new_handle, principal=ALICE) is None
+
+    retired = HandleCodec([KEY])
+    assert retired.verify(old_handle, principal=ALICE) is None, "a removed key no longer verifies"
+
+
+def test_expiry_is_carried_not_judged() -> None:
+    """The codec reports the signed expiry; the service decides what an expired handle means."""
+    codec = HandleCodec([KEY])
+    past = datetime.now(UTC).replace(microsecond=0) - timedelta(days=1)
+    handle = codec.mint(job_id="j", kind="k", principal=ALICE, expires_at=past)
+    claims = codec.verify(handle, principal=ALICE)
+    assert claims is not None and claims.expires_at == past
+
+
+def test_needs_a_key() -> None:
+    with pytest.raises(ValueError):
+        HandleCodec([])
+
+
+def test_job_ids_are_unguessable() -> None:
+    ids = {new_job_id() for _ in range(2000)}
+    assert len(ids) == 2000
+    sample = next(iter(ids))
+    assert len(base64.urlsafe_b64decode(sample + "=" * (-len(sample) % 4))) * 8 >= 128
