@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from handles.app import Handles
+    from handles.first import AskFirst
     from handles.config import HandlesConfig
     from handles.errors import (
         CallerError,
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from handles.states import Status
 
 _EXPORTS = {
+    "AskFirst": "handles.first",
     "Handles": "handles.app",
     "HandlesConfig": "handles.config",
     "JobContext": "handles.jobs",
@@ -60,6 +62,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "AskFirst",
     "CallerError",
     "ConfigurationError",
     "ExpiredHandle",

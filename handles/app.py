@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any, TypeVar, Unpack, overload
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import CallToolResult
+from mcp_types import CallToolResult, InputRequiredResult
 
 from handles.config import HandlesConfig
 from handles.errors import ConfigurationError
+from handles.first import asks_in_band, first_round
 from handles.handle import HandleCodec
 from handles.jobs import JobOptions, JobSpec
 from handles.mcp import add_plain_tool, add_tools
@@ -209,8 +210,20 @@ class Handles:
 
 def _plain_handler(
     tool: PlainTool,
-) -> Callable[[str, dict[str, Any], Context[Any, Any]], Awaitable[CallToolResult]]:
-    async def handle(principal: str, arguments: dict[str, Any], context: Context[Any, Any]) -> CallToolResult:
-        return await tool.call(principal, arguments, context.report_progress)
+) -> Callable[[str, dict[str, Any], Context[Any, Any]], Awaitable[CallToolResult | InputRequiredResult]]:
+    async def handle(
+        principal: str, arguments: dict[str, Any], context: Context[Any, Any]
+    ) -> CallToolResult | InputRequiredResult:
+        first = first_round(
+            tool.spec,
+            arguments,
+            in_band=asks_in_band(context.request_context.protocol_version, context.client_capabilities),
+            responses=context.input_responses,
+        )
+        if first.ask is not None:
+            return first.ask
+        if first.declined is not None:
+            return first.declined
+        return await tool.call(principal, arguments, context.report_progress, first_answer=first.answer)
 
     return handle

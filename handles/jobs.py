@@ -31,6 +31,7 @@ from handles.errors import (
     StepOutcomeUnknown,
     StoreUnavailable,
 )
+from handles.first import AskFirst
 from handles.limits import clean_message
 from handles.states import TERMINAL, Status
 
@@ -70,6 +71,7 @@ class JobOptions(TypedDict, total=False):
     keep_result_for: timedelta | None
     input_timeout: timedelta | None
     abandon_after: timedelta | None
+    ask_first: AskFirst | None
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,8 @@ class JobSpec:
     - `keep_result_for`: how long a finished job stays fetchable (never beyond `retention`);
     - `input_timeout`: how long `input_required` waits for an answer before the job fails;
     - `abandon_after`: cancel the job when nobody has looked at it for this long;
-    - `on_interrupt`: when its process dies, "fail" (default) or "retry" up to `max_attempts`.
+    - `on_interrupt`: when its process dies, "fail" (default) or "retry" up to `max_attempts`;
+    - `ask_first`: a question the job needs answered before it starts (see `handles.first`).
     """
 
     name: str
@@ -94,6 +97,7 @@ class JobSpec:
     keep_result_for: timedelta | None
     input_timeout: timedelta | None
     abandon_after: timedelta | None
+    ask_first: AskFirst | None
     context_param: str
     metadata: FuncMetadata
 
@@ -112,6 +116,7 @@ class JobSpec:
         keep_result_for: timedelta | None = None,
         input_timeout: timedelta | None = None,
         abandon_after: timedelta | None = None,
+        ask_first: AskFirst | None = None,
     ) -> JobSpec:
         job_name = name or fn.__name__
         if not _NAME.match(job_name):
@@ -132,6 +137,11 @@ class JobSpec:
         ):
             if value is not None and value <= timedelta(0):
                 raise ConfigurationError(f"Job {job_name!r}: {label} must be positive (or None).")
+        if ask_first is not None:
+            try:
+                ask_first.requested_schema()
+            except ValueError as exc:
+                raise ConfigurationError(f"Job {job_name!r}: ask_first: {exc}") from exc
         context_param = _find_context_param(fn, job_name)
         try:
             metadata = func_metadata(fn, skip_names=[context_param], structured_output=True)
@@ -146,12 +156,13 @@ class JobSpec:
             description=inspect.cleandoc(description or fn.__doc__ or f"Runs the {job_name} job."),
             retention=retention,
             poll_after=poll_after,
-            asks_input=asks_input,
+            asks_input=asks_input or ask_first is not None,
             on_interrupt=on_interrupt,
             max_attempts=max(1, max_attempts) if on_interrupt == "retry" else 1,
             keep_result_for=keep_result_for,
             input_timeout=input_timeout,
             abandon_after=abandon_after,
+            ask_first=ask_first,
             context_param=context_param,
             metadata=metadata,
         )
@@ -239,11 +250,19 @@ class JobContext:
         self._write_lock = asyncio.Lock()
         self._trailing: asyncio.Task[None] | None = None
         self._step_names: set[str] = set()
+        self._first_answer: dict[str, Any] | None = None
         self.progress_writes = 0
 
     @property
     def kind(self) -> str:
         return self.spec.name
+
+    @property
+    def first_answer(self) -> Any:
+        """The answer to the job's `ask_first` question (a model of its schema, or a dict); None without one."""
+        if self.spec.ask_first is None or self._first_answer is None:
+            return None
+        return self.spec.ask_first.typed(self._first_answer)
 
     @property
     def cancelled(self) -> bool:

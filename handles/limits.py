@@ -48,7 +48,7 @@ def json_size(value: Any) -> int:
 def check_size(value: Any, limit: int, what: str, next_step: str) -> None:
     """Raise `InvalidArguments` when `value` serialises to more than `limit` bytes, or is not valid Unicode."""
     try:
-        pass  # BROKEN ON PURPOSE
+        json.dumps(value, ensure_ascii=False, default=str).encode()
     except UnicodeEncodeError:
         # A lone surrogate (JSON "\ud800") parses, but can be neither hashed nor stored.
         raise InvalidArguments(

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import CallToolResult, ContentBlock, TextContent, ToolAnnotations
+from mcp_types import CallToolResult, ContentBlock, InputRequiredResult, TextContent, ToolAnnotations
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 from starlette.applications import Starlette
@@ -29,8 +29,10 @@ if TYPE_CHECKING:
 
 CONTEXT_PARAM = "mcp_context"
 
-PlainHandler = Callable[[str, dict[str, Any], "Context[Any, Any]"], Awaitable[CallToolResult]]
-"""`(principal, arguments, request context) -> result` of a tool that builds its own `CallToolResult`."""
+PlainHandler = Callable[
+    [str, dict[str, Any], "Context[Any, Any]"], Awaitable[CallToolResult | InputRequiredResult]
+]
+"""`(principal, arguments, request context) -> result` of a tool that builds its own result (or asks first)."""
 
 
 def to_call_tool_result(reply: ToolReply) -> CallToolResult:
@@ -52,7 +54,7 @@ async def resolve_principal(resolver: PrincipalResolver, context: Any) -> str:
 
 def tool_function(
     definition: ToolDefinition, resolver: PrincipalResolver
-) -> Callable[..., Awaitable[CallToolResult]]:
+) -> Callable[..., Awaitable[CallToolResult | InputRequiredResult]]:
     """An SDK tool function for `definition`, with a signature the SDK can read."""
 
     async def handle(principal: str, arguments: dict[str, Any], _context: Context) -> CallToolResult:
@@ -64,18 +66,18 @@ def tool_function(
 
 def plain_tool_function(
     name: str, input_model: type[BaseModel], resolver: PrincipalResolver, handler: PlainHandler
-) -> Callable[..., Awaitable[CallToolResult]]:
+) -> Callable[..., Awaitable[CallToolResult | InputRequiredResult]]:
     """An SDK tool function that hands the request's `Context` to `handler` and declares no output schema."""
     return _sdk_function(name, input_model, resolver, handler, CallToolResult)
 
 
 def _sdk_function(
     name: str, model: type[BaseModel], resolver: PrincipalResolver, handler: PlainHandler, returns: Any
-) -> Callable[..., Awaitable[CallToolResult]]:
+) -> Callable[..., Awaitable[CallToolResult | InputRequiredResult]]:
     if CONTEXT_PARAM in model.model_fields:
         raise ConfigurationError(f"{name}: a parameter may not be named {CONTEXT_PARAM!r}")
 
-    async def call(**kwargs: Any) -> CallToolResult:
+    async def call(**kwargs: Any) -> CallToolResult | InputRequiredResult:
         context = kwargs.pop(CONTEXT_PARAM)
         principal = await resolve_principal(resolver, context)
         arguments = {key: to_jsonable_python(value, by_alias=True) for key, value in kwargs.items()}

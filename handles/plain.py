@@ -106,7 +106,12 @@ class PlainTool:
         )
 
     async def call(
-        self, principal: str, arguments: dict[str, Any], report: ProgressReporter
+        self,
+        principal: str,
+        arguments: dict[str, Any],
+        report: ProgressReporter,
+        *,
+        first_answer: dict[str, Any] | None = None,
     ) -> CallToolResult:
         if self.policy.mode == "tasks_only":
             raise missing_tasks_capability(
@@ -114,7 +119,9 @@ class PlainTool:
                 f"request, or use {self.handle_tools.tool('start')}."
             )
         try:
-            started = await self.service.start(self.spec, principal, arguments, None)
+            started = await self.service.start(
+                self.spec, principal, arguments, None, first_answer=first_answer
+            )
         except CallerError as error:
             return to_call_tool_result(error_reply(error))
         try:

@@ -25,6 +25,7 @@ from mcp_types import CallToolResult, TextContent
 
 from handles.config import HandlesConfig
 from handles.errors import JobFailed, LeaseLost, StepOutcomeUnknown, StoreUnavailable, ToolError
+from handles.first import FIRST_KEY
 from handles.jobs import JobContext, JobSpec
 from handles.limits import MAX_RESULT_BYTES, clean_message, json_size
 from handles.states import Status
@@ -268,6 +269,9 @@ class Runtime:
         try:
             kwargs = spec.call_arguments(record.arguments)
             kwargs[spec.context_param] = ctx
+            if spec.ask_first is not None:
+                first = await self.store.read(self.store.repo.get_input, record.id, FIRST_KEY)
+                ctx._first_answer = first.answer if first is not None else None
             result = result_to_json(spec.to_tool_result(await spec.fn(**kwargs)))
             if json_size(result) > MAX_RESULT_BYTES:
                 return _failed(

@@ -24,6 +24,7 @@ from handles.errors import (
     UnknownHandle,
     WrongJobKind,
 )
+from handles.first import FIRST_KEY
 from handles.handle import HandleClaims, HandleCodec, new_job_id
 from handles.jobs import JobSpec, describe_duration
 from handles.limits import MAX_ARGUMENTS_BYTES, MAX_IDEMPOTENCY_KEY, MAX_RESPONSE_BYTES, check_size
@@ -87,9 +88,19 @@ class JobService:
     # -- start -------------------------------------------------------------
 
     async def start(
-        self, spec: JobSpec, principal: str, arguments: dict[str, Any], idempotency_key: str | None
+        self,
+        spec: JobSpec,
+        principal: str,
+        arguments: dict[str, Any],
+        idempotency_key: str | None,
+        *,
+        first_answer: dict[str, Any] | None = None,
     ) -> StartedJob:
-        """Validate, store durably, then mint the handle and hand the job to the runtime."""
+        """Validate, store durably, then mint the handle and hand the job to the runtime.
+
+        A job with an `ask_first` question starts only once it is answered: with
+        `first_answer` it runs at once; without, it is stored waiting in `input_required`.
+        """
         await self.ensure_running()
         retry_hint = f"Fix the arguments and call {spec.name}_start again."
         check_size(arguments, MAX_ARGUMENTS_BYTES, "arguments", retry_hint)
@@ -103,10 +114,15 @@ class JobService:
                 "Use a short unique string such as a UUID, or leave it out.",
             )
         now = self.clock()
+        question = self._first_question(spec, values, first_answer, now)
+        waiting = question is not None and question.answered_at is None
         # Claim at insert: with a free local slot the job is stored already leased to this
         # runtime and starts at once, saving the claim's write transaction.
-        claimed = self.runtime.reserve(spec.name)
-        if claimed:
+        claimed = not waiting and self.runtime.reserve(spec.name)
+        if waiting:
+            assert question is not None
+            status_message = question.message
+        elif claimed:
             status_message = "Running."
         elif not self.config.run_workers:
             status_message = "Queued; a worker will pick it up shortly."
@@ -116,7 +132,7 @@ class JobService:
             id=new_job_id(),
             kind=spec.name,
             principal=principal,
-            status=Status.WORKING.value,
+            status=(Status.INPUT_REQUIRED if waiting else Status.WORKING).value,
             status_message=status_message,
             arguments=values,
             arguments_digest=arguments_digest(values),
@@ -131,7 +147,10 @@ class JobService:
             input_timeout_seconds=_seconds(spec.input_timeout),
             abandon_after_seconds=_seconds(spec.abandon_after),
             abandon_at=None if spec.abandon_after is None else now + spec.abandon_after,
+            input_deadline=None if not waiting or spec.input_timeout is None else now + spec.input_timeout,
         )
+        if question is not None:
+            question.job_id = record.id
         if claimed:
             record.lease_owner = self.runtime.owner
             record.lease_expires_at = now + timedelta(seconds=self.config.lease_seconds)
@@ -139,7 +158,11 @@ class JobService:
             record.started_at = now
         try:
             stored, created = await self.store.write(
-                record.id, self.store.repo.insert, record, active_limit=self.config.max_active_per_principal
+                record.id,
+                self.store.repo.insert,
+                record,
+                active_limit=self.config.max_active_per_principal,
+                questions=[question] if question is not None else [],
             )
         except ActiveLimitReached as exc:
             if claimed:
@@ -167,9 +190,33 @@ class JobService:
         handle = self.codec.mint(
             job_id=stored.id, kind=spec.name, principal=principal, expires_at=stored.expires_at
         )
-        if created and not claimed:
+        if created and not claimed and not waiting:
             self.runtime.submit(stored.id)
         return StartedJob(job=stored, handle=handle, created=created)
+
+    def _first_question(
+        self, spec: JobSpec, arguments: dict[str, Any], answer: dict[str, Any] | None, now: Any
+    ) -> InputRequestRecord | None:
+        """The stored form of the job's `ask_first` question, answered when `answer` is given (checked here)."""
+        if spec.ask_first is None:
+            return None
+        schema = spec.ask_first.requested_schema()
+        if answer is not None:
+            problems = validate_answer(schema, answer)
+            if problems:
+                raise InvalidArguments(
+                    f"The answer to {FIRST_KEY} does not fit its schema: " + "; ".join(problems) + ".",
+                    f"Answer {FIRST_KEY} again with the requested fields; nothing was started.",
+                )
+        return InputRequestRecord(
+            job_id="",
+            key=FIRST_KEY,
+            message=spec.ask_first.render(arguments),
+            requested_schema=schema,
+            created_at=now,
+            answered_at=None if answer is None else now,
+            answer=answer,
+        )
 
     # -- handles -----------------------------------------------------------
 
@@ -321,4 +368,6 @@ class JobService:
         outcome = await self.store.write(record.id, self.store.repo.answer_inputs, record.id, responses)
         if outcome is None:
             raise self.expired_handle(spec, record.expires_at.isoformat(), purged=True)
+        if outcome.job.status == Status.WORKING and outcome.job.lease_owner is None:
+            self.runtime.submit(record.id)  # its question before the start is answered: run it now
         return outcome

@@ -34,6 +34,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.requests import Request
 
 from handles.errors import CallerError, ExpiredHandle, InvalidArguments, UnknownHandle, WrongJobKind
+from handles.first import asks_in_band, first_round
 from handles.jobs import JobSpec
 from handles.mcp import resolve_principal, to_call_tool_result
 from handles.states import Status
@@ -232,8 +233,20 @@ class TasksExtension(Extension):
         if spec is None or not declares_tasks(ctx):
             return await call_next(ctx)
         principal = await resolve_principal(self._handles.principal_resolver, Context(request_context=ctx))
+        arguments = dict(params.arguments or {})
         try:
-            started = await self.service.start(spec, principal, dict(params.arguments or {}), None)
+            # A question before the job: asked in-band (no task yet) when the request can take it.
+            first = first_round(
+                spec,
+                arguments,
+                in_band=asks_in_band(ctx.protocol_version, ctx.session.client_capabilities),
+                responses=params.input_responses,
+            )
+            if first.ask is not None:
+                return first.ask
+            if first.declined is not None:
+                return first.declined
+            started = await self.service.start(spec, principal, arguments, None, first_answer=first.answer)
         except CallerError as error:
             return to_call_tool_result(error_reply(error))
         return create_task_result(spec, started.job, started.handle)

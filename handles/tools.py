@@ -65,6 +65,10 @@ class StartOutput(BaseModel):
     )
     poll_after_ms: int = Field(description="Wait at least this long before checking progress.")
     expires_at: datetime = Field(description="When the job and its result are deleted.")
+    input_requests: dict[str, InputRequestView] = Field(
+        default_factory=dict,
+        description="Questions the job needs answered before it starts, by key (answer with the respond tool).",
+    )
     next: str = Field(description="What to do next.")
 
 
@@ -237,7 +241,12 @@ class JobTools:
         key = arguments.pop("idempotency_key", None)
         started = await self.service.start(self.spec, principal, arguments, key)
         job = started.job
-        if started.created:
+        pending = await self.service.pending_inputs(job)
+        if pending:
+            advice = (
+                "The job is stored but does not start until you answer. " if started.created else ""
+            ) + (self.next_step(job, pending) + " Keep the handle: it is the only way back to this job.")
+        elif started.created:
             advice = (
                 f"The job has started. Call {self.tool('progress')} with this handle in about "
                 f"{self.spec.poll_after.total_seconds():g} s (or with wait_seconds up to {int(self.max_wait)} "
@@ -257,6 +266,7 @@ class JobTools:
             created=started.created,
             poll_after_ms=self.poll_after_ms,
             expires_at=job.expires_at,
+            input_requests=self._requests(pending),
             next=advice,
         )
         return ToolReply(out.model_dump(mode="json"))

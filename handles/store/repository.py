@@ -249,11 +249,18 @@ class JobRepository:
 
     # -- creation ----------------------------------------------------------
 
-    def insert(self, job: JobRecord, *, active_limit: int | None = None) -> tuple[JobRecord, bool]:
+    def insert(
+        self,
+        job: JobRecord,
+        *,
+        active_limit: int | None = None,
+        questions: Sequence[InputRequestRecord] = (),
+    ) -> tuple[JobRecord, bool]:
         """Store a new job, or return the job its idempotency key already names: (job, created).
 
         With `active_limit`, refuse (`ActiveLimitReached`) when the principal already
-        has that many active jobs; the count and the insert share one transaction.
+        has that many active jobs; the count and the insert share one transaction, as do
+        `questions` (asked before the job starts) and the job.
         """
         if job.idempotency_key is not None:
             existing = self._find_idempotent(job)
@@ -275,6 +282,7 @@ class JobRepository:
                     if active >= active_limit:
                         raise ActiveLimitReached(active, active_limit)
                 session.add(job)
+                session.add_all(questions)
             return job, True
         except IntegrityError:
             existing = self._find_idempotent(job) if job.idempotency_key is not None else None

@@ -450,7 +450,7 @@ async def test_a_connection_that_stays_lost_is_reported_and_the_job_kept(
     journal = Journal(tmp_path / "journal.db")
     failing_get = AsyncMock(side_effect=MCPError(code=REQUEST_TIMEOUT, message="Request timed out"))
     async with FailsToObserve(counted.server, extensions=[TasksClientExtension()]) as client:
-        monkeypatch.setattr("handles.client.get_task", failing_get)
+        monkeypatch.setattr("handles.client.faces.get_task", failing_get)
         with pytest.raises(ConnectionLostError, match="after 2 attempts") as lost:
             await follow(client, "quick", {"text": "q"}, key="k", journal=journal, prefer=face, retries=1)  # type: ignore[arg-type]
         monkeypatch.undo()

@@ -1,59 +1,16 @@
-"""Follow a job of a `handles` server to its end, from the official `mcp` client.
-
-```python
-from handles.client import Journal, connect, follow
-
-report = await follow(
-    connect("http://127.0.0.1:8000/mcp"),  # or a connected mcp.Client
-    "generate_report", {"account": "acme"},
-    key="acme-report-2026-07", journal=Journal("jobs.db"), deadline=600,
-    on_progress=print, on_input=ask_a_person,
-)
-```
-
-One call, one job, on either face of the server:
-
-- Creation always goes through `<job>_start` with an `idempotency_key` when the
-  server lists it (every `handles` server does). The key is written to the journal
-  *before* the start is sent, so a start whose answer was lost (a network error, a
-  killed process) is re-sent with the same key and the server returns the same job
-  (`created: false`) instead of starting a second one. The Tasks extension's own
-  create (`tools/call <job>` declaring the extension) has no idempotency key, so
-  it is used only on a server without `<job>_start`, and then at most once: when
-  its outcome is unknown the call raises `OutcomeUnknownError` instead of guessing.
-- Observation uses the Tasks extension (`tasks/get`, `tasks/update`,
-  `tasks/cancel`) when the client declares it and the server advertises it, and
-  otherwise the handle tools (`<job>_progress` long-poll, `<job>_respond`,
-  `<job>_fetch`, `<job>_cancel`). The `taskId` is the handle, so one job can be
-  followed through either face, and a restarted client may pick the other one.
-- Polls are spaced by at least the server's hint (`poll_after_ms` /
-  `pollIntervalMs`) plus random jitter; the deadline is absolute, so a job that
-  keeps reporting progress never extends it.
-- The journal (a small SQLite file) maps the caller's `key` to the server, the
-  job, the idempotency key, the handle and the final outcome: a restarted client
-  calling `follow` with the same key resumes the same job, and once the job has
-  ended it gets the recorded outcome without asking the server again
-  (`Journal.forget(key)` frees the key for new work).
-"""
+"""`follow`: one call follows one job to its end, resuming from the journal after any interruption."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import hashlib
 import inspect
-import json
 import logging
 import random
-import sqlite3
-import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from os import PathLike
-from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import anyio
@@ -61,53 +18,38 @@ from mcp import Client, StdioServerParameters
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
-    CONNECTION_CLOSED,
-    INTERNAL_ERROR,
-    INVALID_PARAMS,
-    REQUEST_TIMEOUT,
     CallToolResult,
-    TextContent,
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from handles.client.faces import Face, HandleFace, TaskFace, View, caller_error, structured_result, text_of
+from handles.client.journal import Journal, JournalEntry, arguments_digest, check_same_work
+from handles.client.outcomes import (
+    TRANSIENT_MCP_CODES,
+    ConnectionLostError,
+    DeadlineExceeded,
+    FollowError,
+    InputCallback,
+    InputRequiredError,
+    JobCancelledError,
+    JobFailedError,
+    JobLostError,
+    JobToolError,
+    OutcomeUnknownError,
+    Progress,
+    ProgressCallback,
+    Question,
+    Retryable,
+    StartRefusedError,
+    UnsupportedServerError,
+)
 from handles.tasks_client import (
     DEFAULT_POLL_SECONDS,
     TASKS_EXTENSION,
     TERMINAL_STATUSES,
     CreateTaskResult,
-    DetailedTask,
     TasksClientExtension,
-    cancel_task,
-    get_task,
-    update_task,
 )
-
-__all__ = [
-    "AnswerRejectedError",
-    "Connect",
-    "ConnectionLostError",
-    "DeadlineExceeded",
-    "FollowError",
-    "InputCallback",
-    "InputRequiredError",
-    "JobCancelledError",
-    "JobFailedError",
-    "JobLostError",
-    "JobToolError",
-    "Journal",
-    "JournalConflict",
-    "JournalEntry",
-    "OutcomeUnknownError",
-    "Progress",
-    "ProgressCallback",
-    "Question",
-    "StartRefusedError",
-    "UnsupportedServerError",
-    "arguments_digest",
-    "connect",
-    "follow",
-    "server_identity",
-]
 
 logger = logging.getLogger("handles.client")
 
@@ -116,304 +58,6 @@ T = TypeVar("T")
 
 CANCEL_TIMEOUT_SECONDS = 5.0
 MIN_POLL_SECONDS = 0.05
-_LOST_CODES = frozenset({"unknown_handle", "expired_handle", "wrong_job"})
-_TRANSIENT_MCP_CODES = frozenset({CONNECTION_CLOSED, REQUEST_TIMEOUT, INTERNAL_ERROR})
-
-
-# -- what callers see ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Question:
-    """One question a job is waiting on."""
-
-    key: str
-    message: str
-    requested_schema: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Progress:
-    """What the job reported, given to `on_progress` whenever it changes.
-
-    `done` and `total` come from the handle face; the Tasks face carries progress in `message` only.
-    """
-
-    key: str
-    job: str
-    handle: str
-    status: str
-    message: str | None = None
-    done: float | None = None
-    total: float | None = None
-
-
-ProgressCallback = Callable[[Progress], Awaitable[None] | None]
-"""Called with each change of status, message or progress (sync or async)."""
-
-InputCallback = Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any] | None] | dict[str, Any] | None]
-"""`(question key, message, requested_schema) -> answer object`, or None to decline (the job is then cancelled)."""
-
-
-class FollowError(Exception):
-    """Base of what `follow` raises. `key` is the journal key; `handle` the job's handle (taskId) when known."""
-
-    def __init__(self, message: str, *, key: str, handle: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.key = key
-        self.handle = handle
-
-
-class JobFailedError(FollowError):
-    """The job ended `failed`; `error` is its JSON-RPC error object (`code`, `message`, `data`)."""
-
-    def __init__(self, error: dict[str, Any], *, key: str, handle: str | None) -> None:
-        super().__init__(str(error.get("message") or "The job failed."), key=key, handle=handle)
-        self.error = error
-
-
-class JobToolError(FollowError):
-    """The job completed with a tool error (`isError: true`): the job's own message, for the caller to act on."""
-
-
-class JobCancelledError(FollowError):
-    """The job ended `cancelled` without a result."""
-
-
-class DeadlineExceeded(FollowError, TimeoutError):
-    """The deadline passed first. Unless `cancelled`, the job goes on: follow the same key again later."""
-
-    def __init__(
-        self, message: str, *, key: str, handle: str | None, status: str | None, cancelled: bool
-    ) -> None:
-        super().__init__(message, key=key, handle=handle)
-        self.status = status
-        self.cancelled = cancelled
-
-
-class JobLostError(FollowError):
-    """The server no longer knows the handle (expired and deleted, or another principal's). Nothing was restarted."""
-
-
-class ConnectionLostError(FollowError):
-    """The server could not be reached after the allowed retries. The journal keeps the job: follow the key later."""
-
-
-class StartRefusedError(FollowError):
-    """The server refused to start the job (invalid arguments, a limit); no job exists. `error` is its answer."""
-
-    def __init__(self, error: dict[str, Any], *, key: str) -> None:
-        super().__init__(str(error.get("message") or "The server refused to start the job."), key=key)
-        self.error = error
-
-
-class OutcomeUnknownError(FollowError):
-    """A create that cannot be repeated safely (Tasks `tools/call`, no idempotency key) may or may not have run.
-
-    Reconcile (did a job start?), then `Journal.forget(key)` to allow a new start.
-    """
-
-
-class InputRequiredError(FollowError):
-    """The job asked a question and no `on_input` was given. `questions` lists them; the job waits."""
-
-    def __init__(self, questions: list[Question], *, key: str, handle: str) -> None:
-        keys = ", ".join(q.key for q in questions)
-        super().__init__(
-            f"The job is waiting for answers to {keys}; pass on_input to answer.", key=key, handle=handle
-        )
-        self.questions = questions
-
-
-class AnswerRejectedError(FollowError):
-    """The server refused an answer (it does not fit the requested schema)."""
-
-
-class JournalConflict(FollowError, ValueError):
-    """The key is already used in the journal for another server, job or arguments."""
-
-
-class UnsupportedServerError(FollowError):
-    """The server (or this client) offers no way to run or follow this job as asked."""
-
-
-class _Retryable(Exception):
-    """Internal: the server said nothing changed and the same request may be sent again."""
-
-
-# -- the journal -----------------------------------------------------------------------------------
-
-
-_SCHEMA = """
-create table if not exists handles_client_follows (
-    key text primary key,
-    server text not null,
-    job text not null,
-    arguments_digest text not null,
-    idempotency_key text not null,
-    created_via text not null,
-    handle text,
-    state text not null,
-    outcome text,
-    created_at real not null,
-    updated_at real not null
-)
-"""
-_COLUMNS = (
-    "key, server, job, arguments_digest, idempotency_key, created_via, handle, state, outcome, "
-    "created_at, updated_at"
-)
-
-
-@dataclass(frozen=True)
-class JournalEntry:
-    """One unit of work the client follows.
-
-    `state` is `starting` (idempotency key stored, handle not known yet), `creating` /
-    `unknown` (a non-idempotent Tasks create in flight / lost), the job's last seen
-    status, or a terminal status with its `outcome`.
-    """
-
-    key: str
-    server: str
-    job: str
-    arguments_digest: str
-    idempotency_key: str
-    created_via: str
-    handle: str | None
-    state: str
-    outcome: dict[str, Any] | None
-    created_at: float
-    updated_at: float
-
-    @property
-    def ended(self) -> bool:
-        return self.outcome is not None
-
-
-class Journal:
-    """A small SQLite file mapping each key to its job; every write is committed before `follow` goes on.
-
-    `Journal(":memory:")` keeps nothing across processes (what `follow` uses without a journal).
-    """
-
-    def __init__(self, path: str | PathLike[str]) -> None:
-        self.path = str(path)
-        self._memory: sqlite3.Connection | None = None
-        if self.path == ":memory:":
-            self._memory = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
-        else:
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        with self._connection() as db:
-            db.execute(_SCHEMA)
-
-    @contextlib.contextmanager
-    def _connection(self) -> Iterator[sqlite3.Connection]:
-        if self._memory is not None:
-            yield self._memory
-            return
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        try:
-            db.execute("pragma synchronous = full")
-            yield db
-        finally:
-            db.close()
-
-    def get(self, key: str) -> JournalEntry | None:
-        with self._connection() as db:
-            row = db.execute(
-                f"select {_COLUMNS} from handles_client_follows where key = ?", (key,)
-            ).fetchone()
-        return None if row is None else _entry(row)
-
-    def entries(self) -> list[JournalEntry]:
-        with self._connection() as db:
-            rows = db.execute(f"select {_COLUMNS} from handles_client_follows order by created_at").fetchall()
-        return [_entry(row) for row in rows]
-
-    def forget(self, key: str) -> None:
-        """Drop the key (the server's job, if any, is left alone)."""
-        with self._connection() as db:
-            db.execute("delete from handles_client_follows where key = ?", (key,))
-
-    def reserve(
-        self, key: str, *, server: str, job: str, arguments_digest: str, created_via: str, state: str
-    ) -> tuple[JournalEntry, bool]:
-        """The entry for `key` and whether this call created it (with a fresh idempotency key).
-
-        Committed before it returns, so the idempotency key is durable before any start is sent.
-        Raises `JournalConflict` when the key already names another server, job or arguments.
-        """
-        now = time.time()
-        with self._connection() as db:
-            db.execute("begin immediate")
-            try:
-                inserted = (
-                    db.execute(
-                        f"insert or ignore into handles_client_follows ({_COLUMNS}) "
-                        "values (?, ?, ?, ?, ?, ?, null, ?, null, ?, ?)",
-                        (key, server, job, arguments_digest, uuid.uuid4().hex, created_via, state, now, now),
-                    ).rowcount
-                    == 1
-                )
-                row = db.execute(
-                    f"select {_COLUMNS} from handles_client_follows where key = ?", (key,)
-                ).fetchone()
-                db.execute("commit")
-            except BaseException:
-                db.execute("rollback")
-                raise
-        entry = _entry(row)
-        check_same_work(entry, server=server, job=job, arguments_digest=arguments_digest)
-        return entry, inserted
-
-    def set_handle(self, key: str, handle: str, state: str) -> None:
-        self._update(key, "handle = ?, state = ?", (handle, state))
-
-    def set_state(self, key: str, state: str) -> None:
-        self._update(key, "state = ?", (state,))
-
-    def finish(self, key: str, state: str, outcome: dict[str, Any]) -> None:
-        self._update(key, "state = ?, outcome = ?", (state, json.dumps(outcome, default=str)))
-
-    def _update(self, key: str, assignments: str, values: tuple[Any, ...]) -> None:
-        with self._connection() as db:
-            db.execute(
-                f"update handles_client_follows set {assignments}, updated_at = ? where key = ?",
-                (*values, time.time(), key),
-            )
-
-
-def check_same_work(entry: JournalEntry, *, server: str, job: str, arguments_digest: str) -> None:
-    """Raise `JournalConflict` unless `entry` names this server, job and arguments."""
-    differences = [
-        name
-        for name, mine, theirs in (
-            ("server", server, entry.server),
-            ("job", job, entry.job),
-            ("arguments", arguments_digest, entry.arguments_digest),
-        )
-        if mine != theirs
-    ]
-    if differences:
-        raise JournalConflict(
-            f"The key {entry.key!r} already names other work in the journal (different {', '.join(differences)}: "
-            f"{entry.job} on {entry.server}). Use another key, or forget this one once it is no longer needed.",
-            key=entry.key,
-            handle=entry.handle,
-        )
-
-
-def _entry(row: tuple[Any, ...]) -> JournalEntry:
-    values = list(row)
-    values[8] = None if values[8] is None else json.loads(values[8])
-    return JournalEntry(*values)
-
-
-def arguments_digest(job: str, arguments: dict[str, Any]) -> str:
-    canonical = json.dumps([job, arguments], sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def server_identity(client: Client) -> str:
@@ -497,7 +141,7 @@ async def follow(
     book = (
         journal if isinstance(journal, Journal) else Journal(journal if journal is not None else ":memory:")
     )
-    follower = _Follower(
+    follower = Follower(
         client=client,
         job=job,
         arguments=dict(arguments or {}),
@@ -529,204 +173,7 @@ def _seconds_until(deadline: float | timedelta | datetime | None) -> float | Non
     return float(deadline)
 
 
-@dataclass
-class _View:
-    """One observation of the job, whichever face it came from."""
-
-    status: str
-    message: str | None = None
-    done: float | None = None
-    total: float | None = None
-    questions: dict[str, Question] = field(default_factory=dict)
-    poll_seconds: float | None = None
-    task: DetailedTask | None = None
-
-    @property
-    def ended(self) -> bool:
-        return self.status in TERMINAL_STATUSES
-
-
-def _caller_error(result: CallToolResult) -> dict[str, Any]:
-    """The JSON body of a handle tool's caller error (or its text as the message)."""
-    text = "\n".join(block.text for block in result.content if isinstance(block, TextContent))
-    try:
-        body = json.loads(text)
-    except json.JSONDecodeError:
-        body = None
-    return body if isinstance(body, dict) else {"error": "tool_error", "message": text or "The call failed."}
-
-
-class _HandleFace:
-    """The handle tools: `<job>_progress` (long-poll), `<job>_respond`, `<job>_cancel`, `<job>_fetch`."""
-
-    def __init__(self, follower: _Follower, handle: str) -> None:
-        self.f = follower
-        self.handle = handle
-
-    async def _call(
-        self,
-        client: Client,
-        verb: str,
-        arguments: dict[str, Any],
-        wait: float = 0.0,
-        refused: type[FollowError] = FollowError,
-    ) -> CallToolResult:
-        """Call `<job>_<verb>` on the handle; a caller error becomes `JobLostError`, a retry, or `refused`."""
-        result = await client.call_tool(
-            f"{self.f.job}_{verb}",
-            {"handle": self.handle, **arguments},
-            read_timeout_seconds=wait + self.f.request_timeout,
-        )
-        if result.is_error and result.structured_content is None:
-            body = _caller_error(result)
-            if body.get("error") in _LOST_CODES:
-                raise JobLostError(str(body.get("message")), key=self.f.key, handle=self.handle)
-            if body.get("retryable"):
-                raise _Retryable(str(body.get("message")))
-            raise refused(str(body.get("message")), key=self.f.key, handle=self.handle)
-        return result
-
-    async def observe(self, client: Client, wait: float) -> _View:
-        result = await self._call(client, "progress", {"wait_seconds": round(wait, 3)}, wait)
-        data = result.structured_content or {}
-        progress = data.get("progress") or {}
-        questions = {
-            key: Question(key, str(request.get("message", "")), dict(request.get("requested_schema") or {}))
-            for key, request in (data.get("input_requests") or {}).items()
-        }
-        poll = data.get("poll_after_ms")
-        return _View(
-            status=str(data.get("status")),
-            message=data.get("status_message"),
-            done=progress.get("done"),
-            total=progress.get("total"),
-            questions=questions,
-            poll_seconds=None if poll is None else poll / 1000,
-        )
-
-    async def answer(self, client: Client, answers: dict[str, dict[str, Any]]) -> None:
-        await self._call(client, "respond", {"responses": answers}, refused=AnswerRejectedError)
-
-    async def decline(self, client: Client, keys: list[str]) -> None:
-        # The handle tools have no "declined" answer: a job cannot go on without it, so it is cancelled.
-        await self.cancel(client)
-
-    async def cancel(self, client: Client) -> None:
-        await self._call(client, "cancel", {})
-
-    async def outcome(self, client: Client, view: _View) -> dict[str, Any]:
-        result = await self._call(client, "fetch", {"wait_seconds": 0})
-        data = result.structured_content or {}
-        status = str(data.get("status"))
-        if status == "completed":
-            if data.get("tool_error") is not None:
-                return {"status": status, "tool_error": data["tool_error"]}
-            return {"status": status, "result": data.get("result")}
-        if status == "failed":
-            return {
-                "status": status,
-                "error": data.get("error") or {"code": INTERNAL_ERROR, "message": "failed"},
-            }
-        return {"status": status, "message": data.get("status_message")}
-
-
-class _TaskFace:
-    """The Tasks extension: `tasks/get`, `tasks/update`, `tasks/cancel` on the handle as `taskId`."""
-
-    def __init__(self, follower: _Follower, handle: str) -> None:
-        self.f = follower
-        self.handle = handle
-
-    def _lost(self, error: MCPError) -> FollowError:
-        if error.error.code == INVALID_PARAMS:
-            return JobLostError(error.error.message, key=self.f.key, handle=self.handle)
-        return FollowError(error.error.message, key=self.f.key, handle=self.handle)
-
-    async def observe(self, client: Client, wait: float) -> _View:
-        try:
-            task = await get_task(client.session, self.handle, timeout=self.f.request_timeout)
-        except MCPError as error:
-            if error.error.code in _TRANSIENT_MCP_CODES:
-                raise
-            raise self._lost(error) from None
-        # A handles server only asks form elicitations (`elicitation/create`, message + requestedSchema).
-        questions = {
-            key: Question(
-                key,
-                str((request.get("params") or {}).get("message", "")),
-                dict((request.get("params") or {}).get("requestedSchema") or {}),
-            )
-            for key, request in (task.input_requests or {}).items()
-        }
-        return _View(
-            status=task.status,
-            message=task.status_message,
-            questions=questions,
-            poll_seconds=None if task.poll_interval_ms is None else task.poll_interval_ms / 1000,
-            task=task,
-        )
-
-    async def _update(self, client: Client, responses: dict[str, Any]) -> None:
-        try:
-            await update_task(client.session, self.handle, responses, timeout=self.f.request_timeout)
-        except MCPError as error:
-            if error.error.code in _TRANSIENT_MCP_CODES:
-                raise
-            if error.error.code == INVALID_PARAMS:
-                await self.observe(client, 0.0)  # the same code for a vanished task: this raises JobLostError
-                raise AnswerRejectedError(error.error.message, key=self.f.key, handle=self.handle) from None
-            raise self._lost(error) from None
-
-    async def answer(self, client: Client, answers: dict[str, dict[str, Any]]) -> None:
-        await self._update(client, {k: {"action": "accept", "content": v} for k, v in answers.items()})
-
-    async def decline(self, client: Client, keys: list[str]) -> None:
-        await self._update(client, {k: {"action": "decline"} for k in keys})
-
-    async def cancel(self, client: Client) -> None:
-        try:
-            await cancel_task(client.session, self.handle, timeout=self.f.request_timeout)
-        except MCPError as error:
-            if error.error.code in _TRANSIENT_MCP_CODES:
-                raise
-            raise self._lost(error) from None
-
-    async def outcome(self, client: Client, view: _View) -> dict[str, Any]:
-        task = view.task
-        assert task is not None
-        if task.status == "completed":
-            result = task.result or {}
-            if result.get("isError"):
-                return {"status": "completed", "tool_error": _text_of(result)}
-            return {"status": "completed", "result": _structured(result)}
-        if task.status == "failed":
-            error = task.error or {
-                "code": INTERNAL_ERROR,
-                "message": task.status_message or "The task failed.",
-            }
-            return {"status": "failed", "error": error}
-        return {"status": "cancelled", "message": task.status_message}
-
-
-def _text_of(result: dict[str, Any]) -> str:
-    parts = [
-        b.get("text", "")
-        for b in result.get("content") or []
-        if isinstance(b, dict) and b.get("type") == "text"
-    ]
-    return "\n".join(p for p in parts if p) or "The job reported an error."
-
-
-def _structured(result: dict[str, Any]) -> Any:
-    """The structured content of a `CallToolResult` dict, else the whole result."""
-    structured = result.get("structuredContent")
-    return structured if structured is not None else result
-
-
-_Face = _HandleFace | _TaskFace
-
-
-class _Follower:
+class Follower:
     def __init__(
         self,
         *,
@@ -768,7 +215,7 @@ class _Follower:
         self.status: str | None = None
         self.interval = DEFAULT_POLL_SECONDS
         self._last_report: Progress | None = None
-        self.face: _Face | None = None
+        self.face: Face | None = None
         self.deadline_at: float | None = None
         self._failures = 0
         self._answers: dict[str, dict[str, Any] | None] = {}
@@ -867,7 +314,7 @@ class _Follower:
             else:
                 first_poll = await self._start(entry)
         assert self.handle is not None
-        self.face = _TaskFace(self, self.handle) if use_tasks else _HandleFace(self, self.handle)
+        self.face = TaskFace(self, self.handle) if use_tasks else HandleFace(self, self.handle)
         return await self._watch(first_poll)
 
     @property
@@ -922,9 +369,9 @@ class _Follower:
                 f"{self.job}_start", arguments, read_timeout_seconds=self.request_timeout
             )
             if result.is_error:
-                body = _caller_error(result)
+                body = caller_error(result)
                 if body.get("retryable") and body.get("error") != "limit_reached":
-                    raise _Retryable(str(body.get("message")))
+                    raise Retryable(str(body.get("message")))
                 self.journal.forget(self.key)  # nothing was started: the key is free again
                 raise StartRefusedError(body, key=self.key)
             return result
@@ -939,7 +386,7 @@ class _Follower:
         hint = data.get("poll_after_ms")
         if isinstance(hint, int | float):
             self.interval = max(MIN_POLL_SECONDS, hint / 1000)
-        await self._report(_View(status=self.status, message=data.get("status_message")))
+        await self._report(View(status=self.status, message=data.get("status_message")))
         return anyio.current_time()
 
     async def _create_task(self) -> dict[str, Any] | None:
@@ -966,8 +413,8 @@ class _Follower:
             # The server answered at once instead of creating a task.
             raw = created.model_dump(by_alias=True, mode="json", exclude_none=True)
             if created.is_error:
-                return self._settle(self._finish({"status": "completed", "tool_error": _text_of(raw)}))
-            return self._settle(self._finish({"status": "completed", "result": _structured(raw)}))
+                return self._settle(self._finish({"status": "completed", "tool_error": text_of(raw)}))
+            return self._settle(self._finish({"status": "completed", "result": structured_result(raw)}))
         self.journal.forget(self.key)
         raise UnsupportedServerError(
             f"Unexpected answer to tools/call {self.job}: {type(created).__name__}", key=self.key
@@ -986,7 +433,7 @@ class _Follower:
                 spacing = self.interval * (1 + self.jitter * random.random())
                 await anyio.sleep(max(0.0, last_poll + spacing - anyio.current_time()))
             last_poll = anyio.current_time()
-            wait = self.long_poll if isinstance(face, _HandleFace) else 0.0
+            wait = self.long_poll if isinstance(face, HandleFace) else 0.0
             if self.deadline_at is not None:
                 wait = max(0.0, min(wait, self.deadline_at - anyio.current_time()))
             view = await self._with_retries(functools.partial(face.observe, wait=wait))
@@ -1006,7 +453,7 @@ class _Follower:
                     await self._answer(face, fresh)
                     answered.update(fresh)
 
-    async def _answer(self, face: _Face, fresh: dict[str, Question]) -> None:
+    async def _answer(self, face: Face, fresh: dict[str, Question]) -> None:
         """Ask the callback (once per question, even across reconnections), then send the answers back."""
         assert self.handle is not None
         for key, question in fresh.items():
@@ -1025,7 +472,7 @@ class _Follower:
         answers = {key: answer for key in fresh if (answer := self._answers[key]) is not None}
         await self._with_retries(functools.partial(face.answer, answers=answers))
 
-    async def _report(self, view: _View) -> None:
+    async def _report(self, view: View) -> None:
         if self.on_progress is None or self.handle is None:
             return
         update = Progress(
@@ -1138,12 +585,12 @@ async def _tool_names(client: Client) -> set[str]:
 
 def _transient(exc: BaseException) -> bool:
     if isinstance(
-        exc, _Retryable | OSError | TimeoutError | anyio.BrokenResourceError | anyio.ClosedResourceError
+        exc, Retryable | OSError | TimeoutError | anyio.BrokenResourceError | anyio.ClosedResourceError
     ):
         return True
     if isinstance(exc, anyio.EndOfStream):
         return True
-    return isinstance(exc, MCPError) and exc.error.code in _TRANSIENT_MCP_CODES
+    return isinstance(exc, MCPError) and exc.error.code in TRANSIENT_MCP_CODES
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

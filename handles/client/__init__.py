@@ -1,0 +1,86 @@
+"""Follow a job of a `handles` server to its end, from the official `mcp` client.
+
+```python
+from handles.client import Journal, connect, follow
+
+report = await follow(
+    connect("http://127.0.0.1:8000/mcp"),  # or a connected mcp.Client
+    "generate_report", {"account": "acme"},
+    key="acme-report-2026-07", journal=Journal("jobs.db"), deadline=600,
+    on_progress=print, on_input=ask_a_person,
+)
+```
+
+One call, one job, on either face of the server:
+
+- Creation always goes through `<job>_start` with an `idempotency_key` when the
+  server lists it (every `handles` server does). The key is written to the journal
+  *before* the start is sent, so a start whose answer was lost (a network error, a
+  killed process) is re-sent with the same key and the server returns the same job
+  (`created: false`) instead of starting a second one. The Tasks extension's own
+  create (`tools/call <job>` declaring the extension) has no idempotency key, so
+  it is used only on a server without `<job>_start`, and then at most once: when
+  its outcome is unknown the call raises `OutcomeUnknownError` instead of guessing.
+- Observation uses the Tasks extension (`tasks/get`, `tasks/update`,
+  `tasks/cancel`) when the client declares it and the server advertises it, and
+  otherwise the handle tools (`<job>_progress` long-poll, `<job>_respond`,
+  `<job>_fetch`, `<job>_cancel`). The `taskId` is the handle, so one job can be
+  followed through either face, and a restarted client may pick the other one.
+- Polls are spaced by at least the server's hint (`poll_after_ms` /
+  `pollIntervalMs`) plus random jitter; the deadline is absolute, so a job that
+  keeps reporting progress never extends it.
+- The journal (a small SQLite file) maps the caller's `key` to the server, the
+  job, the idempotency key, the handle and the final outcome: a restarted client
+  calling `follow` with the same key resumes the same job, and once the job has
+  ended it gets the recorded outcome without asking the server again
+  (`Journal.forget(key)` frees the key for new work).
+"""
+
+from handles.client.follow import Connect, connect, follow, server_identity
+from handles.client.journal import Journal, JournalEntry, arguments_digest
+from handles.client.outcomes import (
+    AnswerRejectedError,
+    ConnectionLostError,
+    DeadlineExceeded,
+    FollowError,
+    InputCallback,
+    InputRequiredError,
+    JobCancelledError,
+    JobFailedError,
+    JobLostError,
+    JobToolError,
+    JournalConflict,
+    OutcomeUnknownError,
+    Progress,
+    ProgressCallback,
+    Question,
+    StartRefusedError,
+    UnsupportedServerError,
+)
+
+__all__ = [
+    "AnswerRejectedError",
+    "Connect",
+    "ConnectionLostError",
+    "DeadlineExceeded",
+    "FollowError",
+    "InputCallback",
+    "InputRequiredError",
+    "JobCancelledError",
+    "JobFailedError",
+    "JobLostError",
+    "JobToolError",
+    "Journal",
+    "JournalConflict",
+    "JournalEntry",
+    "OutcomeUnknownError",
+    "Progress",
+    "ProgressCallback",
+    "Question",
+    "StartRefusedError",
+    "UnsupportedServerError",
+    "arguments_digest",
+    "connect",
+    "follow",
+    "server_identity",
+]

@@ -1,0 +1,234 @@
+"""The two faces a job is followed through: the handle tools, and the Tasks extension."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    CallToolResult,
+    TextContent,
+)
+
+from handles.client.outcomes import (
+    TRANSIENT_MCP_CODES,
+    AnswerRejectedError,
+    FollowError,
+    JobLostError,
+    Question,
+    Retryable,
+)
+from handles.tasks_client import (
+    TERMINAL_STATUSES,
+    DetailedTask,
+    cancel_task,
+    get_task,
+    update_task,
+)
+
+if TYPE_CHECKING:
+    from handles.client.follow import Follower
+
+_LOST_CODES = frozenset({"unknown_handle", "expired_handle", "wrong_job"})
+
+
+@dataclass
+class View:
+    """One observation of the job, whichever face it came from."""
+
+    status: str
+    message: str | None = None
+    done: float | None = None
+    total: float | None = None
+    questions: dict[str, Question] = field(default_factory=dict)
+    poll_seconds: float | None = None
+    task: DetailedTask | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+def caller_error(result: CallToolResult) -> dict[str, Any]:
+    """The JSON body of a handle tool's caller error (or its text as the message)."""
+    text = "\n".join(block.text for block in result.content if isinstance(block, TextContent))
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError:
+        body = None
+    return body if isinstance(body, dict) else {"error": "tool_error", "message": text or "The call failed."}
+
+
+class HandleFace:
+    """The handle tools: `<job>_progress` (long-poll), `<job>_respond`, `<job>_cancel`, `<job>_fetch`."""
+
+    def __init__(self, follower: Follower, handle: str) -> None:
+        self.f = follower
+        self.handle = handle
+
+    async def _call(
+        self,
+        client: Client,
+        verb: str,
+        arguments: dict[str, Any],
+        wait: float = 0.0,
+        refused: type[FollowError] = FollowError,
+    ) -> CallToolResult:
+        """Call `<job>_<verb>` on the handle; a caller error becomes `JobLostError`, a retry, or `refused`."""
+        result = await client.call_tool(
+            f"{self.f.job}_{verb}",
+            {"handle": self.handle, **arguments},
+            read_timeout_seconds=wait + self.f.request_timeout,
+        )
+        if result.is_error and result.structured_content is None:
+            body = caller_error(result)
+            if body.get("error") in _LOST_CODES:
+                raise JobLostError(str(body.get("message")), key=self.f.key, handle=self.handle)
+            if body.get("retryable"):
+                raise Retryable(str(body.get("message")))
+            raise refused(str(body.get("message")), key=self.f.key, handle=self.handle)
+        return result
+
+    async def observe(self, client: Client, wait: float) -> View:
+        result = await self._call(client, "progress", {"wait_seconds": round(wait, 3)}, wait)
+        data = result.structured_content or {}
+        progress = data.get("progress") or {}
+        questions = {
+            key: Question(key, str(request.get("message", "")), dict(request.get("requested_schema") or {}))
+            for key, request in (data.get("input_requests") or {}).items()
+        }
+        poll = data.get("poll_after_ms")
+        return View(
+            status=str(data.get("status")),
+            message=data.get("status_message"),
+            done=progress.get("done"),
+            total=progress.get("total"),
+            questions=questions,
+            poll_seconds=None if poll is None else poll / 1000,
+        )
+
+    async def answer(self, client: Client, answers: dict[str, dict[str, Any]]) -> None:
+        await self._call(client, "respond", {"responses": answers}, refused=AnswerRejectedError)
+
+    async def decline(self, client: Client, keys: list[str]) -> None:
+        # The handle tools have no "declined" answer: a job cannot go on without it, so it is cancelled.
+        await self.cancel(client)
+
+    async def cancel(self, client: Client) -> None:
+        await self._call(client, "cancel", {})
+
+    async def outcome(self, client: Client, view: View) -> dict[str, Any]:
+        result = await self._call(client, "fetch", {"wait_seconds": 0})
+        data = result.structured_content or {}
+        status = str(data.get("status"))
+        if status == "completed":
+            if data.get("tool_error") is not None:
+                return {"status": status, "tool_error": data["tool_error"]}
+            return {"status": status, "result": data.get("result")}
+        if status == "failed":
+            return {
+                "status": status,
+                "error": data.get("error") or {"code": INTERNAL_ERROR, "message": "failed"},
+            }
+        return {"status": status, "message": data.get("status_message")}
+
+
+class TaskFace:
+    """The Tasks extension: `tasks/get`, `tasks/update`, `tasks/cancel` on the handle as `taskId`."""
+
+    def __init__(self, follower: Follower, handle: str) -> None:
+        self.f = follower
+        self.handle = handle
+
+    def _lost(self, error: MCPError) -> FollowError:
+        if error.error.code == INVALID_PARAMS:
+            return JobLostError(error.error.message, key=self.f.key, handle=self.handle)
+        return FollowError(error.error.message, key=self.f.key, handle=self.handle)
+
+    async def observe(self, client: Client, wait: float) -> View:
+        try:
+            task = await get_task(client.session, self.handle, timeout=self.f.request_timeout)
+        except MCPError as error:
+            if error.error.code in TRANSIENT_MCP_CODES:
+                raise
+            raise self._lost(error) from None
+        # A handles server only asks form elicitations (`elicitation/create`, message + requestedSchema).
+        questions = {
+            key: Question(
+                key,
+                str((request.get("params") or {}).get("message", "")),
+                dict((request.get("params") or {}).get("requestedSchema") or {}),
+            )
+            for key, request in (task.input_requests or {}).items()
+        }
+        return View(
+            status=task.status,
+            message=task.status_message,
+            questions=questions,
+            poll_seconds=None if task.poll_interval_ms is None else task.poll_interval_ms / 1000,
+            task=task,
+        )
+
+    async def _update(self, client: Client, responses: dict[str, Any]) -> None:
+        try:
+            await update_task(client.session, self.handle, responses, timeout=self.f.request_timeout)
+        except MCPError as error:
+            if error.error.code in TRANSIENT_MCP_CODES:
+                raise
+            if error.error.code == INVALID_PARAMS:
+                await self.observe(client, 0.0)  # the same code for a vanished task: this raises JobLostError
+                raise AnswerRejectedError(error.error.message, key=self.f.key, handle=self.handle) from None
+            raise self._lost(error) from None
+
+    async def answer(self, client: Client, answers: dict[str, dict[str, Any]]) -> None:
+        await self._update(client, {k: {"action": "accept", "content": v} for k, v in answers.items()})
+
+    async def decline(self, client: Client, keys: list[str]) -> None:
+        await self._update(client, {k: {"action": "decline"} for k in keys})
+
+    async def cancel(self, client: Client) -> None:
+        try:
+            await cancel_task(client.session, self.handle, timeout=self.f.request_timeout)
+        except MCPError as error:
+            if error.error.code in TRANSIENT_MCP_CODES:
+                raise
+            raise self._lost(error) from None
+
+    async def outcome(self, client: Client, view: View) -> dict[str, Any]:
+        task = view.task
+        assert task is not None
+        if task.status == "completed":
+            result = task.result or {}
+            if result.get("isError"):
+                return {"status": "completed", "tool_error": text_of(result)}
+            return {"status": "completed", "result": structured_result(result)}
+        if task.status == "failed":
+            error = task.error or {
+                "code": INTERNAL_ERROR,
+                "message": task.status_message or "The task failed.",
+            }
+            return {"status": "failed", "error": error}
+        return {"status": "cancelled", "message": task.status_message}
+
+
+def text_of(result: dict[str, Any]) -> str:
+    parts = [
+        b.get("text", "")
+        for b in result.get("content") or []
+        if isinstance(b, dict) and b.get("type") == "text"
+    ]
+    return "\n".join(p for p in parts if p) or "The job reported an error."
+
+
+def structured_result(result: dict[str, Any]) -> Any:
+    """The structured content of a `CallToolResult` dict, else the whole result."""
+    structured = result.get("structuredContent")
+    return structured if structured is not None else result
+
+
+Face = HandleFace | TaskFace

@@ -1,0 +1,135 @@
+"""What `follow` gives its caller: progress, questions, and the errors it raises."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mcp_types import (
+    CONNECTION_CLOSED,
+    INTERNAL_ERROR,
+    REQUEST_TIMEOUT,
+)
+
+TRANSIENT_MCP_CODES = frozenset({CONNECTION_CLOSED, REQUEST_TIMEOUT, INTERNAL_ERROR})
+"""JSON-RPC errors after which the same request may simply be sent again."""
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question a job is waiting on."""
+
+    key: str
+    message: str
+    requested_schema: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the job reported, given to `on_progress` whenever it changes.
+
+    `done` and `total` come from the handle face; the Tasks face carries progress in `message` only.
+    """
+
+    key: str
+    job: str
+    handle: str
+    status: str
+    message: str | None = None
+    done: float | None = None
+    total: float | None = None
+
+
+ProgressCallback = Callable[[Progress], Awaitable[None] | None]
+"""Called with each change of status, message or progress (sync or async)."""
+
+InputCallback = Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any] | None] | dict[str, Any] | None]
+"""`(question key, message, requested_schema) -> answer object`, or None to decline (the job is then cancelled)."""
+
+
+class FollowError(Exception):
+    """Base of what `follow` raises. `key` is the journal key; `handle` the job's handle (taskId) when known."""
+
+    def __init__(self, message: str, *, key: str, handle: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.key = key
+        self.handle = handle
+
+
+class JobFailedError(FollowError):
+    """The job ended `failed`; `error` is its JSON-RPC error object (`code`, `message`, `data`)."""
+
+    def __init__(self, error: dict[str, Any], *, key: str, handle: str | None) -> None:
+        super().__init__(str(error.get("message") or "The job failed."), key=key, handle=handle)
+        self.error = error
+
+
+class JobToolError(FollowError):
+    """The job completed with a tool error (`isError: true`): the job's own message, for the caller to act on."""
+
+
+class JobCancelledError(FollowError):
+    """The job ended `cancelled` without a result."""
+
+
+class DeadlineExceeded(FollowError, TimeoutError):
+    """The deadline passed first. Unless `cancelled`, the job goes on: follow the same key again later."""
+
+    def __init__(
+        self, message: str, *, key: str, handle: str | None, status: str | None, cancelled: bool
+    ) -> None:
+        super().__init__(message, key=key, handle=handle)
+        self.status = status
+        self.cancelled = cancelled
+
+
+class JobLostError(FollowError):
+    """The server no longer knows the handle (expired and deleted, or another principal's). Nothing was restarted."""
+
+
+class ConnectionLostError(FollowError):
+    """The server could not be reached after the allowed retries. The journal keeps the job: follow the key later."""
+
+
+class StartRefusedError(FollowError):
+    """The server refused to start the job (invalid arguments, a limit); no job exists. `error` is its answer."""
+
+    def __init__(self, error: dict[str, Any], *, key: str) -> None:
+        super().__init__(str(error.get("message") or "The server refused to start the job."), key=key)
+        self.error = error
+
+
+class OutcomeUnknownError(FollowError):
+    """A create that cannot be repeated safely (Tasks `tools/call`, no idempotency key) may or may not have run.
+
+    Reconcile (did a job start?), then `Journal.forget(key)` to allow a new start.
+    """
+
+
+class InputRequiredError(FollowError):
+    """The job asked a question and no `on_input` was given. `questions` lists them; the job waits."""
+
+    def __init__(self, questions: list[Question], *, key: str, handle: str) -> None:
+        keys = ", ".join(q.key for q in questions)
+        super().__init__(
+            f"The job is waiting for answers to {keys}; pass on_input to answer.", key=key, handle=handle
+        )
+        self.questions = questions
+
+
+class AnswerRejectedError(FollowError):
+    """The server refused an answer (it does not fit the requested schema)."""
+
+
+class JournalConflict(FollowError, ValueError):
+    """The key is already used in the journal for another server, job or arguments."""
+
+
+class UnsupportedServerError(FollowError):
+    """The server (or this client) offers no way to run or follow this job as asked."""
+
+
+class Retryable(Exception):
+    """Internal: the server said nothing changed and the same request may be sent again."""

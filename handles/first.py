@@ -1,0 +1,117 @@
+"""Questions a job asks before any work starts (a confirmation, a choice).
+
+A job declared with `ask_first=AskFirst(message, schema)` needs one answer before it
+may run. How the question reaches the caller depends on what the caller can do:
+
+- a 2026-07-28 request that declares elicitation, calling the plain tool `<job>`
+  (with or without the Tasks extension), gets it first as a multi round-trip
+  `InputRequiredResult`; its retry with `inputResponses` starts the job (or creates
+  the task) with the answer. Nothing is stored before the answer arrives, and no
+  state has to travel: the retry carries the arguments again.
+- any other caller (`<job>_start`, older clients, clients without elicitation) gets
+  a job that waits in `input_required` with the question under key `q0`, answered
+  like any other question (`<job>_respond`, `tasks/update`); the job starts then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mcp_types import (
+    CallToolResult,
+    ClientCapabilities,
+    ElicitRequest,
+    ElicitRequestFormParams,
+    InputRequiredResult,
+    TextContent,
+)
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel
+
+from handles.elicitation import elicitation_schema
+from handles.limits import clean_message
+
+if TYPE_CHECKING:
+    from handles.jobs import JobSpec
+
+FIRST_KEY = "q0"
+"""The key of the question asked before the job starts; questions asked while it runs are q1, q2, ..."""
+
+
+@dataclass(frozen=True)
+class AskFirst:
+    """The question a job needs answered before it starts.
+
+    `message` is the text, or a function of the job's (validated, JSON) arguments that
+    returns it. `schema` is a pydantic model of primitive fields (the job reads the
+    answer as that model from `ctx.first_answer`) or a form-elicitation schema dict.
+    """
+
+    message: str | Callable[[dict[str, Any]], str]
+    schema: type[BaseModel] | dict[str, Any]
+
+    def requested_schema(self) -> dict[str, Any]:
+        return elicitation_schema(self.schema)
+
+    def render(self, arguments: dict[str, Any]) -> str:
+        text = self.message(arguments) if callable(self.message) else self.message
+        return clean_message(text) or "Confirm before the job starts."
+
+    def typed(self, answer: dict[str, Any]) -> Any:
+        if isinstance(self.schema, type) and issubclass(self.schema, BaseModel):
+            return self.schema.model_validate(answer)
+        return answer
+
+
+def asks_in_band(protocol_version: str, capabilities: ClientCapabilities | None) -> bool:
+    """Whether this request can take the question as an `InputRequiredResult`: 2026-07-28 with elicitation."""
+    return protocol_version in MODERN_PROTOCOL_VERSIONS and bool(capabilities and capabilities.elicitation)
+
+
+@dataclass(frozen=True)
+class FirstRound:
+    """What a plain `<job>` call does about the question before the job: exactly one field is set, or none.
+
+    - `ask`: answer this `InputRequiredResult`; nothing was stored;
+    - `declined`: the caller said no; answer this tool error; nothing was stored;
+    - `answer`: start the job with this answer;
+    - none: start the job; it waits in `input_required` for the answer (or asks nothing first).
+    """
+
+    ask: InputRequiredResult | None = None
+    declined: CallToolResult | None = None
+    answer: dict[str, Any] | None = None
+
+
+def first_round(
+    spec: JobSpec, arguments: dict[str, Any], *, in_band: bool, responses: Mapping[str, Any] | None
+) -> FirstRound:
+    """Decide what a plain `<job>` call does before the job exists (arguments are validated here)."""
+    if spec.ask_first is None or not in_band:
+        return FirstRound()
+    response = (responses or {}).get(FIRST_KEY)
+    if response is None:
+        values = spec.validate_arguments(arguments, f"Fix the arguments and call {spec.name} again.")
+        request = ElicitRequest(
+            params=ElicitRequestFormParams(
+                message=spec.ask_first.render(values),
+                requested_schema=spec.ask_first.requested_schema(),
+            )
+        )
+        return FirstRound(ask=InputRequiredResult(input_requests={FIRST_KEY: request}))
+    action = _field(response, "action")
+    if action != "accept":
+        text = f"{spec.name} was not started: the question before it was {action or 'not answered'}."
+        return FirstRound(
+            declined=CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+        )
+    content = _field(response, "content")
+    return FirstRound(answer=dict(content) if isinstance(content, Mapping) else {})
+
+
+def _field(response: Any, name: str) -> Any:
+    if isinstance(response, Mapping):
+        return response.get(name)
+    return getattr(response, name, None)
