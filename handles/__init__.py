@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from handles.app import Handles
-    from handles.first import AskFirst
     from handles.config import HandlesConfig
     from handles.errors import (
         CallerError,
@@ -31,6 +30,7 @@ if TYPE_CHECKING:
         UnknownHandle,
         WrongJobKind,
     )
+    from handles.first import AskFirst
     from handles.jobs import JobContext, JobSpec
     from handles.states import Status
 

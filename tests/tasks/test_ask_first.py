@@ -101,7 +101,7 @@ async def test_declining_or_a_wrong_answer_starts_nothing(server: Any) -> None:
 
 
 async def test_without_elicitation_the_job_waits_in_input_required_for_q0(server: Any) -> None:
-    jobs, mcp_server = server
+    _, mcp_server = server
     async with Client(mcp_server) as client:  # declares no elicitation
         handoff = (await client.call_tool("purge", {"prefix": "logs/"})).structured_content
         assert handoff["status"] == "input_required"
@@ -113,12 +113,17 @@ async def test_without_elicitation_the_job_waits_in_input_required_for_q0(server
         progress = (await client.call_tool("purge_progress", {"handle": handle})).structured_content
         assert progress["attempts"] == 0, "it has not run"
         reply = await client.call_tool(
-            "purge_respond", {"handle": handle, "responses": {FIRST_KEY: {"confirm": True, "reason": "rotate"}}}
+            "purge_respond",
+            {"handle": handle, "responses": {FIRST_KEY: {"confirm": True, "reason": "rotate"}}},
         )
         assert reply.structured_content["accepted"] == [FIRST_KEY]
-        done = (await client.call_tool("purge_fetch", {"handle": handle, "wait_seconds": 10})).structured_content
+        done = (
+            await client.call_tool("purge_fetch", {"handle": handle, "wait_seconds": 10})
+        ).structured_content
         assert done["status"] == "completed" and done["result"] == {"prefix": "logs/", "reason": "rotate"}
-        assert (await client.call_tool("purge_progress", {"handle": handle})).structured_content["attempts"] == 1
+        assert (await client.call_tool("purge_progress", {"handle": handle})).structured_content[
+            "attempts"
+        ] == 1
 
 
 async def test_tasks_clients_get_it_before_the_task_or_on_the_task(server: Any) -> None:
