@@ -7,8 +7,7 @@
     python bench/run.py --quick --no-peer     # skip the FastMCP peer (no venv to create)
 
 Sections: overhead (1), durable (2), pickup (3), store_scale (4), concurrency (5), peer (6),
-profile (hot paths of work_progress and work_start). Section 7 (multi-node) is not part of the
-suite yet. Absolute times on a shared machine are noisy: read the ratios, measured in the same run.
+multinode (7), profile (hot paths of work_progress and work_start). Absolute times on a shared machine are noisy: read the ratios, measured in the same run.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ if __package__ in (None, ""):
 
 from bench.common import DEFAULT_POSTGRES_URL, Options, Table, environment, environment_markdown, log
 
-SECTIONS = ("overhead", "durable", "pickup", "store_scale", "concurrency", "peer", "profile")
+SECTIONS = ("overhead", "durable", "pickup", "store_scale", "concurrency", "peer", "multinode", "profile")
 
 
 def _module(name: str):  # type: ignore[no-untyped-def]
@@ -109,10 +108,6 @@ async def main_async(args: argparse.Namespace, command: str) -> int:
         log(f"section {section} took {time.perf_counter() - section_started:.1f} s")
         logging.getLogger().setLevel(logging.WARNING)
     footer = [
-        "### 7. Multi-node",
-        "",
-        "Not measured: the PostgreSQL multi-node work has not landed in this suite yet.",
-        "",
         f"Total wall time: {time.perf_counter() - started:.0f} s; load average (1/5/15 min) at the end: "
         + " / ".join(f"{x:.2f}" for x in os.getloadavg())
         + ".",

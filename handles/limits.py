@@ -58,7 +58,7 @@ def check_size(value: Any, limit: int, what: str, next_step: str) -> None:
     size = json_size(value)
     if size > limit:
         raise InvalidArguments(
-            f"The {what} is {size} bytes of JSON; the limit is {limit} bytes.",
+            f"The {what} are {size} bytes of JSON; the limit is {limit} bytes.",
             next_step,
             data={"limit_bytes": limit, "size_bytes": size},
         )

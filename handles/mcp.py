@@ -20,9 +20,9 @@ from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 from starlette.applications import Starlette
 
-from handles.errors import ConfigurationError
+from handles.errors import ConfigurationError, InvalidArguments
 from handles.principal import PrincipalResolver
-from handles.tools import ToolDefinition, ToolReply
+from handles.tools import ToolDefinition, ToolReply, error_reply
 
 if TYPE_CHECKING:
     from handles.app import Handles
@@ -80,7 +80,14 @@ def _sdk_function(
     async def call(**kwargs: Any) -> CallToolResult | InputRequiredResult:
         context = kwargs.pop(CONTEXT_PARAM)
         principal = await resolve_principal(resolver, context)
-        arguments = {key: to_jsonable_python(value, by_alias=True) for key, value in kwargs.items()}
+        try:
+            arguments = {key: to_jsonable_python(value, by_alias=True) for key, value in kwargs.items()}
+        except UnicodeEncodeError:  # a lone surrogate (JSON "\ud800") in an object key
+            error = InvalidArguments(
+                f"The arguments of {name} contain text that is not valid Unicode (a lone surrogate).",
+                f"Fix the arguments and call {name} again.",
+            )
+            return to_call_tool_result(error_reply(error))
         return await handler(principal, arguments, context)
 
     parameters = [_parameter(key, field) for key, field in model.model_fields.items()]

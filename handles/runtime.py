@@ -55,6 +55,7 @@ class _Running:
     task: asyncio.Task[None] | None = None
     stopping: bool = False
     lost: bool = False
+    settling: bool = False  # its outcome is being written: the heartbeat leaves it alone
     hard_cancel: asyncio.TimerHandle | None = None
 
 
@@ -228,6 +229,7 @@ class Runtime:
                 with contextlib.suppress(Exception):
                     await ctx.flush()
                 status, values = outcome
+                entry.settling = True
                 if not await self._record_outcome(job_id, status, values):
                     logger.info(
                         "job %s ended %s here, but its stored state had already moved on", job_id, status
@@ -399,7 +401,7 @@ class Runtime:
                 logger.exception("heartbeat failed; retrying")
 
     async def heartbeat_once(self) -> None:
-        ids = list(self._running)
+        ids = [job_id for job_id, entry in self._running.items() if not entry.settling]
         if not ids:
             return
         cancelled, lost = await self.store.call(
@@ -408,12 +410,11 @@ class Runtime:
         for job_id in cancelled:
             self.signal_cancel(job_id)
         for job_id in lost:
-            entry = self._running.get(job_id)
-            if entry is not None and entry.task is not None:
+            if job_id in self._running:
                 logger.warning(
-                    "lost the lease of job %s (another runtime recovered it); stopping it here", job_id
+                    "job %s is no longer held here (it ended or was recovered); stopping it", job_id
                 )
-                entry.task.cancel()
+                self._drop(job_id)
 
     # -- sweeping ----------------------------------------------------------------
 

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import weakref
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
@@ -45,7 +46,9 @@ class ChangeNotifier:
     """Wakes coroutines of this process that wait for a job to change."""
 
     def __init__(self) -> None:
-        self._events: dict[str, asyncio.Event] = {}
+        # Weak: an event lives only while a waiter holds it. A job that ends is never notified
+        # again, so a plain dict would keep one event per job ever waited on.
+        self._events: weakref.WeakValueDictionary[str, asyncio.Event] = weakref.WeakValueDictionary()
 
     def notify(self, job_id: str) -> None:
         event = self._events.pop(job_id, None)

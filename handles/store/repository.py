@@ -21,8 +21,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import Engine, and_, create_engine, event, func, update
+from sqlalchemy import Connection, Engine, and_, create_engine, event, func, update
+from sqlalchemy import select as sa_select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import configure_mappers
 from sqlalchemy.pool import StaticPool
 from sqlmodel import Session, col, delete, select
 
@@ -91,7 +93,7 @@ def _make_engines(url: str) -> tuple[Engine, Engine, Engine | None]:
     if memory:
         kwargs["poolclass"] = StaticPool
 
-    def configure(engine: Engine, begin: str, busy_ms: int = 30000) -> Engine:
+    def configure(engine: Engine, begin: str | None, busy_ms: int = 30000) -> Engine:
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_connection: Any, _record: Any) -> None:
             # Take transaction control away from pysqlite so BEGIN is ours to issue.
@@ -104,9 +106,11 @@ def _make_engines(url: str) -> tuple[Engine, Engine, Engine | None]:
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
 
-        @event.listens_for(engine, "begin")
-        def _on_begin(connection: Any) -> None:
-            connection.exec_driver_sql(begin)
+        if begin is not None:
+
+            @event.listens_for(engine, "begin")
+            def _on_begin(connection: Any) -> None:
+                connection.exec_driver_sql(begin)
 
         return engine
 
@@ -114,7 +118,8 @@ def _make_engines(url: str) -> tuple[Engine, Engine, Engine | None]:
     if memory:
         return write, write, None
     read = configure(create_engine(url, **kwargs), "BEGIN")
-    inline = configure(create_engine(url, **kwargs), "BEGIN", busy_ms=50)
+    # No BEGIN: each read statement is its own snapshot, with nothing to end afterwards.
+    inline = configure(create_engine(url, **kwargs), None, busy_ms=50)
     return read, write, inline
 
 
@@ -125,6 +130,10 @@ class JobRepository:
         self.url = url
         self.clock = clock
         self._read_engine, self._write_engine, self._inline_engine = _make_engines(url)
+        self._inline_connection: Connection | None = None
+        self._inline_lock = threading.Lock()
+        # Models built from Core rows (the hot reads) need their ORM mappers ready.
+        configure_mappers()
         # SQLite has one writer at a time. Queue this process's writers on a lock rather than in
         # SQLite's busy handler, which sleeps in coarse steps (up to 100 ms) while the lock is held.
         self._write_lock: contextlib.AbstractContextManager[Any] = (
@@ -156,6 +165,9 @@ class JobRepository:
             migrate.check_current(self._write_engine)
 
     def dispose(self) -> None:
+        if self._inline_connection is not None:
+            self._inline_connection.close()
+            self._inline_connection = None
         self._read_engine.dispose()
         if self._inline_engine is not None:
             self._inline_engine.dispose()
@@ -177,11 +189,33 @@ class JobRepository:
 
     @contextmanager
     def _reading(self) -> Iterator[Session]:
-        engine = (
-            self._inline_engine if _INLINE.get() and self._inline_engine is not None else self._read_engine
-        )
-        with Session(engine, expire_on_commit=False) as session:
+        with Session(self._read_engine, expire_on_commit=False) as session:
             yield session
+
+    @contextmanager
+    def _fast_reading(self) -> Iterator[Connection]:
+        """A connection for the hot reads (by key), which skip the ORM session.
+
+        Inline (on the event loop, SQLite file): one long-lived connection, its read
+        transaction ended after each use so the next read sees the newest commit.
+        Otherwise a pooled connection of the read engine.
+        """
+        if not (_INLINE.get() and self._inline_engine is not None):
+            with self._read_engine.connect() as connection:
+                yield connection
+            return
+        with self._inline_lock:
+            if self._inline_connection is None or self._inline_connection.closed:
+                self._inline_connection = self._inline_engine.connect()
+            connection = self._inline_connection
+            try:
+                yield connection
+            except BaseException:
+                connection.invalidate()
+                self._inline_connection = None
+                raise
+            else:
+                connection.rollback()
 
     @contextmanager
     def _writing(self) -> Iterator[Session]:
@@ -195,25 +229,28 @@ class JobRepository:
     # -- reads -------------------------------------------------------------
 
     def get(self, job_id: str) -> JobRecord | None:
-        with self._reading() as session:
-            return session.get(JobRecord, job_id)
+        with self._fast_reading() as connection:
+            return _one(connection, JobRecord, _JOBS.c.id == job_id)
 
     def pending_inputs(self, job_id: str) -> list[InputRequestRecord]:
-        with self._reading() as session:
-            return _pending(session, job_id)
+        with self._fast_reading() as connection:
+            return _rows(connection, InputRequestRecord, *_pending_clause(job_id))
 
     def snapshot(self, job_id: str) -> tuple[JobRecord | None, list[InputRequestRecord], list[StepRecord]]:
-        """The job, its open questions (when it waits for answers) and its steps, read in one session."""
-        with self._reading() as session:
-            job = session.get(JobRecord, job_id)
+        """The job, its open questions (when it waits for answers) and its steps, read in one go."""
+        with self._fast_reading() as connection:
+            job = _one(connection, JobRecord, _JOBS.c.id == job_id)
             if job is None:
                 return None, [], []
-            pending = _pending(session, job_id) if job.status == Status.INPUT_REQUIRED.value else []
-            return job, pending, _steps(session, job_id)
+            pending: list[InputRequestRecord] = []
+            if job.status == Status.INPUT_REQUIRED.value:
+                pending = _rows(connection, InputRequestRecord, *_pending_clause(job_id))
+            return job, pending, _rows(connection, StepRecord, *_steps_clause(job_id))
 
     def get_input(self, job_id: str, key: str) -> InputRequestRecord | None:
-        with self._reading() as session:
-            return session.get(InputRequestRecord, (job_id, key))
+        inputs = InputRequestRecord.__table__.c  # type: ignore[attr-defined]
+        with self._fast_reading() as connection:
+            return _one(connection, InputRequestRecord, and_(inputs.job_id == job_id, inputs.key == key))
 
     def list_jobs(
         self,
@@ -676,14 +713,14 @@ class JobRepository:
             step.status = "failed" if error is not None else "completed"
             step.result, step.error, step.finished_at = result, error, now
             session.add(step)
-            job = session.get(JobRecord, job_id)
+            job = self._locked(session, job_id)
             if job is not None:
                 _touch(job, now)
                 session.add(job)
 
     def steps(self, job_id: str) -> list[StepRecord]:
-        with self._reading() as session:
-            return _steps(session, job_id)
+        with self._fast_reading() as connection:
+            return _rows(connection, StepRecord, *_steps_clause(job_id))
 
     # -- sweeping --------------------------------------------------------------
 
@@ -750,24 +787,38 @@ class JobRepository:
         return len(ids)
 
 
+_JOBS = JobRecord.__table__  # type: ignore[attr-defined]
+M = TypeVar("M", JobRecord, InputRequestRecord, StepRecord)
+
+
+def _pending_clause(job_id: str) -> tuple[Any, Any]:
+    """(where, order by) of a job's unanswered questions, in the order asked."""
+    where = and_(col(InputRequestRecord.job_id) == job_id, col(InputRequestRecord.answered_at).is_(None))
+    return where, (col(InputRequestRecord.created_at), col(InputRequestRecord.key))
+
+
+def _steps_clause(job_id: str) -> tuple[Any, Any]:
+    """(where, order by) of a job's durable steps, in the order started."""
+    return col(StepRecord.job_id) == job_id, (col(StepRecord.started_at),)
+
+
 def _pending(session: Session, job_id: str) -> list[InputRequestRecord]:
-    """A job's unanswered questions, in the order asked."""
-    return list(
-        session.exec(
-            select(InputRequestRecord)
-            .where(InputRequestRecord.job_id == job_id, col(InputRequestRecord.answered_at).is_(None))
-            .order_by(col(InputRequestRecord.created_at), col(InputRequestRecord.key))
-        )
-    )
+    """A job's unanswered questions as session objects (for writes that change them)."""
+    where, order = _pending_clause(job_id)
+    return list(session.exec(select(InputRequestRecord).where(where).order_by(*order)))
 
 
-def _steps(session: Session, job_id: str) -> list[StepRecord]:
-    """A job's durable steps, in the order started."""
-    return list(
-        session.exec(
-            select(StepRecord).where(StepRecord.job_id == job_id).order_by(col(StepRecord.started_at))
-        )
-    )
+def _rows(connection: Connection, model: type[M], where: Any, order: Any) -> list[M]:
+    """Rows of `model`'s table as detached models, without an ORM session (the hot read path)."""
+    table = model.__table__  # type: ignore[attr-defined]
+    result = connection.execute(sa_select(table).where(where).order_by(*order))
+    return [model.model_construct(**row) for row in result.mappings()]
+
+
+def _one(connection: Connection, model: type[M], where: Any) -> M | None:
+    table = model.__table__  # type: ignore[attr-defined]
+    row = connection.execute(sa_select(table).where(where)).mappings().first()
+    return None if row is None else model.model_construct(**row)
 
 
 def _touch(job: JobRecord, now: datetime) -> None:
