@@ -65,6 +65,11 @@ async def _throughput(clients: list[Any], call: Any, seconds: float) -> tuple[fl
     return len(latencies) / elapsed, errors, Stats.of(latencies)
 
 
+def _poller(ring: Any) -> Any:
+    """`work_progress` on the next handle of `ring` (a cycle over finished jobs)."""
+    return lambda target: target.call_tool("work_progress", {"handle": next(ring)})
+
+
 def _finished_at(database_url: str, job_id: str) -> datetime | None:
     from handles.store import JobRepository
 
@@ -78,9 +83,8 @@ def _finished_at(database_url: str, job_id: str) -> datetime | None:
 
 async def _wake(clients: list[Any], database_url: str, samples: int) -> Stats:
     """Start on node i, wait on node i+1; latency from the stored finished_at to the waiter's return."""
-    from handles.handle import HandleCodec
-
     from bench.common import SIGNING_KEY
+    from handles.handle import HandleCodec
 
     codec = HandleCodec((SIGNING_KEY,))
     latencies: list[float] = []
@@ -149,9 +153,8 @@ async def run(options: Options) -> list[Table]:
                         handles.append(result.structured_content["handle"])
                     await clients[0].call_tool("work_fetch", {"handle": handles[-1], "wait_seconds": 10})
                     log(f"multinode: {count} node(s): polls")
-                    ring = itertools.cycle(handles)
                     polls, poll_errors, poll_stats = await _throughput(
-                        clients, lambda c: c.call_tool("work_progress", {"handle": next(ring)}), seconds
+                        clients, _poller(itertools.cycle(handles)), seconds
                     )
                     log(f"multinode: {count} node(s): wake")
                     wake = await _wake(clients, url, samples)
