@@ -351,7 +351,7 @@ class JobService:
             responses,
             MAX_RESPONSE_BYTES,
             "responses",
-            "Send shorter answers; each answer is an object of the requested fields.",
+            "Send each answer as an object of the requested fields, in valid Unicode and within the size limit.",
         )
         pending = {r.key: r for r in await self.store.read(self.store.repo.pending_inputs, record.id)}
         problems: list[str] = []
