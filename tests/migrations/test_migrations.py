@@ -47,7 +47,10 @@ def _insert_revision_0001_job(url: str) -> None:
                 "insert into handles_input_requests (job_id, key, message, requested_schema, created_at) "
                 "values ('old-job', 'q1', 'Approve?', :schema, :now)"
             ),
-            {"schema": json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}}), "now": ts(now)},
+            {
+                "schema": json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}}),
+                "now": ts(now),
+            },
         )
     engine.dispose()
 
@@ -75,7 +78,9 @@ def test_upgrade_from_previous_revision_keeps_jobs_readable(database_url: str) -
     assert job is not None
     assert (job.kind, job.status, job.arguments) == ("report", "input_required", {"account": "acme"})
     assert (job.progress_done, job.progress_total, job.attempts) == (2, 5, 1)
-    assert (job.on_interrupt, job.max_attempts) == ("fail", 1), "old jobs keep the behaviour they started with"
+    assert (job.on_interrupt, job.max_attempts) == ("fail", 1), (
+        "old jobs keep the behaviour they started with"
+    )
     assert job.keep_result_seconds is None and job.input_deadline is None
     assert [r.key for r in repo.pending_inputs("old-job")] == ["q1"]
     assert repo.steps("old-job") == []
@@ -92,7 +97,9 @@ def test_migrated_schema_matches_the_models(database_url: str) -> None:
     with repo.engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         differences = [
-            d for d in compare_metadata(context, SQLModel.metadata) if not str(d).count("handles_alembic_version")
+            d
+            for d in compare_metadata(context, SQLModel.metadata)
+            if not str(d).count("handles_alembic_version")
         ]
     assert differences == []
     repo.create_schema()  # idempotent
