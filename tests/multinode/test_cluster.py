@@ -14,6 +14,8 @@ import pytest
 from mcp import Client
 from sqlalchemy import create_engine, text
 
+from handles.tasks_client import TasksClientExtension, get_task
+
 from .conftest import Cluster, TcpProxy
 
 
@@ -53,6 +55,11 @@ def test_one_job_driven_through_every_node(cluster: Cluster) -> None:
         assert done["status"] == "completed" and done["result"]["environment"] == "staging"
         again = await ok(c.url, "deploy_release_fetch", handle=handle)
         assert again["result"] == done["result"]
+        # the same job through the Tasks face, on a third node: the handle is the taskId
+        async with Client(c.url, extensions=[TasksClientExtension()]) as client:
+            task = await get_task(client.session, handle)
+        assert task.status == "completed"
+        assert task.result is not None and task.result["structuredContent"] == done["result"]
 
         export = (await ok(a.url, "export_dataset_start", rows=500))["handle"]
         await ok(b.url, "export_dataset_progress", handle=export, wait_seconds=2)
