@@ -27,11 +27,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
 from pydantic import BaseModel
 
+from example_server.__main__ import FileTokenVerifier
 from handles import Handles, HandlesConfig, JobContext
 
 STARTED: dict[str, float] = {}
@@ -76,19 +76,6 @@ async def work(ctx: JobContext, seconds: float = 0.0, mark: str = "") -> WorkRes
 def noop() -> NoopResult:
     """Do nothing (the baseline of every ratio)."""
     return NoopResult(ok=True)
-
-
-class FileTokenVerifier:
-    """Bearer tokens from a dict {token: principal}; for benchmarks only."""
-
-    def __init__(self, tokens: dict[str, str]) -> None:
-        self._tokens = tokens
-
-    async def verify_token(self, token: str) -> AccessToken | None:
-        principal = self._tokens.get(token)
-        if principal is None:
-            return None
-        return AccessToken(token=token, client_id=principal, subject=principal, scopes=[])
 
 
 def create_jobs(config: HandlesConfig | None = None) -> Handles:

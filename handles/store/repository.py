@@ -350,21 +350,8 @@ class JobRepository:
         with self._writing() as session:
             claimed = session.exec(
                 update(JobRecord)
-                .where(
-                    col(JobRecord.id) == job_id,
-                    col(JobRecord.status) == Status.WORKING.value,
-                    col(JobRecord.lease_owner).is_(None),
-                    col(JobRecord.cancel_requested_at).is_(None),
-                    col(JobRecord.run_after) <= now,
-                )
-                .values(
-                    lease_owner=owner,
-                    lease_expires_at=_after(now, lease_seconds),
-                    attempts=JobRecord.attempts + 1,
-                    started_at=func.coalesce(JobRecord.started_at, now),
-                    updated_at=now,
-                    version=JobRecord.version + 1,
-                )
+                .where(col(JobRecord.id) == job_id, *_claimable(now))
+                .values(**_claim_values(owner, now, lease_seconds))
             ).rowcount
             return session.get(JobRecord, job_id) if claimed == 1 else None
 
@@ -386,31 +373,12 @@ class JobRepository:
                 if (job := self.claim(job_id, owner, lease_seconds))
             ]
         now = self.clock()
-        candidates = (
-            select(JobRecord.id)
-            .where(
-                col(JobRecord.status) == Status.WORKING.value,
-                col(JobRecord.lease_owner).is_(None),
-                col(JobRecord.cancel_requested_at).is_(None),
-                col(JobRecord.run_after) <= now,
-                col(JobRecord.kind).in_(list(kinds)),
-            )
-            .order_by(col(JobRecord.run_after))
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
+        candidates = _queued_query(now, kinds, limit).with_for_update(skip_locked=True)
         with self._writing() as session:
             claimed = session.execute(
                 update(JobRecord)
                 .where(col(JobRecord.id).in_(candidates.scalar_subquery()))
-                .values(
-                    lease_owner=owner,
-                    lease_expires_at=_after(now, lease_seconds),
-                    attempts=JobRecord.attempts + 1,
-                    started_at=func.coalesce(JobRecord.started_at, now),
-                    updated_at=now,
-                    version=JobRecord.version + 1,
-                )
+                .values(**_claim_values(owner, now, lease_seconds))
                 .returning(JobRecord)
                 .execution_options(synchronize_session=False)
             )
@@ -427,20 +395,8 @@ class JobRepository:
         """Ids of queued jobs of `kinds` that may start now, oldest first."""
         if not kinds or limit <= 0:
             return []
-        now = self.clock()
         with self._reading() as session:
-            rows = session.exec(
-                select(JobRecord.id)
-                .where(
-                    col(JobRecord.status) == Status.WORKING.value,
-                    col(JobRecord.lease_owner).is_(None),
-                    col(JobRecord.run_after) <= now,
-                    col(JobRecord.kind).in_(list(kinds)),
-                )
-                .order_by(col(JobRecord.run_after))
-                .limit(limit)
-            )
-            return list(rows)
+            return list(session.exec(_queued_query(self.clock(), kinds, limit)))
 
     def heartbeat(
         self, owner: str, job_ids: Sequence[str], lease_seconds: float
@@ -819,6 +775,38 @@ def _one(connection: Connection, model: type[M], where: Any) -> M | None:
     table = model.__table__  # type: ignore[attr-defined]
     row = connection.execute(sa_select(table).where(where)).mappings().first()
     return None if row is None else model.model_construct(**row)
+
+
+def _claimable(now: datetime) -> tuple[Any, ...]:
+    """A job any worker may take now: working, not leased, not being cancelled, due."""
+    return (
+        col(JobRecord.status) == Status.WORKING.value,
+        col(JobRecord.lease_owner).is_(None),
+        col(JobRecord.cancel_requested_at).is_(None),
+        col(JobRecord.run_after) <= now,
+    )
+
+
+def _queued_query(now: datetime, kinds: Sequence[str], limit: int) -> Any:
+    """Ids of claimable jobs of `kinds`, oldest first."""
+    return (
+        select(JobRecord.id)
+        .where(*_claimable(now), col(JobRecord.kind).in_(list(kinds)))
+        .order_by(col(JobRecord.run_after))
+        .limit(limit)
+    )
+
+
+def _claim_values(owner: str, now: datetime, lease_seconds: float) -> dict[str, Any]:
+    """What a claim writes: the lease, one more attempt, the first start time."""
+    return {
+        "lease_owner": owner,
+        "lease_expires_at": _after(now, lease_seconds),
+        "attempts": JobRecord.attempts + 1,
+        "started_at": func.coalesce(JobRecord.started_at, now),
+        "updated_at": now,
+        "version": JobRecord.version + 1,
+    }
 
 
 def _touch(job: JobRecord, now: datetime) -> None:
