@@ -80,11 +80,10 @@ class ServerProcess:
 
     def __init__(self, data_dir: Path, **env: str) -> None:
         import os
-        import socket
 
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        from tests.support import free_port
+
+        self.port = free_port()
         self.env = dict(os.environ)
         self.env.update(
             HANDLES_DATA_DIR=str(data_dir),

@@ -20,15 +20,10 @@ import pytest
 from sqlalchemy import create_engine, make_url, text
 
 from handles.store import migrate
+from tests.support import free_port
 
 KEY = "multinode-test-key-" + "m" * 32
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture

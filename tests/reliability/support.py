@@ -35,19 +35,13 @@ from mcp.shared.inbound import encode_header_value
 from sqlalchemy import create_engine, make_url, text
 
 from handles.states import Status, can_transition
+from tests.support import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROTOCOL = "2026-07-28"
 TASKS = "io.modelcontextprotocol/tasks"
 
 FaultAction = Literal["refuse", "cut_at_first_byte", "cut_after_reply"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 # -- scanning what the server sends ---------------------------------------------------------------

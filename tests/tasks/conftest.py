@@ -16,8 +16,9 @@ from mcp.server.mcpserver import MCPServer
 from example_server.__main__ import FileTokenVerifier
 from handles import Handles
 from handles.mcp import streamable_http_app
+from tests.support import free_port
 from tests.tasks.app import build_test_server, create_test_jobs, tasks_config
-from tests.tasks.wire import ThreadedServer, Wire, free_port
+from tests.tasks.wire import ThreadedServer, Wire
 
 ALICE = "token-alice-tasks-1f9c"
 BOB = "token-bob-tasks-8d2e"

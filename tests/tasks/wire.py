@@ -25,17 +25,12 @@ import httpx2
 import uvicorn
 from starlette.types import ASGIApp
 
+from tests.support import free_port
+
 PROTOCOL = "2026-07-28"
 TASKS = "io.modelcontextprotocol/tasks"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _ids = itertools.count(1)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def meta(*, declare: bool, capabilities: dict[str, Any] | None = None) -> dict[str, Any]:
