@@ -72,6 +72,8 @@ class Runtime:
         self._wake = asyncio.Event()
         self._check_leases = asyncio.Event()
         self._reserved = 0
+        # Whether queued jobs may be waiting: the dispatcher looks at once only then (and on its timer).
+        self._backlog = True
         store.origin = self.owner
         self._started = False
         self._stopping = False
@@ -155,6 +157,7 @@ class Runtime:
             task = asyncio.create_task(self._claim_and_run(job_id))
             task.add_done_callback(_log_task_failure)
         else:
+            self._backlog = True
             self._wake.set()
 
     async def _claim_and_run(self, job_id: str) -> bool:
@@ -212,9 +215,12 @@ class Runtime:
         if free <= 0 or self._stopping:
             return
         repo = self.store.repo
-        for record in await self.store.call(
+        claimed = await self.store.call(
             repo.claim_next, self.owner, list(self.specs), free, self.config.lease_seconds
-        ):
+        )
+        # Fewer than asked for: nothing else waits right now (until a start, a retry or a notice says so).
+        self._backlog = len(claimed) >= free
+        for record in claimed:
             self.store.notifier.notify(record.id)
             self._start_task(self.specs[record.kind], record)
 
@@ -240,7 +246,8 @@ class Runtime:
             if entry.hard_cancel is not None:
                 entry.hard_cancel.cancel()
             self._running.pop(job_id, None)
-            self._wake.set()
+            if self._backlog:
+                self._wake.set()  # a slot is free and jobs may be waiting for one
 
     async def _record_outcome(self, job_id: str, status: Status, values: dict[str, Any]) -> bool:
         """Store a job's final state, waiting out a database outage for up to two lease periods.
@@ -343,7 +350,8 @@ class Runtime:
                 message=message,
                 lease_expired=lease_expired,
             )
-            self._wake.set()
+            self._backlog = True
+            await self.store.announce(record.id, queued=True)
             return
         status, values = _failed(
             "The job was interrupted: the server process running it stopped before it finished"
@@ -356,13 +364,15 @@ class Runtime:
             record.id, repo.transition, record.id, status, owner=owner, lease_expired=lease_expired, **values
         )
 
-    def _on_remote_change(self, job_id: str) -> None:
-        """Another node changed `job_id`: wake waiters here; if the job runs here, look for a cancel now."""
+    def _on_remote_change(self, job_id: str, queued: bool) -> None:
+        """Another node changed `job_id`: wake waiters here; look for a cancel now if the job runs here,
+        and for work if it was queued."""
         self.store.notifier.notify(job_id)
         if job_id in self._running:
             self._check_leases.set()
-        else:
-            self._wake.set()  # it may be a job queued on another node: try to pick it up
+        elif queued:
+            self._backlog = True
+            self._wake.set()
 
     # -- cancellation --------------------------------------------------------
 

@@ -192,6 +192,7 @@ class JobService:
         )
         if created and not claimed and not waiting:
             self.runtime.submit(stored.id)
+            await self.store.announce(stored.id, queued=True)  # for idle workers on other nodes
         return StartedJob(job=stored, handle=handle, created=created)
 
     def _first_question(
@@ -369,5 +370,7 @@ class JobService:
         if outcome is None:
             raise self.expired_handle(spec, record.expires_at.isoformat(), purged=True)
         if outcome.job.status == Status.WORKING and outcome.job.lease_owner is None:
-            self.runtime.submit(record.id)  # its question before the start is answered: run it now
+            # its question before the start is answered: run it now, here or on another node
+            self.runtime.submit(record.id)
+            await self.store.announce(record.id, queued=True)
         return outcome

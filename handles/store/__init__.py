@@ -104,12 +104,15 @@ class Store:
         finally:
             await self.announce(job_id)
 
-    async def announce(self, job_id: str) -> None:
-        """`job_id` changed: wake its waiters in this process, and on PostgreSQL in every other one."""
+    async def announce(self, job_id: str, *, queued: bool = False) -> None:
+        """`job_id` changed: wake its waiters in this process, and on PostgreSQL in every other one.
+
+        `queued` says it now waits for a worker, so idle workers elsewhere look for it at once.
+        """
         self.notifier.notify(job_id)
         if self._publishes:
             with contextlib.suppress(StoreUnavailable):
-                await self._run(functools.partial(self.repo.publish, job_id, self.origin))
+                await self._run(functools.partial(self.repo.publish, job_id, self.origin, queued=queued))
 
     async def _run(self, call: Callable[[], T]) -> T:
         try:

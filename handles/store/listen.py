@@ -1,7 +1,7 @@
 """Cross-node wake-ups on PostgreSQL: LISTEN for job changes other nodes publish with NOTIFY.
 
-Every write that may change a job publishes `"<job_id> <origin>"` on the
-`handles_jobs` channel. Each node keeps one listening connection and passes
+Every write that may change a job publishes `"<job_id> <origin> <event>"` on the
+`handles_jobs` channel (`event` is `changed`, or `queued` when the job waits for a worker). Each node keeps one listening connection and passes
 changes made elsewhere to a callback (waking long-polls, answers and cancels at
 once instead of at the next store poll). When the connection drops, the node
 falls back to polling the store until it reconnects.
@@ -27,9 +27,9 @@ def libpq_url(sqlalchemy_url: str) -> str:
 
 
 class ChangeListener:
-    """Listens for job changes published by other nodes and calls `on_change(job_id)` for each."""
+    """Listens for job changes published by other nodes and calls `on_change(job_id, queued)` for each."""
 
-    def __init__(self, url: str, origin: str, on_change: Callable[[str], None]) -> None:
+    def __init__(self, url: str, origin: str, on_change: Callable[[str, bool], None]) -> None:
         self._url = libpq_url(url)
         self._origin = origin
         self._on_change = on_change
@@ -43,9 +43,9 @@ class ChangeListener:
                     await connection.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     self.connected.set()
                     async for notice in connection.notifies():
-                        job_id, _, origin = notice.payload.partition(" ")
+                        job_id, origin, event = [*notice.payload.split(" "), "", ""][:3]
                         if origin != self._origin:
-                            self._on_change(job_id)
+                            self._on_change(job_id, event == "queued")
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -384,12 +384,16 @@ class JobRepository:
             )
             return list(claimed.scalars().all())
 
-    def publish(self, job_id: str, origin: str) -> None:
-        """Tell every node listening on PostgreSQL that `job_id` changed (no-op elsewhere)."""
+    def publish(self, job_id: str, origin: str, *, queued: bool = False) -> None:
+        """Tell every node listening on PostgreSQL that `job_id` changed, or is queued for a worker.
+
+        A no-op on other databases. The payload is `"<job_id> <origin> <changed|queued>"`.
+        """
         if self.dialect != "postgresql":
             return
+        event = "queued" if queued else "changed"
         with self._writing() as session:
-            session.execute(select(func.pg_notify(NOTIFY_CHANNEL, f"{job_id} {origin}")))
+            session.execute(select(func.pg_notify(NOTIFY_CHANNEL, f"{job_id} {origin} {event}")))
 
     def queued(self, kinds: Sequence[str], limit: int) -> list[str]:
         """Ids of queued jobs of `kinds` that may start now, oldest first."""
