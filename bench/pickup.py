@@ -138,12 +138,12 @@ async def run(options: Options) -> list[Table]:
                     ]
                 )
     table.notes += [
-        "Pickup includes the whole work_start call (validation, the durable insert, the handle) plus the claim "
-        "write that hands the job to a worker; the runtime submits the job as soon as it is stored, without "
-        "waiting for the dispatcher's poll.",
+        "Pickup includes the whole work_start call (validation, the durable insert, the handle); with a free "
+        "worker slot the job is inserted already leased to the local runtime (claim at insert), so no separate "
+        "claim write is needed and the job function starts as the insert commits.",
         "Wake includes the job's outcome write (a compare-and-set transition), the in-process notification, "
         "the waiter's re-read and the reply through the MCP client.",
-        "Across nodes a waiter wakes through PostgreSQL LISTEN/NOTIFY where available, else within "
-        "store_poll_seconds (1 s); the multi-node measurements are not part of this suite yet (section 7).",
+        "Across nodes a waiter wakes through PostgreSQL LISTEN/NOTIFY, else within store_poll_seconds (1 s); "
+        "section 7 measures the cross-node wake.",
     ]
     return [table]
