@@ -33,6 +33,7 @@ from pydantic import BaseModel
 
 from example_server.__main__ import FileTokenVerifier
 from handles import Handles, HandlesConfig, JobContext
+from handles.mcp import serve_stdio, streamable_http_app
 
 STARTED: dict[str, float] = {}
 """`mark` -> `time.perf_counter()` when the job function began (in-process benchmarks only)."""
@@ -114,13 +115,7 @@ def main(argv: list[str] | None = None) -> None:
 
         jobs.service.store.repo._write_lock = contextlib.nullcontext()
     if not args.http:
-        server = build_server(jobs)
-
-        async def serve_stdio() -> None:
-            async with jobs.running():
-                await server.run_stdio_async()
-
-        asyncio.run(serve_stdio())
+        asyncio.run(serve_stdio(build_server(jobs), jobs))
         return
     options: dict[str, Any] = {}
     if args.tokens:
@@ -129,8 +124,6 @@ def main(argv: list[str] | None = None) -> None:
         options["auth"] = AuthSettings(issuer_url=base, resource_server_url=f"{base}/mcp")
     server = build_server(jobs, **options)
     import uvicorn
-
-    from handles.mcp import streamable_http_app
 
     uvicorn.run(
         streamable_http_app(server, jobs),

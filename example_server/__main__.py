@@ -14,7 +14,7 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 
 from example_server.server import build_server, create_jobs
-from handles.mcp import streamable_http_app
+from handles.mcp import serve_stdio, streamable_http_app
 
 
 class FileTokenVerifier:
@@ -44,13 +44,7 @@ def main(argv: list[str] | None = None) -> None:
 
     jobs = create_jobs()
     if not args.http:
-        server = build_server(jobs)
-
-        async def serve_stdio() -> None:
-            async with jobs.running():
-                await server.run_stdio_async()
-
-        asyncio.run(serve_stdio())
+        asyncio.run(serve_stdio(build_server(jobs), jobs))
         return
 
     options: dict[str, Any] = {}

@@ -152,6 +152,12 @@ def add_plain_tool(
     )
 
 
+async def serve_stdio(server: MCPServer[Any], handles: Handles) -> None:
+    """Serve `server` over stdio with the job runtime running; running jobs are settled on exit."""
+    async with handles.running():
+        await server.run_stdio_async()
+
+
 def streamable_http_app(server: MCPServer[Any], handles: Handles, **options: Any) -> Starlette:
     """The server's stateless Streamable HTTP app, with the job runtime started and stopped by its lifespan.
 
