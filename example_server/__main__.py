@@ -14,7 +14,7 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 
 from example_server.server import build_server, create_jobs
-from handles.mcp import serve_stdio, streamable_http_app
+from handles.mcp import serve_http, serve_stdio
 
 
 class FileTokenVerifier:
@@ -56,9 +56,7 @@ def main(argv: list[str] | None = None) -> None:
             issuer_url=base, resource_server_url=f"{base}/mcp", validate_token_resource=False
         )
     server = build_server(jobs, **options)
-    import uvicorn
-
-    uvicorn.run(streamable_http_app(server, jobs), host="127.0.0.1", port=args.port, log_level="warning")
+    asyncio.run(serve_http(server, jobs, host="127.0.0.1", port=args.port))
 
 
 if __name__ == "__main__":

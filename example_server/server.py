@@ -83,11 +83,17 @@ async def generate_report(
 
 
 async def deploy_release(ctx: JobContext, version: str) -> Deployment:
-    """Build and deploy a release; asks for an approval and a target environment before deploying."""
+    """Build and deploy a release; asks for an approval and a target environment before deploying.
+
+    While it waits for the answer the job holds no worker and no lease; the answer resumes it
+    on whichever server node takes it.
+    """
     steps = ["build", "test", "package"]
     pause = job_seconds() / 2 / len(steps)
     for done, step in enumerate(steps, start=1):
-        await asyncio.sleep(pause)
+        # Steps too: once the question is answered the job is replayed from the top (possibly on
+        # another node), and recorded steps are not run again.
+        await ctx.step(step, asyncio.sleep, pause)
         await ctx.progress(done, len(steps) * 2, f"{step} finished")
     approval = await ctx.ask(f"Release {version} is built and tested. Deploy it, and where?", Approval)
     if not approval.approve:

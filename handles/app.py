@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar, Unpack, overload
@@ -191,8 +192,31 @@ class Handles:
         """Start the runtime now (otherwise it starts on the first tool call)."""
         await self.service.ensure_running()
 
+    def reconfigure(self, **changes: Any) -> None:
+        """Change settings before the runtime starts, even if the machinery was already built.
+
+        `handles worker` uses it to force `run_workers=True` on an application it imported.
+        """
+        self.config = replace(self.config, **changes)
+        if self._service is not None:
+            if self._service.runtime.started:
+                raise ConfigurationError("Settings cannot change once the job runtime has started.")
+            self._service.config = self.config
+            self._service.runtime.reconfigure(self.config)
+
+    def begin_drain(self) -> None:
+        """Stop taking new work at once (a shutdown signal arrived); `aclose` finishes the drain.
+
+        Long-polls answer right away and new calls are refused as retryable, while running
+        jobs go on for up to `drain_seconds`.
+        """
+        if self._service is not None:
+            self._service.runtime.begin_drain()
+
     async def aclose(self) -> None:
-        """Stop the runtime (running jobs are settled by their interrupt policy) and close the store."""
+        """Drain, then stop: running jobs may finish for `drain_seconds`; what is left is handed over
+        (`retry` jobs) or ends failed as interrupted by a shutdown; parked jobs are untouched. Then the
+        store is closed. The runtime never restarts afterwards."""
         if self._service is None:
             return
         await self._service.runtime.stop()

@@ -22,7 +22,6 @@ import secrets
 import signal
 import sys
 import time
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -302,7 +301,7 @@ def load_app(spec: str) -> Handles:
 def worker(args: argparse.Namespace) -> int:
     app = load_app(args.app or os.environ.get("HANDLES_APP", ""))
     # A worker always runs jobs, whatever HANDLES_RUN_WORKERS says for the web nodes.
-    app.config = replace(app.config, run_workers=True)
+    app.reconfigure(run_workers=True)
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -22,36 +22,84 @@ DEV_KEY_FILE = "dev-secret-key"
 MIN_KEY_LENGTH = 32
 
 
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigurationError(f"{name}={raw!r} is not a number; set it to a number of seconds.") from None
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
 
 
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
+@dataclass(frozen=True)
+class _Bound:
+    """What a numeric setting accepts: `low` (inclusive unless `above`), `high` (inclusive)."""
+
+    low: float
+    above: bool = False
+    high: float | None = None
+    integer: bool = False
+
+    def describe(self) -> str:
+        kind = "an integer" if self.integer else "a number"
+        low = f"{self.low:g}"
+        if self.high is not None:
+            return (
+                f"{kind} between {low} (exclusive) and {self.high:g}"
+                if self.above
+                else (f"{kind} between {low} and {self.high:g}")
+            )
+        return f"{kind} greater than {low}" if self.above else f"{kind} at least {low}"
+
+    def accepts(self, value: float) -> bool:
+        if (self.above and value <= self.low) or (not self.above and value < self.low):
+            return False
+        return self.high is None or value <= self.high
+
+
+# field -> (environment variable, what it accepts); booleans and strings are read separately.
+_NUMBERS: dict[str, tuple[str, _Bound]] = {
+    "max_running": ("HANDLES_MAX_RUNNING", _Bound(1, integer=True)),
+    "max_wait_seconds": ("HANDLES_MAX_WAIT_SECONDS", _Bound(0)),
+    "max_active_per_principal": ("HANDLES_MAX_ACTIVE_PER_PRINCIPAL", _Bound(1, integer=True)),
+    "lease_seconds": ("HANDLES_LEASE_SECONDS", _Bound(0, above=True)),
+    "heartbeat_seconds": ("HANDLES_HEARTBEAT_SECONDS", _Bound(0, above=True)),
+    "sweep_interval_seconds": ("HANDLES_SWEEP_SECONDS", _Bound(0, above=True)),
+    "store_poll_seconds": ("HANDLES_STORE_POLL_SECONDS", _Bound(0, above=True)),
+    "cancel_grace_seconds": ("HANDLES_CANCEL_GRACE_SECONDS", _Bound(0)),
+    "progress_flush_seconds": ("HANDLES_PROGRESS_FLUSH_SECONDS", _Bound(0)),
+    "inline_budget_seconds": ("HANDLES_INLINE_BUDGET_SECONDS", _Bound(0)),
+    "drain_seconds": ("HANDLES_DRAIN_SECONDS", _Bound(0)),
+    "step_cancel_limit_seconds": ("HANDLES_STEP_CANCEL_LIMIT_SECONDS", _Bound(0)),
+    "principal_share": ("HANDLES_PRINCIPAL_SHARE", _Bound(0, above=True, high=1)),
+}
+
+
+def _env_number(field: str, default: float) -> float:
+    variable, bound = _NUMBERS[field]
+    raw = os.environ.get(variable, "").strip()
+    if raw == "":
         return default
     try:
-        return int(raw)
+        value: float = int(raw) if bound.integer else float(raw)
     except ValueError:
-        raise ConfigurationError(f"{name}={raw!r} is not an integer.") from None
+        raise ConfigurationError(f"{variable}={raw!r} is not valid: use {bound.describe()}.") from None
+    if not bound.accepts(value):
+        raise ConfigurationError(f"{variable}={raw!r} is not valid: use {bound.describe()}.")
+    return value
 
 
 def _env_optional_bool(name: str) -> bool | None:
-    raw = os.environ.get(name)
-    return None if raw is None or raw == "" else _env_bool(name, False)
+    raw = os.environ.get(name, "").strip()
+    return None if raw == "" else _env_bool(name, False)
 
 
 def _env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
+    raw = os.environ.get(name, "").strip()
+    if raw == "":
         return default
-    return raw.strip().lower() in {"1", "true", "yes", "on"}
+    if raw.lower() in _TRUE:
+        return True
+    if raw.lower() in _FALSE:
+        return False
+    raise ConfigurationError(
+        f"{name}={raw!r} is not valid: use one of true/false, 1/0, yes/no, on/off (or leave it unset)."
+    )
 
 
 @dataclass(frozen=True)
@@ -78,6 +126,27 @@ class HandlesConfig:
     run_workers: bool = True
     auto_migrate: bool | None = None
     inline_budget_seconds: float = 20.0
+    # A stopping node lets running jobs finish this long, then hands the rest over (fits a 30 s
+    # termination window with room for the HTTP server's own shutdown).
+    drain_seconds: float = 25.0
+    # How long a cancel or a shutdown waits for a durable step that is executing; past it the
+    # step is recorded as outcome-unknown.
+    step_cancel_limit_seconds: float = 60.0
+    # The share of this node's slots one principal may hold while another principal's jobs wait.
+    principal_share: float = 0.5
+
+    def __post_init__(self) -> None:
+        for field, (variable, bound) in _NUMBERS.items():
+            value = getattr(self, field)
+            if not bound.accepts(value):
+                raise ConfigurationError(
+                    f"HandlesConfig.{field}={value!r} ({variable}) is not valid: use {bound.describe()}."
+                )
+
+    @property
+    def principal_slot_limit(self) -> int:
+        """How many of this node's slots one principal may hold while others wait (at least one)."""
+        return max(1, int(self.max_running * self.principal_share))
 
     @classmethod
     def from_env(cls, **overrides: Any) -> HandlesConfig:
@@ -90,20 +159,9 @@ class HandlesConfig:
             dev_mode=_env_bool("HANDLES_DEV_MODE", False),
             data_dir=data_dir,
             local_principal=os.environ.get("HANDLES_LOCAL_PRINCIPAL") or "local",
-            max_running=_env_int("HANDLES_MAX_RUNNING", cls.max_running),
-            max_wait_seconds=_env_float("HANDLES_MAX_WAIT_SECONDS", cls.max_wait_seconds),
-            max_active_per_principal=_env_int(
-                "HANDLES_MAX_ACTIVE_PER_PRINCIPAL", cls.max_active_per_principal
-            ),
-            lease_seconds=_env_float("HANDLES_LEASE_SECONDS", cls.lease_seconds),
-            heartbeat_seconds=_env_float("HANDLES_HEARTBEAT_SECONDS", cls.heartbeat_seconds),
-            sweep_interval_seconds=_env_float("HANDLES_SWEEP_SECONDS", cls.sweep_interval_seconds),
-            store_poll_seconds=_env_float("HANDLES_STORE_POLL_SECONDS", cls.store_poll_seconds),
-            cancel_grace_seconds=_env_float("HANDLES_CANCEL_GRACE_SECONDS", cls.cancel_grace_seconds),
-            progress_flush_seconds=_env_float("HANDLES_PROGRESS_FLUSH_SECONDS", cls.progress_flush_seconds),
+            **{field: _env_number(field, getattr(cls, field)) for field in _NUMBERS},  # type: ignore[arg-type]
             run_workers=_env_bool("HANDLES_RUN_WORKERS", True),
             auto_migrate=_env_optional_bool("HANDLES_AUTO_MIGRATE"),
-            inline_budget_seconds=_env_float("HANDLES_INLINE_BUDGET_SECONDS", cls.inline_budget_seconds),
         )
         return replace(config, **overrides) if overrides else config
 

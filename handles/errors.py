@@ -76,6 +76,13 @@ class LimitReached(CallerError):
     retryable = True
 
 
+class ShuttingDown(CallerError):
+    """This server node is draining for a restart; the same call succeeds on another node or after it."""
+
+    code = "shutting_down"
+    retryable = True
+
+
 class StoreUnavailable(CallerError):
     """The database cannot be reached; nothing was changed and the same request may be retried."""
 

@@ -27,16 +27,14 @@ from handles.elicitation import elicitation_schema
 from handles.errors import (
     ConfigurationError,
     InvalidArguments,
-    LeaseLost,
     StepOutcomeUnknown,
     StoreUnavailable,
 )
 from handles.first import AskFirst
 from handles.limits import clean_message
-from handles.states import TERMINAL, Status
 
 if TYPE_CHECKING:
-    from handles.store import Store
+    from handles.store import StepRecord, Store
 
 StepT = TypeVar("StepT")
 
@@ -213,13 +211,24 @@ def _find_context_param(fn: Callable[..., Any], job_name: str) -> str:
     return names[0]
 
 
+class JobParked(BaseException):
+    """Raised by `ctx.ask` when the answer is not there yet: the run ends and the job is parked.
+
+    A BaseException, so that a job's own `except Exception` does not swallow it. Once
+    answered, the job is replayed from the top: answers and completed steps come back
+    from the store, so nothing repeats.
+    """
+
+
 class JobContext:
     """The handle a running job has on its own stored state.
 
     `progress()` reports how far it got (coalesced, so a tight loop costs few
     writes); `cancelled` tells whether a cancel was requested (the job is also
-    interrupted at its next await once the grace period runs out); `ask()` parks
-    the job in `input_required` until the caller answers.
+    interrupted at its next await once the grace period runs out, but never while a
+    durable step executes); `ask()` parks the job in `input_required` until the
+    caller answers: the run ends, holding no worker and no lease, and the job is
+    replayed from the top once answered (see docs/durability.md).
     """
 
     def __init__(
@@ -231,7 +240,6 @@ class JobContext:
         attempt: int,
         owner: str,
         store: Store,
-        store_poll_seconds: float,
         progress_flush_seconds: float,
     ) -> None:
         self.spec = spec
@@ -240,7 +248,6 @@ class JobContext:
         self.attempt = attempt
         self._owner = owner
         self._store = store
-        self._poll = store_poll_seconds
         self._flush_interval = progress_flush_seconds
         self._cancel_requested = asyncio.Event()
         self._ask_count = 0
@@ -251,7 +258,28 @@ class JobContext:
         self._trailing: asyncio.Task[None] | None = None
         self._step_names: set[str] = set()
         self._first_answer: dict[str, Any] | None = None
+        self._answers: dict[str, dict[str, Any]] = {}
+        self._completed: dict[str, Any] = {}
+        self._running_steps: set[str] = set()
+        self._opening = 0  # questions being stored right now (asked together, say with gather)
+        self._interrupt_pending = False
         self.progress_writes = 0
+
+    def _replay(self, answers: dict[str, dict[str, Any]], steps: dict[str, StepRecord]) -> None:
+        """What earlier runs of this job recorded: answers by key, and steps by name (the runtime's call)."""
+        self._answers = dict(answers)
+        self._completed = {name: step.result for name, step in steps.items() if step.status == "completed"}
+
+    @property
+    def steps_running(self) -> frozenset[str]:
+        """Names of the durable steps executing right now."""
+        return frozenset(self._running_steps)
+
+    def _interrupt_after_steps(self) -> bool:
+        """Ask to be interrupted once the running steps are recorded; True the first time."""
+        first = not self._interrupt_pending
+        self._interrupt_pending = True
+        return first
 
     @property
     def kind(self) -> str:
@@ -291,6 +319,11 @@ class JobContext:
             self._trailing.cancel()
         await self._write_progress()
 
+    def _stop_trailing_writes(self) -> None:
+        """The run ended: a delayed progress write still pending is dropped (the outcome supersedes it)."""
+        if self._trailing is not None and not self._trailing.done():
+            self._trailing.cancel()
+
     async def _write_later(self, delay: float) -> None:
         await asyncio.sleep(delay)
         await self._write_progress()
@@ -323,9 +356,13 @@ class JobContext:
 
         `schema` is a pydantic model of primitive fields (the answer comes back as
         that model) or a form-elicitation JSON schema dict (the answer comes back as
-        a dict). The job is `input_required` until the answer arrives through
-        `<job>_respond` or `tasks/update`. Questions are keyed `q1`, `q2`, ... in the
-        order asked; a retried job that asks again gets the recorded answer back.
+        a dict). Without a recorded answer, the job is parked in `input_required`:
+        this run ends (raising `JobParked`, which job code must not catch), holding no
+        worker and no lease. Once `<job>_respond` or `tasks/update` answers, the job
+        is replayed from the top on any node: answers and completed `ctx.step` results
+        come back from the store, so code before an `ask` must be deterministic, and
+        its effects must be in steps. Questions are keyed `q1`, `q2`, ... in the order
+        asked.
         """
         if not self.spec.asks_input:
             raise ConfigurationError(
@@ -334,30 +371,30 @@ class JobContext:
         requested = elicitation_schema(schema)
         self._ask_count += 1
         key = f"q{self._ask_count}"
-        await self.flush()
-        repo = self._store.repo
-        text = clean_message(message) or "Input required."
-        replay = await self._store.write(
-            self.job_id, repo.open_input, self.job_id, self._owner, key, text, requested
-        )
-        answer = replay.answer if replay is not None else await self._wait_for_answer(key)
+        answer = self._answers.get(key)
+        if answer is None:
+            answer = await self._open_question(key, clean_message(message) or "Input required.", requested)
         if isinstance(schema, type) and issubclass(schema, BaseModel):
             return schema.model_validate(answer)
         return answer
 
-    async def _wait_for_answer(self, key: str) -> dict[str, Any]:
+    async def _open_question(self, key: str, text: str, requested: dict[str, Any]) -> dict[str, Any]:
+        """Store the question; return its answer if one is recorded, else park the job (raises `JobParked`)."""
+        await self.flush()
         repo = self._store.repo
-        while True:
-            await self.checkpoint()
-            changed = self._store.notifier.watch(self.job_id)  # before reading, so no change slips by
-            record = await self._store.read(repo.get_input, self.job_id, key)
-            if record is not None and record.answered_at is not None and record.answer is not None:
-                return record.answer
-            job = await self._store.read(repo.get, self.job_id)
-            if job is None or Status(job.status) in TERMINAL or job.lease_owner != self._owner:
-                # Ended elsewhere (input timeout, ttl, recovery): nothing more to do here.
-                raise LeaseLost(self.job_id)
-            await self._store.notifier.wait(self.job_id, self._poll, event=changed)
+        self._opening += 1
+        try:
+            recorded = await self._store.write(
+                self.job_id, repo.open_input, self.job_id, self._owner, key, text, requested
+            )
+        finally:
+            self._opening -= 1
+        if recorded is not None and recorded.answer is not None:
+            return recorded.answer
+        # Park once every question asked together is stored and no durable step is executing.
+        while self._opening or self._running_steps:
+            await asyncio.sleep(0.005)
+        raise JobParked(key)
 
     async def step(
         self,
@@ -384,12 +421,32 @@ class JobContext:
                 f"Step name {name!r} is used twice in job {self.spec.name!r}; give every step its own name."
             )
         self._step_names.add(name)
+        if name in self._completed:  # replayed: recorded by an earlier run
+            return _typed(self._completed[name], result_type)
+        self._running_steps.add(name)  # before any await: a cancel now waits for this step
+        try:
+            stored = await self._run_step(name, fn, args, kwargs, recheck)
+        finally:
+            self._running_steps.discard(name)
+            if self._interrupt_pending and not self._running_steps:
+                # A cancel or a shutdown waited for the step to be recorded: stop here.
+                raise asyncio.CancelledError("interrupted after the running steps were recorded")
+        return _typed(stored, result_type)
+
+    async def _run_step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        recheck: Callable[[], Any] | None,
+    ) -> Any:
         repo = self._store.repo
         record, fresh = await self._store.write(
             self.job_id, repo.begin_step, self.job_id, self._owner, name, self.attempt
         )
         if not fresh and record.status == "completed":
-            return _typed(record.result, result_type)
+            return record.result
         if not fresh:
             if recheck is None:
                 raise StepOutcomeUnknown(name, record.started_at.isoformat(), record.attempt)
@@ -399,11 +456,13 @@ class JobContext:
                 value = await _invoke(fn, *args, **kwargs)
             except Exception as exc:
                 error = clean_message(f"{type(exc).__name__}: {exc}")
-                await self._store.write(self.job_id, repo.finish_step, self.job_id, name, error=error)
+                await self._store.write(
+                    self.job_id, repo.finish_step, self.job_id, self._owner, name, error=error
+                )
                 raise
         stored = to_jsonable_python(value)
-        await self._store.write(self.job_id, repo.finish_step, self.job_id, name, result=stored)
-        return _typed(stored, result_type)
+        await self._store.write(self.job_id, repo.finish_step, self.job_id, self._owner, name, result=stored)
+        return stored
 
     def _request_cancel(self) -> None:
         self._cancel_requested.set()

@@ -9,7 +9,11 @@ annotation `Annotated[CallToolResult, OutputModel]` makes the SDK publish the
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import inspect
+import logging
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Annotated, Any
@@ -26,6 +30,8 @@ from handles.tools import ToolDefinition, ToolReply, error_reply
 
 if TYPE_CHECKING:
     from handles.app import Handles
+
+logger = logging.getLogger("handles")
 
 CONTEXT_PARAM = "mcp_context"
 
@@ -153,14 +159,39 @@ def add_plain_tool(
 
 
 async def serve_stdio(server: MCPServer[Any], handles: Handles) -> None:
-    """Serve `server` over stdio with the job runtime running; running jobs are settled on exit."""
+    """Serve `server` over stdio with the job runtime running.
+
+    On SIGTERM or SIGINT (or when stdin closes) the runtime drains: no new work, running
+    jobs may finish for `drain_seconds`, the rest is handed over (see `Handles.aclose`).
+    """
     async with handles.running():
-        await server.run_stdio_async()
+        serving = asyncio.create_task(server.run_stdio_async(), name="handles-stdio")
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signum, stop.set)
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.remove_signal_handler(signum)
+            handles.begin_drain()
+            stopping.cancel()
+            if not serving.done():
+                serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving
 
 
 def streamable_http_app(server: MCPServer[Any], handles: Handles, **options: Any) -> Starlette:
-    """The server's stateless Streamable HTTP app, with the job runtime started and stopped by its lifespan.
+    """The server's stateless Streamable HTTP app, with the job runtime started and drained by its lifespan.
 
+    The runtime starts before the SDK's session manager and stops after it, so requests in
+    flight finish against a running runtime; its shutdown drains (see `Handles.aclose`).
+    Serve it with `serve_http` to start the drain as soon as the shutdown signal arrives.
     Options are passed to `MCPServer.streamable_http_app` (`stateless_http=True` is the default here).
     """
     options.setdefault("stateless_http", True)
@@ -169,8 +200,39 @@ def streamable_http_app(server: MCPServer[Any], handles: Handles, **options: Any
 
     @asynccontextmanager
     async def lifespan(scope_app: Any) -> AsyncIterator[None]:
-        async with inner(scope_app), handles.running():
+        async with handles.running(), inner(scope_app):
             yield
+            handles.begin_drain()  # the server is stopping: refuse new work, answer long-polls now
 
     app.router.lifespan_context = lifespan
     return app
+
+
+async def serve_http(
+    server: MCPServer[Any],
+    handles: Handles,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    **uvicorn_options: Any,
+) -> None:
+    """Serve `streamable_http_app(server, handles)` with uvicorn, draining well on SIGTERM.
+
+    At the signal the runtime stops taking work and answers long-polls at once (so
+    uvicorn's wait for open connections is short), then the lifespan drains running
+    jobs for up to `drain_seconds`. A deployment's termination grace period should
+    exceed `drain_seconds` by a few seconds (the default 25 fits Kubernetes' 30).
+    """
+    import uvicorn
+
+    uvicorn_options.setdefault("log_level", "warning")
+    config = uvicorn.Config(streamable_http_app(server, handles), host=host, port=port, **uvicorn_options)
+    loop = asyncio.get_running_loop()
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            super().handle_exit(sig, frame)
+            loop.call_soon_threadsafe(handles.begin_drain)
+
+    logger.info("serving MCP on http://%s:%d/mcp", host, port)
+    await DrainingServer(config).serve()

@@ -21,6 +21,7 @@ from handles.errors import (
     IdempotencyConflict,
     InvalidArguments,
     LimitReached,
+    ShuttingDown,
     UnknownHandle,
     WrongJobKind,
 )
@@ -55,6 +56,12 @@ def arguments_digest(arguments: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark a shielded task's outcome as seen (its caller may have gone; the outcome is in the store)."""
+    if not task.cancelled():
+        task.exception()
+
+
 def _seconds(delta: timedelta | None) -> float | None:
     return None if delta is None else delta.total_seconds()
 
@@ -82,6 +89,13 @@ class JobService:
         return self.store.repo.clock
 
     async def ensure_running(self) -> None:
+        """Start the runtime on first use; once it is draining or stopped, refuse (retryably), never restart."""
+        if self.runtime.closed:
+            raise ShuttingDown(
+                "This server is shutting down and takes no new calls; nothing was changed.",
+                "Retry the same call in a few seconds: another server, or this one once restarted, answers it. "
+                "Jobs and handles are kept.",
+            )
         if not self.runtime.started:
             await self.runtime.start()
 
@@ -118,7 +132,7 @@ class JobService:
         waiting = question is not None and question.answered_at is None
         # Claim at insert: with a free local slot the job is stored already leased to this
         # runtime and starts at once, saving the claim's write transaction.
-        claimed = not waiting and self.runtime.reserve(spec.name)
+        claimed = not waiting and self.runtime.reserve(spec.name, principal)
         if waiting:
             assert question is not None
             status_message = question.message
@@ -156,30 +170,20 @@ class JobService:
             record.lease_expires_at = now + timedelta(seconds=self.config.lease_seconds)
             record.attempts = 1
             record.started_at = now
+        # Shielded: once the insert is under way, the job is stored and handed to the runtime (or
+        # queued) even if the caller's request is cancelled, so a committed start always runs.
+        insert = asyncio.ensure_future(
+            self._store_and_hand_over(record, question, claimed=claimed, waiting=waiting)
+        )
+        insert.add_done_callback(_retrieve)
         try:
-            stored, created = await self.store.write(
-                record.id,
-                self.store.repo.insert,
-                record,
-                active_limit=self.config.max_active_per_principal,
-                questions=[question] if question is not None else [],
-            )
+            stored, created = await asyncio.shield(insert)
         except ActiveLimitReached as exc:
-            if claimed:
-                self.runtime.unreserve()
             raise LimitReached(
                 f"You already have {exc.active} active jobs on this server; the limit is {exc.limit}.",
                 "Wait for one of them to finish, or cancel one you no longer need, then start again.",
                 data={"limit": exc.limit},
             ) from None
-        except BaseException:
-            if claimed:
-                self.runtime.unreserve()
-            raise
-        if claimed and created:
-            self.runtime.adopt(stored)
-        elif claimed:
-            self.runtime.unreserve()
         if not created and stored.arguments_digest != record.arguments_digest:
             raise IdempotencyConflict(
                 f"The idempotency_key {idempotency_key!r} was already used to start {spec.name} with "
@@ -190,10 +194,32 @@ class JobService:
         handle = self.codec.mint(
             job_id=stored.id, kind=spec.name, principal=principal, expires_at=stored.expires_at
         )
+        return StartedJob(job=stored, handle=handle, created=created)
+
+    async def _store_and_hand_over(
+        self, record: JobRecord, question: InputRequestRecord | None, *, claimed: bool, waiting: bool
+    ) -> tuple[JobRecord, bool]:
+        """Insert the job, then run it here (claimed at insert) or queue it for any worker."""
+        try:
+            stored, created = await self.store.write(
+                record.id,
+                self.store.repo.insert,
+                record,
+                active_limit=self.config.max_active_per_principal,
+                questions=[question] if question is not None else [],
+            )
+        except BaseException:
+            if claimed:
+                self.runtime.unreserve()
+            raise
+        if claimed and created:
+            self.runtime.adopt(stored)
+        elif claimed:
+            self.runtime.unreserve()
         if created and not claimed and not waiting:
             self.runtime.submit(stored.id)
             await self.store.announce(stored.id, queued=True)  # for idle workers on other nodes
-        return StartedJob(job=stored, handle=handle, created=created)
+        return stored, created
 
     def _first_question(
         self, spec: JobSpec, arguments: dict[str, Any], answer: dict[str, Any] | None, now: Any
@@ -324,8 +350,8 @@ class JobService:
                 return record
             record = latest
             remaining = deadline - loop.time()
-            if until(record) or remaining <= 0:
-                return record
+            if until(record) or remaining <= 0 or self.runtime.closed:
+                return record  # a draining node answers long-polls at once
             await self.store.notifier.wait(
                 record.id, min(remaining, self.config.store_poll_seconds), event=changed
             )

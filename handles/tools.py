@@ -224,6 +224,12 @@ class JobTools:
                 "The job failed and will not produce a result; see error. Do not retry blindly: check whether "
                 f"anything it started must be reconciled, then start a new job with {self.tool('start')} if needed."
             )
+        if job.error is not None and job.error.get("data", {}).get("reason") == "step_unknown":
+            return (
+                "The job was cancelled while a step was still running, and that step's outcome is unknown (see "
+                "status_message). Reconcile it (check whether its effect happened) before starting a new job "
+                f"with {self.tool('start')}."
+            )
         return (
             "The job was cancelled and will not produce a result. Start a new job with "
             f"{self.tool('start')} if you still need it."

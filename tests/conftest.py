@@ -21,6 +21,7 @@ from sqlalchemy import create_engine, text
 
 from example_server.server import build_server, create_jobs
 from tests.support import (
+    DRAIN_SECONDS,
     JOB_SECONDS,
     LOCAL_PRINCIPAL,
     TOKENS,
@@ -50,6 +51,7 @@ def _example_job_seconds() -> Iterator[None]:
     """In-process example jobs read EXAMPLE_JOB_SECONDS when they run: keep them short."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("EXAMPLE_JOB_SECONDS", str(JOB_SECONDS))
+        patch.setenv("HANDLES_DRAIN_SECONDS", str(DRAIN_SECONDS))
         patch.delenv("HANDLES_DATABASE_URL", raising=False)
         yield
 

@@ -39,6 +39,10 @@ JOB_SECONDS = 1.0
 STORE_POLL_SECONDS = 5.0
 """`HANDLES_STORE_POLL_SECONDS` of the example servers: long, so only a change notification ends a wait quickly."""
 
+DRAIN_SECONDS = 1.0
+"""`HANDLES_DRAIN_SECONDS` of the servers the tests stop: a stop waits at most this long for running jobs
+(the tests of the drain itself set their own)."""
+
 LOCAL_PRINCIPAL = "local:local"
 """The principal of every unauthenticated request (stdio, in-process, HTTP without tokens)."""
 
@@ -66,6 +70,7 @@ def token_principal(name: str) -> str:
 def handles_config(data_dir: Path, keys: Sequence[str], **overrides: Any) -> HandlesConfig:
     """A config on an SQLite file in `data_dir` (or `database_url=`), signing with `keys` (newest first)."""
     overrides.setdefault("store_poll_seconds", STORE_POLL_SECONDS)
+    overrides.setdefault("drain_seconds", DRAIN_SECONDS)
     return HandlesConfig(data_dir=data_dir, secret_keys=tuple(keys), **overrides)
 
 
@@ -79,6 +84,7 @@ def example_env(data_dir: Path, keys: Sequence[str], **extra: str) -> dict[str, 
         "HANDLES_SECRET_KEYS": ",".join(keys),
         "EXAMPLE_JOB_SECONDS": str(JOB_SECONDS),
         "HANDLES_STORE_POLL_SECONDS": str(STORE_POLL_SECONDS),
+        "HANDLES_DRAIN_SECONDS": str(DRAIN_SECONDS),
     }
     env.update(extra)
     return env

@@ -55,6 +55,13 @@ class ChangeNotifier:
         if event is not None:
             event.set()
 
+    def notify_all(self) -> None:
+        """Wake every waiter of this process (the node is draining: long-polls answer now)."""
+        events = list(self._events.values())
+        self._events.clear()
+        for event in events:
+            event.set()
+
     def watch(self, job_id: str) -> asyncio.Event:
         """The event the next change of `job_id` sets. Take it *before* reading the job, so that a
         change committed between the read and the wait is not missed."""

@@ -7,6 +7,7 @@ issued by the repository.
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,6 +37,11 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+def principal_key(principal: str) -> str:
+    """The fixed-length key a principal is indexed by (SHA-256, hex): any principal length fits."""
+    return hashlib.sha256(principal.encode()).hexdigest()
+
+
 def _time(nullable: bool = False, index: bool = False) -> Any:
     return Field(default=None, sa_column=Column(UTCDateTime(), nullable=nullable, index=index))
 
@@ -45,14 +51,16 @@ class JobRecord(SQLModel, table=True):
 
     __tablename__ = "handles_jobs"
     __table_args__ = (
-        UniqueConstraint("principal", "kind", "idempotency_key", name="uq_handles_jobs_idempotency"),
+        UniqueConstraint("principal_key", "kind", "idempotency_key", name="uq_handles_jobs_idempotency"),
         Index("ix_handles_jobs_claim", "status", "lease_owner", "run_after"),
-        Index("ix_handles_jobs_principal_status", "principal", "status"),
+        Index("ix_handles_jobs_principal_key_status", "principal_key", "status"),
     )
 
     id: str = Field(primary_key=True, max_length=64)
     kind: str = Field(index=True, max_length=128)
-    principal: str = Field(index=True, max_length=512)
+    # Any length: indexes and uniqueness use `principal_key`, its SHA-256 (see `principal_key()`).
+    principal: str = Field(sa_column=Column(Text, nullable=False))
+    principal_key: str = Field(default="", max_length=64)
     status: str = Field(max_length=20)
     status_message: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     arguments: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
@@ -63,6 +71,9 @@ class JobRecord(SQLModel, table=True):
     progress_done: float | None = None
     progress_total: float | None = None
     attempts: int = 0
+    # Handed back without failing (answered after parking, or drained at a shutdown): the next
+    # claim continues the job without counting a new attempt.
+    resuming: bool = False
     version: int = 0
     created_at: datetime = _time()
     updated_at: datetime = _time()

@@ -14,23 +14,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import Connection, Engine, and_, create_engine, event, func, update
+from sqlalchemy import Connection, Engine, and_, case, create_engine, event, func, update
 from sqlalchemy import select as sa_select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import configure_mappers
-from sqlalchemy.pool import StaticPool
 from sqlmodel import Session, col, delete, select
 
-from handles.errors import LeaseLost
+from handles.errors import ConfigurationError, LeaseLost
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
-from handles.store.models import InputRequestRecord, JobRecord, StepRecord
+from handles.store.models import InputRequestRecord, JobRecord, StepRecord, principal_key
 
 logger = logging.getLogger("handles.store")
 
@@ -75,6 +74,11 @@ def _is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
 
+def _is_memory_sqlite(url: str) -> bool:
+    path = url.split("?", 1)[0]
+    return _is_sqlite(url) and (path.endswith("://") or path.endswith(":memory:") or "mode=memory" in url)
+
+
 def _make_engines(url: str) -> tuple[Engine, Engine, Engine | None]:
     """(read engine, write engine, inline-read engine or None).
 
@@ -88,10 +92,13 @@ def _make_engines(url: str) -> tuple[Engine, Engine, Engine | None]:
         engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
         return engine, engine, None
 
-    memory = url in ("sqlite://", "sqlite:///:memory:")
+    if _is_memory_sqlite(url):
+        raise ConfigurationError(
+            f"HANDLES_DATABASE_URL={url!r} is an in-memory SQLite database, which cannot be shared by the "
+            "threads that serve requests and run jobs, and loses every job when the process ends. Use an "
+            "SQLite file (sqlite:///path/to/handles.db, the default under HANDLES_DATA_DIR) or PostgreSQL."
+        )
     kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 30}}
-    if memory:
-        kwargs["poolclass"] = StaticPool
 
     def configure(engine: Engine, begin: str | None, busy_ms: int = 30000) -> Engine:
         @event.listens_for(engine, "connect")
@@ -99,8 +106,7 @@ def _make_engines(url: str) -> tuple[Engine, Engine, Engine | None]:
             # Take transaction control away from pysqlite so BEGIN is ours to issue.
             dbapi_connection.isolation_level = None
             cursor = dbapi_connection.cursor()
-            if not memory:
-                cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
             cursor.execute("PRAGMA foreign_keys=ON")
@@ -115,8 +121,6 @@ def _make_engines(url: str) -> tuple[Engine, Engine, Engine | None]:
         return engine
 
     write = configure(create_engine(url, **kwargs), "BEGIN IMMEDIATE")
-    if memory:
-        return write, write, None
     read = configure(create_engine(url, **kwargs), "BEGIN")
     # No BEGIN: each read statement is its own snapshot, with nothing to end afterwards.
     inline = configure(create_engine(url, **kwargs), None, busy_ms=50)
@@ -126,9 +130,17 @@ def _make_engines(url: str) -> tuple[Engine, Engine, Engine | None]:
 class JobRepository:
     """Synchronous access to the job tables of one database."""
 
-    def __init__(self, url: str, *, clock: Clock = utc_now) -> None:
+    def __init__(self, url: str, *, clock: Clock = utc_now, lease_clock: str | None = None) -> None:
+        """`lease_clock`: "database" judges and sets leases by the database server's clock (the default on
+        PostgreSQL, so nodes with skewed clocks agree), "local" by `clock` (the default elsewhere, and
+        whenever a test clock is injected)."""
         self.url = url
         self.clock = clock
+        if lease_clock is None:
+            lease_clock = "database" if not _is_sqlite(url) and clock is utc_now else "local"
+        if lease_clock not in ("database", "local"):
+            raise ValueError("lease_clock must be 'database' or 'local'")
+        self._database_leases = lease_clock == "database"
         self._read_engine, self._write_engine, self._inline_engine = _make_engines(url)
         self._inline_connection: Connection | None = None
         self._inline_lock = threading.Lock()
@@ -139,6 +151,22 @@ class JobRepository:
         self._write_lock: contextlib.AbstractContextManager[Any] = (
             threading.RLock() if _is_sqlite(url) else contextlib.nullcontext()
         )
+
+    @property
+    def database_leases(self) -> bool:
+        """Whether leases are set and judged by the database server's clock."""
+        return self._database_leases
+
+    def _lease_now(self, now: datetime) -> Any:
+        """`now` for lease arithmetic in SQL: the database's own clock, or the local one."""
+        return func.now() if self._database_leases else now
+
+    def _lease_now_value(self, session: Session, now: datetime) -> datetime:
+        """`now` for lease comparisons made in Python, inside a write transaction."""
+        if not self._database_leases:
+            return now
+        value: datetime = session.execute(sa_select(func.now())).scalar_one()
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
     @property
     def dialect(self) -> str:
@@ -247,6 +275,20 @@ class JobRepository:
                 pending = _rows(connection, InputRequestRecord, *_pending_clause(job_id))
             return job, pending, _rows(connection, StepRecord, *_steps_clause(job_id))
 
+    def replay_state(self, job_id: str) -> tuple[dict[str, dict[str, Any]], dict[str, StepRecord]]:
+        """What a run replays: the job's recorded answers by key, and its steps by name, read in one go."""
+        inputs = InputRequestRecord.__table__.c  # type: ignore[attr-defined]
+        with self._fast_reading() as connection:
+            answered = _rows(
+                connection,
+                InputRequestRecord,
+                and_(inputs.job_id == job_id, inputs.answered_at.is_not(None)),
+                (inputs.key,),
+            )
+            steps = _rows(connection, StepRecord, *_steps_clause(job_id))
+        answers = {record.key: record.answer for record in answered if record.answer is not None}
+        return answers, {step.name: step for step in steps}
+
     def get_input(self, job_id: str, key: str) -> InputRequestRecord | None:
         inputs = InputRequestRecord.__table__.c  # type: ignore[attr-defined]
         with self._fast_reading() as connection:
@@ -269,7 +311,7 @@ class JobRepository:
         if kind is not None:
             query = query.where(JobRecord.kind == kind)
         if principal is not None:
-            query = query.where(JobRecord.principal == principal)
+            query = query.where(JobRecord.principal_key == principal_key(principal))
         if created_before is not None:
             query = query.where(col(JobRecord.created_at) < created_before)
         if created_after is not None:
@@ -281,7 +323,7 @@ class JobRepository:
         with self._reading() as session:
             query = select(func.count()).select_from(JobRecord).where(col(JobRecord.status).in_(list(ACTIVE)))
             if principal is not None:
-                query = query.where(JobRecord.principal == principal)
+                query = query.where(JobRecord.principal_key == principal_key(principal))
             return int(session.exec(query).one())
 
     # -- creation ----------------------------------------------------------
@@ -299,6 +341,8 @@ class JobRepository:
         has that many active jobs; the count and the insert share one transaction, as do
         `questions` (asked before the job starts) and the job.
         """
+        if not job.principal_key:
+            job.principal_key = principal_key(job.principal)
         if job.idempotency_key is not None:
             existing = self._find_idempotent(job)
             if existing is not None:
@@ -306,13 +350,14 @@ class JobRepository:
         try:
             with self._writing() as session:
                 if active_limit is not None:
-                    self._lock_principal(session, job.principal)
+                    self._lock_principal(session, job.principal_key)
                     active = int(
                         session.exec(
                             select(func.count())
                             .select_from(JobRecord)
                             .where(
-                                JobRecord.principal == job.principal, col(JobRecord.status).in_(list(ACTIVE))
+                                JobRecord.principal_key == job.principal_key,
+                                col(JobRecord.status).in_(list(ACTIVE)),
                             )
                         ).one()
                     )
@@ -327,15 +372,16 @@ class JobRepository:
                 raise
             return existing, False
 
-    def _lock_principal(self, session: Session, principal: str) -> None:
+    def _lock_principal(self, session: Session, key: str) -> None:
         """Serialise concurrent starts of one principal (SQLite's write lock already does)."""
         if self.dialect == "postgresql":
-            session.exec(select(func.pg_advisory_xact_lock(func.hashtext(principal))))
+            session.exec(select(func.pg_advisory_xact_lock(func.hashtext(key))))
 
     def _find_idempotent(self, job: JobRecord) -> JobRecord | None:
         with self._reading() as session:
             return session.exec(
                 select(JobRecord).where(
+                    JobRecord.principal_key == job.principal_key,
                     JobRecord.principal == job.principal,
                     JobRecord.kind == job.kind,
                     JobRecord.idempotency_key == job.idempotency_key,
@@ -351,38 +397,94 @@ class JobRepository:
             claimed = session.exec(
                 update(JobRecord)
                 .where(col(JobRecord.id) == job_id, *_claimable(now))
-                .values(**_claim_values(owner, now, lease_seconds))
+                .values(**_claim_values(owner, now, self._lease_now(now), lease_seconds))
             ).rowcount
             return session.get(JobRecord, job_id) if claimed == 1 else None
 
     def claim_next(
-        self, owner: str, kinds: Sequence[str], limit: int, lease_seconds: float
+        self,
+        owner: str,
+        kinds: Sequence[str],
+        limit: int,
+        lease_seconds: float,
+        *,
+        held: Mapping[str, int] | None = None,
+        share_limit: int | None = None,
+        served: Mapping[str, int] | None = None,
     ) -> list[JobRecord]:
-        """Claim up to `limit` queued jobs of `kinds` for `owner`, oldest first.
+        """Claim up to `limit` queued jobs of `kinds` for `owner`, taking turns between principals.
 
-        PostgreSQL: one `UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED)`, so
-        concurrent workers never wait on each other and never take the same job.
-        Elsewhere: pick candidates, then claim each with the compare-and-set of `claim`.
+        Candidates are ranked by how many jobs their principal already runs (on every
+        node) plus their place in that principal's own queue, then by age: one
+        principal's backlog never keeps another's first job waiting. `held` (jobs this
+        node runs, by principal key) and `share_limit` keep a principal at or under its
+        share of this node's slots while another principal has work waiting; alone, a
+        principal may use every slot. Ties go to the principal this node served least
+        recently (`served`: principal key -> a rising serve counter). PostgreSQL locks the candidates with `SKIP
+        LOCKED`, so concurrent workers never wait on each other or take the same job.
         """
         if not kinds or limit <= 0:
             return []
-        if self.dialect != "postgresql":
-            return [
-                job
-                for job_id in self.queued(kinds, limit)
-                if (job := self.claim(job_id, owner, lease_seconds))
-            ]
         now = self.clock()
-        candidates = _queued_query(now, kinds, limit).with_for_update(skip_locked=True)
         with self._writing() as session:
+            candidates = self._fair_candidates(session, now, kinds, limit)
+            chosen = _take_turns(candidates, limit, held or {}, share_limit, served or {})
+            if not chosen:
+                return []
             claimed = session.execute(
                 update(JobRecord)
-                .where(col(JobRecord.id).in_(candidates.scalar_subquery()))
-                .values(**_claim_values(owner, now, lease_seconds))
+                .where(col(JobRecord.id).in_(chosen), *_claimable(now))
+                .values(**_claim_values(owner, now, self._lease_now(now), lease_seconds))
                 .returning(JobRecord)
                 .execution_options(synchronize_session=False)
             )
-            return list(claimed.scalars().all())
+            records = {record.id: record for record in claimed.scalars().all()}
+        return [records[job_id] for job_id in chosen if job_id in records]
+
+    def _fair_candidates(
+        self, session: Session, now: datetime, kinds: Sequence[str], limit: int
+    ) -> list[tuple[str, str, int, int]]:
+        """(id, principal key, place in its principal's queue, jobs its principal runs) of claimable jobs."""
+        place = (
+            func.row_number()
+            .over(
+                partition_by=JobRecord.principal_key, order_by=(col(JobRecord.run_after), col(JobRecord.id))
+            )
+            .label("place")
+        )
+        queue = (
+            sa_select(col(JobRecord.id).label("id"), place)
+            .where(*_claimable(now), col(JobRecord.kind).in_(list(kinds)))
+            .subquery()
+        )
+        first = sa_select(queue.c.id).where(queue.c.place <= limit)
+        rows = sa_select(col(JobRecord.id), col(JobRecord.principal_key), col(JobRecord.run_after)).where(
+            col(JobRecord.id).in_(first), *_claimable(now)
+        )
+        if self.dialect == "postgresql":
+            rows = rows.with_for_update(skip_locked=True)
+        found = session.execute(rows).all()
+        if not found:
+            return []
+        keys = {row[1] for row in found}
+        running: dict[str, int] = dict(
+            session.execute(
+                sa_select(col(JobRecord.principal_key), func.count())
+                .where(
+                    col(JobRecord.principal_key).in_(keys),
+                    col(JobRecord.status) == Status.WORKING.value,
+                    col(JobRecord.lease_owner).is_not(None),
+                )
+                .group_by(JobRecord.principal_key)
+            ).all()
+        )
+        ordered = sorted(found, key=lambda row: (row[2], row[0]))
+        places: dict[str, int] = {}
+        ranked: list[tuple[str, str, int, int]] = []
+        for job_id, key, _run_after in ordered:
+            places[key] = places.get(key, 0) + 1
+            ranked.append((job_id, key, places[key], int(running.get(key, 0))))
+        return ranked
 
     def publish(self, job_id: str, origin: str, *, queued: bool = False) -> None:
         """Tell every node listening on PostgreSQL that `job_id` changed, or is queued for a worker.
@@ -417,7 +519,7 @@ class JobRepository:
                     col(JobRecord.lease_owner) == owner,
                     col(JobRecord.status).in_(list(ACTIVE)),
                 )
-                .values(lease_expires_at=_after(now, lease_seconds))
+                .values(lease_expires_at=_after(self._lease_now(now), lease_seconds))
             )
             rows = session.exec(
                 select(
@@ -437,7 +539,7 @@ class JobRepository:
                 .where(
                     col(JobRecord.status).in_(list(ACTIVE)),
                     col(JobRecord.lease_owner).is_not(None),
-                    col(JobRecord.lease_expires_at) < now,
+                    col(JobRecord.lease_expires_at) < self._lease_now(now),
                 )
                 .limit(limit)
             )
@@ -500,7 +602,9 @@ class JobRepository:
                 return False
             if owner is not None and job.lease_owner != owner:
                 return False
-            if lease_expired and (job.lease_expires_at is None or job.lease_expires_at >= now):
+            if lease_expired and (
+                job.lease_expires_at is None or job.lease_expires_at >= self._lease_now_value(session, now)
+            ):
                 return False
             job.status = target.value
             if target in TERMINAL:
@@ -525,8 +629,12 @@ class JobRepository:
         run_after: datetime,
         message: str | None,
         lease_expired: bool = False,
+        resuming: bool = False,
     ) -> bool:
-        """Give a job back to the queue (a retry after an interruption, or a kind this node does not run)."""
+        """Give a job back to the queue (a kind this node does not run, or a hand-over).
+
+        `resuming`: the next claim continues the job without counting a new attempt.
+        """
         now = self.clock()
         conditions = [
             col(JobRecord.id) == job_id,
@@ -534,7 +642,7 @@ class JobRepository:
             col(JobRecord.status).in_(list(ACTIVE)),
         ]
         if lease_expired:
-            conditions.append(col(JobRecord.lease_expires_at) < now)
+            conditions.append(col(JobRecord.lease_expires_at) < self._lease_now(now))
         with self._writing() as session:
             changed = session.exec(
                 update(JobRecord)
@@ -545,11 +653,69 @@ class JobRepository:
                     lease_expires_at=None,
                     run_after=run_after,
                     status_message=message,
+                    resuming=resuming,
                     updated_at=now,
                     version=JobRecord.version + 1,
                 )
             ).rowcount
         return changed == 1
+
+    def settle_interrupted(
+        self, job_id: str, owner: str, *, shutdown: bool, lease_expired: bool = False
+    ) -> Status | None:
+        """Settle a job whose run stopped before it ended; returns its new status (None: not ours to settle).
+
+        One rule for every way a run stops (a graceful shutdown, or a lease that ran out
+        because its process died): a job with a cancel request ends `cancelled`; a
+        shutdown hands a `retry` job straight to any node, not counted as an attempt;
+        a crashed `retry` job is queued again after a backoff while attempts remain;
+        anything else ends `failed`, saying why.
+        """
+        now = self.clock()
+        with self._writing() as session:
+            job = self._locked(session, job_id)
+            if job is None or job.lease_owner != owner or Status(job.status) not in ACTIVE:
+                return None
+            if lease_expired and (
+                job.lease_expires_at is None or job.lease_expires_at >= self._lease_now_value(session, now)
+            ):
+                return None
+            outcome = _interrupted_outcome(job, now, shutdown=shutdown)
+            for name, value in outcome.items():
+                setattr(job, name, value)
+            if Status(job.status) in TERMINAL:
+                _finish(job, now)
+            else:
+                job.lease_owner = None
+                job.lease_expires_at = None
+            _touch(job, now)
+            session.add(job)
+            return Status(job.status)
+
+    def park(self, job_id: str, owner: str) -> Status | None:
+        """Let go of a job that waits for answers: no lease, no worker, until they arrive.
+
+        Returns the job's status afterwards: `input_required` (parked; an answer makes it
+        claimable again), `working` (every answer arrived meanwhile: it is queued to
+        resume), `cancelled` (a cancel request arrived meanwhile), None (not held here).
+        """
+        now = self.clock()
+        with self._writing() as session:
+            job = self._locked(session, job_id)
+            if job is None or job.lease_owner != owner or Status(job.status) not in ACTIVE:
+                return None
+            if job.cancel_requested_at is not None:
+                job.status = Status.CANCELLED.value
+                job.status_message = "Cancelled at the caller's request while it waited for an answer."
+                _finish(job, now)
+            else:
+                job.lease_owner = None
+                job.lease_expires_at = None
+                job.resuming = True
+                job.run_after = now
+            _touch(job, now)
+            session.add(job)
+            return Status(job.status)
 
     def request_cancel(self, job_id: str) -> CancelOutcome | None:
         """Record a cancel request. A queued job ends `cancelled` at once; a running one is signalled."""
@@ -633,6 +799,7 @@ class JobRepository:
                     job.status = Status.WORKING.value
                     job.status_message = "Answer received; continuing."
                     job.input_deadline = None
+                    job.run_after = now
                 _touch(job, now)
                 session.add(job)
         return AnswerOutcome(job, accepted, ignored)
@@ -663,20 +830,50 @@ class JobRepository:
             session.add(job)
         return step, True
 
-    def finish_step(self, job_id: str, name: str, *, result: Any = None, error: str | None = None) -> None:
-        """Record a started step's outcome: its JSON result, or the error it raised."""
+    def finish_step(
+        self, job_id: str, owner: str, name: str, *, result: Any = None, error: str | None = None
+    ) -> None:
+        """Record a started step's outcome (its JSON result, or the error it raised) for the lease holder.
+
+        Raises `LeaseLost` when `owner` no longer holds the job: a stale worker never
+        rewrites the ledger of a job that ended or moved on.
+        """
         now = self.clock()
         with self._writing() as session:
+            job = self._locked(session, job_id)
+            if job is None or job.lease_owner != owner or Status(job.status) not in ACTIVE:
+                raise LeaseLost(job_id)
             step = session.get(StepRecord, (job_id, name))
-            if step is None:
+            if step is None or step.status != "started":
                 return
             step.status = "failed" if error is not None else "completed"
             step.result, step.error, step.finished_at = result, error, now
             session.add(step)
+            _touch(job, now)
+            session.add(job)
+
+    def end_with_unknown_steps(
+        self, job_id: str, owner: str, steps: Sequence[str], target: Status, **values: Any
+    ) -> bool:
+        """End a job whose `steps` are still executing past every limit: they are marked `unknown`."""
+        now = self.clock()
+        with self._writing() as session:
             job = self._locked(session, job_id)
-            if job is not None:
-                _touch(job, now)
-                session.add(job)
+            if job is None or job.lease_owner != owner or not can_transition(Status(job.status), target):
+                return False
+            for name in steps:
+                step = session.get(StepRecord, (job_id, name))
+                if step is not None and step.status == "started":
+                    step.status = "unknown"
+                    step.finished_at = now
+                    session.add(step)
+            job.status = target.value
+            for name, value in values.items():
+                setattr(job, name, value)
+            _finish(job, now)
+            _touch(job, now)
+            session.add(job)
+        return True
 
     def steps(self, job_id: str) -> list[StepRecord]:
         with self._fast_reading() as connection:
@@ -801,16 +998,81 @@ def _queued_query(now: datetime, kinds: Sequence[str], limit: int) -> Any:
     )
 
 
-def _claim_values(owner: str, now: datetime, lease_seconds: float) -> dict[str, Any]:
-    """What a claim writes: the lease, one more attempt, the first start time."""
+def _take_turns(
+    candidates: list[tuple[str, str, int, int]],
+    limit: int,
+    held: Mapping[str, int],
+    share_limit: int | None,
+    served: Mapping[str, int],
+) -> list[str]:
+    """Up to `limit` candidate ids, fairest first; principals at their share go last (work-conserving)."""
+    fair = sorted(candidates, key=lambda c: (c[3] + c[2], c[2], served.get(c[1], -1)))
+    chosen: list[str] = []
+    taken: dict[str, int] = {}
+    deferred: list[str] = []
+    for job_id, key, _place, _running in fair:
+        if len(chosen) >= limit:
+            break
+        if share_limit is not None and held.get(key, 0) + taken.get(key, 0) >= share_limit:
+            deferred.append(job_id)
+            continue
+        chosen.append(job_id)
+        taken[key] = taken.get(key, 0) + 1
+    return chosen + deferred[: limit - len(chosen)]
+
+
+def _claim_values(owner: str, now: datetime, lease_now: Any, lease_seconds: float) -> dict[str, Any]:
+    """What a claim writes: the lease, one more attempt (unless it resumes), the first start time."""
     return {
         "lease_owner": owner,
-        "lease_expires_at": _after(now, lease_seconds),
-        "attempts": JobRecord.attempts + 1,
+        "lease_expires_at": _after(lease_now, lease_seconds),
+        "attempts": JobRecord.attempts + case((col(JobRecord.resuming), 0), else_=1),
+        "resuming": False,
         "started_at": func.coalesce(JobRecord.started_at, now),
         "updated_at": now,
         "version": JobRecord.version + 1,
     }
+
+
+def _interrupted_outcome(job: JobRecord, now: datetime, *, shutdown: bool) -> dict[str, Any]:
+    """The fields that settle an interrupted job (see `JobRepository.settle_interrupted`)."""
+    attempts = job.attempts
+    if job.cancel_requested_at is not None:
+        return {
+            "status": Status.CANCELLED.value,
+            "status_message": "Cancelled at the caller's request; its process stopped before it finished.",
+        }
+    if job.on_interrupt == "retry" and shutdown:
+        return {
+            "status": Status.WORKING.value,
+            "status_message": "Its server is shutting down; another server continues it now.",
+            "run_after": now,
+            "resuming": True,
+        }
+    if job.on_interrupt == "retry" and attempts < job.max_attempts:
+        delay = min(2 ** max(attempts - 1, 0), 60)
+        return {
+            "status": Status.WORKING.value,
+            "status_message": f"Interrupted during attempt {attempts}; retrying as attempt {attempts + 1} of "
+            f"{job.max_attempts}.",
+            "run_after": now + timedelta(seconds=delay),
+        }
+    cause = (
+        "its server shut down before it finished and this job cannot be resumed"
+        if shutdown
+        else "the server process running it stopped before it finished"
+        + (f" (after {attempts} attempts)" if attempts > 1 else "")
+    )
+    message = (
+        f"The job was interrupted: {cause}. Its outcome is unknown; reconcile any external effects before "
+        "starting it again."
+    )
+    error = {
+        "code": -32603,
+        "message": message,
+        "data": {"reason": "shutdown" if shutdown else "interrupted", "attempts": attempts},
+    }
+    return {"status": Status.FAILED.value, "status_message": message, "error": error}
 
 
 def _touch(job: JobRecord, now: datetime) -> None:
@@ -829,5 +1091,6 @@ def _finish(job: JobRecord, now: datetime) -> None:
         job.expires_at = min(job.expires_at, now + timedelta(seconds=job.keep_result_seconds))
 
 
-def _after(now: datetime, seconds: float) -> datetime:
+def _after(now: Any, seconds: float) -> Any:
+    """`now` (a datetime, or the database's `now()`) plus `seconds`."""
     return now + timedelta(seconds=seconds)

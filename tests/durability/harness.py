@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -41,8 +42,27 @@ def config(tmp: Path, **overrides: Any) -> HandlesConfig:
         store_poll_seconds=0.1,
         cancel_grace_seconds=0.5,
         progress_flush_seconds=0.05,
+        drain_seconds=1.0,  # tests of the drain itself set their own
     )
     return replace(base, **overrides)
+
+
+async def crash(jobs: Handles) -> None:
+    """The process of `jobs` dies (as by kill -9): its runs stop where they are and nothing more is written.
+
+    Its leases stay in the store until they run out; another node's sweep then settles its jobs.
+    A step executing on a worker thread finishes in the background, as it would not after a real crash.
+    """
+    runtime = jobs.runtime
+    tasks = [entry.task for entry in runtime._running.values() if entry.task is not None]
+    tasks += runtime._loops + ([runtime._dispatcher] if runtime._dispatcher is not None else [])
+    for entry in runtime._running.values():
+        entry.lost = True
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    runtime._closed = True
+    jobs.service.store.repo.dispose()
 
 
 @dataclass
@@ -86,14 +106,16 @@ class ServerProcess:
         self.port = free_port()
         self.env = dict(os.environ)
         self.env.update(
-            HANDLES_DATA_DIR=str(data_dir),
-            HANDLES_SECRET_KEYS=KEY,
-            HANDLES_LEASE_SECONDS="1",
-            HANDLES_HEARTBEAT_SECONDS="0.2",
-            HANDLES_SWEEP_SECONDS="0.3",
-            HANDLES_STORE_POLL_SECONDS="0.1",
-            **env,
+            {
+                "HANDLES_DATA_DIR": str(data_dir),
+                "HANDLES_SECRET_KEYS": KEY,
+                "HANDLES_LEASE_SECONDS": "1",
+                "HANDLES_HEARTBEAT_SECONDS": "0.2",
+                "HANDLES_SWEEP_SECONDS": "0.3",
+                "HANDLES_STORE_POLL_SECONDS": "0.1",
+            }
         )
+        self.env.update(env)
         self.log = data_dir / "server.log"
         self.process: Any = None
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from handles import Handles, JobContext
 
-from .harness import config, rig
+from .harness import config, crash, rig
 
 EFFECTS: list[str] = []
 
@@ -33,7 +33,10 @@ def declare_payment(
 
 
 async def _start_and_interrupt(tmp: Path, **options: Any) -> str:
-    """Start `pay`, wait until the step has begun (or finished), then stop the process mid-job."""
+    """Start `pay`, wait until the step has begun (or finished), then kill the process mid-job.
+
+    Returns once its lease has run out, for the next node's sweep to retry the job.
+    """
     first = Handles(config(tmp))
     async with rig(first, lambda j: declare_payment(j, gate=asyncio.Event(), **options)) as r:
         started = await r.ok("pay_start", amount=42)
@@ -45,7 +48,8 @@ async def _start_and_interrupt(tmp: Path, **options: Any) -> str:
                 break
         else:
             raise AssertionError(f"step never reached {wanted}: {state}")
-    # leaving the rig stopped the runtime: the retry policy released the job for another attempt
+        await crash(first)
+    await asyncio.sleep(first.config.lease_seconds + 0.1)  # the dead process's lease runs out
     return handle
 
 

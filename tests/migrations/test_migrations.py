@@ -13,7 +13,8 @@ from sqlmodel import SQLModel
 
 from handles.errors import ConfigurationError
 from handles.states import Status
-from handles.store import JobRepository, migrate
+from handles.store import JobRecord, JobRepository, migrate
+from handles.store.models import principal_key
 
 
 def _insert_revision_0001_job(url: str) -> None:
@@ -103,5 +104,56 @@ def test_migrated_schema_matches_the_models(database_url: str) -> None:
         ]
     assert differences == []
     repo.create_schema()  # idempotent
+    repo.dispose()
+    _fresh(database_url)
+
+
+def test_upgrade_to_principal_keys_backfills_them_and_lifts_the_length_limit(database_url: str) -> None:
+    """0004: existing jobs get their principal key (in batches), idempotency still finds them, and a
+    principal of any length can be stored afterwards."""
+    _fresh(database_url)
+    repo = JobRepository(database_url)
+    migrate.upgrade(repo.engine, "0001")
+    _insert_revision_0001_job(database_url)
+    migrate.upgrade(repo.engine, "0003")
+    repo.prepare(auto_migrate=True)
+    assert migrate.current_revision(repo.engine) == migrate.head_revision()
+    old = repo.get("old-job")
+    assert old is not None and old.principal_key == principal_key("local:local")
+    assert repo.count_active(principal="local:local") == 1
+    now = datetime.now(UTC)
+    long_principal = "token:" + "x" * 5000
+    stored, created = repo.insert(
+        JobRecord(
+            id="long-principal-job",
+            kind="report",
+            principal=long_principal,
+            status=Status.WORKING.value,
+            arguments={},
+            arguments_digest="d",
+            idempotency_key="k1",
+            created_at=now,
+            updated_at=now,
+            run_after=now,
+            expires_at=now + timedelta(hours=1),
+        )
+    )
+    assert created and repo.get(stored.id).principal == long_principal  # type: ignore[union-attr]
+    again, created_again = repo.insert(
+        JobRecord(
+            id="long-principal-retry",
+            kind="report",
+            principal=long_principal,
+            status=Status.WORKING.value,
+            arguments={},
+            arguments_digest="d",
+            idempotency_key="k1",
+            created_at=now,
+            updated_at=now,
+            run_after=now,
+            expires_at=now + timedelta(hours=1),
+        )
+    )
+    assert not created_again and again.id == "long-principal-job"
     repo.dispose()
     _fresh(database_url)

@@ -54,16 +54,18 @@ def pg_url(postgres_url: str) -> Iterator[str]:
 def node_env(tmp: Path, database_url: str, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
-        HANDLES_DATABASE_URL=database_url,
-        HANDLES_SECRET_KEYS=KEY,
-        HANDLES_DATA_DIR=str(tmp),
-        HANDLES_LEASE_SECONDS="1.5",
-        HANDLES_HEARTBEAT_SECONDS="0.3",
-        HANDLES_SWEEP_SECONDS="0.3",
-        HANDLES_STORE_POLL_SECONDS="1",
-        PYTHONPATH=str(ROOT),
-        **extra,
+        {
+            "HANDLES_DATABASE_URL": database_url,
+            "HANDLES_SECRET_KEYS": KEY,
+            "HANDLES_DATA_DIR": str(tmp),
+            "HANDLES_LEASE_SECONDS": "1.5",
+            "HANDLES_HEARTBEAT_SECONDS": "0.3",
+            "HANDLES_SWEEP_SECONDS": "0.3",
+            "HANDLES_STORE_POLL_SECONDS": "1",
+            "PYTHONPATH": str(ROOT),
+        }
     )
+    env.update(extra)
     return env
 
 

@@ -338,6 +338,7 @@ class StoreMachine(RuleBasedStateMachine):
             return
         self.repo.finish_step(
             m.id,
+            owner,
             name,
             result={"ok": 1} if outcome == "completed" else None,
             error="boom" if outcome == "failed" else None,
@@ -388,7 +389,9 @@ class StoreMachine(RuleBasedStateMachine):
             expired = m.lease_expires is not None and m.lease_expires < now
             if m.deleted or not m.active or m.lease is None or not expired:
                 continue
-            if m.on_interrupt == "retry" and m.attempts < m.max_attempts:
+            if m.cancel_requested:  # its process died after a cancel request: the cancel wins
+                m.finish(X, now)
+            elif m.on_interrupt == "retry" and m.attempts < m.max_attempts:
                 m.status, m.lease, m.lease_expires = W, None, None
                 m.run_after = now + timedelta(seconds=min(2 ** max(m.attempts - 1, 0), 60))
             else:

@@ -104,6 +104,7 @@ def tasks_config(data_dir: Path, key: str, **overrides: Any) -> HandlesConfig:
         "store_poll_seconds": 0.05,
         "sweep_interval_seconds": 0.2,
         "inline_budget_seconds": INLINE_BUDGET_SECONDS,
+        "drain_seconds": 1.0,
         **overrides,
     }
     return HandlesConfig(**values)

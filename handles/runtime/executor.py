@@ -1,0 +1,531 @@
+"""The executor: runs the jobs of one process against a shared store.
+
+It claims queued jobs into slots (`slots.Slots`), holds a lease on each while it
+runs (`leases.LeaseKeeper`), and writes every outcome to the store before anyone
+is told. A job that asks a question and finds no answer is *parked*: its run ends,
+its lease and slot are given back, and once answered it is claimed again (on any
+node) and replayed from the top, its answers and completed steps read back from
+the store. A cancel or a shutdown never interrupts a durable step that is
+executing: the step finishes and is recorded first, or, past a hard limit, is
+recorded as outcome-unknown. A stopping node drains: it stops claiming, lets
+running jobs finish for `drain_seconds`, then hands the rest over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import traceback
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mcp_types import CallToolResult, TextContent
+
+from handles.config import HandlesConfig
+from handles.errors import JobFailed, LeaseLost, StepOutcomeUnknown, StoreUnavailable, ToolError
+from handles.first import FIRST_KEY
+from handles.jobs import JobContext, JobParked, JobSpec
+from handles.limits import MAX_RESULT_BYTES, clean_message, json_size
+from handles.runtime.leases import LeaseKeeper
+from handles.runtime.outcomes import Outcome, cancelled_with_unknown_steps, failed, result_to_json
+from handles.runtime.slots import Slots
+from handles.runtime.sweeper import Sweeper
+from handles.states import Status
+from handles.store import JobRecord, Store
+from handles.store.models import principal_key
+
+logger = logging.getLogger("handles.runtime")
+
+
+@dataclass
+class _Running:
+    spec: JobSpec
+    ctx: JobContext
+    task: asyncio.Task[None] | None = None
+    stopping: bool = False  # interrupted by a shutdown
+    lost: bool = False  # ended elsewhere: write nothing
+    settling: bool = False  # its outcome is being written
+    timers: list[asyncio.TimerHandle] = field(default_factory=list)
+
+
+class Runtime:
+    """Runs the jobs of one process against a shared store."""
+
+    def __init__(self, *, store: Store, config: HandlesConfig, specs: Mapping[str, JobSpec]) -> None:
+        self.store = store
+        self.config = config
+        self.specs = specs
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.slots = Slots(config.max_running if config.run_workers else 0, config.principal_slot_limit)
+        self._running: dict[str, _Running] = {}
+        self._loops: list[asyncio.Task[None]] = []
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self._wake = asyncio.Event()
+        # Whether queued jobs may be waiting: the dispatcher looks at once only then (and on its timer),
+        # and a start is claimed at insert only when nothing waits before it.
+        self._backlog = True
+        self._leases = LeaseKeeper(
+            store=store,
+            owner=self.owner,
+            config=config,
+            held=self.running_ids,
+            on_cancel=self.signal_cancel,
+            on_lost=self._drop,
+        )
+        self._sweeper = Sweeper(
+            store=store,
+            runs_here=lambda job_id: job_id in self._running,
+            drop=self._drop,
+            signal_cancel=self.signal_cancel,
+            requeued=self._requeued,
+        )
+        store.origin = self.owner
+        self._started = False
+        self._draining = False
+        self._closed = False
+        self._drain_deadline: float | None = None
+
+    def reconfigure(self, config: HandlesConfig) -> None:
+        """Take new settings (only before the runtime starts)."""
+        self.config = config
+        self._leases.config = config
+        self.slots = Slots(config.max_running if config.run_workers else 0, config.principal_slot_limit)
+
+    # -- life cycle --------------------------------------------------------
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    @property
+    def closed(self) -> bool:
+        """True once the runtime began to drain or stopped: it takes no new work and never restarts."""
+        return self._draining or self._closed
+
+    def running_ids(self) -> list[str]:
+        return list(self._running)
+
+    def free_slots(self) -> int:
+        """How many more jobs this process would run right now (0 when it runs no workers)."""
+        return 0 if self.closed else self.slots.free
+
+    async def start(self) -> None:
+        """Start the background loops on the running event loop (idempotent; never after `stop`)."""
+        if self._started or self.closed:
+            return
+        self._started = True
+        self._wake = asyncio.Event()
+        self._leases.wake = asyncio.Event()
+        self._loops = [asyncio.create_task(self._sweep_loop(), name="handles-sweeper")]
+        if self.store.repo.dialect == "postgresql":
+            from handles.store.listen import ChangeListener
+
+            listener = ChangeListener(self.store.repo.url, self.owner, self._on_remote_change)
+            self._loops.append(asyncio.create_task(listener.run(), name="handles-listener"))
+        if self.config.run_workers:
+            self._dispatcher = asyncio.create_task(self._dispatch_loop(), name="handles-dispatcher")
+            self._loops.append(asyncio.create_task(self._leases.run(), name="handles-heartbeat"))
+
+    def begin_drain(self) -> None:
+        """Stop taking work now and wake every waiter (long-polls answer at once); running jobs go on.
+
+        Safe to call from a signal handler's callback; `stop` finishes the drain.
+        """
+        if self._draining:
+            return
+        self._draining = True
+        with contextlib.suppress(RuntimeError):
+            loop = asyncio.get_running_loop()
+            self._drain_deadline = loop.time() + self.config.drain_seconds
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+        self.store.notifier.notify_all()
+        if self._running:
+            logger.info(
+                "draining: %d running job(s) may finish for up to %gs",
+                len(self._running),
+                self.config.drain_seconds,
+            )
+
+    async def stop(self) -> None:
+        """Drain: stop claiming, let running jobs finish for `drain_seconds`, then hand the rest over.
+
+        A `retry` job still running is released for any node at once; any other job ends
+        `failed`, saying it was interrupted by a shutdown; a job with a cancel request
+        ends `cancelled`. Steps that are executing are waited for, up to
+        `step_cancel_limit_seconds`. Parked jobs are untouched: they hold nothing here.
+        """
+        if not self._started:
+            self._closed = True
+            return
+        self.begin_drain()
+        loop = asyncio.get_running_loop()
+        if self._drain_deadline is None:
+            self._drain_deadline = loop.time() + self.config.drain_seconds
+        if self._dispatcher is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._dispatcher
+        await self._settle_background()
+        tasks = [entry.task for entry in self._running.values() if entry.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=max(self._drain_deadline - loop.time(), 0.0))
+        leftover = list(self._running.values())
+        for entry in leftover:
+            entry.stopping = True
+            self._interrupt(entry)
+        tasks = [entry.task for entry in leftover if entry.task is not None and not entry.task.done()]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=self.config.step_cancel_limit_seconds + 1.0)
+            if late:
+                logger.warning(
+                    "%d job(s) did not stop in time (a step is still executing); their leases will run out "
+                    "and another node settles them",
+                    len(late),
+                )
+        await self._settle_background()
+        for loop_task in self._loops:
+            loop_task.cancel()
+        for loop_task in self._loops:
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop_task
+        self._loops = []
+        self._started = False
+        self._closed = True
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any], name: str) -> None:
+        """Run a short background task that `stop` waits for."""
+        task = asyncio.create_task(coroutine, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(_log_task_failure)
+
+    async def _settle_background(self) -> None:
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+    # -- taking work -------------------------------------------------------
+
+    def reserve(self, kind: str, principal: str) -> bool:
+        """Hold a slot for a start stored already claimed by this runtime (see `adopt`).
+
+        Only when nothing waits before it: a start never jumps the queue, and a principal
+        at its share of the slots waits its turn like everyone else.
+        """
+        if self.closed or not self._started or kind not in self.specs or self._backlog:
+            return False
+        return self.slots.reserve_for(principal_key(principal))
+
+    def unreserve(self) -> None:
+        self.slots.unreserve(1)
+
+    def adopt(self, record: JobRecord) -> None:
+        """Run a job that was stored already leased to this runtime, in the slot `reserve` held.
+
+        If the runtime began to drain while the insert was under way, the job is handed to the
+        queue instead, for any node.
+        """
+        if self.closed:
+            self.slots.unreserve(1)
+            self._spawn(self._hand_back(record.id), name=f"handles-hand-back-{record.id}")
+            return
+        self.slots.take(record.id, principal_key(record.principal))
+        self._start_task(self.specs[record.kind], record)
+        if self.store.repo.database_leases:
+            self._leases.wake.set()  # its lease was set by this node's clock: restate it by the database's
+
+    def submit(self, job_id: str) -> None:
+        """A job was just stored or became claimable: let the dispatcher take it, fairly, if a slot is free."""
+        if not self.config.run_workers or self.closed:
+            return
+        self._backlog = True
+        self._wake.set()
+
+    async def _hand_back(self, job_id: str) -> None:
+        repo = self.store.repo
+        message = "Queued: its server is shutting down; another server starts it shortly."
+        await self.store.write(
+            job_id, repo.release, job_id, self.owner, run_after=repo.clock(), message=message, resuming=True
+        )
+        await self.store.announce(job_id, queued=True)
+
+    async def _requeued(self, job_id: str) -> None:
+        self._backlog = True
+        self._wake.set()
+        await self.store.announce(job_id, queued=True)
+
+    def _start_task(self, spec: JobSpec, record: JobRecord) -> None:
+        ctx = JobContext(
+            spec=spec,
+            job_id=record.id,
+            principal=record.principal,
+            attempt=record.attempts,
+            owner=self.owner,
+            store=self.store,
+            progress_flush_seconds=self.config.progress_flush_seconds,
+        )
+        entry = _Running(spec=spec, ctx=ctx)
+        self._running[record.id] = entry
+        entry.task = asyncio.create_task(self._execute(entry, record), name=f"handles-job-{spec.name}")
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.store_poll_seconds):  # not wait_for: see LeaseKeeper
+                    await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self._claim_queued()
+            except Exception:
+                logger.exception("dispatcher pass failed; retrying")
+
+    async def _claim_queued(self) -> None:
+        if self.closed:
+            return
+        wanted = self.slots.reserve(self.slots.free)
+        if wanted <= 0:
+            return
+        claimed: list[JobRecord] = []
+        try:
+            claimed = await self.store.call(
+                self.store.repo.claim_next,
+                self.owner,
+                list(self.specs),
+                wanted,
+                self.config.lease_seconds,
+                held=self.slots.held_by_principal(),
+                share_limit=self.slots.principal_limit,
+                served=self.slots.served(),
+            )
+        finally:
+            self.slots.unreserve(wanted - len(claimed))
+        # Fewer than asked for: nothing else waits right now (until a start, a retry or a notice says so).
+        self._backlog = len(claimed) >= wanted
+        for record in claimed:
+            self.slots.take(record.id, record.principal_key or principal_key(record.principal))
+            self.store.notifier.notify(record.id)
+            self._start_task(self.specs[record.kind], record)
+
+    # -- running -----------------------------------------------------------
+
+    async def _execute(self, entry: _Running, record: JobRecord) -> None:
+        spec, ctx = entry.spec, entry.ctx
+        job_id = record.id
+        try:
+            outcome = await self._run_job(entry, record)
+            if outcome is not None:
+                # From here on nothing interrupts the run (a cancel, a drain): its outcome is written.
+                entry.settling = True
+                with contextlib.suppress(Exception):
+                    await ctx.flush()
+                status, values = outcome
+                if not await self._record_outcome(job_id, status, values):
+                    logger.info(
+                        "job %s ended %s here, but its stored state had already moved on", job_id, status
+                    )
+        except Exception:
+            logger.exception("could not record the outcome of job %s (%s)", job_id, spec.name)
+        finally:
+            for timer in entry.timers:
+                timer.cancel()
+            ctx._stop_trailing_writes()
+            self._running.pop(job_id, None)
+            self.slots.release(job_id)
+            if self._backlog and not self.closed:
+                self._wake.set()  # a slot is free and jobs may be waiting for one
+
+    async def _record_outcome(self, job_id: str, status: Status, values: dict[str, Any]) -> bool:
+        """Store a job's final state, waiting out a database outage for up to two lease periods.
+
+        The heartbeat keeps the lease alive meanwhile. Past that, the lease runs out and
+        the sweep of whichever node sees the database first settles the job.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(2 * self.config.lease_seconds, 10.0)
+        delay = 0.2
+        while True:
+            try:
+                return await self.store.write(
+                    job_id, self.store.repo.transition, job_id, status, owner=self.owner, **values
+                )
+            except StoreUnavailable:
+                if loop.time() + delay > deadline:
+                    logger.error(
+                        "could not store the outcome of job %s: the database stayed unavailable", job_id
+                    )
+                    return False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _run_job(self, entry: _Running, record: JobRecord) -> Outcome | None:
+        """Run the job function; return the outcome to store, or None when there is nothing to store here."""
+        spec, ctx = entry.spec, entry.ctx
+        try:
+            try:
+                kwargs = spec.call_arguments(record.arguments)
+                kwargs[spec.context_param] = ctx
+                answers, steps = await self.store.read(self.store.repo.replay_state, record.id)
+                ctx._replay(answers, steps)
+                ctx._first_answer = answers.get(FIRST_KEY)
+                value = await spec.fn(**kwargs)
+            except BaseExceptionGroup as group:  # a TaskGroup of asks, say: parked if every branch parked
+                parked, rest = group.split((JobParked, asyncio.CancelledError))
+                if parked is not None and rest is None and group.subgroup(JobParked) is not None:
+                    raise JobParked("") from None
+                raise
+            result = result_to_json(spec.to_tool_result(value))
+            if json_size(result) > MAX_RESULT_BYTES:
+                return failed(
+                    f"The job's result is larger than the {MAX_RESULT_BYTES} byte limit and was not stored.",
+                    "result_too_large",
+                )
+            return Status.COMPLETED, {"result": result, "status_message": "Completed."}
+        except JobParked:
+            entry.settling = True  # parking is writing its outcome: not to be interrupted
+            await self._park(entry, record)
+            return None
+        except ToolError as exc:
+            message = clean_message(exc.message, 4000) or "The job reported an error."
+            error_result = CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
+            return Status.COMPLETED, {
+                "result": result_to_json(error_result),
+                "status_message": clean_message(message),
+            }
+        except JobFailed as exc:
+            return failed(clean_message(exc.message) or "The job failed.", "job_failed")
+        except StepOutcomeUnknown as exc:
+            return failed(str(exc), "step_unknown", step=exc.step)
+        except LeaseLost:
+            logger.info("job %s ended elsewhere while it ran here; dropping this run", record.id)
+            return None
+        except StoreUnavailable:
+            # The job could not record what it did. Leave it to its lease: once the lease runs
+            # out, a sweep settles it by its interrupt policy (retry, or fail as interrupted).
+            logger.warning("job %s stopped: the database became unavailable mid-run", record.id)
+            return None
+        except asyncio.CancelledError:
+            if entry.lost:
+                return None
+            if entry.stopping:
+                status = await self.store.write(
+                    record.id, self.store.repo.settle_interrupted, record.id, self.owner, shutdown=True
+                )
+                if status is Status.WORKING:
+                    await self.store.announce(record.id, queued=True)  # another node takes it now
+                return None
+            if ctx.cancelled:
+                return Status.CANCELLED, {"status_message": "Cancelled at the caller's request."}
+            raise
+        except Exception as exc:
+            reference = secrets.token_hex(6)
+            logger.error(
+                "job %s (%s) failed [reference %s]:\n%s",
+                record.id,
+                spec.name,
+                reference,
+                "".join(traceback.format_exception(exc)),
+            )
+            return failed(
+                "The job failed because of an unexpected error on the server "
+                f"(reference {reference}; operators can find details in the server log).",
+                "exception",
+                reference=reference,
+            )
+
+    async def _park(self, entry: _Running, record: JobRecord) -> None:
+        """The job waits for answers: give back its lease and slot until they arrive."""
+        with contextlib.suppress(Exception):
+            await entry.ctx.flush()
+        status = await self.store.write(record.id, self.store.repo.park, record.id, self.owner)
+        if status is Status.WORKING:  # answered meanwhile: resume it at once, here or elsewhere
+            await self._requeued(record.id)
+
+    def _on_remote_change(self, job_id: str, queued: bool) -> None:
+        """Another node changed `job_id`: wake waiters here; look for a cancel now if the job runs here,
+        and for work if it was queued."""
+        self.store.notifier.notify(job_id)
+        if job_id in self._running:
+            self._leases.wake.set()
+        elif queued and not self.closed:
+            self._backlog = True
+            self._wake.set()
+
+    # -- cancellation --------------------------------------------------------
+
+    def signal_cancel(self, job_id: str) -> bool:
+        """Tell a job running here that a cancel was requested; interrupt it after the grace period."""
+        entry = self._running.get(job_id)
+        if entry is None or entry.ctx.cancelled:
+            return entry is not None
+        entry.ctx._request_cancel()
+        self.store.notifier.notify(job_id)
+        loop = asyncio.get_running_loop()
+        entry.timers.append(loop.call_later(self.config.cancel_grace_seconds, self._interrupt, entry))
+        return True
+
+    def _interrupt(self, entry: _Running) -> None:
+        """Interrupt a run now, or, while durable steps execute, as soon as they are recorded."""
+        if entry.task is None or entry.task.done() or entry.settling:
+            return
+        if not entry.ctx.steps_running:
+            entry.task.cancel()
+            return
+        if entry.ctx._interrupt_after_steps():
+            limit = self.config.step_cancel_limit_seconds
+            loop = asyncio.get_running_loop()
+            entry.timers.append(loop.call_later(limit, self._steps_overran, entry))
+
+    def _steps_overran(self, entry: _Running) -> None:
+        """A cancelled job's steps outlived the hard limit: end it now, with those steps outcome-unknown."""
+        steps = sorted(entry.ctx.steps_running)
+        if not steps or entry.task is None or entry.task.done() or entry.settling or not entry.ctx.cancelled:
+            return
+        entry.lost = True  # the run goes on in its thread; nothing it writes is taken any more
+        status, values = cancelled_with_unknown_steps(steps, self.config.step_cancel_limit_seconds)
+        job_id = entry.ctx.job_id
+        logger.warning(
+            "job %s: step(s) %s still running past the cancel limit; outcome unknown", job_id, steps
+        )
+        self._spawn(
+            self.store.write(
+                job_id, self.store.repo.end_with_unknown_steps, job_id, self.owner, steps, status, **values
+            ),
+            name=f"handles-unknown-{job_id}",
+        )
+
+    def _drop(self, job_id: str) -> None:
+        """The job ended in the store while it runs here: stop it without writing anything."""
+        entry = self._running.get(job_id)
+        if entry is None or entry.task is None or entry.settling:
+            return  # a run writing its outcome learns from that write whether it still held the job
+        logger.warning("job %s is no longer held here (it ended or was recovered); stopping it", job_id)
+        entry.lost = True
+        if not entry.ctx.steps_running:
+            entry.task.cancel()
+
+    # -- leases and sweeps ---------------------------------------------------------
+
+    async def heartbeat_once(self) -> None:
+        await self._leases.beat()
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            try:
+                await self.sweep_once()
+            except Exception:
+                logger.exception("sweep failed; retrying")
+            await asyncio.sleep(self.config.sweep_interval_seconds)
+
+    async def sweep_once(self) -> dict[str, int]:
+        """One bounded pass over the store (see `handles.runtime.sweeper`)."""
+        return await self._sweeper.sweep_once()
+
+
+def _log_task_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("background task failed", exc_info=task.exception())

@@ -1,0 +1,63 @@
+"""The heartbeat: keeps this node's leases alive (while jobs run and while their outcome is written)
+and hears about cancels requested elsewhere and jobs that ended elsewhere."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from handles.config import HandlesConfig
+from handles.store import Store
+
+logger = logging.getLogger("handles.runtime")
+
+
+class LeaseKeeper:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        owner: str,
+        config: HandlesConfig,
+        held: Callable[[], list[str]],
+        on_cancel: Callable[[str], object],
+        on_lost: Callable[[str], None],
+    ) -> None:
+        self.store = store
+        self.owner = owner
+        self.config = config
+        self._held = held
+        self._on_cancel = on_cancel
+        self._on_lost = on_lost
+        self.wake = asyncio.Event()
+
+    @property
+    def interval(self) -> float:
+        return max(min(self.config.heartbeat_seconds, self.config.lease_seconds / 3), 0.05)
+
+    async def run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that lands as the
+                # event is set, and stopping would wait for this loop forever.
+                async with asyncio.timeout(self.interval):
+                    await self.wake.wait()
+            self.wake.clear()
+            try:
+                await self.beat()
+            except Exception:
+                logger.exception("heartbeat failed; retrying")
+
+    async def beat(self) -> None:
+        ids = self._held()
+        if not ids:
+            return
+        cancelled, lost = await self.store.call(
+            self.store.repo.heartbeat, self.owner, ids, self.config.lease_seconds
+        )
+        for job_id in cancelled:
+            self._on_cancel(job_id)
+        for job_id in lost:
+            self._on_lost(job_id)

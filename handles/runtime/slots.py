@@ -1,0 +1,68 @@
+"""This node's worker slots: the one component that counts them.
+
+Every way of taking work (a start claimed at insert, the dispatcher's claims)
+reserves here synchronously, before any await, so `max_running` is a true cap
+however many requests race. A parked job holds no slot: its run ended.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+
+class Slots:
+    """`capacity` slots; a principal holds at most `principal_limit` of them while others wait."""
+
+    def __init__(self, capacity: int, principal_limit: int) -> None:
+        self.capacity = capacity
+        self.principal_limit = principal_limit
+        self._reserved = 0
+        self._held: dict[str, str] = {}  # job id -> principal key
+        self._by_principal: Counter[str] = Counter()
+        self._served: dict[str, int] = {}  # principal key -> serve counter when last given a slot
+        self._serial = 0
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self._reserved - len(self._held)
+
+    @property
+    def busy(self) -> int:
+        """Slots held by running jobs or reserved for jobs about to run."""
+        return self._reserved + len(self._held)
+
+    def reserve(self, count: int) -> int:
+        """Reserve up to `count` free slots; returns how many were reserved."""
+        granted = max(0, min(count, self.free))
+        self._reserved += granted
+        return granted
+
+    def reserve_for(self, key: str) -> bool:
+        """Reserve one slot for a job of principal `key`, unless it already holds its share."""
+        if self._by_principal[key] >= self.principal_limit:
+            return False
+        return self.reserve(1) == 1
+
+    def unreserve(self, count: int = 1) -> None:
+        self._reserved = max(self._reserved - count, 0)
+
+    def take(self, job_id: str, key: str) -> None:
+        """A reserved slot now runs `job_id`."""
+        self.unreserve(1)
+        self._held[job_id] = key
+        self._by_principal[key] += 1
+        self._serial += 1
+        self._served[key] = self._serial
+
+    def release(self, job_id: str) -> None:
+        key = self._held.pop(job_id, None)
+        if key is not None:
+            self._by_principal[key] -= 1
+            if self._by_principal[key] <= 0:
+                del self._by_principal[key]
+
+    def held_by_principal(self) -> dict[str, int]:
+        return dict(self._by_principal)
+
+    def served(self) -> dict[str, int]:
+        return dict(self._served)

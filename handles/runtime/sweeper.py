@@ -1,0 +1,76 @@
+"""The sweeper: one bounded pass over the store, safe to run on every node at once.
+
+It settles jobs whose lease ran out (their process died) by the one interrupt rule
+of the store, ends jobs past their retention or input timeout, cancels abandoned
+jobs, and deletes ended jobs past retention, at most `SWEEP_BATCH` of each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from handles.runtime.outcomes import failed
+from handles.states import Status
+from handles.store import Store
+
+SWEEP_BATCH = 500
+
+
+class Sweeper:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        runs_here: Callable[[str], bool],
+        drop: Callable[[str], None],
+        signal_cancel: Callable[[str], object],
+        requeued: Callable[[str], Awaitable[None]],
+    ) -> None:
+        self.store = store
+        self._runs_here = runs_here
+        self._drop = drop
+        self._signal_cancel = signal_cancel
+        self._requeued = requeued
+
+    async def sweep_once(self) -> dict[str, int]:
+        repo = self.store.repo
+        counts = {"recovered": 0, "timed_out": 0, "abandoned": 0, "deleted": 0}
+        for record in await self.store.call(repo.expired_leases, SWEEP_BATCH):
+            if self._runs_here(record.id) or record.lease_owner is None:
+                continue
+            status = await self.store.write(
+                record.id,
+                repo.settle_interrupted,
+                record.id,
+                record.lease_owner,
+                shutdown=False,
+                lease_expired=True,
+            )
+            if status is not None:
+                counts["recovered"] += 1
+            if status is Status.WORKING:
+                await self._requeued(record.id)
+        overdue = await self.store.call(repo.overdue, SWEEP_BATCH)
+        for record in overdue["ttl"]:
+            status, values = failed(
+                "The job ran longer than its retention allows and was stopped; its handle has expired.", "ttl"
+            )
+            if await self.store.write(record.id, repo.transition, record.id, status, **values):
+                self._drop(record.id)
+                counts["timed_out"] += 1
+        for record in overdue["input"]:
+            status, values = failed(
+                "No answer to the job's question arrived in time, so the job ended without it. "
+                "Start a new job and answer within the time limit.",
+                "input_timeout",
+            )
+            if await self.store.write(record.id, repo.transition, record.id, status, **values):
+                self._drop(record.id)
+                counts["timed_out"] += 1
+        for record in overdue["abandoned"]:
+            outcome = await self.store.write(record.id, repo.request_cancel, record.id)
+            if outcome is not None:
+                self._signal_cancel(record.id)
+                counts["abandoned"] += 1
+        counts["deleted"] = await self.store.call(repo.delete_expired, SWEEP_BATCH)
+        return counts

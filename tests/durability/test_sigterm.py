@@ -1,0 +1,85 @@
+"""SIGTERM of a single SQLite node: in-flight jobs finish before the process exits (issue 12, item 1)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from mcp import Client
+
+from handles.store import JobRepository
+from tests.runtime.support import job_id_of
+
+from .harness import ServerProcess
+
+
+async def _start(url: str, tool: str, **arguments: Any) -> str:
+    async with Client(url) as client:
+        result = await client.call_tool(tool, arguments)
+    assert result.structured_content is not None, result
+    return str(result.structured_content["handle"])
+
+
+def test_sigterm_lets_in_flight_jobs_finish_before_the_process_exits(tmp_path: Path) -> None:
+    server = ServerProcess(
+        tmp_path, EXAMPLE_JOB_SECONDS="2", HANDLES_LEASE_SECONDS="5", HANDLES_DRAIN_SECONDS="25"
+    )
+    server.start()
+    try:
+        handles = asyncio.run(_start_all(server.url))
+        time.sleep(0.5)
+        began = time.monotonic()
+        server.process.terminate()
+        code = server.process.wait(timeout=30)
+        took = time.monotonic() - began
+    finally:
+        server.stop()
+    # uvicorn re-raises the signal it caught once it has shut down cleanly: -SIGTERM, or 0
+    assert code in (0, -15), server.log.read_text()[-3000:]
+    assert took < 10, f"{took:.1f}s to stop"
+    repo = JobRepository(f"sqlite:///{(tmp_path / 'handles.db').as_posix()}")
+    try:
+        statuses = {h: repo.get(job_id_of(h)).status for h in handles}  # type: ignore[union-attr]
+    finally:
+        repo.dispose()
+    assert set(statuses.values()) == {"completed"}, statuses
+
+
+async def _start_all(url: str) -> list[str]:
+    reports = [await _start(url, "generate_report_start", account=f"a{i}", months=4) for i in range(3)]
+    exports = [await _start(url, "export_dataset_start", rows=100) for _ in range(2)]
+    return reports + exports
+
+
+def test_sigterm_answers_open_long_polls_at_once_and_refuses_new_work_retryably(tmp_path: Path) -> None:
+    """A client waiting on a long job gets its answer (still working) at the signal, not a dropped
+    connection after the drain; it then follows the job elsewhere (here: after the restart)."""
+    server = ServerProcess(
+        tmp_path, EXAMPLE_JOB_SECONDS="6", HANDLES_LEASE_SECONDS="5", HANDLES_DRAIN_SECONDS="25"
+    )
+    server.start()
+
+    async def main() -> tuple[dict[str, Any], float]:
+        handle = await _start(server.url, "generate_report_start", account="acme", months=6)
+        async with Client(server.url) as client:
+            poll = asyncio.create_task(
+                client.call_tool("generate_report_fetch", {"handle": handle, "wait_seconds": 30})
+            )
+            await asyncio.sleep(0.5)
+            began = time.monotonic()
+            server.process.terminate()
+            result = await asyncio.wait_for(poll, 10)
+            took = time.monotonic() - began
+        assert result.structured_content is not None, result
+        return result.structured_content, took
+
+    try:
+        body, took = asyncio.run(main())
+        code = server.process.wait(timeout=30)
+    finally:
+        server.stop()
+    assert body["status"] == "working", body
+    assert took < 2, f"the long-poll was answered {took:.1f}s after the signal"
+    assert code in (0, -15)

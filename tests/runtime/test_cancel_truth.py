@@ -1,0 +1,79 @@
+"""Cancel never lies: a job is not reported `cancelled` while a step it started still runs (item 4)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from handles import Handles, JobContext
+from handles.states import Status
+from handles.tasks import detailed_task
+from tests.durability.harness import config, rig
+
+from .support import stored, stored_steps
+
+
+def test_cancel_waits_for_a_running_sync_step_and_records_it(tmp_path: Path) -> None:
+    async def main() -> None:
+        jobs = Handles(config(tmp_path, cancel_grace_seconds=0.2))
+        effects: list[float] = []
+
+        def charge() -> str:
+            time.sleep(1.2)
+            effects.append(time.time())
+            return "charged"
+
+        @jobs.job
+        async def payment(ctx: JobContext) -> str:
+            await ctx.step("charge", charge)
+            await asyncio.sleep(30)
+            return "done"
+
+        async with rig(jobs) as r:
+            handle = (await r.ok("payment_start"))["handle"]
+            await asyncio.sleep(0.2)
+            await r.ok("payment_cancel", handle=handle)
+            await asyncio.sleep(0.6)  # past the grace period, the step still runs
+            assert stored(jobs, handle).status == Status.WORKING.value
+            final = await r.ok("payment_fetch", handle=handle, wait_seconds=10)
+            assert final["status"] == "cancelled"
+            record = stored(jobs, handle)
+            assert effects and record.finished_at is not None
+            assert effects[0] <= record.finished_at.timestamp()
+            assert stored_steps(jobs, handle)["charge"].status == "completed"
+
+    asyncio.run(main())
+
+
+def test_a_step_outliving_the_hard_limit_is_marked_unknown_on_both_faces(tmp_path: Path) -> None:
+    async def main() -> None:
+        jobs = Handles(config(tmp_path, cancel_grace_seconds=0.1, step_cancel_limit_seconds=0.4))
+
+        def hang() -> str:
+            time.sleep(2.0)
+            return "late"
+
+        @jobs.job
+        async def migration(ctx: JobContext) -> str:
+            await ctx.step("migrate", hang)
+            return "done"
+
+        async with rig(jobs) as r:
+            handle = (await r.ok("migration_start"))["handle"]
+            await asyncio.sleep(0.2)
+            await r.ok("migration_cancel", handle=handle)
+            final = await r.ok("migration_fetch", handle=handle, wait_seconds=10)
+            assert final["status"] == "cancelled"
+            assert "migrate" in final["status_message"] and "unknown" in final["status_message"]
+            assert "reconcile" in final["next"].lower()
+            assert stored_steps(jobs, handle)["migrate"].status == "unknown"
+            record = stored(jobs, handle)
+            task = detailed_task(jobs.specs["migration"], record, handle, [])
+            assert task["status"] == "cancelled" and "reconcile" in task["statusMessage"].lower()
+            assert record.error is not None and record.error["data"]["reason"] == "step_unknown"
+            await asyncio.sleep(2.0)  # the thread ends later: nothing it does changes the stored truth
+            assert stored_steps(jobs, handle)["migrate"].status == "unknown"
+            assert stored(jobs, handle).status == Status.CANCELLED.value
+
+    asyncio.run(main())

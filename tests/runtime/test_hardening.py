@@ -1,0 +1,192 @@
+"""Issue 12 item 9: ledger writes check the lease, any principal length, strict settings, memory SQLite,
+heartbeats while an outcome is written, worker overrides."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from handles import Handles, HandlesConfig, JobContext
+from handles.errors import ConfigurationError, LeaseLost
+from handles.states import Status
+from handles.store import JobRecord, JobRepository, utc_now
+from tests.durability.harness import KEY, config
+
+from .support import start_as, stored
+
+
+def _leased_job(repo: JobRepository, owner: str) -> str:
+    now = utc_now()
+    repo.insert(
+        JobRecord(
+            id="ledger-job",
+            kind="k",
+            principal="alice",
+            status=Status.WORKING.value,
+            arguments={},
+            arguments_digest="-",
+            created_at=now,
+            updated_at=now,
+            run_after=now,
+            expires_at=now + timedelta(hours=1),
+            attempts=1,
+            lease_owner=owner,
+            lease_expires_at=now + timedelta(seconds=30),
+        )
+    )
+    return "ledger-job"
+
+
+def test_a_stale_worker_cannot_rewrite_the_step_ledger(database_url: str) -> None:
+    repo = JobRepository(database_url)
+    repo.create_schema()
+    try:
+        job_id = _leased_job(repo, "node-a")
+        repo.begin_step(job_id, "node-a", "charge", 1)
+        with pytest.raises(LeaseLost):
+            repo.finish_step(job_id, "node-b", "charge", result="forged")
+        assert repo.steps(job_id)[0].status == "started"
+        repo.finish_step(job_id, "node-a", "charge", result="ok")
+        assert repo.steps(job_id)[0].result == "ok"
+    finally:
+        repo.dispose()
+
+
+def test_a_principal_of_any_length_can_start_and_own_jobs(database_url: str, tmp_path: Path) -> None:
+    async def main() -> None:
+        jobs = Handles(config(tmp_path, database_url=database_url))
+
+        @jobs.job
+        async def quick(ctx: JobContext) -> int:
+            return 1
+
+        principal = "token:" + "p" * 2000
+        handle = await start_as(jobs, principal, "quick")
+        record = await jobs.service.open(jobs.specs["quick"], principal, handle)
+        assert record.principal == principal
+        other = "token:" + "p" * 1999 + "q"  # same prefix, other principal
+        with pytest.raises(Exception) as refused:
+            await jobs.service.open(jobs.specs["quick"], other, handle)
+        assert type(refused.value).__name__ == "UnknownHandle"
+        await jobs.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:"])
+def test_an_in_memory_sqlite_database_is_refused_with_a_clear_message(tmp_path: Path, url: str) -> None:
+    jobs = Handles(config(tmp_path, database_url=url))
+    with pytest.raises(ConfigurationError) as refused:
+        jobs.service  # noqa: B018 - building the service opens the store
+    assert "memory" in str(refused.value) and "sqlite:///" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "accepted"),
+    [
+        ("HANDLES_RUN_WORKERS", "enabled", "true"),
+        ("HANDLES_LEASE_SECONDS", "0", "greater than 0"),
+        ("HANDLES_MAX_RUNNING", "-3", "at least 1"),
+        ("HANDLES_DRAIN_SECONDS", "soon", "number"),
+        ("HANDLES_PRINCIPAL_SHARE", "2", "between"),
+    ],
+)
+def test_invalid_settings_are_refused_naming_the_variable_and_what_it_accepts(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, accepted: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError) as refused:
+        HandlesConfig.from_env()
+    assert variable in str(refused.value) and accepted in str(refused.value), str(refused.value)
+
+
+def test_a_heartbeat_keeps_the_lease_while_a_slow_outcome_is_written(tmp_path: Path) -> None:
+    """Another node sweeping while this one writes a slow outcome must not recover the job."""
+
+    async def main() -> None:
+        settings = config(tmp_path, lease_seconds=0.6, heartbeat_seconds=0.1)
+        runner, sweeper = Handles(settings), Handles(settings)
+        for jobs in (runner, sweeper):
+
+            @jobs.job
+            async def quick(ctx: JobContext) -> int:
+                return 42
+
+        await sweeper.start()
+        repo = runner.service.store.repo
+        original = repo.transition
+
+        def slow_transition(job_id: str, target: Status, **kwargs: Any) -> bool:  # fault injection
+            if target is Status.COMPLETED:
+                time.sleep(1.5)
+            return original(job_id, target, **kwargs)
+
+        repo.transition = slow_transition  # type: ignore[method-assign]
+        handle = await start_as(runner, "alice", "quick")
+        for _ in range(20):
+            await asyncio.sleep(0.1)
+            await sweeper.runtime.sweep_once()
+        for _ in range(50):
+            if stored(runner, handle).status != Status.WORKING.value:
+                break
+            await asyncio.sleep(0.05)
+        await runner.aclose()
+        await sweeper.aclose()
+        record = stored(runner, handle)
+        assert record.status == Status.COMPLETED.value, record.status_message
+
+    asyncio.run(main())
+
+
+def test_overrides_apply_even_after_the_machinery_was_built(tmp_path: Path) -> None:
+    """`handles worker` forces run_workers on an app whose service an import already built."""
+    jobs = Handles(HandlesConfig(data_dir=tmp_path, secret_keys=(KEY,), run_workers=False))
+    assert jobs.runtime.config.run_workers is False
+    jobs.reconfigure(run_workers=True)
+    assert jobs.config.run_workers and jobs.runtime.config.run_workers and jobs.service.config.run_workers
+
+
+def test_leases_are_judged_by_the_database_clock_so_a_skewed_node_keeps_its_jobs(postgres_url: str) -> None:
+    """PostgreSQL: a node whose clock runs 10 minutes behind claims a job; another node must not see
+    that live lease as expired (it would recover, and run twice, a job that is running)."""
+    behind = lambda: utc_now() - timedelta(minutes=10)  # noqa: E731
+    sweeper = JobRepository(postgres_url)
+    sweeper.create_schema()
+    try:
+        for lease_clock, expect_expired in (("database", False), ("local", True)):
+            skewed = JobRepository(postgres_url, clock=behind, lease_clock=lease_clock)
+            try:
+                job_id = f"skew-{lease_clock}"
+                now = utc_now()
+                skewed.insert(
+                    JobRecord(
+                        id=job_id,
+                        kind="k",
+                        principal="alice",
+                        status=Status.WORKING.value,
+                        arguments={},
+                        arguments_digest="-",
+                        created_at=now,
+                        updated_at=now,
+                        run_after=behind(),
+                        expires_at=now + timedelta(hours=1),
+                    )
+                )
+                assert skewed.claim(job_id, "skewed-node", 30) is not None
+                expired = {record.id for record in sweeper.expired_leases(100)}
+                assert (job_id in expired) is expect_expired, lease_clock
+                skewed.heartbeat("skewed-node", [job_id], 30)
+                expired = {record.id for record in sweeper.expired_leases(100)}
+                assert (job_id in expired) is expect_expired, lease_clock
+            finally:
+                skewed.dispose()
+    finally:
+        with sweeper.engine.begin() as connection:
+            connection.execute(text("delete from handles_jobs where id like 'skew-%'"))
+        sweeper.dispose()
