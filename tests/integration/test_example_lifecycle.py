@@ -14,7 +14,14 @@ from datetime import UTC, datetime, timedelta
 from jsonschema.validators import Draft202012Validator, validator_for
 
 from example_server.server import _revenue
-from tests.support import Connected, ToolClient, expired_twin, job_id_of, tampered_handles
+from tests.support import (
+    Connected,
+    ToolClient,
+    expired_twin,
+    job_id_of,
+    last_char_spellings,
+    tampered_handles,
+)
 
 JOBS = {"generate_report": 6, "deploy_release": 6, "export_dataset": 1}
 """The example jobs and their retention in hours."""
@@ -239,6 +246,18 @@ async def test_tampered_truncated_and_made_up_handles_are_refused_alike(example:
     assert not still.is_error and still["status"] in ("working", "completed"), (
         "the genuine handle still works"
     )
+
+
+async def test_every_other_spelling_of_the_last_character_is_refused_like_a_made_up_handle(
+    example: Connected,
+) -> None:
+    client = example.client
+    handle = str((await start(client, "generate_report", account="acme", months=2))["handle"])
+    made_up = await client.call("generate_report_progress", {"handle": "not-a-real-handle"})
+    for respelled in last_char_spellings(handle):
+        reply = await client.call("generate_report_progress", {"handle": respelled})
+        assert reply.is_error and reply.text == made_up.text, respelled
+    assert not (await client.call("generate_report_progress", {"handle": handle})).is_error
 
 
 async def test_a_handle_used_with_another_jobs_tools(example: Connected) -> None:
