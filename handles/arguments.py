@@ -13,6 +13,7 @@ expected, and what to call next. On top of the SDK's checks it refuses unknown a
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.utilities.func_metadata import func_metadata
-from mcp_types import ListToolsResult
+from mcp_types import SERVER_INFO_META_KEY, Implementation, ListToolsResult
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
@@ -158,9 +159,10 @@ def _expected(prop: Mapping[str, Any], schema: Mapping[str, Any]) -> str:
 class ArgumentGate:
     """Server middleware checking the arguments of the generated tools before the SDK sees them."""
 
-    def __init__(self, refusal: ToolResultFactory) -> None:
+    def __init__(self, refusal: ToolResultFactory, server_info: Implementation) -> None:
         self._rules: dict[str, ArgumentRules] = {}
         self._refusal = refusal
+        self._server_info = server_info.model_dump(by_alias=True, mode="json", exclude_none=True)
 
     @classmethod
     def of(cls, server: MCPServer[Any], refusal: ToolResultFactory) -> ArgumentGate:
@@ -168,7 +170,15 @@ class ArgumentGate:
         for middleware in server.middleware:
             if isinstance(middleware, cls):
                 return middleware
-        gate = cls(refusal)
+        info = Implementation(
+            name=server.name,
+            title=server.title,
+            version=server.version,
+            description=server.description,
+            website_url=server.website_url,
+            icons=server.icons,
+        )
+        gate = cls(refusal, info)
         server.middleware.append(gate)
         return gate
 
@@ -188,12 +198,17 @@ class ArgumentGate:
         return await call_next(ctx)
 
     def _refuse(self, ctx: ServerRequestContext[Any, Any], error: CallerError) -> dict[str, Any]:
-        """The tool error, on the wire: a middleware that answers itself owns the result's envelope."""
+        """The tool error, on the wire: a middleware that answers itself owns the result's envelope.
+
+        On 2026-07-28 that is the envelope the SDK puts on every other result: `resultType`
+        and the `serverInfo` stamp in `_meta`.
+        """
         result: dict[str, Any] = self._refusal(error).model_dump(
             by_alias=True, mode="json", exclude_none=True
         )
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             result["resultType"] = "complete"
+            result["_meta"] = {SERVER_INFO_META_KEY: copy.deepcopy(self._server_info)}
         return result
 
     def _closed_schemas(self, result: HandlerResult) -> HandlerResult:

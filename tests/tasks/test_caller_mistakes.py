@@ -1,4 +1,4 @@
-"""Caller mistakes on the raw wire: refused with the handles error shape, never a crash, on both faces."""
+"""Caller mistakes on the raw wire: argument mistakes, deep nesting and re-spelled ids, on both faces."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from mcp import Client
 from mcp.server.mcpserver import MCPServer
 
+from tests.support import same_bytes_spellings
 from tests.tasks.conftest import ALICE
 from tests.tasks.test_wire_http import create, input_requests
 from tests.tasks.wire import Wire
@@ -74,6 +75,8 @@ async def test_unknown_and_mistyped_arguments_of_the_plain_tool_are_refused_not_
         assert body["error"] == "invalid_arguments" and expected in body["message"], body
         assert "all quick again with text (string, required)" in body["next"]
         assert "pydantic" not in reply.result["content"][0]["text"]
+        valid = await wire.tool("quick", {"text": "hi"}, token=ALICE, declare=False)
+        assert reply.result["_meta"] == valid.result["_meta"], "the same envelope as any other result"
 
 
 async def test_the_listing_closes_every_generated_input_schema(wire: Wire) -> None:
@@ -99,3 +102,19 @@ async def test_a_handshake_client_and_a_2026_client_get_the_same_refusal(
             "text": "hi",
             "length": 2,
         }
+
+
+async def test_a_re_spelled_task_id_gets_the_same_32602_as_a_made_up_one(wire: Wire) -> None:
+    made_up = await wire.get("not-a-task", token=ALICE)
+    task = await create(wire, "ask_two", {"topic": "spelling"})
+    for respelled in same_bytes_spellings(task["taskId"]):
+        for method, params in [
+            ("tasks/get", {"taskId": respelled}),
+            ("tasks/update", {"taskId": respelled, "inputResponses": {"q2": {"action": "decline"}}}),
+            ("tasks/cancel", {"taskId": respelled}),
+        ]:
+            reply = await wire.call(method, params, token=ALICE)
+            assert reply.status == 400 and reply.error == made_up.error, (method, reply.body)
+    still = (await wire.get(task["taskId"], token=ALICE)).result
+    assert still["status"] in ("working", "input_required"), "nothing reached the job"
+    await wire.call("tasks/cancel", {"taskId": task["taskId"]}, token=ALICE)
