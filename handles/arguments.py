@@ -20,7 +20,7 @@ from typing import Any
 
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.utilities.func_metadata import func_metadata
+from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata, func_metadata
 from mcp_types import SERVER_INFO_META_KEY, Implementation, ListToolsResult
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
@@ -40,19 +40,16 @@ class ArgumentRules:
     """What one tool accepts, checked the way the SDK will, plus unknown names and nesting."""
 
     tool: str
-    check_model: Any
-    """The SDK's `FuncMetadata` of the registered function: the same model and JSON pre-parsing."""
+    metadata: FuncMetadata
+    """The SDK's view of the registered function: the same argument model and JSON pre-parsing."""
     schema: dict[str, Any]
+    accepted: tuple[str, ...]
 
     @classmethod
     def of(cls, tool: str, function: Callable[..., Any], context_param: str) -> ArgumentRules:
         metadata = func_metadata(function, skip_names=[context_param])
         schema = metadata.arg_model.model_json_schema(by_alias=True)
-        return cls(tool=tool, check_model=metadata, schema=schema)
-
-    @property
-    def accepted(self) -> list[str]:
-        return list(self.schema.get("properties", {}))
+        return cls(tool=tool, metadata=metadata, schema=schema, accepted=tuple(schema.get("properties", {})))
 
     @property
     def usage(self) -> str:
@@ -66,12 +63,11 @@ class ArgumentRules:
 
     def check(self, arguments: Mapping[str, Any]) -> CallerError | None:
         """None when the SDK will accept `arguments` as they are; otherwise the caller error to answer."""
-        retry = f"Call {self.tool} again with {self.usage}."
         depth = nesting(arguments)
         if depth > MAX_NESTING:
             return InvalidArguments(
                 f"The arguments of {self.tool} are nested {depth} levels deep; the limit is {MAX_NESTING}.",
-                retry,
+                f"Call {self.tool} again with {self.usage}.",
                 data={"limit_nesting": MAX_NESTING},
             )
         unknown = [name for name in arguments if name not in self.accepted]
@@ -82,13 +78,16 @@ class ArgumentRules:
                 f"{', '.join(self.accepted) or 'no arguments'}.",
                 f"Remove or rename the unknown argument{'s' if len(unknown) > 1 else ''}: call {self.tool} "
                 f"again with {self.usage}.",
-                data={"accepted": self.accepted},
+                data={"accepted": list(self.accepted)},
             )
         try:
-            self.check_model.validate_arguments(dict(arguments))
+            self.metadata.validate_arguments(dict(arguments))
         except ValidationError as exc:
             problems = [_problem(error, self.schema) for error in exc.errors()]
-            return InvalidArguments(f"Invalid arguments for {self.tool}: " + "; ".join(problems) + ".", retry)
+            return InvalidArguments(
+                f"Invalid arguments for {self.tool}: " + "; ".join(problems) + ".",
+                f"Call {self.tool} again with {self.usage}.",
+            )
         return None
 
 
