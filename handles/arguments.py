@@ -9,6 +9,11 @@ and refuses each mistake with the `{error, message, next}` shape: which argument
 expected, and what to call next. On top of the SDK's checks it refuses unknown argument names
 (and `tools/list` says so, with `additionalProperties: false`) and arguments nested deeper than
 `MAX_NESTING`. Arguments that pass the gate pass the SDK's validation too, unchanged.
+
+Why middleware: the SDK validates before it calls the tool function, and the only public ways
+in before that are middleware and an extension's `intercept_tool_call`, which exists only on
+servers built with the extension. `MCPServer.middleware` is marked provisional in the SDK 2.x;
+tests/tasks/test_caller_mistakes.py and tests/unit/test_arguments.py pin what is relied on.
 """
 
 from __future__ import annotations
