@@ -7,7 +7,8 @@
     python bench/run.py --quick --no-peer     # skip the FastMCP peer (no venv to create)
 
 Sections: overhead (1), durable (2), pickup (3), store_scale (4), concurrency (5), peer (6),
-multinode (7), profile (hot paths of work_progress and work_start). Absolute times on a shared machine are noisy: read the ratios, measured in the same run.
+multinode (7), profile (hot paths of work_progress and work_start), handle_timing (refusing a forged
+handle vs another principal's genuine one; about 30 s, so not part of --quick unless named with --only). Absolute times on a shared machine are noisy: read the ratios, measured in the same run.
 """
 
 from __future__ import annotations
@@ -29,7 +30,19 @@ if __package__ in (None, ""):
 
 from bench.common import DEFAULT_POSTGRES_URL, Options, Table, environment, environment_markdown, log
 
-SECTIONS = ("overhead", "durable", "pickup", "store_scale", "concurrency", "peer", "multinode", "profile")
+SECTIONS = (
+    "overhead",
+    "durable",
+    "pickup",
+    "store_scale",
+    "concurrency",
+    "peer",
+    "multinode",
+    "profile",
+    "handle_timing",
+)
+NOT_QUICK = ("handle_timing",)
+"""Sections a `--quick` run leaves out unless named with `--only` (each takes more than 20 s)."""
 
 
 def _module(name: str):  # type: ignore[no-untyped-def]
@@ -75,7 +88,9 @@ async def main_async(args: argparse.Namespace, command: str) -> int:
         work_dir=work_dir,
         command=command,
     )
-    sections = args.only or [s for s in SECTIONS if s != "peer" or options.peer]
+    sections = args.only or [
+        s for s in SECTIONS if (s != "peer" or options.peer) and not (options.quick and s in NOT_QUICK)
+    ]
     started = time.perf_counter()
     info = environment(options)
     out: list[str] = ["# handles benchmark results", "", environment_markdown(info)]

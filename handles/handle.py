@@ -26,13 +26,15 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from itsdangerous import BadSignature, URLSafeSerializer
+from itsdangerous import BadPayload, Signer, URLSafeSerializer
 
 HANDLE_SALT = "handles.handle.v1"
 _TAG_LABEL = b"handles.principal-binding.v1"
 _FORMAT_VERSION = 1
 JOB_ID_BYTES = 18
 MAX_HANDLE_LENGTH = 400
+_PLACEHOLDER = ("p" * 24, "placeholder", 0, "p" * 22)
+"""Stands in for a payload that does not parse, so that refusing it costs what refusing a real one does."""
 
 
 def new_job_id() -> str:
@@ -60,6 +62,7 @@ class HandleCodec:
         self._serializer = URLSafeSerializer(
             list(reversed(keys)), salt=HANDLE_SALT, signer_kwargs={"digest_method": hashlib.sha256}
         )
+        self._signers = [Signer(key, salt=HANDLE_SALT, digest_method=hashlib.sha256) for key in keys]
         self._tag_keys = [hmac.new(key, _TAG_LABEL, hashlib.sha256).digest() for key in keys]
 
     def mint(self, *, job_id: str, kind: str, principal: str, expires_at: datetime) -> str:
@@ -72,32 +75,47 @@ class HandleCodec:
     def verify(self, token: object, *, principal: str) -> HandleClaims | None:
         """The claims of `token` if it is genuine and bound to `principal`; otherwise None.
 
-        Forged, truncated, re-encoded, oversized, non-ASCII, retired-key and
-        other-principal handles all return None, so callers cannot tell them apart.
+        Forged, truncated, re-spelled, oversized, non-ASCII, retired-key and
+        other-principal handles all return None, so callers cannot tell them apart,
+        not even by the time the refusal takes (see `_open`).
         """
-        payload = self._payload(token)
-        if payload is None:
-            return None
-        job_id, kind, expires, tag = payload
-        if not any(hmac.compare_digest(self._tag(key, job_id, principal), tag) for key in self._tag_keys):
-            return None
-        return HandleClaims(job_id=job_id, kind=kind, expires_at=datetime.fromtimestamp(expires, UTC))
+        return self._open(token, principal)
 
     def inspect(self, token: object) -> HandleClaims | None:
         """Operator use only: the claims of a genuine handle, whoever it belongs to (no principal check)."""
-        payload = self._payload(token)
-        if payload is None:
-            return None
-        job_id, kind, expires, _tag = payload
-        return HandleClaims(job_id=job_id, kind=kind, expires_at=datetime.fromtimestamp(expires, UTC))
+        return self._open(token, None)
 
-    def _payload(self, token: object) -> tuple[str, str, int, str] | None:
-        """(job_id, kind, expires, principal tag) of a token signed by one of our keys, else None."""
+    def _open(self, token: object, principal: str | None) -> HandleClaims | None:
+        """The claims of a handle signed by one of our keys (and bound to `principal`, unless None).
+
+        One spelling only: the signature must be exactly the one we would write (base64
+        leaves slack bits in its last character; a looser decoder would accept four
+        spellings). Every well-formed handle goes through the same steps whatever it
+        turns out to be: every key's signature is computed and compared, the payload is
+        decoded and parsed, and the principal tag is computed and compared for every key
+        (against a placeholder payload when the handle's own does not parse), with no
+        early exit. A forged handle and another principal's genuine one therefore cost
+        the same time to refuse: the refusal tells nobody that this server signed it.
+        """
         if not isinstance(token, str) or not token or len(token) > MAX_HANDLE_LENGTH or not token.isascii():
             return None
+        value, _, signature = token.strip().rpartition(".")
+        presented = signature.encode()
+        signed = [hmac.compare_digest(signer.get_signature(value), presented) for signer in self._signers]
+        payload = self._parse(value)
+        job_id, kind, expires, tag = payload or _PLACEHOLDER
+        bound = principal is None or any(
+            [hmac.compare_digest(self._tag(key, job_id, principal), tag) for key in self._tag_keys]
+        )
+        if not (any(signed) and payload is not None and bound):
+            return None
+        return HandleClaims(job_id=job_id, kind=kind, expires_at=datetime.fromtimestamp(expires, UTC))
+
+    def _parse(self, value: str) -> tuple[str, str, int, str] | None:
+        """(job_id, kind, expires, principal tag) of a handle's payload part, if it has that shape."""
         try:
-            payload = self._serializer.loads(token.strip())
-        except (BadSignature, ValueError, TypeError):
+            payload = self._serializer.load_payload(value.encode())
+        except BadPayload:
             return None
         if not (isinstance(payload, list) and len(payload) == 5 and payload[0] == _FORMAT_VERSION):
             return None

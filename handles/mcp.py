@@ -2,9 +2,11 @@
 
 Each `ToolDefinition` becomes an ordinary SDK tool through `MCPServer.add_tool`:
 a function whose signature is synthesised from the definition's input model (so
-the SDK derives the same `inputSchema` and validates arguments) and whose return
-annotation `Annotated[CallToolResult, OutputModel]` makes the SDK publish the
-`outputSchema` and check every structured result against it. No JSON-RPC here.
+the SDK derives the same `inputSchema`) and whose return annotation
+`Annotated[CallToolResult, OutputModel]` makes the SDK publish the `outputSchema`
+and check every structured result against it. The arguments of every tool added
+here are checked first by the server's `ArgumentGate` (handles/arguments.py), so
+a caller's mistake gets the `{error, message, next}` shape. No JSON-RPC here.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 from starlette.applications import Starlette
 
-from handles.errors import ConfigurationError, InvalidArguments
+from handles.arguments import ArgumentGate, ArgumentRules
+from handles.errors import CallerError, ConfigurationError, InvalidArguments
 from handles.principal import PrincipalResolver
 from handles.tools import ToolDefinition, ToolReply, error_reply
 
@@ -93,7 +96,7 @@ def _sdk_function(
                 f"The arguments of {name} contain text that is not valid Unicode (a lone surrogate).",
                 f"Fix the arguments and call {name} again.",
             )
-            return to_call_tool_result(error_reply(error))
+            return _refusal(error)
         return await handler(principal, arguments, context)
 
     parameters = [_parameter(key, field) for key, field in model.model_fields.items()]
@@ -113,11 +116,21 @@ def _parameter(name: str, field: Any) -> inspect.Parameter:
     )
 
 
+def _refusal(error: CallerError) -> CallToolResult:
+    return to_call_tool_result(error_reply(error))
+
+
+def _gated(server: MCPServer[Any], name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """`function`, its arguments now checked by the server's argument gate before the SDK's validation."""
+    ArgumentGate.of(server, _refusal).register(ArgumentRules.of(name, function, CONTEXT_PARAM))
+    return function
+
+
 def add_tools(server: MCPServer[Any], definitions: list[ToolDefinition], resolver: PrincipalResolver) -> None:
     """Register every definition on `server` as an ordinary tool."""
     for definition in definitions:
         server.add_tool(
-            tool_function(definition, resolver),
+            _gated(server, definition.name, tool_function(definition, resolver)),
             name=definition.name,
             title=definition.title,
             description=definition.description,
@@ -144,7 +157,7 @@ def add_plain_tool(
 ) -> None:
     """Register a tool that answers its own `CallToolResult` (a job's plain tool `<job>`)."""
     server.add_tool(
-        plain_tool_function(name, input_model, resolver, handler),
+        _gated(server, name, plain_tool_function(name, input_model, resolver, handler)),
         name=name,
         title=title,
         description=description,

@@ -140,7 +140,26 @@ def tampered_handles(handle: str) -> dict[str, object]:
         "oversized": handle + "A" * 5000,
         "non_ascii": handle[:-1] + "\u00e9",
         "upper_cased": handle.upper(),
+        **{f"respelled_{i}": respelled for i, respelled in enumerate(same_bytes_spellings(handle))},
+        "junk_in_signature": payload + "." + signature[:10] + "!" + signature[10:],
     }
+
+
+BASE64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+
+
+def last_char_spellings(handle: str) -> list[str]:
+    """The handle with every other base64url character in the last position of its signature."""
+    return [handle[:-1] + char for char in BASE64URL if char != handle[-1]]
+
+
+def same_bytes_spellings(handle: str) -> list[str]:
+    """Other spellings of the signature's last character that a lenient base64 decoder reads as the same bytes.
+
+    A 32-byte signature is 43 characters: the last one carries 4 bits and 2 slack bits.
+    """
+    index = BASE64URL.index(handle[-1])
+    return [handle[:-1] + BASE64URL[i] for i in range(index & ~3, (index & ~3) + 4) if i != index]
 
 
 # -- a client that checks every reply -------------------------------------------------

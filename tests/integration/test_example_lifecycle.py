@@ -14,7 +14,14 @@ from datetime import UTC, datetime, timedelta
 from jsonschema.validators import Draft202012Validator, validator_for
 
 from example_server.server import _revenue
-from tests.support import Connected, ToolClient, expired_twin, job_id_of, tampered_handles
+from tests.support import (
+    Connected,
+    ToolClient,
+    expired_twin,
+    job_id_of,
+    last_char_spellings,
+    tampered_handles,
+)
 
 JOBS = {"generate_report": 6, "deploy_release": 6, "export_dataset": 1}
 """The example jobs and their retention in hours."""
@@ -241,6 +248,18 @@ async def test_tampered_truncated_and_made_up_handles_are_refused_alike(example:
     )
 
 
+async def test_every_other_spelling_of_the_last_character_is_refused_like_a_made_up_handle(
+    example: Connected,
+) -> None:
+    client = example.client
+    handle = str((await start(client, "generate_report", account="acme", months=2))["handle"])
+    made_up = await client.call("generate_report_progress", {"handle": "not-a-real-handle"})
+    for respelled in last_char_spellings(handle):
+        reply = await client.call("generate_report_progress", {"handle": respelled})
+        assert reply.is_error and reply.text == made_up.text, respelled
+    assert not (await client.call("generate_report_progress", {"handle": handle})).is_error
+
+
 async def test_a_handle_used_with_another_jobs_tools(example: Connected) -> None:
     client = example.client
     report = str((await start(client, "generate_report", account="acme", months=2))["handle"])
@@ -299,21 +318,86 @@ async def test_idempotency_key_returns_the_same_job(example: Connected) -> None:
 async def test_invalid_arguments_are_tool_errors(example: Connected) -> None:
     client = example.client
     for tool, arguments, expected in (
-        # Checked by the SDK against the published input schema.
+        # Checked against the published input schema, before the SDK's own validation.
         ("generate_report_start", {"account": "acme", "months": 0}, "months"),
-        ("generate_report_start", {"months": 2}, "account"),
+        ("generate_report_start", {"months": 2}, "account is required"),
         ("export_dataset_start", {"rows": "many"}, "rows"),
         ("generate_report_progress", {"handle": "x", "wait_seconds": -1}, "wait_seconds"),
-        # Checked by handles itself.
+        # Checked by handles while it starts the job.
         ("generate_report_start", {"account": "acme", "idempotency_key": ""}, "idempotency_key"),
         ("generate_report_start", {"account": "a" * 70_000}, "65536 bytes"),
     ):
         reply = await client.call(tool, arguments)
         assert reply.is_error and reply.structured is None, (tool, arguments)
-        assert reply["error"] in ("sdk", "invalid_arguments")
+        assert reply["error"] == "invalid_arguments"
         assert expected in reply["message"], reply["message"]
-        if reply["error"] == "invalid_arguments":
-            assert reply["next"], "handles' own errors say what to do next"
+        assert reply["next"], "every error says what to do next"
+
+
+async def test_every_argument_mistake_on_every_generated_tool_gets_the_handles_error_shape(
+    example: Connected,
+) -> None:
+    """Wrong type, missing, out of range, unknown name: which argument, what was expected, what to call next."""
+    client = example.client
+    handle = str((await start(client, "deploy_release", version="1.0.0"))["handle"])
+    tools = await client.tools()
+    mistakes: list[tuple[str, dict[str, object], str]] = [
+        (
+            "generate_report_progress",
+            {"handle": handle, "wait_seconds": -3},
+            "wait_seconds: should be greater",
+        ),
+        (
+            "generate_report_fetch",
+            {"handle": handle, "wait_seconds": "soon"},
+            "wait_seconds: should be a valid",
+        ),
+        ("generate_report_progress", {"handle": 123}, "handle: should be a valid string"),
+        ("generate_report_cancel", {}, "handle is required (string) but missing"),
+        ("deploy_release_respond", {"handle": handle, "responses": "yes"}, "responses: should be an object"),
+        ("deploy_release_respond", {"handle": handle}, "responses is required (object) but missing"),
+        ("generate_report_start", {"account": ["acme"]}, "account: should be a valid string"),
+        (
+            "generate_report",
+            {"account": "acme", "months": 1000},
+            "months: should be less than or equal to 120",
+        ),
+    ]
+    for name in tools:
+        if name.startswith(("generate_report", "deploy_release", "export_dataset")):
+            known = {"handle": handle} if "handle" in tools[name].input_schema["properties"] else {}
+            mistakes.append(
+                (name, {**known, "fromat": "mp4"}, f"{name} has no argument named fromat; it accepts")
+            )
+    for tool, arguments, expected in mistakes:
+        reply = await client.call(tool, arguments)
+        assert reply.is_error and reply.structured is None, (tool, arguments, reply.text)
+        assert reply["error"] == "invalid_arguments", (tool, reply.text)
+        assert expected in reply["message"], (tool, reply["message"])
+        assert f"{tool} again with" in reply["next"], (tool, reply["next"])
+        assert "pydantic" not in reply.text and "validation error" not in reply.text, reply.text
+        if "fromat" in arguments:
+            accepted = list(tools[tool].input_schema["properties"])
+            assert reply["accepted"] == accepted and ", ".join(accepted) in reply["message"]
+    after = await client.call("deploy_release_progress", {"handle": handle})
+    assert not after.is_error, "the mistakes changed nothing"
+
+
+async def test_generated_input_schemas_refuse_unknown_arguments(example: Connected) -> None:
+    tools = await example.client.tools()
+    generated = [
+        name for name in tools if name.startswith(("generate_report", "deploy_release", "export_dataset"))
+    ]
+    assert len(generated) == 16, "4 handle tools per job, deploy_release_respond and 3 plain tools"
+    for name in generated:
+        assert tools[name].input_schema["additionalProperties"] is False, name
+    assert "additionalProperties" not in tools["lookup_account"].input_schema, (
+        "the server's own tools are untouched"
+    )
+    typo = await example.client.client.call_tool(
+        "generate_report_start", {"account": "acme", "fromat": "mp4"}
+    )
+    assert typo.is_error, "an unknown argument name never runs the job with a default instead"
 
 
 # -- long-polling ----------------------------------------------------------------------------------

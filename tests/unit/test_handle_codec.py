@@ -12,7 +12,7 @@ import pytest
 from itsdangerous import URLSafeSerializer
 
 from handles.handle import HANDLE_SALT, MAX_HANDLE_LENGTH, HandleClaims, HandleCodec, new_job_id
-from tests.support import new_key, tampered_handles
+from tests.support import last_char_spellings, new_key, same_bytes_spellings, tampered_handles
 
 KEY, OLD_KEY, OTHER_KEY = new_key(), new_key(), new_key()
 ALICE, BOB = 'token:[null,"alice","alice"]', 'token:[null,"bob","bob"]'
@@ -157,3 +157,47 @@ def test_job_ids_are_unguessable() -> None:
     assert len(ids) == 2000
     sample = next(iter(ids))
     assert len(base64.urlsafe_b64decode(sample + "=" * (-len(sample) % 4))) * 8 >= 128
+
+
+def test_one_handle_has_exactly_one_spelling() -> None:
+    """Re-spelling the signature's last character (base64 slack bits) or adding junk never opens the job."""
+    codec = HandleCodec([KEY, OLD_KEY])
+    for handle in (mint(codec), mint(HandleCodec([OLD_KEY]))):
+        assert codec.verify(handle, principal=ALICE) is not None
+        assert len(same_bytes_spellings(handle)) == 3
+        alternatives = last_char_spellings(handle)
+        assert len(alternatives) == 63
+        for respelled in alternatives:
+            assert codec.verify(respelled, principal=ALICE) is None, respelled
+            assert codec.inspect(respelled) is None, respelled
+        payload, _, signature = handle.rpartition(".")
+        for junk in ("=", "==", "!"):
+            assert codec.verify(f"{payload}.{signature}{junk}", principal=ALICE) is None
+            assert codec.verify(f"{payload}.{signature[:5]}{junk}{signature[5:]}", principal=ALICE) is None
+        assert codec.verify(f"  {handle}\n", principal=ALICE) is not None, "surrounding whitespace is trimmed"
+
+
+def test_refusals_do_the_same_work_whatever_the_handle_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forged handle, another principal's genuine one and junk all reach the same steps (no timing oracle)."""
+    codec = HandleCodec([KEY, OLD_KEY])
+    steps: list[str] = []
+    real_parse, real_tag = codec._parse, HandleCodec._tag
+
+    def parse(value: str) -> object:
+        steps.append("parse")
+        return real_parse(value)
+
+    def tag(key: bytes, job_id: str, principal: str) -> str:
+        steps.append("tag")
+        return real_tag(key, job_id, principal)
+
+    monkeypatch.setattr(codec, "_parse", parse)
+    monkeypatch.setattr(HandleCodec, "_tag", staticmethod(tag))
+    genuine_other = mint(codec, principal=BOB)
+    forged = mint(HandleCodec([OTHER_KEY]), principal=ALICE)
+    traces = []
+    for handle in (genuine_other, forged, forged[:-1] + "A", "not-a-real-handle", "x.y"):
+        steps.clear()
+        assert codec.verify(handle, principal=ALICE) is None
+        traces.append(list(steps))
+    assert all(trace == ["parse", "tag", "tag"] for trace in traces), traces

@@ -1,0 +1,228 @@
+"""The argument gate: every tool `handles` generates checks its own arguments, before the SDK does.
+
+The SDK validates a tool's arguments against the tool function's signature and answers a
+mistake with pydantic's text (and a link to pydantic's site), and it ignores argument names
+it does not know. `ArgumentGate` is server middleware (`MCPServer.middleware`, the SDK's seam
+for refusing a request before it reaches a handler) that checks the `tools/call` of every
+generated tool first, with the very argument model the SDK derives from the same function,
+and refuses each mistake with the `{error, message, next}` shape: which argument, what was
+expected, and what to call next. On top of the SDK's checks it refuses unknown argument names
+(and `tools/list` says so, with `additionalProperties: false`) and arguments nested deeper than
+`MAX_NESTING`. Arguments that pass the gate pass the SDK's validation too, unchanged.
+
+Why middleware: the SDK validates before it calls the tool function, and the only public ways
+in before that are middleware and an extension's `intercept_tool_call`, which exists only on
+servers built with the extension. `MCPServer.middleware` is marked provisional in the SDK 2.x;
+tests/tasks/test_caller_mistakes.py and tests/unit/test_arguments.py pin what is relied on.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata, func_metadata
+from mcp_types import SERVER_INFO_META_KEY, Implementation, ListToolsResult
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+
+from handles.errors import CallerError, InvalidArguments
+from handles.limits import clean_message
+
+MAX_NESTING = 64
+"""How deep arguments may nest (objects and arrays); far beyond any job's needs, far below the SDK's limits."""
+
+ToolResultFactory = Callable[[CallerError], Any]
+"""Builds the `CallToolResult` of a caller error (see `handles.mcp.to_call_tool_result`)."""
+
+
+@dataclass(frozen=True)
+class ArgumentRules:
+    """What one tool accepts, checked the way the SDK will, plus unknown names and nesting."""
+
+    tool: str
+    metadata: FuncMetadata
+    """The SDK's view of the registered function: the same argument model and JSON pre-parsing."""
+    schema: dict[str, Any]
+    accepted: tuple[str, ...]
+
+    @classmethod
+    def of(cls, tool: str, function: Callable[..., Any], context_param: str) -> ArgumentRules:
+        metadata = func_metadata(function, skip_names=[context_param])
+        schema = metadata.arg_model.model_json_schema(by_alias=True)
+        return cls(tool=tool, metadata=metadata, schema=schema, accepted=tuple(schema.get("properties", {})))
+
+    @property
+    def usage(self) -> str:
+        """`handle (string, required), wait_seconds (number >= 0, optional)`: what a correct call passes."""
+        required = set(self.schema.get("required", ()))
+        parts = [
+            f"{name} ({_expected(prop, self.schema)}, {'required' if name in required else 'optional'})"
+            for name, prop in self.schema.get("properties", {}).items()
+        ]
+        return ", ".join(parts) or "no arguments"
+
+    def check(self, arguments: Mapping[str, Any]) -> CallerError | None:
+        """None when the SDK will accept `arguments` as they are; otherwise the caller error to answer."""
+        depth = nesting(arguments)
+        if depth > MAX_NESTING:
+            return InvalidArguments(
+                f"The arguments of {self.tool} are nested {depth} levels deep; the limit is {MAX_NESTING}.",
+                f"Call {self.tool} again with {self.usage}.",
+                data={"limit_nesting": MAX_NESTING},
+            )
+        unknown = [name for name in arguments if name not in self.accepted]
+        if unknown:
+            shown = ", ".join(clean_message(name, 60) or "''" for name in unknown[:5])
+            return InvalidArguments(
+                f"{self.tool} has no argument named {shown}; it accepts "
+                f"{', '.join(self.accepted) or 'no arguments'}.",
+                f"Remove or rename the unknown argument{'s' if len(unknown) > 1 else ''}: call {self.tool} "
+                f"again with {self.usage}.",
+                data={"accepted": list(self.accepted)},
+            )
+        try:
+            self.metadata.validate_arguments(dict(arguments))
+        except ValidationError as exc:
+            problems = [_problem(error, self.schema) for error in exc.errors()]
+            return InvalidArguments(
+                f"Invalid arguments for {self.tool}: " + "; ".join(problems) + ".",
+                f"Call {self.tool} again with {self.usage}.",
+            )
+        return None
+
+
+def nesting(value: Any) -> int:
+    """How deep `value` nests objects and arrays (a scalar is 0, `{}` is 1), without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth + 1)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _problem(error: Any, schema: dict[str, Any]) -> str:
+    """`wait_seconds: should be greater than or equal to 0`, without echoing the rejected value."""
+    location = ".".join(str(part) for part in error["loc"]) or "arguments"
+    top = str(error["loc"][0]) if error["loc"] else ""
+    expected = _expected(schema.get("properties", {}).get(top, {}), schema) if top else "an object"
+    if error["type"] == "missing":
+        return f"{location} is required ({expected}) but missing"
+    message = str(error["msg"])
+    if message.startswith("Input should be "):
+        message = "should be " + message.removeprefix("Input should be ")
+        message = message.replace("a valid dictionary", "an object").replace("a valid list", "a list")
+    elif message.startswith("Value error, "):
+        message = message.removeprefix("Value error, ")
+    return f"{location}: {message} (expected {expected})"
+
+
+_TYPE_NAMES = {"array": "list", "object": "object", "integer": "integer", "number": "number"}
+
+
+def _expected(prop: Mapping[str, Any], schema: Mapping[str, Any]) -> str:
+    """A short human description of a property's JSON schema: `number >= 0`, `string or null`."""
+    if "$ref" in prop:
+        name = str(prop["$ref"]).rsplit("/", 1)[-1]
+        prop = schema.get("$defs", {}).get(name, {"type": "object"})
+    if "enum" in prop:
+        return "one of " + ", ".join(repr(v) for v in prop["enum"])
+    if "anyOf" in prop:
+        return " or ".join(_expected(option, schema) for option in prop["anyOf"])
+    kind = str(prop.get("type", "any value"))
+    text = _TYPE_NAMES.get(kind, kind)
+    if "minimum" in prop and "maximum" in prop:
+        return f"{text} from {prop['minimum']:g} to {prop['maximum']:g}"
+    bounds = [
+        f"{symbol} {prop[key]:g}"
+        for key, symbol in (
+            ("minimum", ">="),
+            ("exclusiveMinimum", ">"),
+            ("maximum", "<="),
+            ("exclusiveMaximum", "<"),
+        )
+        if key in prop
+    ]
+    if "minLength" in prop or "maxLength" in prop:
+        bounds.append(f"{prop.get('minLength', 0)} to {prop.get('maxLength', 'any number of')} characters")
+    return " ".join([text, *bounds])
+
+
+class ArgumentGate:
+    """Server middleware checking the arguments of the generated tools before the SDK sees them."""
+
+    def __init__(self, refusal: ToolResultFactory, server_info: Implementation) -> None:
+        self._rules: dict[str, ArgumentRules] = {}
+        self._refusal = refusal
+        self._server_info = server_info.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+    @classmethod
+    def of(cls, server: MCPServer[Any], refusal: ToolResultFactory) -> ArgumentGate:
+        """The gate installed on `server`, installing one (innermost of its middleware) if there is none."""
+        for middleware in server.middleware:
+            if isinstance(middleware, cls):
+                return middleware
+        info = Implementation(
+            name=server.name,
+            title=server.title,
+            version=server.version,
+            description=server.description,
+            website_url=server.website_url,
+            icons=server.icons,
+        )
+        gate = cls(refusal, info)
+        server.middleware.append(gate)
+        return gate
+
+    def register(self, rules: ArgumentRules) -> None:
+        self._rules[rules.tool] = rules
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        if ctx.method == "tools/list":
+            return self._closed_schemas(await call_next(ctx))
+        if ctx.method == "tools/call" and isinstance(ctx.params, Mapping):
+            rules = self._rules.get(ctx.params.get("name"))  # type: ignore[arg-type]
+            arguments = ctx.params.get("arguments")
+            if rules is not None and (arguments is None or isinstance(arguments, Mapping)):
+                error = rules.check(arguments or {})
+                if error is not None:
+                    return self._refuse(ctx, error)
+        return await call_next(ctx)
+
+    def _refuse(self, ctx: ServerRequestContext[Any, Any], error: CallerError) -> dict[str, Any]:
+        """The tool error, on the wire: a middleware that answers itself owns the result's envelope.
+
+        On 2026-07-28 that is the envelope the SDK puts on every other result: `resultType`
+        and the `serverInfo` stamp in `_meta`.
+        """
+        result: dict[str, Any] = self._refusal(error).model_dump(
+            by_alias=True, mode="json", exclude_none=True
+        )
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            result["resultType"] = "complete"
+            result["_meta"] = {SERVER_INFO_META_KEY: copy.deepcopy(self._server_info)}
+        return result
+
+    def _closed_schemas(self, result: HandlerResult) -> HandlerResult:
+        """`additionalProperties: false` on the input schema of every gated tool."""
+        if isinstance(result, ListToolsResult):
+            for tool in result.tools:
+                if tool.name in self._rules:
+                    tool.input_schema = {**tool.input_schema, "additionalProperties": False}
+        elif isinstance(result, dict):
+            for tool in result.get("tools") or ():
+                if isinstance(tool, dict) and tool.get("name") in self._rules:
+                    tool["inputSchema"] = {**tool.get("inputSchema", {}), "additionalProperties": False}
+        return result
