@@ -332,8 +332,18 @@ class TasksExtension(Extension):
 
 
 def _check_routing_header(ctx: ServerRequestContext[Any, Any], task_id: str) -> None:
-    """Over 2026-07-28 Streamable HTTP, `Mcp-Name` must carry `params.taskId` (the SDK checks core methods only)."""
+    """Over 2026-07-28 Streamable HTTP, an `Mcp-Name` header must carry `params.taskId`.
+
+    Only a header that is present and differs is refused (`-32020`): the SDK's own client
+    transport and FastMCP + fastmcp-tasks send `tasks/*` without one, and fastmcp-tasks' server
+    accepts that too. Both sides are compared after the trimming the tool face applies to a handle;
+    a malformed encoded value never matches.
+    """
     if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS or not isinstance(ctx.request, Request):
         return
-    if decode_header_value(ctx.request.headers.get(MCP_NAME_HEADER)) != task_id:
+    raw = ctx.request.headers.get(MCP_NAME_HEADER)
+    if raw is None:
+        return
+    decoded = decode_header_value(raw)
+    if decoded is None or decoded.strip() != task_id.strip():
         raise MCPError(code=HEADER_MISMATCH, message=f"{MCP_NAME_HEADER} header does not match params.taskId")
