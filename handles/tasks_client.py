@@ -21,6 +21,7 @@ functions `get_task`, `update_task`, `cancel_task` and `follow_task` work on any
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
@@ -44,6 +45,10 @@ from pydantic import TypeAdapter
 logger = logging.getLogger("handles.tasks_client")
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+PROGRESS_META_KEY = "io.github.handles/progress"
+"""`_meta` key of a `handles` server's `tasks/get` answer carrying numeric progress, `{"done": 3, "total": 4}`.
+
+The extension carries progress in `statusMessage` only; other clients ignore this key."""
 TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 DEFAULT_POLL_SECONDS = 1.0
@@ -51,6 +56,9 @@ CANCEL_TIMEOUT_SECONDS = 5.0
 
 InputHandler = Callable[[str, InputRequest], Awaitable[InputResponse | ErrorData]]
 """`(key, request) -> response` for one entry of a task's `inputRequests`; `ErrorData` refuses it."""
+
+TaskObserver = Callable[["DetailedTask"], Awaitable[None] | None]
+"""Called with each `tasks/get` answer while a task is followed (`status`, `status_message`, `done`, `total`)."""
 
 _INPUT_REQUEST: TypeAdapter[InputRequest] = TypeAdapter(InputRequest)
 
@@ -68,6 +76,22 @@ class TaskResultBase(Result):
     last_updated_at: str
     ttl_ms: int | None = None
     poll_interval_ms: int | None = None
+
+    @property
+    def done(self) -> float | None:
+        """Work done so far, when the server reports it under `PROGRESS_META_KEY` (a `handles` server does)."""
+        return _progress_number(self.meta, "done")
+
+    @property
+    def total(self) -> float | None:
+        """The total the job announced with its progress, if any."""
+        return _progress_number(self.meta, "total")
+
+
+def _progress_number(meta: dict[str, Any] | None, name: str) -> float | None:
+    progress = (meta or {}).get(PROGRESS_META_KEY)
+    value = progress.get(name) if isinstance(progress, dict) else None
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 class CreateTaskResult(TaskResultBase):
@@ -198,11 +222,13 @@ async def follow_task(
     on_input: InputHandler | None = None,
     request_timeout: float | None = None,
     default_poll_seconds: float = DEFAULT_POLL_SECONDS,
+    on_progress: TaskObserver | None = None,
 ) -> CallToolResult:
     """Poll a task to its end and return its `CallToolResult`; cancel it if we stop following first.
 
     Each input request is answered once (keys are unique over a task's life), through
-    `on_input` or else the session's own callbacks.
+    `on_input` or else the session's own callbacks. `on_progress` sees every `tasks/get` answer
+    (numeric progress in `.done` / `.total` when the server is a `handles` server).
     """
     task_id = task if isinstance(task, str) else task.task_id
     hint = None if isinstance(task, str) else task.poll_interval_ms
@@ -213,6 +239,8 @@ async def follow_task(
         while True:
             state = await get_task(session, task_id, timeout=request_timeout)
             hint = state.poll_interval_ms or hint
+            if on_progress is not None and inspect.isawaitable(seen := on_progress(state)):
+                await seen
             if state.status in TERMINAL_STATUSES:
                 ended = True
                 return _outcome(state)
@@ -262,10 +290,15 @@ class TasksClientExtension(ClientExtension):
     identifier = TASKS_EXTENSION
 
     def __init__(
-        self, *, on_input: InputHandler | None = None, default_poll_seconds: float = DEFAULT_POLL_SECONDS
+        self,
+        *,
+        on_input: InputHandler | None = None,
+        default_poll_seconds: float = DEFAULT_POLL_SECONDS,
+        on_progress: TaskObserver | None = None,
     ) -> None:
         self.on_input = on_input
         self.default_poll_seconds = default_poll_seconds
+        self.on_progress = on_progress
 
     def claims(self) -> Sequence[ResultClaim[Any]]:
         return (ResultClaim(result_type="task", model=CreateTaskResult, resolve=self._resolve),)
@@ -277,4 +310,5 @@ class TasksClientExtension(ClientExtension):
             on_input=self.on_input,
             request_timeout=ctx.read_timeout_seconds,
             default_poll_seconds=self.default_poll_seconds,
+            on_progress=self.on_progress,
         )

@@ -169,6 +169,8 @@ class TaskFace:
         return View(
             status=task.status,
             message=task.status_message,
+            done=task.done,
+            total=task.total,
             questions=questions,
             poll_seconds=None if task.poll_interval_ms is None else task.poll_interval_ms / 1000,
             task=task,

@@ -29,7 +29,8 @@ class Question:
 class Progress:
     """What the job reported, given to `on_progress` whenever it changes.
 
-    `done` and `total` come from the handle face; the Tasks face carries progress in `message` only.
+    `done` and `total` are the job's numeric progress on either face (on the Tasks face, a `handles`
+    server carries them in `tasks/get`'s `_meta`); `message` is its status message.
     """
 
     key: str

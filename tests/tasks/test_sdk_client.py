@@ -280,3 +280,20 @@ async def test_an_abandoned_inline_call_cancels_its_job(
                 break
             await anyio.sleep(0.05)
     assert repo.count_active() == 0
+
+
+async def test_tasks_get_carries_numeric_progress_that_the_tasks_client_reads(
+    local_server: MCPServer[Any],
+) -> None:
+    seen: list[tuple[str, float | None, float | None]] = []
+    extension = TasksClientExtension(
+        on_progress=lambda task: seen.append((task.status, task.done, task.total))
+    )
+    async with Client(local_server, extensions=[extension]) as client:
+        result = await client.call_tool("slow", {"seconds": 1.0})
+    assert result.structured_content is not None
+    numbers = [(done, total) for status, done, total in seen if done is not None]
+    assert numbers, seen
+    assert all(total == 10 and 1 <= done <= 10 for done, total in numbers)
+    assert [done for done, _ in numbers] == sorted(done for done, _ in numbers)
+    assert seen[-1][0] == "completed"

@@ -366,6 +366,20 @@ async def test_the_mcp_name_header_is_compared_after_the_trimming_the_tool_face_
     assert padded_param.status == 200
 
 
+async def test_tasks_get_carries_numeric_progress_in_meta_under_the_projects_key(wire: Wire) -> None:
+    task = await create(wire, "slow", {"seconds": 2})
+    deadline = time.monotonic() + 10
+    while True:
+        reply = await wire.get(task["taskId"], token=ALICE)
+        progress = (reply.result.get("_meta") or {}).get("io.github.handles/progress")
+        if progress is not None or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    assert progress is not None and progress["total"] == 10 and 1 <= progress["done"] <= 10
+    assert reply.result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"]  # the SDK's stamp is kept
+    await wire.call("tasks/cancel", {"taskId": task["taskId"]}, token=ALICE)
+
+
 # -- 6. callers that do not declare the extension ------------------------------------------------
 
 
