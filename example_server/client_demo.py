@@ -14,7 +14,8 @@ starting another one, and once the job has ended it prints the recorded outcome 
 afresh). Progress goes to stderr; the result is printed to stdout as JSON.
 
 Exit status: 0 result, 1 the job failed, ended with a tool error or was cancelled, 2 deadline passed
-(the job goes on unless --cancel-on-abandon), 3 the server could not be reached, 4 other errors.
+(the job goes on unless --cancel-on-abandon), 3 the server could not be reached or refused the token,
+4 other errors.
 """
 
 from __future__ import annotations
@@ -25,15 +26,14 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from collections.abc import Callable
 from typing import Any
 
-import httpx2
-from mcp import Client, StdioServerParameters
-from mcp.client.streamable_http import streamable_http_client
+from mcp import StdioServerParameters
 
 from handles.client import (
+    AuthenticationRefusedError,
+    Connect,
     ConnectionLostError,
     DeadlineExceeded,
     FollowError,
@@ -42,36 +42,19 @@ from handles.client import (
     JobToolError,
     Journal,
     Progress,
+    connect,
     follow,
 )
-from handles.tasks_client import TasksClientExtension
 
 
-def connector(url: str | None, token: str | None) -> Callable[[], AbstractAsyncContextManager[Client]]:
-    """A factory of connected clients that declare the Tasks extension."""
-
-    @asynccontextmanager
-    async def connect() -> AsyncIterator[Client]:
-        async with AsyncExitStack() as stack:
-            target: Any
-            if url is None:
-                env = dict(os.environ)
-                if not env.get("HANDLES_SECRET_KEYS"):
-                    env.setdefault("HANDLES_DEV_MODE", "1")
-                target = StdioServerParameters(command=sys.executable, args=["-m", "example_server"], env=env)
-            elif token is None:
-                target = url
-            else:
-                http = await stack.enter_async_context(
-                    httpx2.AsyncClient(
-                        headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30, read=120)
-                    )
-                )
-                target = streamable_http_client(url, http_client=http)
-            client = await stack.enter_async_context(Client(target, extensions=[TasksClientExtension()]))
-            yield client
-
-    return connect
+def connector(url: str | None, token: str | None) -> Connect:
+    """A factory of connected clients that declare the Tasks extension: over HTTP, or the server over stdio."""
+    if url is not None:
+        return connect(url, token=token)  # a 401/403 raises AuthenticationRefusedError, not retried
+    env = dict(os.environ)
+    if not env.get("HANDLES_SECRET_KEYS"):
+        env.setdefault("HANDLES_DEV_MODE", "1")
+    return connect(StdioServerParameters(command=sys.executable, args=["-m", "example_server"], env=env))
 
 
 def show_progress(update: Progress) -> None:
@@ -144,7 +127,7 @@ async def run(args: argparse.Namespace) -> int:
     except DeadlineExceeded as late:
         print(f"[{key}] {late}", file=sys.stderr)
         return 2
-    except ConnectionLostError as lost:
+    except (ConnectionLostError, AuthenticationRefusedError) as lost:
         print(f"[{key}] {lost}", file=sys.stderr)
         return 3
     except FollowError as error:

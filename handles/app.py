@@ -40,15 +40,27 @@ class Handles:
     """A set of long jobs, their durable store, and the tools that serve them.
 
     ```python
-    jobs = Handles()
+    jobs = Handles()  # configuration from HANDLES_* environment variables
 
     @jobs.job(retention=timedelta(hours=6))
     async def generate_report(ctx: JobContext, account: str, months: int = 12) -> Report:
         ...
 
-    server = MCPServer("reports")
+    # The Tasks extension is applied at construction; bind() then adds each job's tools.
+    server = MCPServer("reports", extensions=[jobs.tasks_extension()])
     jobs.bind(server)
     ```
+
+    Args:
+        config: every setting (database, signing keys, limits, timings); default
+            `HandlesConfig.from_env()`, which reads the `HANDLES_*` environment variables.
+        principal_resolver: `fn(context) -> str` (or an awaitable of it) giving the principal of
+            a request from the SDK's request context. Default: the verified access token's
+            issuer, client id and subject when the server has a token verifier, else the
+            configured local principal (`HANDLES_LOCAL_PRINCIPAL`).
+        clock: the source of "now" (an aware `datetime`); tests pass a fake one.
+
+    Nothing is opened until first use (`service`, `start()`, `running()`, or the first tool call).
     """
 
     def __init__(

@@ -39,7 +39,7 @@ from handles.jobs import JobSpec
 from handles.mcp import resolve_principal, to_call_tool_result
 from handles.states import Status
 from handles.store import InputRequestRecord, JobRecord
-from handles.tasks_client import TASKS_EXTENSION
+from handles.tasks_client import PROGRESS_META_KEY, TASKS_EXTENSION
 from handles.tools import error_reply
 
 if TYPE_CHECKING:
@@ -141,7 +141,10 @@ def elicitation_request(record: InputRequestRecord) -> dict[str, Any]:
 def detailed_task(
     spec: JobSpec, job: JobRecord, task_id: str, pending: Sequence[InputRequestRecord]
 ) -> dict[str, Any]:
-    """The `tasks/get` answer: `resultType: "complete"`, the task, and what its status carries."""
+    """The `tasks/get` answer: `resultType: "complete"`, the task, and what its status carries.
+
+    Numeric progress travels in `_meta` under `PROGRESS_META_KEY` (the extension has no field for it).
+    """
     body: dict[str, Any] = {"resultType": "complete", **task_fields(spec, job, task_id)}
     status = Status(job.status)
     if status is Status.INPUT_REQUIRED:
@@ -160,6 +163,11 @@ def detailed_task(
         error = job.error or {"code": INTERNAL_ERROR, "message": job.status_message or "The job failed."}
         body["error"] = error
         body.setdefault("statusMessage", str(error.get("message") or "The job failed."))
+    if job.progress_done is not None:
+        progress = {"done": job.progress_done}
+        if job.progress_total is not None:
+            progress["total"] = job.progress_total
+        body["_meta"] = {PROGRESS_META_KEY: progress}
     return body
 
 
@@ -332,8 +340,18 @@ class TasksExtension(Extension):
 
 
 def _check_routing_header(ctx: ServerRequestContext[Any, Any], task_id: str) -> None:
-    """Over 2026-07-28 Streamable HTTP, `Mcp-Name` must carry `params.taskId` (the SDK checks core methods only)."""
+    """Over 2026-07-28 Streamable HTTP, an `Mcp-Name` header must carry `params.taskId`.
+
+    Only a header that is present and differs is refused (`-32020`): the SDK's own client
+    transport and FastMCP + fastmcp-tasks send `tasks/*` without one, and fastmcp-tasks' server
+    accepts that too. Both sides are compared after the trimming the tool face applies to a handle;
+    a malformed encoded value never matches.
+    """
     if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS or not isinstance(ctx.request, Request):
         return
-    if decode_header_value(ctx.request.headers.get(MCP_NAME_HEADER)) != task_id:
+    raw = ctx.request.headers.get(MCP_NAME_HEADER)
+    if raw is None:
+        return
+    decoded = decode_header_value(raw)
+    if decoded is None or decoded.strip() != task_id.strip():
         raise MCPError(code=HEADER_MISMATCH, message=f"{MCP_NAME_HEADER} header does not match params.taskId")

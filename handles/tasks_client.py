@@ -4,8 +4,10 @@
 claims `resultType: "task"` results of `tools/call`, so `client.call_tool(...)` returns
 the final `CallToolResult` as if the call had been synchronous: it polls `tasks/get`
 (honouring the server's `pollIntervalMs`), answers input requests with `tasks/update`,
-and sends `tasks/cancel` when it gives up (cancelled, timed out, or the input handler
-refused or failed). A failed task raises `TaskFailed`, a cancelled one `TaskCancelled`.
+retries transient failures (a lost connection, a timeout, `-32603`) with backoff, and sends
+`tasks/cancel` only when the caller gives up (its cancellation or deadline, or an input handler
+that refused or failed). A failed task raises `TaskFailed`, a cancelled one `TaskCancelled`, an
+HTTP 401/403 `AuthenticationError`.
 
 ```python
 async with Client(url, extensions=[TasksClientExtension()], elicitation_callback=ask_user) as client:
@@ -21,9 +23,11 @@ functions `get_task`, `update_task`, `cancel_task` and `follow_task` work on any
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import anyio
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
@@ -41,16 +45,28 @@ from mcp_types import (
 )
 from pydantic import TypeAdapter
 
+from handles.transient import AuthenticationError as AuthenticationError  # raised here, re-exported
+from handles.transient import authentication_error, backoff_seconds, is_transient
+
 logger = logging.getLogger("handles.tasks_client")
+T = TypeVar("T")
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+PROGRESS_META_KEY = "io.github.handles/progress"
+"""`_meta` key of a `handles` server's `tasks/get` answer carrying numeric progress, `{"done": 3, "total": 4}`.
+
+The extension carries progress in `statusMessage` only; other clients ignore this key."""
 TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 DEFAULT_POLL_SECONDS = 1.0
+DEFAULT_RETRIES = 3
 CANCEL_TIMEOUT_SECONDS = 5.0
 
 InputHandler = Callable[[str, InputRequest], Awaitable[InputResponse | ErrorData]]
 """`(key, request) -> response` for one entry of a task's `inputRequests`; `ErrorData` refuses it."""
+
+TaskObserver = Callable[["DetailedTask"], Awaitable[None] | None]
+"""Called with each `tasks/get` answer while a task is followed (`status`, `status_message`, `done`, `total`)."""
 
 _INPUT_REQUEST: TypeAdapter[InputRequest] = TypeAdapter(InputRequest)
 
@@ -68,6 +84,22 @@ class TaskResultBase(Result):
     last_updated_at: str
     ttl_ms: int | None = None
     poll_interval_ms: int | None = None
+
+    @property
+    def done(self) -> float | None:
+        """Work done so far, when the server reports it under `PROGRESS_META_KEY` (a `handles` server does)."""
+        return _progress_number(self.meta, "done")
+
+    @property
+    def total(self) -> float | None:
+        """The total the job announced with its progress, if any."""
+        return _progress_number(self.meta, "total")
+
+
+def _progress_number(meta: dict[str, Any] | None, name: str) -> float | None:
+    progress = (meta or {}).get(PROGRESS_META_KEY)
+    value = progress.get(name) if isinstance(progress, dict) else None
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 class CreateTaskResult(TaskResultBase):
@@ -198,36 +230,71 @@ async def follow_task(
     on_input: InputHandler | None = None,
     request_timeout: float | None = None,
     default_poll_seconds: float = DEFAULT_POLL_SECONDS,
+    on_progress: TaskObserver | None = None,
+    retries: int = DEFAULT_RETRIES,
 ) -> CallToolResult:
-    """Poll a task to its end and return its `CallToolResult`; cancel it if we stop following first.
+    """Poll a task to its end and return its `CallToolResult`.
 
     Each input request is answered once (keys are unique over a task's life), through
-    `on_input` or else the session's own callbacks.
+    `on_input` or else the session's own callbacks. `on_progress` sees every `tasks/get` answer
+    (numeric progress in `.done` / `.total` when the server is a `handles` server).
+
+    A transient failure of a request (a lost connection, a timeout, `-32603`) is retried with
+    backoff, up to `retries` failures in a row, and then raised; the task is left running. The
+    task is cancelled (`tasks/cancel`) only when the caller gives up: its own cancellation or
+    deadline, or an input handler that refuses or fails. An HTTP 401/403 raises `AuthenticationError`
+    (when the session's HTTP client keeps it recognisable: `handles.client.http_client`).
     """
     task_id = task if isinstance(task, str) else task.task_id
     hint = None if isinstance(task, str) else task.poll_interval_ms
     answer = on_input or session_input_handler(session)
     answered: set[str] = set()
-    ended = False
     try:
         while True:
-            state = await get_task(session, task_id, timeout=request_timeout)
+            state = await _retrying(lambda: get_task(session, task_id, timeout=request_timeout), retries)
             hint = state.poll_interval_ms or hint
+            if on_progress is not None and inspect.isawaitable(seen := on_progress(state)):
+                await seen
             if state.status in TERMINAL_STATUSES:
-                ended = True
                 return _outcome(state)
             if state.status == "input_required":
                 fresh = {k: v for k, v in state.pending_requests().items() if k not in answered}
                 if fresh:
-                    responses = {key: _accepted(await answer(key, request)) for key, request in fresh.items()}
-                    await update_task(session, task_id, responses, timeout=request_timeout)
+                    try:
+                        responses = {
+                            key: _accepted(await answer(key, request)) for key, request in fresh.items()
+                        }
+                    except Exception:
+                        await _abandon(session, task_id)  # the caller's handler refused or failed
+                        raise
+                    send = functools.partial(
+                        update_task, session, task_id, responses, timeout=request_timeout
+                    )
+                    await _retrying(send, retries)
                     answered.update(fresh)
                     continue
             await anyio.sleep(hint / 1000 if hint else default_poll_seconds)
-    except BaseException:
-        if not ended:
-            await _abandon(session, task_id)
+    except anyio.get_cancelled_exc_class():
+        await _abandon(session, task_id)  # the caller's own cancellation, or its deadline
         raise
+
+
+async def _retrying(request: Callable[[], Awaitable[T]], retries: int) -> T:
+    """Send `request`, again after each transient failure (with backoff), at most `retries` times in a row."""
+    failures = 0
+    while True:
+        try:
+            return await request()
+        except Exception as exc:
+            refused = authentication_error(exc)
+            if refused is not None:
+                raise refused from exc
+            if not is_transient(exc) or failures >= retries:
+                raise
+            failures += 1
+            pause = backoff_seconds(failures)
+            logger.info("tasks client: %s; retrying in %.1f s", exc, pause)
+            await anyio.sleep(pause)
 
 
 def _outcome(state: DetailedTask) -> CallToolResult:
@@ -262,10 +329,15 @@ class TasksClientExtension(ClientExtension):
     identifier = TASKS_EXTENSION
 
     def __init__(
-        self, *, on_input: InputHandler | None = None, default_poll_seconds: float = DEFAULT_POLL_SECONDS
+        self,
+        *,
+        on_input: InputHandler | None = None,
+        default_poll_seconds: float = DEFAULT_POLL_SECONDS,
+        on_progress: TaskObserver | None = None,
     ) -> None:
         self.on_input = on_input
         self.default_poll_seconds = default_poll_seconds
+        self.on_progress = on_progress
 
     def claims(self) -> Sequence[ResultClaim[Any]]:
         return (ResultClaim(result_type="task", model=CreateTaskResult, resolve=self._resolve),)
@@ -277,4 +349,5 @@ class TasksClientExtension(ClientExtension):
             on_input=self.on_input,
             request_timeout=ctx.read_timeout_seconds,
             default_poll_seconds=self.default_poll_seconds,
+            on_progress=self.on_progress,
         )

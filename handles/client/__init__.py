@@ -29,6 +29,9 @@ One call, one job, on either face of the server:
 - Polls are spaced by at least the server's hint (`poll_after_ms` /
   `pollIntervalMs`) plus random jitter; the deadline is absolute, so a job that
   keeps reporting progress never extends it.
+- A transient failure (a lost connection, a timeout, `-32603`) is retried with backoff; an
+  HTTP 401/403 is not: it raises `AuthenticationRefusedError` at once (`connect(url, token=...)`
+  sends a bearer token).
 - The journal (a small SQLite file) maps the caller's `key` to the server, the
   job, the idempotency key, the handle and the final outcome: a restarted client
   calling `follow` with the same key resumes the same job, and once the job has
@@ -37,9 +40,11 @@ One call, one job, on either face of the server:
 """
 
 from handles.client.follow import Connect, connect, follow, server_identity
+from handles.client.http import http_client
 from handles.client.journal import Journal, JournalEntry, arguments_digest
 from handles.client.outcomes import (
     AnswerRejectedError,
+    AuthenticationRefusedError,
     ConnectionLostError,
     DeadlineExceeded,
     FollowError,
@@ -60,6 +65,7 @@ from handles.client.outcomes import (
 
 __all__ = [
     "AnswerRejectedError",
+    "AuthenticationRefusedError",
     "Connect",
     "ConnectionLostError",
     "DeadlineExceeded",
@@ -82,5 +88,6 @@ __all__ = [
     "arguments_digest",
     "connect",
     "follow",
+    "http_client",
     "server_identity",
 ]

@@ -16,7 +16,6 @@ from mcp_types import (
 )
 
 from handles.client.outcomes import (
-    TRANSIENT_MCP_CODES,
     AnswerRejectedError,
     FollowError,
     JobLostError,
@@ -30,11 +29,13 @@ from handles.tasks_client import (
     get_task,
     update_task,
 )
+from handles.transient import AUTHENTICATION_FAILED, TRANSIENT_MCP_CODES
 
 if TYPE_CHECKING:
     from handles.client.follow import Follower
 
 _LOST_CODES = frozenset({"unknown_handle", "expired_handle", "wrong_job"})
+_RAISED_AS_IS = TRANSIENT_MCP_CODES | {AUTHENTICATION_FAILED}  # retried, or an authentication error
 
 
 @dataclass
@@ -154,7 +155,7 @@ class TaskFace:
         try:
             task = await get_task(client.session, self.handle, timeout=self.f.request_timeout)
         except MCPError as error:
-            if error.error.code in TRANSIENT_MCP_CODES:
+            if error.error.code in _RAISED_AS_IS:
                 raise
             raise self._lost(error) from None
         # A handles server only asks form elicitations (`elicitation/create`, message + requestedSchema).
@@ -169,6 +170,8 @@ class TaskFace:
         return View(
             status=task.status,
             message=task.status_message,
+            done=task.done,
+            total=task.total,
             questions=questions,
             poll_seconds=None if task.poll_interval_ms is None else task.poll_interval_ms / 1000,
             task=task,
@@ -178,7 +181,7 @@ class TaskFace:
         try:
             await update_task(client.session, self.handle, responses, timeout=self.f.request_timeout)
         except MCPError as error:
-            if error.error.code in TRANSIENT_MCP_CODES:
+            if error.error.code in _RAISED_AS_IS:
                 raise
             if error.error.code == INVALID_PARAMS:
                 await self.observe(client, 0.0)  # the same code for a vanished task: this raises JobLostError
@@ -195,7 +198,7 @@ class TaskFace:
         try:
             await cancel_task(client.session, self.handle, timeout=self.f.request_timeout)
         except MCPError as error:
-            if error.error.code in TRANSIENT_MCP_CODES:
+            if error.error.code in _RAISED_AS_IS:
                 raise
             raise self._lost(error) from None
 

@@ -7,14 +7,15 @@ import inspect
 import logging
 import random
 import uuid
-from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from os import PathLike
 from typing import Any, Literal, TypeVar
 
 import anyio
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
@@ -23,9 +24,10 @@ from mcp_types import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from handles.client.faces import Face, HandleFace, TaskFace, View, caller_error, structured_result, text_of
+from handles.client.http import http_client
 from handles.client.journal import Journal, JournalEntry, arguments_digest, check_same_work
 from handles.client.outcomes import (
-    TRANSIENT_MCP_CODES,
+    AuthenticationRefusedError,
     ConnectionLostError,
     DeadlineExceeded,
     FollowError,
@@ -50,6 +52,7 @@ from handles.tasks_client import (
     CreateTaskResult,
     TasksClientExtension,
 )
+from handles.transient import AuthenticationError, authentication_error, backoff_seconds, is_transient, leaves
 
 logger = logging.getLogger("handles.client")
 
@@ -80,20 +83,36 @@ Connect = Callable[[], AbstractAsyncContextManager[Client]]
 """A factory of connected clients: `follow` opens (and re-opens after a lost connection) its own."""
 
 
-def connect(server: Any, **options: Any) -> Connect:
+def connect(
+    server: Any, *, token: str | None = None, headers: dict[str, str] | None = None, **options: Any
+) -> Connect:
     """A factory of `mcp.Client(server, **options)` that also declare the Tasks extension.
 
     `server` is anything `mcp.Client` takes that can be connected more than once: a URL, a
-    `StdioServerParameters` or an in-process server (for bearer tokens, write a factory that builds
-    `streamable_http_client(url, http_client=...)` afresh each time, as `example_server.client_demo` does).
+    `StdioServerParameters` or an in-process server. For a URL, each client gets its own HTTP client
+    (`handles.client.http_client`), which sends `token` as a bearer token and any extra `headers`, and
+    keeps a 401/403 answer recognisable: `follow` raises `AuthenticationRefusedError` instead of
+    retrying it. The journal names the server by its URL.
     """
     extensions = list(options.pop("extensions", None) or ())
     if not any(getattr(e, "identifier", None) == TASKS_EXTENSION for e in extensions):
         extensions.append(TasksClientExtension())
+    if not (isinstance(server, str) and server.startswith(("http://", "https://"))):
+        if token is not None or headers is not None:
+            raise ValueError("token= and headers= apply to a server given by its http(s) URL")
+        return functools.partial(Client, server, extensions=extensions, **options)
 
-    def open_client() -> Client:
-        return Client(server, extensions=extensions, **options)
+    @asynccontextmanager
+    async def open_client() -> AsyncIterator[Client]:
+        async with (
+            http_client(token=token, headers=headers) as http,
+            Client(
+                streamable_http_client(server, http_client=http), extensions=extensions, **options
+            ) as client,
+        ):
+            yield client
 
+    open_client.server_id = server.split("?", 1)[0]  # type: ignore[attr-defined]
     return open_client
 
 
@@ -204,7 +223,8 @@ class Follower:
         self.seconds = seconds
         self.cancel_on_abandon = cancel_on_abandon
         self.prefer = prefer
-        self.server_id = server_id
+        # connect(url) names its server by the URL, as a client of that URL would be named.
+        self.server_id = server_id or getattr(self.connect, "server_id", None)
         self.server: str | None = None
         self.long_poll = long_poll
         self.request_timeout = request_timeout
@@ -251,6 +271,7 @@ class Follower:
                     raise
                 if follow_error is not None:
                     raise follow_error from None  # out of the client's exception group
+                self._raise_if_refused(exc)
                 if not _connection_failure(exc):
                     raise
                 await self._failed(exc)
@@ -399,6 +420,7 @@ class Follower:
             if _transient(exc):
                 raise self._unknown() from exc
             self.journal.forget(self.key)
+            self._raise_if_refused(exc)
             if isinstance(exc, MCPError):
                 raise StartRefusedError(exc.error.model_dump(mode="json"), key=self.key) from exc
             raise
@@ -518,7 +540,13 @@ class Follower:
         if not self.cancel_on_abandon or self.handle is None or self.face is None:
             return False
         if self.status in TERMINAL_STATUSES or isinstance(
-            exc, JobLostError | ConnectionLostError | JobFailedError | JobToolError | JobCancelledError
+            exc,
+            JobLostError
+            | ConnectionLostError
+            | AuthenticationError
+            | JobFailedError
+            | JobToolError
+            | JobCancelledError,
         ):
             return False
         face = self.face
@@ -544,12 +572,19 @@ class Follower:
             try:
                 result = await operation(self._client)
             except Exception as exc:
+                self._raise_if_refused(exc)
                 if self.connect is not None or not _transient(exc):
                     raise
                 await self._failed(exc)
                 continue
             self._failures = 0
             return result
+
+    def _raise_if_refused(self, exc: BaseException) -> None:
+        """A 401/403 answer is no transient failure: raise it at once, as `AuthenticationRefusedError`."""
+        refused = authentication_error(exc)
+        if refused is not None:
+            raise AuthenticationRefusedError(refused, key=self.key, handle=self.handle) from None
 
     async def _failed(self, exc: BaseException) -> None:
         """Count one more failure in a row: raise `ConnectionLostError` past `retries`, else back off."""
@@ -561,7 +596,7 @@ class Follower:
                 key=self.key,
                 handle=self.handle,
             ) from exc
-        pause = min(8.0, 0.5 * 2 ** (self._failures - 1)) * (1 + self.jitter * random.random())
+        pause = backoff_seconds(self._failures, self.jitter)
         logger.info("%s: %s; retrying in %.1f s", self.key, _describe(exc), pause)
         await anyio.sleep(pause)
 
@@ -584,24 +619,12 @@ async def _tool_names(client: Client) -> set[str]:
 
 
 def _transient(exc: BaseException) -> bool:
-    if isinstance(
-        exc, Retryable | OSError | TimeoutError | anyio.BrokenResourceError | anyio.ClosedResourceError
-    ):
-        return True
-    if isinstance(exc, anyio.EndOfStream):
-        return True
-    return isinstance(exc, MCPError) and exc.error.code in TRANSIENT_MCP_CODES
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
-    return [exc]
+    return isinstance(exc, Retryable) or is_transient(exc)
 
 
 def _follow_error_in(exc: BaseException) -> FollowError | None:
     """A `FollowError` raised inside a client's task group comes out wrapped in an exception group."""
-    return next((leaf for leaf in _leaves(exc) if isinstance(leaf, FollowError)), None)
+    return next((leaf for leaf in leaves(exc) if isinstance(leaf, FollowError)), None)
 
 
 def _connection_failure(exc: BaseException) -> bool:
@@ -609,12 +632,12 @@ def _connection_failure(exc: BaseException) -> bool:
     return any(
         _transient(leaf)
         or type(leaf).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "httpcore2")
-        for leaf in _leaves(exc)
+        for leaf in leaves(exc)
     )
 
 
 def _describe(exc: BaseException) -> str:
-    leaves = _leaves(exc)
-    if len(leaves) == 1 and leaves[0] is not exc:
-        exc = leaves[0]
+    inner = leaves(exc)
+    if len(inner) == 1 and inner[0] is not exc:
+        exc = inner[0]
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -6,14 +6,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mcp_types import (
-    CONNECTION_CLOSED,
-    INTERNAL_ERROR,
-    REQUEST_TIMEOUT,
-)
-
-TRANSIENT_MCP_CODES = frozenset({CONNECTION_CLOSED, REQUEST_TIMEOUT, INTERNAL_ERROR})
-"""JSON-RPC errors after which the same request may simply be sent again."""
+from handles.transient import AuthenticationError
 
 
 @dataclass(frozen=True)
@@ -29,7 +22,8 @@ class Question:
 class Progress:
     """What the job reported, given to `on_progress` whenever it changes.
 
-    `done` and `total` come from the handle face; the Tasks face carries progress in `message` only.
+    `done` and `total` are the job's numeric progress on either face (on the Tasks face, a `handles`
+    server carries them in `tasks/get`'s `_meta`); `message` is its status message.
     """
 
     key: str
@@ -91,6 +85,22 @@ class JobLostError(FollowError):
 
 class ConnectionLostError(FollowError):
     """The server could not be reached after the allowed retries. The journal keeps the job: follow the key later."""
+
+
+class AuthenticationRefusedError(FollowError, AuthenticationError):
+    """The server answered HTTP 401 (no valid credential) or 403 (not permitted): `status` says which.
+
+    Not retried; the journal keeps the job, so following the same key with a valid token resumes it.
+    Also an `handles.tasks_client.AuthenticationError`, what the Tasks client raises for the same answer.
+    """
+
+    def __init__(self, error: AuthenticationError, *, key: str, handle: str | None = None) -> None:
+        Exception.__init__(self, str(error))  # both bases' fields, set here (their __init__s differ)
+        self.message = str(error)
+        self.key = key
+        self.handle = handle
+        self.status = error.status
+        self.detail = error.detail
 
 
 class StartRefusedError(FollowError):

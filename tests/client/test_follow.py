@@ -112,6 +112,18 @@ async def test_auto_uses_tasks_when_both_sides_support_it_and_handles_otherwise(
 # -- polling -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("face", ["auto", *FACES])
+async def test_progress_has_done_and_total_on_either_face(counted: Counted, face: str) -> None:
+    updates: list[Progress] = []
+    async with counted.client() as client:
+        await follow(client, "slow", {"seconds": 1.0}, prefer=face, on_progress=updates.append)  # type: ignore[arg-type]
+    if face != "handles":
+        assert counted.calls["tasks/get"], "auto should follow through the Tasks extension here"
+    numbers = [(u.done, u.total) for u in updates if u.done is not None]
+    assert numbers, updates
+    assert all(total == 10 and done is not None and 1 <= done <= 10 for done, total in numbers)
+
+
 @pytest.mark.parametrize("face", FACES)
 async def test_polls_are_never_closer_than_the_servers_interval(counted: Counted, face: str) -> None:
     """The job reports progress every 0.1 s for 1 s: the client still polls at most every 0.2 s (+ jitter)."""

@@ -81,9 +81,13 @@ async def test_a_tasks_client_gets_results_and_answers_questions(example: Exampl
         assert deployed.structured_content["environment"] == "staging"
 
 
-@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
-async def test_clients_without_the_extension_get_plain_results(example: ExampleProcess, mode: str) -> None:
+@pytest.mark.parametrize(("mode", "version"), [("legacy", "2025-11-25"), ("2026-07-28", "2026-07-28")])
+async def test_clients_without_the_extension_get_plain_results(
+    example: ExampleProcess, mode: str, version: str
+) -> None:
+    """The official SDK client in handshake mode (2025-11-25) and in 2026-07-28 mode, not declaring Tasks."""
     async with connect(example.url, ALICE, mode=mode) as client:
+        assert client.protocol_version == version
         report = await client.call_tool("generate_report", {"account": "acme", "months": 2})
         assert report.structured_content is not None and report.structured_content["account"] == "acme"
         asked = await client.call_tool("deploy_release", {"version": "1.0.0"})

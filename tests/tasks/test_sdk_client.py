@@ -280,3 +280,44 @@ async def test_an_abandoned_inline_call_cancels_its_job(
                 break
             await anyio.sleep(0.05)
     assert repo.count_active() == 0
+
+
+async def test_tasks_get_carries_numeric_progress_that_the_tasks_client_reads(
+    local_server: MCPServer[Any],
+) -> None:
+    seen: list[tuple[str, float | None, float | None]] = []
+    extension = TasksClientExtension(
+        on_progress=lambda task: seen.append((task.status, task.done, task.total))
+    )
+    async with Client(local_server, extensions=[extension]) as client:
+        result = await client.call_tool("slow", {"seconds": 1.0})
+    assert result.structured_content is not None
+    numbers = [(done, total) for status, done, total in seen if done is not None]
+    assert numbers, seen
+    assert all(total == 10 and 1 <= done <= 10 for done, total in numbers)
+    assert [done for done, _ in numbers] == sorted(done for done, _ in numbers)
+    assert seen[-1][0] == "completed"
+
+
+async def test_questions_asked_with_gather_are_open_together_and_answered_in_any_order(
+    local_server: MCPServer[Any],
+) -> None:
+    """`asyncio.gather` of two `ctx.ask` (the `ask_two` job): both open at once, keyed in argument order."""
+    async with Client(local_server) as client:
+        started = await client.call_tool("ask_two_start", {"topic": "sign"})
+        handle = (started.structured_content or {})["handle"]
+        with anyio.fail_after(10):
+            while True:
+                state = await client.call_tool("ask_two_progress", {"handle": handle, "wait_seconds": 1})
+                view = state.structured_content or {}
+                if len(view.get("input_requests") or {}) == 2:
+                    break
+        assert view["status"] == "input_required"
+        assert "colour" in view["input_requests"]["q1"]["message"]
+        assert "Go ahead" in view["input_requests"]["q2"]["message"]
+        await client.call_tool("ask_two_respond", {"handle": handle, "responses": {"q2": {"confirm": True}}})
+        left = (await client.call_tool("ask_two_progress", {"handle": handle})).structured_content or {}
+        assert left["status"] == "input_required" and list(left["input_requests"]) == ["q1"]
+        await client.call_tool("ask_two_respond", {"handle": handle, "responses": {"q1": {"color": "red"}}})
+        done = await client.call_tool("ask_two_fetch", {"handle": handle, "wait_seconds": 10})
+    assert (done.structured_content or {})["result"] == {"color": "red", "confirm": True}

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import pytest
+from mcp.shared.inbound import encode_header_value
 
 from tests.tasks.app import BRIEF_RETENTION_SECONDS
 from tests.tasks.conftest import ALICE, BOB
@@ -318,13 +319,65 @@ async def test_a_legacy_task_param_on_tools_call_is_ignored(wire: Wire) -> None:
     assert "taskId" not in plain.result
 
 
-async def test_mcp_name_header_must_carry_the_task_id(wire: Wire) -> None:
+async def test_an_mcp_name_header_that_differs_from_the_task_id_is_refused(wire: Wire) -> None:
     task = await create(wire, "quick", {"text": "headers"})
-    for header in ["someone-else", None]:
-        reply = await wire.get(task["taskId"], token=ALICE, headers={"Mcp-Name": header})
-        assert reply.status == 400
-        assert reply.error["code"] == -32020
+    for header in ["someone-else", task["taskId"] + "x", "=?base64?!!?="]:
+        for method, extra in (
+            ("tasks/get", {}),
+            ("tasks/update", {"inputResponses": {}}),
+            ("tasks/cancel", {}),
+        ):
+            reply = await wire.call(
+                method, {"taskId": task["taskId"], **extra}, token=ALICE, headers={"Mcp-Name": header}
+            )
+            assert reply.status == 400, (method, header)
+            assert reply.error["code"] == -32020
     assert (await wire.get(task["taskId"], token=ALICE)).status == 200
+
+
+async def test_a_missing_mcp_name_header_is_accepted_as_fastmcp_tasks_and_the_sdk_send_it(wire: Wire) -> None:
+    task = await create(wire, "quick", {"text": "no header"})
+    reply = await wire.get(task["taskId"], token=ALICE, headers={"Mcp-Name": None})
+    assert reply.status == 200
+    assert reply.result["taskId"] == task["taskId"]
+    update = await wire.call(
+        "tasks/update",
+        {"taskId": task["taskId"], "inputResponses": {}},
+        token=ALICE,
+        headers={"Mcp-Name": None},
+    )
+    assert update.status == 200 and update.result["resultType"] == "complete"
+    cancel = await wire.call(
+        "tasks/cancel", {"taskId": task["taskId"]}, token=ALICE, headers={"Mcp-Name": None}
+    )
+    assert cancel.status == 200 and cancel.result["resultType"] == "complete"
+
+
+async def test_the_mcp_name_header_is_compared_after_the_trimming_the_tool_face_applies(wire: Wire) -> None:
+    task = await create(wire, "quick", {"text": "padded"})
+    task_id = task["taskId"]
+    padded_header = encode_header_value(f" {task_id}\n")  # non-ASCII-safe values travel base64-encoded
+    reply = await wire.get(task_id, token=ALICE, headers={"Mcp-Name": padded_header})
+    assert reply.status == 200
+    assert reply.result["taskId"] == task_id
+    padded_param = await wire.call(
+        "tasks/get", {"taskId": f"{task_id} "}, token=ALICE, headers={"Mcp-Name": task_id}
+    )
+    assert padded_param.status == 200
+
+
+async def test_tasks_get_carries_numeric_progress_in_meta_under_the_projects_key(wire: Wire) -> None:
+    task = await create(wire, "slow", {"seconds": 2})
+    deadline = time.monotonic() + 10
+    while True:
+        reply = await wire.get(task["taskId"], token=ALICE)
+        progress = (reply.result.get("_meta") or {}).get("io.github.handles/progress")
+        if progress is not None or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    assert progress is not None and progress["total"] == 10 and 1 <= progress["done"] <= 10
+    assert reply.result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"]  # the SDK's stamp is kept
+    await wire.call("tasks/cancel", {"taskId": task["taskId"]}, token=ALICE)
 
 
 # -- 6. callers that do not declare the extension ------------------------------------------------

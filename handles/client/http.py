@@ -1,0 +1,83 @@
+"""An httpx client for the SDK's Streamable HTTP transport that keeps 401/403 recognisable.
+
+The SDK turns any HTTP error without a JSON-RPC body into a generic `-32603`, which a client would
+retry as transient. This transport answers a refused POST with the JSON-RPC error
+`AUTHENTICATION_FAILED` (`data: {httpStatus, detail}`) instead, which `handles.client.follow` and
+`handles.tasks_client.follow_task` raise at once as an authentication error.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx2
+from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
+
+from handles.transient import AUTHENTICATION_FAILED, authentication_message
+
+_REFUSED = (401, 403)
+
+
+class _AuthenticationAnswers(httpx2.AsyncBaseTransport):
+    def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
+        self._inner = inner
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self._inner.handle_async_request(request)
+        if response.status_code not in _REFUSED or request.method != "POST":
+            return response
+        await response.aread()
+        await response.aclose()
+        detail = _detail(response)
+        error = {
+            "code": AUTHENTICATION_FAILED,
+            "message": authentication_message(response.status_code, detail),
+            "data": {"httpStatus": response.status_code, "detail": detail},
+        }
+        body = {"jsonrpc": "2.0", "id": _request_id(request), "error": error}
+        return httpx2.Response(
+            response.status_code,
+            headers={"content-type": "application/json"},
+            content=json.dumps(body).encode(),
+            request=request,
+        )
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _request_id(request: httpx2.Request) -> Any:
+    try:
+        return json.loads(request.content).get("id")
+    except (ValueError, AttributeError):
+        return None
+
+
+def _detail(response: httpx2.Response) -> str | None:
+    """The server's own words: an OAuth error body's description, else the WWW-Authenticate header."""
+    try:
+        body = json.loads(response.content)
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error_description") or body.get("error"), str):
+        return str(body.get("error_description") or body.get("error"))
+    return response.headers.get("www-authenticate")
+
+
+def http_client(
+    *, token: str | None = None, headers: dict[str, str] | None = None, timeout: httpx2.Timeout | None = None
+) -> httpx2.AsyncClient:
+    """An `httpx2.AsyncClient` for `streamable_http_client(url, http_client=...)`: the SDK's defaults, a
+    bearer `token` if given, and 401/403 answers kept recognisable (see the module's docstring).
+
+    Use it as an async context manager (`async with http_client(token=t) as http: ...`).
+    """
+    sent = dict(headers or {})
+    if token is not None:
+        sent["Authorization"] = f"Bearer {token}"
+    return httpx2.AsyncClient(
+        headers=sent,
+        timeout=timeout or httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
+        transport=_AuthenticationAnswers(httpx2.AsyncHTTPTransport()),
+    )

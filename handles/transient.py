@@ -1,0 +1,87 @@
+"""What both clients (`handles.client.follow` and `handles.tasks_client`) share about failed requests.
+
+- Which failures are transient (the same request may simply be sent again) and how long to back off.
+- An HTTP 401/403 is not transient: it is an `AuthenticationError`, raised at once with a message
+  that says what to check. The SDK's Streamable HTTP transport turns every such answer into a generic
+  `-32603`; `handles.client.http_client()` (which `handles.client.connect` uses for URLs) keeps the
+  status, as the JSON-RPC error `AUTHENTICATION_FAILED` with `data.httpStatus`, so both clients can tell.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import anyio
+from mcp.shared.exceptions import MCPError
+from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
+
+TRANSIENT_MCP_CODES = frozenset({CONNECTION_CLOSED, REQUEST_TIMEOUT, INTERNAL_ERROR})
+"""JSON-RPC errors after which the same request may simply be sent again."""
+
+AUTHENTICATION_FAILED = -32030
+"""Client-side only: the JSON-RPC error a 401/403 answer becomes (see `handles.client.http_client`).
+
+Outside the codes MCP uses (-32000 connection closed, -32001 request timeout, -32020..-32022, -32042)."""
+
+BACKOFF_FIRST_SECONDS = 0.5
+BACKOFF_MAX_SECONDS = 8.0
+
+
+class AuthenticationError(Exception):
+    """The server refused the credential (HTTP 401) or the permission (HTTP 403). Retrying will not help."""
+
+    def __init__(self, status: int, detail: str | None = None) -> None:
+        self.status = status
+        self.detail = detail
+        super().__init__(authentication_message(status, detail))
+
+
+def authentication_message(status: int, detail: str | None = None) -> str:
+    if status == 403:
+        why = (
+            "HTTP 403: the server accepted the credential but refuses this request with it "
+            "(a missing scope or permission). Use a token that grants access."
+        )
+    else:
+        why = (
+            "HTTP 401: the server requires a valid bearer token and this request had none, or one it "
+            "does not accept (unknown or expired). Pass a valid token, e.g. connect(url, token=...)."
+        )
+    return f"Authentication failed ({why})" + (f" Server said: {detail}" if detail else "")
+
+
+def backoff_seconds(failures: int, jitter: float = 0.2) -> float:
+    """The pause after `failures` transient failures in a row: 0.5 s doubling to 8 s, plus up to `jitter` of it."""
+    base: float = min(BACKOFF_MAX_SECONDS, BACKOFF_FIRST_SECONDS * 2.0 ** max(0, failures - 1))
+    return base * (1 + max(0.0, jitter) * random.random())
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, or `exc` itself."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in leaves(inner)]
+    return [exc]
+
+
+def authentication_error(exc: BaseException) -> AuthenticationError | None:
+    """The `AuthenticationError` that `exc` stands for (a 401/403 answer), if it is one."""
+    for leaf in leaves(exc):
+        if isinstance(leaf, AuthenticationError):
+            return leaf
+        if isinstance(leaf, MCPError) and leaf.error.code == AUTHENTICATION_FAILED:
+            data: Any = leaf.error.data if isinstance(leaf.error.data, dict) else {}
+            status = data.get("httpStatus")
+            if status in (401, 403):
+                return AuthenticationError(status, data.get("detail"))
+    return None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A failure after which the same request may be sent again: a lost connection, a timeout, a -32603."""
+    if isinstance(
+        exc,
+        OSError | TimeoutError | anyio.BrokenResourceError | anyio.ClosedResourceError | anyio.EndOfStream,
+    ):
+        return True
+    return isinstance(exc, MCPError) and exc.error.code in TRANSIENT_MCP_CODES

@@ -1,0 +1,101 @@
+"""A third-party client against the example server: FastMCP 4 (with or without `fastmcp-tasks` 4.1.4).
+
+Runs in bench/.peer-venv (created by `bench.peer.ensure_peer_venv`), never in the project's environment:
+
+    bench/.peer-venv/bin/python tests/interop/fastmcp_client.py URL TOKEN tasks|plain
+
+`tasks`: imports `fastmcp_tasks`, which turns on FastMCP's Tasks client; follows a report to its
+result, answers a deployment's question (through `tasks/update`) and cancels an export (`tasks/cancel`).
+`plain`: FastMCP's client without the Tasks extension, on the plain and handle tools.
+Prints what it observed as one JSON object on stdout; the pytest side asserts on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+from fastmcp import Client
+from fastmcp.client.transports import StreamableHttpTransport
+
+QUESTIONS: list[str] = []
+
+
+async def approve(message: str, response_type: Any, params: Any, context: Any) -> dict[str, Any]:
+    QUESTIONS.append(message)
+    return {"approve": True, "environment": "staging"}
+
+
+def connect(url: str, token: str) -> Client:
+    transport = StreamableHttpTransport(url, headers={"Authorization": f"Bearer {token}"})
+    return Client(transport, elicitation_handler=approve, timeout=60)
+
+
+async def with_tasks(url: str, token: str) -> dict[str, Any]:
+    import fastmcp_tasks
+    from fastmcp_tasks import call_tool_task
+
+    seen: dict[str, Any] = {"fastmcp_tasks": fastmcp_tasks.__version__}
+    async with connect(url, token) as client:
+        # The plain call a FastMCP user makes: the task is followed transparently.
+        report = await client.call_tool("generate_report", {"account": "acme", "months": 2})
+        seen["report"] = report.structured_content
+
+        # The same, driven explicitly: a task id, then its result.
+        task = await call_tool_task(client, "generate_report", {"account": "globex", "months": 2})
+        seen["report_task_id"] = task.task_id
+        seen["report_task"] = (await task.result()).structured_content
+
+        # A deployment asks for approval; the answer goes back through tasks/update.
+        deploy = await call_tool_task(client, "deploy_release", {"version": "4.1.4"})
+        asked = await deploy.wait(state="input_required", timeout=30)
+        seen["deploy_asked"] = sorted(asked.input_requests or {})
+        seen["deploy"] = (await deploy.result()).structured_content
+
+        # An export cancelled mid-way with tasks/cancel.
+        export = await call_tool_task(client, "export_dataset", {"rows": 1000})
+        await export.wait(state="working", timeout=30)
+        await export.cancel()
+        seen["export_final"] = (await export.wait(timeout=30)).status
+        # The same job through its handle tool: the taskId is the handle.
+        progress = await client.call_tool("export_dataset_progress", {"handle": export.task_id})
+        seen["export_progress_status"] = (progress.structured_content or {}).get("status")
+    seen["questions"] = QUESTIONS
+    return seen
+
+
+async def without_tasks(url: str, token: str) -> dict[str, Any]:
+    seen: dict[str, Any] = {"fastmcp_tasks_imported": "fastmcp_tasks" in sys.modules}
+    async with connect(url, token) as client:
+        report = await client.call_tool("generate_report", {"account": "acme", "months": 2})
+        seen["report"] = report.structured_content
+        handed = (await client.call_tool("deploy_release", {"version": "1.0.0"})).structured_content or {}
+        seen["deploy_handoff"] = handed.get("status")
+        handle = handed["handle"]
+        for _ in range(100):
+            state = await client.call_tool("deploy_release_progress", {"handle": handle, "wait_seconds": 5})
+            if (state.structured_content or {}).get("status") == "input_required":
+                break
+        answer = {"approve": True, "environment": "production"}
+        await client.call_tool("deploy_release_respond", {"handle": handle, "responses": {"q1": answer}})
+        fetched = await client.call_tool("deploy_release_fetch", {"handle": handle, "wait_seconds": 20})
+        seen["deploy"] = (fetched.structured_content or {}).get("result")
+        started = (await client.call_tool("export_dataset_start", {"rows": 1000})).structured_content or {}
+        await client.call_tool("export_dataset_cancel", {"handle": started["handle"]})
+        final = await client.call_tool(
+            "export_dataset_fetch", {"handle": started["handle"], "wait_seconds": 20}
+        )
+        seen["export_final"] = (final.structured_content or {}).get("status")
+    return seen
+
+
+def main() -> None:
+    url, token, mode = sys.argv[1:4]
+    run = with_tasks if mode == "tasks" else without_tasks
+    print(json.dumps(asyncio.run(run(url, token))))
+
+
+if __name__ == "__main__":
+    main()

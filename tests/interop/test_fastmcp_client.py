@@ -1,0 +1,92 @@
+"""FastMCP 4.1.4, with `fastmcp-tasks` 4.1.4 and without it, drives the example server over Streamable HTTP.
+
+`fastmcp-tasks` pins its own FastMCP and `mcp`, so the client runs in its own virtual environment
+(bench/.peer-venv, created once by `bench.peer.ensure_peer_venv` and then reused) as a subprocess
+(tests/interop/fastmcp_client.py); this side starts the server and asserts on what the client saw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.peer import PEER_PYTHON, ensure_peer_venv
+from tests.tasks.wire import ExampleProcess
+
+pytestmark = pytest.mark.timeout(420)  # the first run creates the client's virtual environment (~40 s)
+
+CLIENT = Path(__file__).with_name("fastmcp_client.py")
+TOKEN = "fastmcp-interop-token-3e1a"
+
+
+@pytest.fixture(scope="module")
+def peer_python() -> str:
+    problem = ensure_peer_venv(timeout=300)
+    if problem is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"FastMCP interop: {problem}")
+        pytest.skip(f"FastMCP interop: {problem}")
+    return str(PEER_PYTHON)
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExampleProcess]:
+    data_dir = tmp_path_factory.mktemp("example-fastmcp")
+    env = dict(os.environ)
+    env.update(
+        HANDLES_DATA_DIR=str(data_dir),
+        HANDLES_SECRET_KEYS=secrets.token_urlsafe(48),
+        HANDLES_STORE_POLL_SECONDS="0.05",
+        EXAMPLE_JOB_SECONDS="1",
+    )
+    env.pop("HANDLES_DATABASE_URL", None)
+    process = ExampleProcess(data_dir, env, {TOKEN: "fastmcp-user"}).start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def run_client(python: str, url: str, mode: str) -> dict[str, Any]:
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "PYTHONUNBUFFERED": "1"}
+    done = subprocess.run(
+        [python, str(CLIENT), url, TOKEN, mode], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, f"the FastMCP client failed:\n{done.stderr[-4000:]}"
+    seen: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return seen
+
+
+def test_fastmcp_with_fastmcp_tasks_follows_answers_and_cancels_through_tasks(
+    peer_python: str, example: ExampleProcess
+) -> None:
+    seen = run_client(peer_python, example.url, "tasks")
+    assert seen["fastmcp_tasks"] == "4.1.4"
+    assert seen["report"]["account"] == "acme" and seen["report"]["months"] == 2
+    assert len(seen["report"]["revenue_by_month"]) == 2
+    assert seen["report_task_id"]  # the call became a task
+    assert seen["report_task"]["account"] == "globex"
+    assert seen["deploy_asked"] == ["q1"]
+    assert seen["questions"] == ["Release 4.1.4 is built and tested. Deploy it, and where?"]
+    assert seen["deploy"]["environment"] == "staging"
+    assert seen["deploy"]["steps"][-1] == "switch traffic"
+    assert seen["export_final"] == "cancelled"
+    assert seen["export_progress_status"] == "cancelled"
+
+
+def test_fastmcp_without_the_tasks_extension_uses_plain_and_handle_tools(
+    peer_python: str, example: ExampleProcess
+) -> None:
+    seen = run_client(peer_python, example.url, "plain")
+    assert seen["fastmcp_tasks_imported"] is False
+    assert seen["report"]["account"] == "acme" and seen["report"]["months"] == 2
+    assert seen["deploy_handoff"] in ("working", "input_required")
+    assert seen["deploy"]["environment"] == "production"
+    assert seen["export_final"] == "cancelled"
