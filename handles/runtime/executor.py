@@ -31,7 +31,7 @@ from handles.errors import JobFailed, LeaseLost, StepOutcomeUnknown, StoreUnavai
 from handles.first import FIRST_KEY
 from handles.jobs import JobContext, JobParked, JobSpec
 from handles.limits import MAX_RESULT_BYTES, clean_message, json_size
-from handles.runtime.leases import LeaseKeeper
+from handles.runtime.leases import LeaseKeeper, every
 from handles.runtime.outcomes import Outcome, cancelled_with_unknown_steps, failed, result_to_json
 from handles.runtime.slots import Slots
 from handles.runtime.sweeper import Sweeper
@@ -198,12 +198,13 @@ class Runtime:
         self._started = False
         self._closed = True
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, Any], name: str) -> None:
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Run a short background task that `stop` waits for."""
         task = asyncio.create_task(coroutine, name=name)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         task.add_done_callback(_log_task_failure)
+        return task
 
     async def _settle_background(self) -> None:
         while self._background:
@@ -274,19 +275,16 @@ class Runtime:
         entry.task = asyncio.create_task(self._execute(entry, record), name=f"handles-job-{spec.name}")
 
     async def _dispatch_loop(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.config.store_poll_seconds):  # not wait_for: see LeaseKeeper
-                    await self._wake.wait()
-            self._wake.clear()
-            try:
-                await self._claim_queued()
-            except Exception:
-                logger.exception("dispatcher pass failed; retrying")
+        await every(lambda: self._wake, self.config.store_poll_seconds, self._claim_queued, "dispatcher pass")
 
     async def _claim_queued(self) -> None:
+        """One dispatcher pass. Shielded: a drain that stops the dispatcher mid-claim still runs (and then
+        drains) what the claim took, instead of leaving it leased to a node that never started it."""
         if self.closed:
             return
+        await asyncio.shield(self._spawn(self._claim_into_slots(), name="handles-claim"))
+
+    async def _claim_into_slots(self) -> None:
         wanted = self.slots.reserve(self.slots.free)
         if wanted <= 0:
             return

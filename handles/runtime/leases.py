@@ -6,12 +6,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from handles.config import HandlesConfig
 from handles.store import Store
 
 logger = logging.getLogger("handles.runtime")
+
+
+async def every(
+    wake: Callable[[], asyncio.Event], interval: float, once: Callable[[], Awaitable[object]], what: str
+) -> None:
+    """Run `once()` each time `wake()` is set, or every `interval` seconds; log its failures and go on."""
+    while True:
+        event = wake()
+        with contextlib.suppress(TimeoutError):
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that lands as the
+            # event is set, and stopping would wait for this loop forever.
+            async with asyncio.timeout(interval):
+                await event.wait()
+        event.clear()
+        try:
+            await once()
+        except Exception:
+            logger.exception("%s failed; retrying", what)
 
 
 class LeaseKeeper:
@@ -38,17 +56,7 @@ class LeaseKeeper:
         return max(min(self.config.heartbeat_seconds, self.config.lease_seconds / 3), 0.05)
 
     async def run(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that lands as the
-                # event is set, and stopping would wait for this loop forever.
-                async with asyncio.timeout(self.interval):
-                    await self.wake.wait()
-            self.wake.clear()
-            try:
-                await self.beat()
-            except Exception:
-                logger.exception("heartbeat failed; retrying")
+        await every(lambda: self.wake, self.interval, self.beat, "heartbeat")
 
     async def beat(self) -> None:
         ids = self._held()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 
 from bench.peer import PEER_PYTHON, ensure_peer_venv
-from tests.tasks.wire import ExampleProcess
+from tests.tasks.wire import ExampleProcess, example_process
 
 pytestmark = pytest.mark.timeout(420)  # the first run creates the client's virtual environment (~40 s)
 
@@ -38,20 +37,8 @@ def peer_python() -> str:
 
 @pytest.fixture(scope="module")
 def example(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExampleProcess]:
-    data_dir = tmp_path_factory.mktemp("example-fastmcp")
-    env = dict(os.environ)
-    env.update(
-        HANDLES_DATA_DIR=str(data_dir),
-        HANDLES_SECRET_KEYS=secrets.token_urlsafe(48),
-        HANDLES_STORE_POLL_SECONDS="0.05",
-        EXAMPLE_JOB_SECONDS="1",
-    )
-    env.pop("HANDLES_DATABASE_URL", None)
-    process = ExampleProcess(data_dir, env, {TOKEN: "fastmcp-user"}).start()
-    try:
+    with example_process(tmp_path_factory.mktemp("example-fastmcp"), {TOKEN: "fastmcp-user"}) as process:
         yield process
-    finally:
-        process.stop()
 
 
 def run_client(python: str, url: str, mode: str) -> dict[str, Any]:

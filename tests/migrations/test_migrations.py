@@ -13,8 +13,9 @@ from sqlmodel import SQLModel
 
 from handles.errors import ConfigurationError
 from handles.states import Status
-from handles.store import JobRecord, JobRepository, migrate
+from handles.store import JobRepository, migrate
 from handles.store.models import principal_key
+from tests.runtime.support import job_row
 
 
 def _insert_revision_0001_job(url: str) -> None:
@@ -121,38 +122,13 @@ def test_upgrade_to_principal_keys_backfills_them_and_lifts_the_length_limit(dat
     old = repo.get("old-job")
     assert old is not None and old.principal_key == principal_key("local:local")
     assert repo.count_active(principal="local:local") == 1
-    now = datetime.now(UTC)
     long_principal = "token:" + "x" * 5000
     stored, created = repo.insert(
-        JobRecord(
-            id="long-principal-job",
-            kind="report",
-            principal=long_principal,
-            status=Status.WORKING.value,
-            arguments={},
-            arguments_digest="d",
-            idempotency_key="k1",
-            created_at=now,
-            updated_at=now,
-            run_after=now,
-            expires_at=now + timedelta(hours=1),
-        )
+        job_row("long-principal-job", principal=long_principal, idempotency_key="k1")
     )
     assert created and repo.get(stored.id).principal == long_principal  # type: ignore[union-attr]
     again, created_again = repo.insert(
-        JobRecord(
-            id="long-principal-retry",
-            kind="report",
-            principal=long_principal,
-            status=Status.WORKING.value,
-            arguments={},
-            arguments_digest="d",
-            idempotency_key="k1",
-            created_at=now,
-            updated_at=now,
-            run_after=now,
-            expires_at=now + timedelta(hours=1),
-        )
+        job_row("long-principal-retry", principal=long_principal, idempotency_key="k1")
     )
     assert not created_again and again.id == "long-principal-job"
     repo.dispose()

@@ -6,11 +6,17 @@ read what is stored with a second, independent repository.
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 from handles import Handles
 from handles.handle import HandleCodec
-from handles.store import JobRecord, JobRepository, StepRecord
+from handles.states import Status
+from handles.store import JobRecord, JobRepository, StepRecord, utc_now
 from tests.durability.harness import KEY
 
 
@@ -45,3 +51,61 @@ async def start_as(jobs: Handles, principal: str, kind: str, **arguments: Any) -
     """Start a job for `principal` through the shared service (the tools resolve the principal the same way)."""
     started = await jobs.service.start(jobs.specs[kind], principal, arguments, None)
     return started.handle
+
+
+async def until_running(jobs: Handles, handle: str, seconds: float = 10.0) -> None:
+    """Wait until the job is claimed by a runtime (it holds a lease)."""
+    for _ in range(int(seconds / 0.01)):
+        if stored(jobs, handle).lease_owner is not None:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the job never started: {stored(jobs, handle).status_message}")
+
+
+def job_row(job_id: str, **fields: Any) -> JobRecord:
+    """A `working` job row of principal alice, due now and kept an hour; `fields` override any column."""
+    now = utc_now()
+    values: dict[str, Any] = {
+        "id": job_id,
+        "kind": "k",
+        "principal": "alice",
+        "status": Status.WORKING.value,
+        "arguments": {},
+        "arguments_digest": "-",
+        "created_at": now,
+        "updated_at": now,
+        "run_after": now,
+        "expires_at": now + timedelta(hours=1),
+    }
+    values.update(fields)
+    return JobRecord(**values)
+
+
+@contextmanager
+def slowed(
+    repo: JobRepository,
+    method: str,
+    seconds: float,
+    *,
+    after: bool = False,
+    when: Callable[..., bool] = lambda *args, **kwargs: True,
+) -> Iterator[None]:
+    """Fault injection: `repo.<method>` stalls `seconds` before it runs (or `after` it commits), for the
+    calls `when` picks; restored on exit."""
+    original = getattr(repo, method)
+
+    def stalled(*args: Any, **kwargs: Any) -> Any:
+        if not when(*args, **kwargs):
+            return original(*args, **kwargs)
+        if not after:
+            time.sleep(seconds)
+        outcome = original(*args, **kwargs)
+        if after:
+            time.sleep(seconds)
+        return outcome
+
+    setattr(repo, method, stalled)
+    try:
+        yield
+    finally:
+        setattr(repo, method, original)

@@ -4,10 +4,8 @@ heartbeats while an outcome is written, worker overrides."""
 from __future__ import annotations
 
 import asyncio
-import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -15,30 +13,16 @@ from sqlalchemy import text
 from handles import Handles, HandlesConfig, JobContext
 from handles.errors import ConfigurationError, LeaseLost
 from handles.states import Status
-from handles.store import JobRecord, JobRepository, utc_now
+from handles.store import JobRepository, utc_now
 from tests.durability.harness import KEY, config
 
-from .support import start_as, stored
+from .support import job_row, slowed, start_as, stored
 
 
 def _leased_job(repo: JobRepository, owner: str) -> str:
     now = utc_now()
     repo.insert(
-        JobRecord(
-            id="ledger-job",
-            kind="k",
-            principal="alice",
-            status=Status.WORKING.value,
-            arguments={},
-            arguments_digest="-",
-            created_at=now,
-            updated_at=now,
-            run_after=now,
-            expires_at=now + timedelta(hours=1),
-            attempts=1,
-            lease_owner=owner,
-            lease_expires_at=now + timedelta(seconds=30),
-        )
+        job_row("ledger-job", attempts=1, lease_owner=owner, lease_expires_at=now + timedelta(seconds=30))
     )
     return "ledger-job"
 
@@ -120,22 +104,18 @@ def test_a_heartbeat_keeps_the_lease_while_a_slow_outcome_is_written(tmp_path: P
 
         await sweeper.start()
         repo = runner.service.store.repo
-        original = repo.transition
-
-        def slow_transition(job_id: str, target: Status, **kwargs: Any) -> bool:  # fault injection
-            if target is Status.COMPLETED:
-                time.sleep(1.5)
-            return original(job_id, target, **kwargs)
-
-        repo.transition = slow_transition  # type: ignore[method-assign]
-        handle = await start_as(runner, "alice", "quick")
-        for _ in range(20):
-            await asyncio.sleep(0.1)
-            await sweeper.runtime.sweep_once()
-        for _ in range(50):
-            if stored(runner, handle).status != Status.WORKING.value:
-                break
-            await asyncio.sleep(0.05)
+        slow_outcome = slowed(
+            repo, "transition", 1.5, when=lambda job_id, target, **_: target is Status.COMPLETED
+        )
+        with slow_outcome:
+            handle = await start_as(runner, "alice", "quick")
+            for _ in range(20):
+                await asyncio.sleep(0.1)
+                await sweeper.runtime.sweep_once()
+            for _ in range(50):
+                if stored(runner, handle).status != Status.WORKING.value:
+                    break
+                await asyncio.sleep(0.05)
         await runner.aclose()
         await sweeper.aclose()
         record = stored(runner, handle)
@@ -163,21 +143,7 @@ def test_leases_are_judged_by_the_database_clock_so_a_skewed_node_keeps_its_jobs
             skewed = JobRepository(postgres_url, clock=behind, lease_clock=lease_clock)
             try:
                 job_id = f"skew-{lease_clock}"
-                now = utc_now()
-                skewed.insert(
-                    JobRecord(
-                        id=job_id,
-                        kind="k",
-                        principal="alice",
-                        status=Status.WORKING.value,
-                        arguments={},
-                        arguments_digest="-",
-                        created_at=now,
-                        updated_at=now,
-                        run_after=behind(),
-                        expires_at=now + timedelta(hours=1),
-                    )
-                )
+                skewed.insert(job_row(job_id, run_after=behind()))
                 assert skewed.claim(job_id, "skewed-node", 30) is not None
                 expired = {record.id for record in sweeper.expired_leases(100)}
                 assert (job_id in expired) is expect_expired, lease_clock

@@ -6,20 +6,18 @@ Issue 12 items 1, 5 and 8. Each test drives the real `Handles` on an SQLite file
 from __future__ import annotations
 
 import asyncio
-import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from handles import Handles, JobContext
 from handles.errors import CallerError
 from handles.states import Status
-from handles.store import JobRecord, JobRepository, utc_now
+from handles.store import JobRepository, utc_now
 from tests.durability.harness import config
 
-from .support import start_as, stored
+from .support import job_row, slowed, start_as, stored, until_running
 
 
 def test_graceful_stop_lets_a_nearly_finished_job_complete(tmp_path: Path) -> None:
@@ -32,7 +30,7 @@ def test_graceful_stop_lets_a_nearly_finished_job_complete(tmp_path: Path) -> No
             return "finished"
 
         handle = await start_as(jobs, "alice", "almost_done")
-        await asyncio.sleep(0.1)
+        await until_running(jobs, handle)
         await jobs.aclose()
         record = stored(jobs, handle)
         assert record.status == Status.COMPLETED.value, record.status_message
@@ -77,7 +75,7 @@ def test_a_retry_job_longer_than_the_drain_is_handed_over_at_once(tmp_path: Path
         first = Handles(config(tmp_path, drain_seconds=0.2, lease_seconds=30))
         declare(first)
         handle = await start_as(first, "alice", "long_report")
-        await asyncio.sleep(0.1)
+        await until_running(first, handle)
         await first.aclose()
         record = stored(first, handle)
         assert record.status == Status.WORKING.value and record.lease_owner is None
@@ -110,7 +108,7 @@ def test_a_fail_job_longer_than_the_drain_ends_failed_saying_it_was_a_shutdown(t
             return 1
 
         handle = await start_as(jobs, "alice", "slow_export")
-        await asyncio.sleep(0.1)
+        await until_running(jobs, handle)
         await jobs.aclose()
         record = stored(jobs, handle)
         assert record.status == Status.FAILED.value
@@ -131,7 +129,7 @@ def test_cancel_then_stop_ends_cancelled(tmp_path: Path) -> None:
             return 1
 
         handle = await start_as(jobs, "alice", "stubborn")
-        await asyncio.sleep(0.1)
+        await until_running(jobs, handle)
         job = await jobs.service.open(jobs.specs["stubborn"], "alice", handle)
         await jobs.service.cancel(job)
         await jobs.aclose()
@@ -155,17 +153,9 @@ def test_cancel_requested_job_whose_process_died_ends_cancelled_on_the_next_swee
         repo = JobRepository(jobs.config.resolved_database_url())
         try:
             repo.insert(
-                JobRecord(
-                    id="dead-node-job",
+                job_row(
+                    "dead-node-job",
                     kind="stubborn",
-                    principal="alice",
-                    status=Status.WORKING.value,
-                    arguments={},
-                    arguments_digest="-",
-                    created_at=now,
-                    updated_at=now,
-                    run_after=now,
-                    expires_at=now + timedelta(hours=1),
                     on_interrupt="retry",
                     max_attempts=3,
                     attempts=1,
@@ -198,16 +188,10 @@ def test_a_job_whose_body_returned_is_not_interrupted_while_its_outcome_is_writt
 
         await jobs.start()
         repo = jobs.service.store.repo
-        original = repo.set_progress
-
-        def slow_progress(*args: Any, **kwargs: Any) -> bool:  # fault injection: a slow disk
-            time.sleep(0.4)
-            return original(*args, **kwargs)
-
-        repo.set_progress = slow_progress  # type: ignore[method-assign]
-        handle = await start_as(jobs, "alice", "quick")
-        await asyncio.sleep(0.3)
-        await jobs.aclose()
+        with slowed(repo, "set_progress", 0.4):  # a slow disk
+            handle = await start_as(jobs, "alice", "quick")
+            await asyncio.sleep(0.3)
+            await jobs.aclose()
         record = stored(jobs, handle)
         assert record.status == Status.COMPLETED.value, (record.status, record.status_message)
 

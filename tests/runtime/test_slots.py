@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel
 
@@ -16,7 +15,7 @@ from handles import Handles, JobContext
 from handles.states import Status
 from tests.durability.harness import config
 
-from .support import start_as, stored
+from .support import slowed, start_as, stored
 
 
 def test_max_running_is_a_true_cap_under_a_burst_of_starts(tmp_path: Path) -> None:
@@ -64,19 +63,11 @@ def test_a_start_cancelled_after_its_commit_still_runs(tmp_path: Path) -> None:
 
         await jobs.start()
         repo = jobs.service.store.repo
-        original_insert = repo.insert
-
-        def slow_insert(*args: Any, **kwargs: Any) -> Any:  # fault injection: the commit, then a stall
-            outcome = original_insert(*args, **kwargs)
-            time.sleep(0.3)
-            return outcome
-
-        repo.insert = slow_insert  # type: ignore[method-assign]
-        request = asyncio.create_task(jobs.service.start(jobs.specs["quick"], "alice", {}, "key-1"))
-        await asyncio.sleep(0.1)
-        request.cancel()
-        await asyncio.gather(request, return_exceptions=True)
-        repo.insert = original_insert  # type: ignore[method-assign]
+        with slowed(repo, "insert", 0.3, after=True):  # the commit, then a stall
+            request = asyncio.create_task(jobs.service.start(jobs.specs["quick"], "alice", {}, "key-1"))
+            await asyncio.sleep(0.1)
+            request.cancel()
+            await asyncio.gather(request, return_exceptions=True)
         retried = await jobs.service.start(jobs.specs["quick"], "alice", {}, "key-1")
         assert not retried.created
         try:

@@ -3,8 +3,6 @@ of client: one declaring the Tasks extension, a 2026 client without it, and a 20
 
 from __future__ import annotations
 
-import os
-import secrets
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,7 +15,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import ElicitRequestParams, ElicitResult
 
 from handles.tasks_client import TasksClientExtension
-from tests.tasks.wire import TASKS, ExampleProcess, Wire
+from tests.tasks.wire import TASKS, ExampleProcess, Wire, example_process
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,20 +25,8 @@ ALICE, BOB = list(TOKENS)
 
 @pytest.fixture(scope="module")
 def example(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExampleProcess]:
-    data_dir = tmp_path_factory.mktemp("example-tasks")
-    env = dict(os.environ)
-    env.update(
-        HANDLES_DATA_DIR=str(data_dir),
-        HANDLES_SECRET_KEYS=secrets.token_urlsafe(48),
-        HANDLES_STORE_POLL_SECONDS="0.05",
-        EXAMPLE_JOB_SECONDS="1",
-    )
-    env.pop("HANDLES_DATABASE_URL", None)
-    process = ExampleProcess(data_dir, env, TOKENS).start()
-    try:
+    with example_process(tmp_path_factory.mktemp("example-tasks"), TOKENS) as process:
         yield process
-    finally:
-        process.stop()
 
 
 @asynccontextmanager

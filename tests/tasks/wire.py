@@ -12,11 +12,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
+import secrets
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -217,3 +221,21 @@ class ExampleProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=5)
+
+
+@contextmanager
+def example_process(data_dir: Path, tokens: dict[str, str]) -> Iterator[ExampleProcess]:
+    """The example server on an SQLite file of its own, with a fresh key and 1 s jobs; stopped afterwards."""
+    env = dict(os.environ)
+    env.update(
+        HANDLES_DATA_DIR=str(data_dir),
+        HANDLES_SECRET_KEYS=secrets.token_urlsafe(48),
+        HANDLES_STORE_POLL_SECONDS="0.05",
+        EXAMPLE_JOB_SECONDS="1",
+    )
+    env.pop("HANDLES_DATABASE_URL", None)
+    process = ExampleProcess(data_dir, env, tokens).start()
+    try:
+        yield process
+    finally:
+        process.stop()
