@@ -55,6 +55,8 @@ def _literal(value: Any) -> str:
 
 def _expressions(dialect: str) -> dict[str, str]:
     """SQL for each seeded column; `i` is the row number."""
+    from handles.store.models import principal_key
+
     now = datetime.now(UTC).replace(microsecond=0)
     if dialect == "sqlite":
 
@@ -78,6 +80,7 @@ def _expressions(dialect: str) -> dict[str, str]:
         "id": ident,
         "kind": _literal("work"),
         "principal": _literal(PRINCIPAL),
+        "principal_key": _literal(principal_key(PRINCIPAL)),
         "status": _literal("completed"),
         "status_message": _literal("Completed."),
         "arguments": as_json(json.dumps({"seconds": 0.0, "mark": ""})),
@@ -95,6 +98,7 @@ def _expressions(dialect: str) -> dict[str, str]:
         "run_after": stamp(created),
         "on_interrupt": _literal("fail"),
         "max_attempts": "1",
+        "resuming": "FALSE" if dialect != "sqlite" else "0",
     }
 
 
@@ -111,7 +115,7 @@ def seed(database_url: str, dialect: str, count: int) -> float:
         if column.name in expressions:
             columns.append(column.name)
             values.append(expressions[column.name])
-        elif not column.nullable and column.default is None and column.server_default is None:
+        elif not column.nullable and column.server_default is None:
             raise RuntimeError(f"store_scale does not know how to seed the column {column.name}")
     column_list = ", ".join(columns)
     value_list = ", ".join(values)
