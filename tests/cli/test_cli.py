@@ -9,6 +9,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,13 @@ def run(tmp: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     environment.pop("HANDLES_DATABASE_URL", None)
     environment.update(env)
     return subprocess.run([str(HANDLES), *args], capture_output=True, text=True, env=environment, timeout=60)
+
+
+def run_json(tmp: Path, *args: str) -> Any:
+    """A command's `--json` output; a failed command fails the test with its exit code and stderr."""
+    done = run(tmp, *args)
+    assert done.returncode == 0, f"handles {' '.join(args)} exited {done.returncode}: {done.stderr}"
+    return json.loads(done.stdout)
 
 
 @pytest.fixture
@@ -78,26 +86,24 @@ def test_jobs_list_json_and_filters(tmp_path: Path, populated: dict[str, str]) -
     assert listed.returncode == 0, listed.stderr
     rows = json.loads(listed.stdout)
     assert {r["id"] for r in rows} == {populated["report"], populated["other"], populated["queued"]}
-    completed = json.loads(run(tmp_path, "jobs", "list", "--json", "--status", "completed").stdout)
+    completed = run_json(tmp_path, "jobs", "list", "--json", "--status", "completed")
     assert {r["id"] for r in completed} == {populated["report"], populated["other"]}
-    alice = json.loads(run(tmp_path, "jobs", "list", "--json", "--principal", "local:alice").stdout)
+    alice = run_json(tmp_path, "jobs", "list", "--json", "--principal", "local:alice")
     assert {r["id"] for r in alice} == {populated["report"], populated["queued"]}
-    exports = json.loads(run(tmp_path, "jobs", "list", "--json", "--job", "export_dataset").stdout)
+    exports = run_json(tmp_path, "jobs", "list", "--json", "--job", "export_dataset")
     assert [r["status"] for r in exports] == ["working"]
-    assert json.loads(run(tmp_path, "jobs", "list", "--json", "--older-than", "1h").stdout) == []
+    assert run_json(tmp_path, "jobs", "list", "--json", "--older-than", "1h") == []
     table = run(tmp_path, "jobs", "list").stdout
     assert table.splitlines()[0].split()[:3] == ["ID", "JOB", "STATUS"] and populated["report"] in table
 
 
 def test_jobs_show_hides_values_unless_asked(tmp_path: Path, populated: dict[str, str]) -> None:
-    shown = json.loads(run(tmp_path, "jobs", "show", populated["report"], "--json").stdout)
+    shown = run_json(tmp_path, "jobs", "show", populated["report"], "--json")
     assert shown["status"] == "completed" and shown["attempts"] == 1
     assert "result" not in shown and "arguments" not in shown
-    by_handle = json.loads(run(tmp_path, "jobs", "show", populated["report_handle"], "--json").stdout)
+    by_handle = run_json(tmp_path, "jobs", "show", populated["report_handle"], "--json")
     assert by_handle["id"] == populated["report"]
-    revealed = json.loads(
-        run(tmp_path, "jobs", "show", populated["report"], "--json", "--reveal-results").stdout
-    )
+    revealed = run_json(tmp_path, "jobs", "show", populated["report"], "--json", "--reveal-results")
     assert revealed["arguments"] == {"account": "acme", "months": 1}
     assert revealed["result"]["structuredContent"]["account"] == "acme"
     assert "--reveal-results" in run(tmp_path, "jobs", "show", populated["report"]).stdout
@@ -123,10 +129,7 @@ def test_clear_errors_for_unknown_id_foreign_key_and_bad_database(
 def test_cancel_queued_and_finished_jobs(tmp_path: Path, populated: dict[str, str]) -> None:
     cancelled = run(tmp_path, "jobs", "cancel", populated["queued"])
     assert cancelled.returncode == 0 and "now cancelled" in cancelled.stdout
-    assert (
-        json.loads(run(tmp_path, "jobs", "show", populated["queued"], "--json").stdout)["status"]
-        == "cancelled"
-    )
+    assert run_json(tmp_path, "jobs", "show", populated["queued"], "--json")["status"] == "cancelled"
     finished = run(tmp_path, "jobs", "cancel", populated["report"])
     assert "already ended (completed)" in finished.stdout
 
@@ -160,5 +163,5 @@ def test_purge_expired_deletes_only_jobs_past_retention(tmp_path: Path, populate
     assert refused.returncode == 2 and "--expired" in refused.stderr
     purged = run(tmp_path, "jobs", "purge", "--expired")
     assert purged.returncode == 0 and "Purged 3 expired jobs." in purged.stdout
-    remaining = {r["id"] for r in json.loads(run(tmp_path, "jobs", "list", "--json").stdout)}
+    remaining = {r["id"] for r in run_json(tmp_path, "jobs", "list", "--json")}
     assert remaining == {populated["report"], populated["other"], populated["queued"]}
