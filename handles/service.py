@@ -138,10 +138,8 @@ class JobService:
             status_message = question.message
         elif claimed:
             status_message = "Running."
-        elif not self.config.run_workers:
-            status_message = "Queued; a worker will pick it up shortly."
         else:
-            status_message = "Queued: every worker is busy; it starts as soon as one is free."
+            status_message = self.runtime.queued_message(principal)
         record = JobRecord(
             id=new_job_id(),
             kind=spec.name,

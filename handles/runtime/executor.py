@@ -129,6 +129,12 @@ class Runtime:
             listener = ChangeListener(self.store.repo.url, self.owner, self._on_remote_change)
             self._loops.append(asyncio.create_task(listener.run(), name="handles-listener"))
         if self.config.run_workers:
+            # The first pass runs before any start is taken, so work queued before this node started
+            # runs at once, and `_backlog` says truthfully from the first start whether anything waits.
+            try:
+                await self._claim_queued()
+            except Exception:
+                logger.exception("first dispatcher pass failed; the dispatcher retries")
             self._dispatcher = asyncio.create_task(self._dispatch_loop(), name="handles-dispatcher")
             self._loops.append(asyncio.create_task(self._leases.run(), name="handles-heartbeat"))
 
@@ -224,6 +230,19 @@ class Runtime:
 
     def unreserve(self) -> None:
         self.slots.unreserve(1)
+
+    def queued_message(self, principal: str) -> str:
+        """The status message of a start that `reserve` did not run at once: why it waits, truthfully."""
+        if self.closed or not self.config.run_workers or not self._started:
+            return "Queued; a worker will pick it up shortly."
+        if self.slots.free <= 0:
+            return "Queued: every worker is busy; it starts as soon as one is free."
+        if self.slots.at_share(principal_key(principal)):
+            return (
+                "Queued: your running jobs hold your share of this server's workers, so other callers' "
+                "jobs go first; it starts as soon as none waits or one of yours ends."
+            )
+        return "Queued; it starts in turn, after the jobs that were waiting before it."
 
     def adopt(self, record: JobRecord) -> None:
         """Run a job that was stored already leased to this runtime, in the slot `reserve` held.

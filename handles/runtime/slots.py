@@ -37,9 +37,13 @@ class Slots:
         self._reserved += granted
         return granted
 
+    def at_share(self, key: str) -> bool:
+        """Whether principal `key` already holds its share of the slots."""
+        return self._by_principal[key] >= self.principal_limit
+
     def reserve_for(self, key: str) -> bool:
         """Reserve one slot for a job of principal `key`, unless it already holds its share."""
-        if self._by_principal[key] >= self.principal_limit:
+        if self.at_share(key):
             return False
         return self.reserve(1) == 1
 

@@ -15,7 +15,7 @@ from handles import Handles, JobContext
 from handles.states import Status
 from tests.durability.harness import config
 
-from .support import slowed, start_as, stored
+from .support import slowed, start_as, stored, until_running
 
 
 def test_max_running_is_a_true_cap_under_a_burst_of_starts(tmp_path: Path) -> None:
@@ -152,5 +152,94 @@ def test_claims_alternate_between_principals(tmp_path: Path) -> None:
         assert len(order) == 7, order
         # after alice's first job, the queue alternates: bob is not served after alice's whole backlog
         assert order[:5] == ["alice", "bob", "alice", "bob", "alice"], order
+
+    asyncio.run(main())
+
+
+def test_a_node_looks_for_queued_work_as_it_starts_and_says_truthfully_why_a_start_waits(
+    tmp_path: Path,
+) -> None:
+    """A fresh node picks up jobs queued before it started at once, not after one poll interval; a start
+    on an idle node runs at once; a queued start's status message names the real reason it waits."""
+
+    async def main() -> None:
+        # A node that runs no workers stores a job; the poll interval is long so only a wake can explain a pickup.
+        queuer = Handles(config(tmp_path, run_workers=False, store_poll_seconds=30.0))
+
+        @queuer.job
+        async def quick(ctx: JobContext, n: int) -> int:
+            return n
+
+        await queuer.start()
+        waiting = await start_as(queuer, "alice", "quick", n=1)
+        assert stored(queuer, waiting).status_message == "Queued; a worker will pick it up shortly."
+        await queuer.aclose()
+
+        jobs = Handles(config(tmp_path, max_running=1, store_poll_seconds=30.0))
+        gate = asyncio.Event()
+
+        @jobs.job
+        async def quick(ctx: JobContext, n: int) -> int:  # noqa: F811 - the same job on the second node
+            await gate.wait()
+            return n
+
+        began = time.monotonic()
+        await jobs.start()
+        try:
+            for _ in range(500):
+                if stored(jobs, waiting).lease_owner is not None:
+                    break
+                await asyncio.sleep(0.01)
+            assert stored(jobs, waiting).lease_owner is not None, (
+                "the job queued before start was not picked up"
+            )
+            took = time.monotonic() - began
+            assert took < 5.0, f"picked up after {took:.1f} s: the dispatcher waited for its poll interval"
+            # Its one slot is busy: the next start waits, and says why.
+            busy = await start_as(jobs, "bob", "quick", n=2)
+            assert stored(jobs, busy).status_message == (
+                "Queued: every worker is busy; it starts as soon as one is free."
+            )
+            gate.set()
+            for handle in (waiting, busy):
+                for _ in range(500):
+                    if stored(jobs, handle).status == Status.COMPLETED.value:
+                        break
+                    await asyncio.sleep(0.01)
+                assert stored(jobs, handle).status == Status.COMPLETED.value
+            # Idle again: a start never claims that every worker is busy, and runs without waiting for a poll.
+            idle = await start_as(jobs, "bob", "quick", n=3)
+            assert stored(jobs, idle).status_message != (
+                "Queued: every worker is busy; it starts as soon as one is free."
+            )
+            await until_running(jobs, idle, seconds=5.0)
+        finally:
+            gate.set()
+            await jobs.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_start_beyond_its_principals_share_says_so(tmp_path: Path) -> None:
+    async def main() -> None:
+        jobs = Handles(config(tmp_path, max_running=4, principal_share=0.5))
+        gate = asyncio.Event()
+
+        @jobs.job
+        async def hold(ctx: JobContext, n: int) -> int:
+            await gate.wait()
+            return n
+
+        await jobs.start()
+        try:
+            held = [await start_as(jobs, "alice", "hold", n=n) for n in range(2)]
+            for handle in held:
+                assert stored(jobs, handle).status_message == "Running."
+            third = await start_as(jobs, "alice", "hold", n=3)
+            message = stored(jobs, third).status_message or ""
+            assert message.startswith("Queued: your running jobs hold your share"), message
+        finally:
+            gate.set()
+            await jobs.aclose()
 
     asyncio.run(main())
