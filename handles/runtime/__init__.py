@@ -8,8 +8,8 @@
 - `outcomes`: how a run's end is written down.
 """
 
+from handles.outcomes import result_to_json
 from handles.runtime.executor import Runtime
-from handles.runtime.outcomes import result_to_json
 from handles.runtime.sweeper import SWEEP_BATCH
 
 __all__ = ["SWEEP_BATCH", "Runtime", "result_to_json"]

@@ -31,8 +31,8 @@ from handles.errors import JobFailed, LeaseLost, StepOutcomeUnknown, StoreUnavai
 from handles.first import FIRST_KEY
 from handles.jobs import JobContext, JobParked, JobSpec
 from handles.limits import MAX_RESULT_BYTES, clean_message, json_size
+from handles.outcomes import Outcome, cancelled_with_unknown_steps, failed, result_to_json
 from handles.runtime.leases import LeaseKeeper, every
-from handles.runtime.outcomes import Outcome, cancelled_with_unknown_steps, failed, result_to_json
 from handles.runtime.slots import Slots
 from handles.runtime.sweeper import Sweeper
 from handles.states import Status

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from handles.runtime.outcomes import failed
+from handles.outcomes import failed
 from handles.states import Status
 from handles.store import Store
 

@@ -28,6 +28,7 @@ from sqlalchemy.orm import configure_mappers
 from sqlmodel import Session, col, delete, select
 
 from handles.errors import ConfigurationError, LeaseLost
+from handles.outcomes import failed
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
 from handles.store.models import InputRequestRecord, JobRecord, StepRecord, principal_key
 
@@ -496,13 +497,6 @@ class JobRepository:
         event = "queued" if queued else "changed"
         with self._writing() as session:
             session.execute(select(func.pg_notify(NOTIFY_CHANNEL, f"{job_id} {origin} {event}")))
-
-    def queued(self, kinds: Sequence[str], limit: int) -> list[str]:
-        """Ids of queued jobs of `kinds` that may start now, oldest first."""
-        if not kinds or limit <= 0:
-            return []
-        with self._reading() as session:
-            return list(session.exec(_queued_query(self.clock(), kinds, limit)))
 
     def heartbeat(
         self, owner: str, job_ids: Sequence[str], lease_seconds: float
@@ -988,16 +982,6 @@ def _claimable(now: datetime) -> tuple[Any, ...]:
     )
 
 
-def _queued_query(now: datetime, kinds: Sequence[str], limit: int) -> Any:
-    """Ids of claimable jobs of `kinds`, oldest first."""
-    return (
-        select(JobRecord.id)
-        .where(*_claimable(now), col(JobRecord.kind).in_(list(kinds)))
-        .order_by(col(JobRecord.run_after))
-        .limit(limit)
-    )
-
-
 def _take_turns(
     candidates: list[tuple[str, str, int, int]],
     limit: int,
@@ -1067,12 +1051,8 @@ def _interrupted_outcome(job: JobRecord, now: datetime, *, shutdown: bool) -> di
         f"The job was interrupted: {cause}. Its outcome is unknown; reconcile any external effects before "
         "starting it again."
     )
-    error = {
-        "code": -32603,
-        "message": message,
-        "data": {"reason": "shutdown" if shutdown else "interrupted", "attempts": attempts},
-    }
-    return {"status": Status.FAILED.value, "status_message": message, "error": error}
+    status, fields = failed(message, "shutdown" if shutdown else "interrupted", attempts=attempts)
+    return {"status": status.value, **fields}
 
 
 def _touch(job: JobRecord, now: datetime) -> None:
