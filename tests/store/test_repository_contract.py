@@ -343,16 +343,17 @@ def test_claim_takes_only_a_queued_job_that_may_start(repo: JobRepository, clock
     assert repo.claim("no-such-job", OWNER, 30) is None
 
 
-def test_queued_lists_startable_jobs_oldest_first(repo: JobRepository, clock: MovableClock) -> None:
+def test_claim_next_takes_startable_jobs_oldest_first(repo: JobRepository, clock: MovableClock) -> None:
     older = new_job(repo, run_after=clock() - timedelta(seconds=20))
     newer = new_job(repo, run_after=clock() - timedelta(seconds=10))
     new_job(repo, run_after=clock() + timedelta(seconds=10))  # not yet
     new_job(repo, kind="export")  # another kind
     claimed_job(repo)  # running
     reach(repo, Status.COMPLETED)
-    assert repo.queued(["report"], 10) == [older.id, newer.id]
-    assert repo.queued(["report"], 1) == [older.id]
-    assert repo.queued([], 10) == [] and repo.queued(["report"], 0) == []
+    assert repo.claim_next(OWNER, [], 10, 30) == [] and repo.claim_next(OWNER, ["report"], 0, 30) == []
+    assert [job.id for job in repo.claim_next(OWNER, ["report"], 1, 30)] == [older.id]
+    assert [job.id for job in repo.claim_next(OWNER, ["report"], 10, 30)] == [newer.id]
+    assert repo.claim_next(OWNER, ["report"], 10, 30) == []
 
 
 def test_heartbeat_extends_leases_and_reports_cancels_and_losses(
@@ -388,11 +389,10 @@ def test_recovery_waits_for_the_lease_to_run_out(repo: JobRepository, clock: Mov
     assert (
         requeued.status == "working" and requeued.lease_owner is None and requeued.status_message == "retry"
     )
-    assert repo.queued(["report"], 10) == []
+    assert repo.claim_next(OTHER_OWNER, ["report"], 10, 30) == [], "not before its retry delay"
     clock.advance(5)
-    assert repo.queued(["report"], 10) == [job.id]
-    again = repo.claim(job.id, OTHER_OWNER, 30)
-    assert again is not None and again.attempts == 2
+    [again] = repo.claim_next(OTHER_OWNER, ["report"], 10, 30)
+    assert again.id == job.id and again.attempts == 2
     clock.advance(31)
     assert repo.transition(job.id, Status.FAILED, owner=OTHER_OWNER, lease_expired=True)
 
