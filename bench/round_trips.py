@@ -1,0 +1,188 @@
+"""Section 8: PostgreSQL round trips per operation, counted (not timed) from libpq's own protocol trace.
+
+Every connection of the store's engines is traced with libpq's `PQtrace` (through psycopg's
+`pgconn.trace`), and a round trip is one `ReadyForQuery` the server sends: the client waits
+for it after every simple query and after every `Sync` of the extended protocol, so it counts
+exactly the exchanges the client waits on (BEGIN and COMMIT included). The counts do not
+depend on the machine's load, unlike every timed section.
+
+Measured through the real service in-process (the official client, no transport), on a node
+whose heartbeat, sweeper and dispatcher timers are pushed out of the way, so that only what
+the operation itself causes is counted (including follow-on writes it triggers, such as a
+lease restated by the database clock, counted for 0.2 s after the reply).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from bench.common import Options, Table, inprocess, log, postgres_schema, structured
+
+SECTION = "round_trips"
+QUIET = {"heartbeat_seconds": 30.0, "sweep_interval_seconds": 3600.0, "store_poll_seconds": 3600.0}
+"""Timers pushed out of the way, so nothing but the measured operation talks to the database."""
+
+
+class Tracer:
+    """libpq protocol traces of every connection the given engines check out, one file per connection."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.files: dict[int, Any] = {}
+
+    def attach(self, engine: Any) -> None:
+        from sqlalchemy import event
+
+        event.listen(engine, "checkout", self._on_checkout)
+
+    def _on_checkout(self, dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+        import psycopg
+
+        key = id(dbapi_connection)
+        if key in self.files:
+            return
+        handle = open(self.directory / f"conn-{len(self.files)}.trace", "w")  # noqa: SIM115 - lives with the connection
+        self.files[key] = handle
+        dbapi_connection.pgconn.trace(handle.fileno())
+        dbapi_connection.pgconn.set_trace_flags(
+            psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE
+        )
+
+    def mark(self) -> dict[str, int]:
+        """Where each trace file ends now."""
+        for handle in self.files.values():
+            handle.flush()
+        return {path.name: path.stat().st_size for path in self.directory.glob("*.trace")}
+
+    def since(self, mark: dict[str, int]) -> tuple[int, list[str]]:
+        """Round trips since `mark`, and what the client sent in each (its first words)."""
+        trips = 0
+        sent: list[str] = []
+        for handle in self.files.values():
+            handle.flush()
+        for path in sorted(self.directory.glob("*.trace")):
+            with path.open() as trace:
+                trace.seek(mark.get(path.name, 0))
+                for line in trace:
+                    parts = line.rstrip("\n").split("\t")
+                    if len(parts) < 4:
+                        continue
+                    direction, _, message, body = parts[0], parts[1], parts[2], parts[3]
+                    if direction == "B" and message == "ReadyForQuery":
+                        trips += 1
+                    elif direction == "F" and message in ("Query", "Parse"):
+                        sent.append(_gist(body))
+        return trips, sent
+
+    def close(self) -> None:
+        for handle in self.files.values():
+            handle.close()
+
+
+def _gist(body: str) -> str:
+    """The first words of a statement a trace line carries, enough to tell which one it is."""
+    quoted = [part for part in body.split('"')[1::2] if part.strip()]
+    text = max(quoted, key=len) if quoted else body
+    words = text.split()
+    if not words:
+        return "?"
+    head = words[0].upper()
+    for keyword in ("pg_advisory_xact_lock", "pg_notify", "count("):
+        if keyword in text:
+            return f"{head} {keyword.rstrip('(')}"
+    if head in ("INSERT", "UPDATE", "DELETE", "SELECT"):
+        target = next((w.strip('",') for w in words if w.strip('",').startswith("handles_")), "")
+        return f"{head} {target}".strip()
+    return head
+
+
+async def _count(tracer: Tracer, operation: Any, settle: float = 0.2) -> tuple[int, list[str]]:
+    mark = tracer.mark()
+    await operation()
+    await asyncio.sleep(settle)
+    return tracer.since(mark)
+
+
+async def measure(
+    url: str, data_dir: Path, n: int, *, run_workers: bool
+) -> dict[str, tuple[list[int], list[str]]]:
+    from bench.app import gate
+
+    traces = Path(tempfile.mkdtemp(prefix="trace-", dir=data_dir))
+    tracer = Tracer(traces)
+    results: dict[str, tuple[list[int], list[str]]] = {}
+
+    def record(name: str, trips: int, sent: list[str]) -> None:
+        counts, _ = results.setdefault(name, ([], sent))
+        counts.append(trips)
+        results[name] = (counts, sent)
+
+    async with inprocess(data_dir, url, run_workers=run_workers, **QUIET) as (jobs, c):
+        repo = jobs.service.store.repo
+        for engine in {repo._write_engine, repo._read_engine}:
+            tracer.attach(engine)
+        await structured(c, "noop", {})
+        for index in range(n):
+            mark = f"rt-{run_workers}-{index}"
+            started: dict[str, Any] = {}
+
+            async def start(mark: str = mark, started: dict[str, Any] = started) -> None:
+                started.update(await structured(c, "work_start", {"seconds": -1, "mark": mark}))
+
+            record(
+                "start" if run_workers else "start (queued: a node without workers)",
+                *await _count(tracer, start),
+            )
+            handle = started["handle"]
+
+            async def poll(handle: str = handle) -> None:
+                await structured(c, "work_progress", {"handle": handle, "wait_seconds": 0})
+
+            record("progress poll (wait_seconds=0)", *await _count(tracer, poll))
+            if not run_workers:
+                continue
+            gate(mark).set()
+            await structured(c, "work_fetch", {"handle": handle, "wait_seconds": 10})
+
+            async def fetch(handle: str = handle) -> None:
+                await structured(c, "work_fetch", {"handle": handle, "wait_seconds": 0})
+
+            record("fetch of a completed job", *await _count(tracer, fetch))
+    tracer.close()
+    return results
+
+
+async def run(options: Options) -> list[Table]:
+    n = options.n(20, 5)
+    table = Table(
+        section=SECTION,
+        title="8. PostgreSQL round trips per operation (counted from libpq's protocol trace, not timed)",
+        columns=["operation", "n", "round trips (median)", "min", "max", "what the client sent (one run)"],
+        command=options.section_command(SECTION),
+    )
+    with postgres_schema(options.postgres_url, "trips") as url:
+        if url is None:
+            table.rows.append(["PostgreSQL unreachable", 0, "n/a", "n/a", "n/a", ""])
+            return [table]
+        for run_workers in (True, False):
+            log(f"round_trips: {n} operations, run_workers={run_workers}")
+            data_dir = Path(tempfile.mkdtemp(prefix="trips-", dir=options.work_dir))
+            measured = await measure(url, data_dir, n, run_workers=run_workers)
+            for name, (counts, sent) in measured.items():
+                summary = ", ".join(f"{what} x{k}" if k > 1 else what for what, k in Counter(sent).items())
+                table.rows.append(
+                    [name, len(counts), f"{statistics.median(counts):g}", min(counts), max(counts), summary]
+                )
+                table.data[f"{name} / run_workers={run_workers}"] = {"counts": counts, "sent": sent}
+    table.notes += [
+        "A round trip is one `ReadyForQuery` from the server in libpq's trace of the store's connections "
+        "(BEGIN, each statement, COMMIT/ROLLBACK each count once); the listener's connection only receives.",
+        f"pid {os.getpid()}; psycopg 3; the node's timers are pushed out of the way (`{QUIET}`).",
+    ]
+    return [table]
