@@ -198,25 +198,32 @@ class JobService:
         self, record: JobRecord, question: InputRequestRecord | None, *, claimed: bool, waiting: bool
     ) -> tuple[JobRecord, bool]:
         """Insert the job, then run it here (claimed at insert) or queue it for any worker."""
+        queued = not claimed and not waiting
+        write = self.store.write_queued if queued else self.store.write
         try:
-            stored, created = await self.store.write(
+            stored, created = await write(
                 record.id,
                 self.store.repo.insert,
                 record,
                 active_limit=self.config.max_active_per_principal,
                 questions=[question] if question is not None else [],
+                lease_seconds=self.config.lease_seconds,
             )
         except BaseException:
             if claimed:
                 self.runtime.unreserve()
             raise
         if claimed and created:
-            self.runtime.adopt(stored)
+            answers = (
+                {question.key: question.answer}
+                if question is not None and question.answer is not None
+                else {}
+            )
+            self.runtime.adopt(stored, answers)
         elif claimed:
             self.runtime.unreserve()
-        if created and not claimed and not waiting:
-            self.runtime.submit(stored.id)
-            await self.store.announce(stored.id, queued=True)  # for idle workers on other nodes
+        if created and queued:
+            self.runtime.submit(stored.id)  # other nodes heard of it as the insert committed
         return stored, created
 
     def _first_question(

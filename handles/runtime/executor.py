@@ -51,6 +51,9 @@ class _Running:
     lost: bool = False  # ended elsewhere: write nothing
     settling: bool = False  # its outcome is being written
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    # What the run replays (answers by key, steps by name) when known without reading the store:
+    # a job stored a moment ago by this process has no steps, and only the answers it was stored with.
+    replay: tuple[dict[str, dict[str, Any]], dict[str, Any]] | None = None
 
 
 class Runtime:
@@ -244,20 +247,19 @@ class Runtime:
             )
         return "Queued; it starts in turn, after the jobs that were waiting before it."
 
-    def adopt(self, record: JobRecord) -> None:
+    def adopt(self, record: JobRecord, answers: dict[str, dict[str, Any]]) -> None:
         """Run a job that was stored already leased to this runtime, in the slot `reserve` held.
 
-        If the runtime began to drain while the insert was under way, the job is handed to the
-        queue instead, for any node.
+        `answers` are the answers it was stored with (by question key): a job that never ran has
+        no steps, so its first run needs nothing else from the store. If the runtime began to
+        drain while the insert was under way, the job is handed to the queue instead, for any node.
         """
         if self.closed:
             self.slots.unreserve(1)
             self._spawn(self._hand_back(record.id), name=f"handles-hand-back-{record.id}")
             return
         self.slots.take(record.id, principal_key(record.principal))
-        self._start_task(self.specs[record.kind], record)
-        if self.store.repo.database_leases:
-            self._leases.wake.set()  # its lease was set by this node's clock: restate it by the database's
+        self._start_task(self.specs[record.kind], record, replay=(answers, {}))
 
     def submit(self, job_id: str) -> None:
         """A job was just stored or became claimable: let the dispatcher take it, fairly, if a slot is free."""
@@ -269,17 +271,21 @@ class Runtime:
     async def _hand_back(self, job_id: str) -> None:
         repo = self.store.repo
         message = "Queued: its server is shutting down; another server starts it shortly."
-        await self.store.write(
+        await self.store.write_queued(
             job_id, repo.release, job_id, self.owner, run_after=repo.clock(), message=message, resuming=True
         )
-        await self.store.announce(job_id, queued=True)
 
     async def _requeued(self, job_id: str) -> None:
         self._backlog = True
         self._wake.set()
         await self.store.announce(job_id, queued=True)
 
-    def _start_task(self, spec: JobSpec, record: JobRecord) -> None:
+    def _start_task(
+        self,
+        spec: JobSpec,
+        record: JobRecord,
+        replay: tuple[dict[str, dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
         ctx = JobContext(
             spec=spec,
             job_id=record.id,
@@ -289,7 +295,7 @@ class Runtime:
             store=self.store,
             progress_flush_seconds=self.config.progress_flush_seconds,
         )
-        entry = _Running(spec=spec, ctx=ctx)
+        entry = _Running(spec=spec, ctx=ctx, replay=replay)
         self._running[record.id] = entry
         entry.task = asyncio.create_task(self._execute(entry, record), name=f"handles-job-{spec.name}")
 
@@ -386,7 +392,10 @@ class Runtime:
             try:
                 kwargs = spec.call_arguments(record.arguments)
                 kwargs[spec.context_param] = ctx
-                answers, steps = await self.store.read(self.store.repo.replay_state, record.id)
+                if entry.replay is not None:
+                    answers, steps = entry.replay
+                else:
+                    answers, steps = await self.store.read(self.store.repo.replay_state, record.id)
                 ctx._replay(answers, steps)
                 ctx._first_answer = answers.get(FIRST_KEY)
                 value = await spec.fn(**kwargs)

@@ -98,18 +98,34 @@ class Store:
         if self.repo.reads_inline:
             with contextlib.suppress(OperationalError):
                 return self.repo.read_inline(fn, *args, **kwargs)
-        return await self._run(functools.partial(fn, *args, **kwargs))
+        return await self._run(functools.partial(fn, *args, **kwargs), repeatable=True)
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a repository method that changes nothing anyone waits for (reads, sweeps)."""
         return await self._run(functools.partial(fn, *args, **kwargs))
 
     async def write(self, job_id: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run a repository method that may change `job_id`, then wake its waiters here and on other nodes."""
+        """Run a repository method that may change `job_id`, and wake its waiters here and on other nodes.
+
+        On PostgreSQL the change notice goes out in the method's own write transaction (see
+        `JobRepository.publishing`): other nodes hear of the change exactly when it commits.
+        """
+        return await self._write(job_id, False, functools.partial(fn, *args, **kwargs))
+
+    async def write_queued(self, job_id: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Like `write`, for a change that leaves `job_id` waiting for a worker: idle workers on other
+        nodes look for it at once."""
+        return await self._write(job_id, True, functools.partial(fn, *args, **kwargs))
+
+    async def _write(self, job_id: str, queued: bool, call: Callable[[], T]) -> T:
         try:
-            return await self._run(functools.partial(fn, *args, **kwargs))
+            if self._publishes:
+                return await self._run(
+                    functools.partial(self.repo.publishing, job_id, self.origin, queued, call)
+                )
+            return await self._run(call)
         finally:
-            await self.announce(job_id)
+            self.notifier.notify(job_id)
 
     async def announce(self, job_id: str, *, queued: bool = False) -> None:
         """`job_id` changed: wake its waiters in this process, and on PostgreSQL in every other one.
@@ -121,10 +137,15 @@ class Store:
             with contextlib.suppress(StoreUnavailable):
                 await self._run(functools.partial(self.repo.publish, job_id, self.origin, queued=queued))
 
-    async def _run(self, call: Callable[[], T]) -> T:
+    async def _run(self, call: Callable[[], T], *, repeatable: bool = False) -> T:
+        """Run `call` on a worker thread. A `repeatable` call (a read) that met a connection the server
+        had dropped (a restart, a failover, an idle timeout) runs once more: the pool is invalidated by
+        then, so the second try gets a fresh connection."""
         try:
             return await anyio.to_thread.run_sync(call, limiter=self._limiter)
         except (OperationalError, DBAPIError) as exc:
+            if repeatable and exc.connection_invalidated:
+                return await self._run(call)
             if (
                 isinstance(exc, DBAPIError)
                 and not isinstance(exc, OperationalError)

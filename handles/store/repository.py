@@ -38,6 +38,8 @@ Clock = Callable[[], datetime]
 P = ParamSpec("P")
 T = TypeVar("T")
 _INLINE: ContextVar[bool] = ContextVar("handles_inline_read", default=False)
+_NOTICE: ContextVar[str | None] = ContextVar("handles_change_notice", default=None)
+"""The change notice that write transactions in this context publish as they commit (see `publishing`)."""
 NOTIFY_CHANNEL = "handles_jobs"
 
 
@@ -83,15 +85,21 @@ def _is_memory_sqlite(url: str) -> bool:
 def _make_engines(url: str) -> tuple[Engine, Engine, Engine | None]:
     """(read engine, write engine, inline-read engine or None).
 
-    On SQLite the write engine begins with BEGIN IMMEDIATE, and a file database gets a
+    On PostgreSQL reads and writes have engines of their own (see below). On SQLite the
+    write engine begins with BEGIN IMMEDIATE, and a file database gets a
     third engine for reads made on the event loop itself: in WAL mode a read never waits
     for a writer, so it costs microseconds, less than the hop to a worker thread. Its
     connections give up after 50 ms instead of waiting on a lock (the caller then falls
     back to a worker thread).
     """
     if not _is_sqlite(url):
-        engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
-        return engine, engine, None
+        write = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+        # Reads in autocommit, without a ping at checkout: a poll is its statements and nothing else
+        # (no BEGIN, no ROLLBACK, no ping). A read on a connection the server dropped fails at once
+        # and invalidates the pool; `Store.read` retries it once on a fresh connection. Under READ
+        # COMMITTED each statement took its own snapshot anyway, so no read loses consistency.
+        read = create_engine(url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=10)
+        return read, write, None
 
     if _is_memory_sqlite(url):
         raise ConfigurationError(
@@ -254,6 +262,10 @@ class JobRepository:
             session.begin(),
         ):
             yield session
+            notice = _NOTICE.get()
+            if notice is not None:
+                # Inside the transaction: PostgreSQL delivers it when (and only if) the change commits.
+                session.execute(select(func.pg_notify(NOTIFY_CHANNEL, notice)))
 
     # -- reads -------------------------------------------------------------
 
@@ -335,12 +347,15 @@ class JobRepository:
         *,
         active_limit: int | None = None,
         questions: Sequence[InputRequestRecord] = (),
+        lease_seconds: float | None = None,
     ) -> tuple[JobRecord, bool]:
         """Store a new job, or return the job its idempotency key already names: (job, created).
 
         With `active_limit`, refuse (`ActiveLimitReached`) when the principal already
         has that many active jobs; the count and the insert share one transaction, as do
-        `questions` (asked before the job starts) and the job.
+        `questions` (asked before the job starts) and the job. A job stored already
+        claimed (`lease_owner` set) with `lease_seconds` holds its lease for that long
+        by the lease clock (the database's own, on PostgreSQL), set by the insert itself.
         """
         if not job.principal_key:
             job.principal_key = principal_key(job.principal)
@@ -350,8 +365,9 @@ class JobRepository:
                 return existing, False
         try:
             with self._writing() as session:
+                database_now: datetime | None = None
                 if active_limit is not None:
-                    self._lock_principal(session, job.principal_key)
+                    database_now = self._lock_principal(session, job.principal_key)
                     active = int(
                         session.exec(
                             select(func.count())
@@ -364,6 +380,9 @@ class JobRepository:
                     )
                     if active >= active_limit:
                         raise ActiveLimitReached(active, active_limit)
+                if job.lease_owner is not None and lease_seconds is not None and self._database_leases:
+                    lease_now = database_now or self._lease_now_value(session, job.created_at)
+                    job.lease_expires_at = _after(lease_now, lease_seconds)
                 session.add(job)
                 session.add_all(questions)
             return job, True
@@ -373,10 +392,16 @@ class JobRepository:
                 raise
             return existing, False
 
-    def _lock_principal(self, session: Session, key: str) -> None:
-        """Serialise concurrent starts of one principal (SQLite's write lock already does)."""
-        if self.dialect == "postgresql":
-            session.exec(select(func.pg_advisory_xact_lock(func.hashtext(key))))
+    def _lock_principal(self, session: Session, key: str) -> datetime | None:
+        """Serialise concurrent starts of one principal (SQLite's write lock already does).
+
+        On PostgreSQL, returns the database's `now()` too, read in the same round trip.
+        """
+        if self.dialect != "postgresql":
+            return None
+        row = session.execute(sa_select(func.pg_advisory_xact_lock(func.hashtext(key)), func.now())).one()
+        value: datetime = row[1]
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
     def _find_idempotent(self, job: JobRecord) -> JobRecord | None:
         with self._reading() as session:
@@ -494,9 +519,22 @@ class JobRepository:
         """
         if self.dialect != "postgresql":
             return
-        event = "queued" if queued else "changed"
         with self._writing() as session:
-            session.execute(select(func.pg_notify(NOTIFY_CHANNEL, f"{job_id} {origin} {event}")))
+            session.execute(select(func.pg_notify(NOTIFY_CHANNEL, _notice(job_id, origin, queued))))
+
+    def publishing(
+        self, job_id: str, origin: str, queued: bool, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """Run the write method `fn`; each write transaction it commits publishes that `job_id` changed
+        (as `publish` does), in the same transaction: no round trips of its own, and no notice for a
+        change that rolled back. Only on PostgreSQL; elsewhere it just runs `fn`."""
+        if self.dialect != "postgresql":
+            return fn(*args, **kwargs)
+        token = _NOTICE.set(_notice(job_id, origin, queued))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _NOTICE.reset(token)
 
     def heartbeat(
         self, owner: str, job_ids: Sequence[str], lease_seconds: float
@@ -1053,6 +1091,10 @@ def _interrupted_outcome(job: JobRecord, now: datetime, *, shutdown: bool) -> di
     )
     status, fields = failed(message, "shutdown" if shutdown else "interrupted", attempts=attempts)
     return {"status": status.value, **fields}
+
+
+def _notice(job_id: str, origin: str, queued: bool) -> str:
+    return f"{job_id} {origin} {'queued' if queued else 'changed'}"
 
 
 def _touch(job: JobRecord, now: datetime) -> None:

@@ -1,0 +1,98 @@
+"""How the store talks to PostgreSQL: change notices ride in the write's own transaction, and a read
+survives a connection the server dropped (issue 14: fewer round trips, no guarantee loosened)."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from datetime import timedelta
+
+import psycopg
+import pytest
+from sqlalchemy import create_engine, text
+
+from handles.store import JobRepository, Store, utc_now
+from handles.store.listen import libpq_url
+from handles.store.repository import NOTIFY_CHANNEL, ActiveLimitReached
+from tests.runtime.support import job_row
+
+
+def _notices(listener: psycopg.Connection, job_id: str, seconds: float = 0.5) -> list[str]:
+    """The notices about `job_id` (the channel is shared by every schema of the database, so other
+    tests' notices arrive too)."""
+    payloads = []
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        payloads += [notice.payload for notice in listener.notifies(timeout=left, stop_after=1)]
+    return [payload for payload in payloads if payload.split(" ")[0] == job_id]
+
+
+def test_a_write_publishes_its_notice_as_it_commits_and_a_rolled_back_one_publishes_none(
+    postgres_url: str,
+) -> None:
+    repo = JobRepository(postgres_url)
+    repo.create_schema()
+    listener = psycopg.connect(libpq_url(postgres_url), autocommit=True)
+    try:
+        listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        first = job_row(f"n-{secrets.token_hex(4)}")
+        repo.publishing(first.id, "node-a", True, repo.insert, first, active_limit=1)
+        assert _notices(listener, first.id) == [f"{first.id} node-a queued"]
+
+        refused = job_row(f"n-{secrets.token_hex(4)}")  # same principal: over the limit of one active job
+        with pytest.raises(ActiveLimitReached):
+            repo.publishing(refused.id, "node-a", True, repo.insert, refused, active_limit=1)
+        assert _notices(listener, refused.id) == [], "a write that rolled back must not be announced"
+        assert repo.get(refused.id) is None
+    finally:
+        listener.close()
+        repo.dispose()
+
+
+def test_a_claimed_start_holds_its_lease_by_the_database_clock_from_the_insert(postgres_url: str) -> None:
+    repo = JobRepository(postgres_url)
+    repo.create_schema()
+    try:
+        skewed = utc_now() - timedelta(hours=3)  # this node's clock is three hours behind
+        job = job_row(
+            f"l-{secrets.token_hex(4)}", lease_owner="node-a", lease_expires_at=skewed, created_at=skewed
+        )
+        repo.insert(job, active_limit=50, lease_seconds=30)
+        stored = repo.get(job.id)
+        assert stored is not None and stored.lease_expires_at is not None
+        remaining = (stored.lease_expires_at - utc_now()).total_seconds()
+        assert 25 < remaining <= 31, f"lease ends {remaining:.1f} s from the database's now"
+        assert stored.lease_expires_at == job.lease_expires_at, "the returned record says what was stored"
+    finally:
+        repo.dispose()
+
+
+def test_a_read_on_a_connection_the_server_dropped_is_repeated_once_on_a_fresh_one(postgres_url: str) -> None:
+    name = f"handles_drop_{secrets.token_hex(4)}"
+    url = f"{postgres_url}&application_name={name}"
+    repo = JobRepository(url)
+    repo.create_schema()
+    job = job_row(f"d-{secrets.token_hex(4)}")
+    repo.insert(job)
+    admin = create_engine(postgres_url)
+
+    async def main() -> None:
+        store = Store(repo)
+        assert (await store.read(repo.get, job.id)) is not None  # the pool now holds an idle read connection
+        with admin.begin() as connection:
+            dropped = connection.execute(
+                text(
+                    "select count(pg_terminate_backend(pid)) from pg_stat_activity where application_name = :n"
+                ),
+                {"n": name},
+            ).scalar_one()
+        assert dropped >= 1
+        record = await store.read(repo.get, job.id)
+        assert record is not None and record.id == job.id
+
+    try:
+        asyncio.run(main())
+    finally:
+        admin.dispose()
+        repo.dispose()
