@@ -41,6 +41,7 @@ SECTIONS = (
     "profile",
     "handle_timing",
     "round_trips",
+    "waiters",
 )
 NOT_QUICK = ("handle_timing",)
 """Sections a `--quick` run leaves out unless named with `--only` (each takes more than 20 s)."""
