@@ -357,9 +357,10 @@ class JobService:
             remaining = deadline - loop.time()
             if until(record) or remaining <= 0 or self.runtime.closed:
                 return record  # a draining node answers long-polls at once
-            await self.store.notifier.wait(
-                record.id, min(remaining, self.config.store_poll_seconds), event=changed
-            )
+            # Woken by a change in this process, by another node's notice, or by the runtime's poll of
+            # every watched job (each store_poll_seconds), which sees changes made by any process.
+            self.store.notifier.seen(record.id, record.version)
+            await self.store.notifier.wait(record.id, remaining, event=changed)
 
     async def pending_inputs(self, record: JobRecord) -> list[InputRequestRecord]:
         if Status(record.status) is not Status.INPUT_REQUIRED:

@@ -125,7 +125,14 @@ class Runtime:
         self._started = True
         self._wake = asyncio.Event()
         self._leases.wake = asyncio.Event()
-        self._loops = [asyncio.create_task(self._sweep_loop(), name="handles-sweeper")]
+        self._loops = [
+            asyncio.create_task(self._sweep_loop(), name="handles-sweeper"),
+            asyncio.create_task(
+                # never woken early: it runs each store_poll_seconds
+                every(asyncio.Event, self.config.store_poll_seconds, self.store.poll_watched, "watch pass"),
+                name="handles-watch",
+            ),
+        ]
         if self.store.repo.dialect == "postgresql":
             from handles.store.listen import ChangeListener
 

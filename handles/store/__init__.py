@@ -2,7 +2,8 @@
 
 `Store.call` and `Store.write` run repository methods on worker threads; `write`
 also wakes every local waiter of the job it changed (long-polls, `ask`). Waiters
-in other processes notice within `store_poll_seconds`.
+in other processes notice within `store_poll_seconds`: each process reads the
+versions of all the jobs it waits on once per interval (`Store.poll_watched`).
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ class ChangeNotifier:
         # Weak: an event lives only while a waiter holds it. A job that ends is never notified
         # again, so a plain dict would keep one event per job ever waited on.
         self._events: weakref.WeakValueDictionary[str, asyncio.Event] = weakref.WeakValueDictionary()
+        self._seen: dict[str, int] = {}  # job id -> the oldest version its current waiters have read
 
     def notify(self, job_id: str) -> None:
+        self._seen.pop(job_id, None)
         event = self._events.pop(job_id, None)
         if event is not None:
             event.set()
@@ -59,8 +62,19 @@ class ChangeNotifier:
         """Wake every waiter of this process (the node is draining: long-polls answer now)."""
         events = list(self._events.values())
         self._events.clear()
+        self._seen.clear()
         for event in events:
             event.set()
+
+    def seen(self, job_id: str, version: int) -> None:
+        """A waiter of `job_id` has read `version` and now waits for a newer one."""
+        self._seen[job_id] = min(version, self._seen.get(job_id, version))
+
+    def watched(self) -> dict[str, int]:
+        """The jobs waited on now, each with the oldest version its waiters have read."""
+        for job_id in [job_id for job_id in self._seen if job_id not in self._events]:
+            del self._seen[job_id]  # its waiters are gone
+        return dict(self._seen)
 
     def watch(self, job_id: str) -> asyncio.Event:
         """The event the next change of `job_id` sets. Take it *before* reading the job, so that a
@@ -136,6 +150,20 @@ class Store:
         if self._publishes:
             with contextlib.suppress(StoreUnavailable):
                 await self._run(functools.partial(self.repo.publish, job_id, self.origin, queued=queued))
+
+    async def poll_watched(self) -> None:
+        """Wake the waiters of every job changed by another process since they read it.
+
+        One read of the watched jobs' versions for the whole process, instead of a re-read per
+        waiter: a thousand long-polls cost one query per poll interval, not a thousand.
+        """
+        watched = self.notifier.watched()
+        if not watched:
+            return
+        versions = await self.call(self.repo.versions, list(watched))
+        for job_id, seen in watched.items():
+            if versions.get(job_id) != seen:  # changed, or gone
+                self.notifier.notify(job_id)
 
     async def _run(self, call: Callable[[], T], *, repeatable: bool = False) -> T:
         """Run `call` on a worker thread. A `repeatable` call (a read) that met a connection the server

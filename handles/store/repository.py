@@ -41,6 +41,7 @@ _INLINE: ContextVar[bool] = ContextVar("handles_inline_read", default=False)
 _NOTICE: ContextVar[str | None] = ContextVar("handles_change_notice", default=None)
 """The change notice that write transactions in this context publish as they commit (see `publishing`)."""
 NOTIFY_CHANNEL = "handles_jobs"
+_VERSIONS_BATCH = 500  # ids per query when reading the versions of watched jobs
 
 
 def utc_now() -> datetime:
@@ -272,6 +273,16 @@ class JobRepository:
     def get(self, job_id: str) -> JobRecord | None:
         with self._fast_reading() as connection:
             return _one(connection, JobRecord, _JOBS.c.id == job_id)
+
+    def versions(self, job_ids: Sequence[str]) -> dict[str, int]:
+        """The current version of each of `job_ids` that is still stored."""
+        found: dict[str, int] = {}
+        with self._fast_reading() as connection:
+            for start in range(0, len(job_ids), _VERSIONS_BATCH):
+                batch = list(job_ids[start : start + _VERSIONS_BATCH])
+                rows = connection.execute(sa_select(_JOBS.c.id, _JOBS.c.version).where(_JOBS.c.id.in_(batch)))
+                found.update({job_id: version for job_id, version in rows})
+        return found
 
     def pending_inputs(self, job_id: str) -> list[InputRequestRecord]:
         with self._fast_reading() as connection:
