@@ -32,6 +32,7 @@ from handles.limits import MAX_ARGUMENTS_BYTES, MAX_IDEMPOTENCY_KEY, MAX_RESPONS
 from handles.runtime import Runtime
 from handles.states import Status
 from handles.store import AnswerOutcome, InputRequestRecord, JobRecord, StepRecord, Store
+from handles.store.models import principal_key
 from handles.store.repository import ActiveLimitReached
 
 
@@ -140,10 +141,21 @@ class JobService:
             status_message = "Running."
         else:
             status_message = self.runtime.queued_message(principal)
-        record = JobRecord(
+        # Built without validation (every value is ours and typed): a validated table model
+        # costs several times what the insert does.
+        claim: dict[str, Any] = {}
+        if claimed:
+            claim = {
+                "lease_owner": self.runtime.owner,
+                "lease_expires_at": now + timedelta(seconds=self.config.lease_seconds),
+                "attempts": 1,
+                "started_at": now,
+            }
+        record = JobRecord.model_construct(
             id=new_job_id(),
             kind=spec.name,
             principal=principal,
+            principal_key=principal_key(principal),
             status=(Status.INPUT_REQUIRED if waiting else Status.WORKING).value,
             status_message=status_message,
             arguments=values,
@@ -160,14 +172,10 @@ class JobService:
             abandon_after_seconds=_seconds(spec.abandon_after),
             abandon_at=None if spec.abandon_after is None else now + spec.abandon_after,
             input_deadline=None if not waiting or spec.input_timeout is None else now + spec.input_timeout,
+            **claim,
         )
         if question is not None:
             question.job_id = record.id
-        if claimed:
-            record.lease_owner = self.runtime.owner
-            record.lease_expires_at = now + timedelta(seconds=self.config.lease_seconds)
-            record.attempts = 1
-            record.started_at = now
         # Shielded: once the insert is under way, the job is stored and handed to the runtime (or
         # queued) even if the caller's request is cancelled, so a committed start always runs.
         insert = asyncio.ensure_future(

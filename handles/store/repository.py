@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import Connection, Engine, and_, case, create_engine, event, func, update
+from sqlalchemy import Connection, Engine, and_, bindparam, case, create_engine, event, func, update
+from sqlalchemy import insert as sa_insert
 from sqlalchemy import select as sa_select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import configure_mappers
@@ -368,37 +369,35 @@ class JobRepository:
         claimed (`lease_owner` set) with `lease_seconds` holds its lease for that long
         by the lease clock (the database's own, on PostgreSQL), set by the insert itself.
         """
-        if not job.principal_key:
-            job.principal_key = principal_key(job.principal)
+        # Core, not the ORM: the row is written from the model's values and the stored job comes
+        # back as a detached model, as the hot reads build them (the ORM's unit of work costs more
+        # than the insert itself). `job` itself is left as it was given.
+        values = _column_values(_JOBS, job)
+        values["principal_key"] = values["principal_key"] or principal_key(values["principal"])
         if job.idempotency_key is not None:
-            existing = self._find_idempotent(job)
+            existing = self._find_idempotent(values)
             if existing is not None:
                 return existing, False
         try:
             with self._writing() as session:
+                connection = session.connection()  # Core statements, past the ORM session's machinery
                 database_now: datetime | None = None
                 if active_limit is not None:
-                    database_now = self._lock_principal(session, job.principal_key)
+                    database_now = self._lock_principal(session, values["principal_key"])
                     active = int(
-                        session.exec(
-                            select(func.count())
-                            .select_from(JobRecord)
-                            .where(
-                                JobRecord.principal_key == job.principal_key,
-                                col(JobRecord.status).in_(list(ACTIVE)),
-                            )
-                        ).one()
+                        connection.execute(_COUNT_ACTIVE, {"key": values["principal_key"]}).scalar_one()
                     )
                     if active >= active_limit:
                         raise ActiveLimitReached(active, active_limit)
-                if job.lease_owner is not None and lease_seconds is not None and self._database_leases:
-                    lease_now = database_now or self._lease_now_value(session, job.created_at)
-                    job.lease_expires_at = _after(lease_now, lease_seconds)
-                session.add(job)
-                session.add_all(questions)
-            return job, True
+                if values["lease_owner"] is not None and lease_seconds is not None and self._database_leases:
+                    lease_now = database_now or self._lease_now_value(session, values["created_at"])
+                    values["lease_expires_at"] = _after(lease_now, lease_seconds)
+                connection.execute(_INSERT_JOB, [values])
+                if questions:
+                    connection.execute(_INSERT_INPUT, [_column_values(_INPUTS, q) for q in questions])
+            return JobRecord.model_construct(**values), True
         except IntegrityError:
-            existing = self._find_idempotent(job) if job.idempotency_key is not None else None
+            existing = self._find_idempotent(values) if job.idempotency_key is not None else None
             if existing is None:
                 raise
             return existing, False
@@ -414,14 +413,15 @@ class JobRepository:
         value: datetime = row[1]
         return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
-    def _find_idempotent(self, job: JobRecord) -> JobRecord | None:
+    def _find_idempotent(self, job: Mapping[str, Any]) -> JobRecord | None:
+        """The job that `job`'s principal already started with its kind and idempotency key."""
         with self._reading() as session:
             return session.exec(
                 select(JobRecord).where(
-                    JobRecord.principal_key == job.principal_key,
-                    JobRecord.principal == job.principal,
-                    JobRecord.kind == job.kind,
-                    JobRecord.idempotency_key == job.idempotency_key,
+                    JobRecord.principal_key == job["principal_key"],
+                    JobRecord.principal == job["principal"],
+                    JobRecord.kind == job["kind"],
+                    JobRecord.idempotency_key == job["idempotency_key"],
                 )
             ).first()
 
@@ -988,6 +988,24 @@ class JobRepository:
 
 
 _JOBS = JobRecord.__table__  # type: ignore[attr-defined]
+_INPUTS = InputRequestRecord.__table__  # type: ignore[attr-defined]
+
+
+# The start's statements, built once (building a statement costs more than SQLite runs it).
+_INSERT_JOB = sa_insert(_JOBS)
+_INSERT_INPUT = sa_insert(_INPUTS)
+_COUNT_ACTIVE = (
+    sa_select(func.count())
+    .select_from(_JOBS)
+    .where(_JOBS.c.principal_key == bindparam("key"), _JOBS.c.status.in_(list(ACTIVE)))
+)
+
+
+def _column_values(table: Any, model: Any) -> dict[str, Any]:
+    """A model's values by column name, for a Core insert into `table`."""
+    return {column.name: getattr(model, column.name) for column in table.columns}
+
+
 M = TypeVar("M", JobRecord, InputRequestRecord, StepRecord)
 
 

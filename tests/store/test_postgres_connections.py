@@ -58,12 +58,13 @@ def test_a_claimed_start_holds_its_lease_by_the_database_clock_from_the_insert(p
         job = job_row(
             f"l-{secrets.token_hex(4)}", lease_owner="node-a", lease_expires_at=skewed, created_at=skewed
         )
-        repo.insert(job, active_limit=50, lease_seconds=30)
+        returned, created = repo.insert(job, active_limit=50, lease_seconds=30)
+        assert created
         stored = repo.get(job.id)
         assert stored is not None and stored.lease_expires_at is not None
         remaining = (stored.lease_expires_at - utc_now()).total_seconds()
         assert 25 < remaining <= 31, f"lease ends {remaining:.1f} s from the database's now"
-        assert stored.lease_expires_at == job.lease_expires_at, "the returned record says what was stored"
+        assert returned.lease_expires_at == stored.lease_expires_at, "insert returns the job as stored"
     finally:
         repo.dispose()
 
