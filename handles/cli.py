@@ -32,6 +32,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from handles.config import MIN_KEY_LENGTH, HandlesConfig
 from handles.errors import ConfigurationError
 from handles.handle import HandleCodec
+from handles.principal import principal_match, readable
 from handles.states import Status
 from handles.store import JobRecord, JobRepository, migrate
 
@@ -96,6 +97,10 @@ def _when(value: datetime | None) -> str:
     return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def _progress(job: JobRecord) -> str:
     if job.progress_done is None:
         return "-"
@@ -111,6 +116,7 @@ def job_summary(job: JobRecord) -> dict[str, Any]:
         "status": job.status,
         "status_message": job.status_message,
         "principal": job.principal,
+        "principal_readable": readable(job.principal),
         "progress": {"done": job.progress_done, "total": job.progress_total},
         "attempts": job.attempts,
         "created_at": job.created_at.isoformat(),
@@ -135,7 +141,7 @@ def jobs_list(args: argparse.Namespace) -> int:
     jobs = repository.list_jobs(
         statuses=args.status or (),
         kind=args.job,
-        principal=args.principal,
+        principal_matching=None if args.principal is None else principal_match(args.principal),
         created_before=now - args.older_than if args.older_than else None,
         created_after=now - args.newer_than if args.newer_than else None,
         limit=args.limit,
@@ -153,7 +159,7 @@ def jobs_list(args: argparse.Namespace) -> int:
             j.status,
             _progress(j),
             str(j.attempts),
-            j.principal[:40],
+            _clip(readable(j.principal), 40),
             _when(j.created_at),
             _when(j.updated_at),
         ]
@@ -329,7 +335,12 @@ def build_parser() -> argparse.ArgumentParser:
     listing = jobs.add_parser("list", help="list jobs, newest first")
     listing.add_argument("--status", action="append", choices=[s.value for s in Status], help="repeatable")
     listing.add_argument("--job", help="only jobs of this kind (the job's name)")
-    listing.add_argument("--principal", help="only jobs of this principal")
+    listing.add_argument(
+        "--principal",
+        metavar="P",
+        help="only jobs whose stored principal is P, or of local principal P, or of a token whose subject or "
+        "client id is P (exact, case-sensitive)",
+    )
     listing.add_argument(
         "--older-than", type=_age, metavar="AGE", help="created more than AGE ago (30s, 15m, 2h, 7d)"
     )

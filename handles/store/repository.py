@@ -19,9 +19,9 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from sqlalchemy import Connection, Engine, and_, case, create_engine, event, func, update
+from sqlalchemy import Connection, Engine, and_, case, create_engine, event, func, or_, update
 from sqlalchemy import select as sa_select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import configure_mappers
@@ -31,6 +31,9 @@ from handles.errors import ConfigurationError, LeaseLost
 from handles.outcomes import failed
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
 from handles.store.models import InputRequestRecord, JobRecord, StepRecord, principal_key
+
+if TYPE_CHECKING:
+    from handles.principal import PrincipalMatch
 
 logger = logging.getLogger("handles.store")
 
@@ -301,11 +304,16 @@ class JobRepository:
         statuses: Sequence[str] = (),
         kind: str | None = None,
         principal: str | None = None,
+        principal_matching: PrincipalMatch | None = None,
         created_before: datetime | None = None,
         created_after: datetime | None = None,
         limit: int = 50,
     ) -> list[JobRecord]:
-        """Jobs matching every given filter, newest first (operator listings)."""
+        """Jobs matching every given filter, newest first (operator listings).
+
+        `principal` is one stored principal; `principal_matching` what an operator's `--principal`
+        means (see `handles.principal.principal_match`).
+        """
         query = select(JobRecord)
         if statuses:
             query = query.where(col(JobRecord.status).in_(list(statuses)))
@@ -313,12 +321,28 @@ class JobRepository:
             query = query.where(JobRecord.kind == kind)
         if principal is not None:
             query = query.where(JobRecord.principal_key == principal_key(principal))
+        if principal_matching is not None:
+            query = query.where(self._principal_matches(principal_matching))
         if created_before is not None:
             query = query.where(col(JobRecord.created_at) < created_before)
         if created_after is not None:
             query = query.where(col(JobRecord.created_at) >= created_after)
         with self._reading() as session:
             return list(session.exec(query.order_by(col(JobRecord.created_at).desc()).limit(limit)))
+
+    def _principal_matches(self, match: PrincipalMatch) -> Any:
+        """SQL for `match`: its exact forms by key, its patterns whole and case-sensitive (GLOB on SQLite,
+        whose LIKE ignores case; LIKE elsewhere), every literal piece escaped."""
+        principal = col(JobRecord.principal)
+        clauses = [col(JobRecord.principal_key).in_([principal_key(p) for p in match.exact])]
+        for pattern in match.patterns:
+            if self.dialect == "sqlite":
+                glob = "".join("*" if piece is None else _glob_literal(piece) for piece in pattern)
+                clauses.append(principal.op("GLOB")(glob))
+            else:
+                like = "".join("%" if piece is None else _like_literal(piece) for piece in pattern)
+                clauses.append(principal.like(like, escape="!"))
+        return or_(*clauses)
 
     def count_active(self, *, principal: str | None = None) -> int:
         with self._reading() as session:
@@ -980,6 +1004,16 @@ def _claimable(now: datetime) -> tuple[Any, ...]:
         col(JobRecord.cancel_requested_at).is_(None),
         col(JobRecord.run_after) <= now,
     )
+
+
+def _glob_literal(text: str) -> str:
+    """`text` matched literally by SQLite's GLOB: its wildcards and brackets as one-character sets."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
+
+
+def _like_literal(text: str) -> str:
+    """`text` matched literally by LIKE ... ESCAPE '!'."""
+    return "".join(f"!{c}" if c in "%_!" else c for c in text)
 
 
 def _take_turns(

@@ -15,6 +15,7 @@ import pytest
 
 from example_server.server import create_jobs
 from handles import HandlesConfig
+from handles.principal import token_form
 from handles.store import JobRecord, JobRepository, migrate
 
 KEY = "cli-test-key-" + "c" * 40
@@ -64,6 +65,63 @@ def populated(tmp_path: Path) -> dict[str, str]:
         }
 
     return asyncio.run(main())
+
+
+ALICE = token_form(None, "reports-app", "alice")
+BOB_VIA_ALICE = token_form("https://idp.example", "alice", "bob")
+QUOTED = token_form(None, "reports-app", 'q"u%o te')
+
+
+@pytest.fixture
+def token_jobs(tmp_path: Path) -> dict[str, str]:
+    """Queued jobs of token principals (as `token_principal` stores them) and of a local one."""
+
+    async def main() -> dict[str, str]:
+        jobs = create_jobs(HandlesConfig(data_dir=tmp_path, secret_keys=(KEY,), run_workers=False))
+        spec = jobs.specs["export_dataset"]
+        started = {}
+        for name, principal in (
+            ("alice", ALICE),
+            ("bob_via_alice", BOB_VIA_ALICE),
+            ("quoted", QUOTED),
+            ("local", "local:alice"),
+        ):
+            started[name] = (await jobs.service.start(spec, principal, {"rows": 5}, None)).job.id
+        await jobs.aclose()
+        return started
+
+    return asyncio.run(main())
+
+
+def test_jobs_list_shows_readable_principals_and_finds_subjects_and_clients(
+    tmp_path: Path, token_jobs: dict[str, str]
+) -> None:
+    def found(principal: str) -> set[str]:
+        rows = run_json(tmp_path, "jobs", "list", "--json", "--principal", principal)
+        return {name for name, job_id in token_jobs.items() if job_id in {r["id"] for r in rows}}
+
+    assert found("alice") == {"alice", "bob_via_alice", "local"}
+    assert found("bob") == {"bob_via_alice"}
+    assert found("reports-app") == {"alice", "quoted"}
+    assert found('q"u%o te') == {"quoted"}
+    assert found(ALICE) == {"alice"}
+    assert found("local:alice") == {"local"}
+    for nothing in ("Alice", "%", "_", "a%", "https://idp.example", '"alice"'):
+        assert found(nothing) == set(), nothing
+
+    rows = {r["id"]: r for r in run_json(tmp_path, "jobs", "list", "--json")}
+    readable = {name: rows[job_id]["principal_readable"] for name, job_id in token_jobs.items()}
+    assert readable == {
+        "alice": "alice (client reports-app)",
+        "bob_via_alice": "bob (client alice, issuer https://idp.example)",
+        "quoted": '"q\\"u%o te" (client reports-app)',
+        "local": "local alice",
+    }
+    assert rows[token_jobs["alice"]]["principal"] == ALICE
+    table = run(tmp_path, "jobs", "list").stdout
+    assert "alice (client reports-app)" in table and "token:[" not in table
+    shown = run(tmp_path, "jobs", "show", token_jobs["bob_via_alice"]).stdout
+    assert "bob (client alice, issuer https://idp.example)" in shown and BOB_VIA_ALICE in shown
 
 
 def test_keygen_prints_fresh_long_keys(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from handles.errors import LeaseLost
 from handles.handle import new_job_id
+from handles.principal import principal_match, token_form
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
 from handles.store import JobRecord, JobRepository
 
@@ -499,3 +500,47 @@ def test_count_active(repo: JobRepository) -> None:
     assert repo.count_active(principal="local:alice") == 2
     assert repo.count_active(principal="local:nobody") == 0
     assert {Status(s) for s in ("working", "input_required")} == ACTIVE
+
+
+def test_list_jobs_by_principal_match_pins_one_component(repo: JobRepository) -> None:
+    """An operator's `--principal VALUE`: the stored form, a local name, a token's subject or client id,
+    exactly and case-sensitively; wildcards, quotes and JSON escapes in VALUE are literal, and a value
+    that only spans components (or sits in the issuer) matches nothing."""
+    principals = {
+        "alice": token_form(None, "reports-app", "alice"),
+        "client-alice": token_form("https://idp.example", "alice", "bob"),
+        "no-subject": token_form(None, "alice", None),
+        "local-alice": "local:alice",
+        "quoted": token_form(None, "reports-app", 'q"u%o_te\\'),
+        "spanning": token_form('a",', ",zz", None),
+        "custom": "tenant:acme",
+    }
+    ids = {name: new_job(repo, principal=principal).id for name, principal in principals.items()}
+
+    def matching(value: str) -> set[str]:
+        found = repo.list_jobs(principal_matching=principal_match(value), limit=100)
+        return {name for name, job_id in ids.items() if job_id in {job.id for job in found}}
+
+    assert matching("alice") == {"alice", "client-alice", "no-subject", "local-alice"}
+    assert matching("reports-app") == {"alice", "quoted"}
+    assert matching("bob") == {"client-alice"}
+    assert matching('q"u%o_te\\') == {"quoted"}
+    assert matching(principals["alice"]) == {"alice"}
+    assert matching("tenant:acme") == {"custom"}
+    assert matching(",zz") == {"spanning"}
+    for value in [
+        "Alice",
+        "ALICE",
+        "%",
+        "_",
+        "*",
+        "?",
+        "[",
+        "al_ce",
+        "al%",
+        "q",
+        ",",
+        "https://idp.example",
+        "bob,",
+    ]:
+        assert matching(value) == set(), value
