@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import sys
 import time
@@ -239,24 +240,48 @@ def jobs_purge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _one_line(text: str) -> str:
+    """`text` on one line with nothing a terminal would interpret (newlines, escapes) left in it."""
+    return "".join(c if c.isprintable() else " " for c in text)
+
+
+def watch_line(job: JobRecord, columns: int | None = None) -> str:
+    """One line of `handles watch`: the job's bar, percentage, status and status message.
+
+    Within `columns`, the bar narrows (to nothing at worst) and the message is cut, so the percentage
+    and the status stay in view.
+    """
+    fraction = (job.progress_done or 0) / job.progress_total if job.progress_total else None
+    shown = f"{fraction * 100:5.1f}%" if fraction is not None else "   ..."
+    status = _one_line(f"{shown} {job.status}: {job.status_message or ''}")
+    name = _one_line(job.kind)
+    bar_width = 30 if columns is None else max(0, min(30, columns - len(f"{name} [] {shown} {job.status}:")))
+    bar = "#" * int(bar_width * min(fraction, 1.0)) if fraction is not None else ""
+    line = f"{name} [{bar.ljust(bar_width)}] {status}"
+    return line if columns is None else _clip(line, columns)
+
+
 def watch(args: argparse.Namespace) -> int:
+    """Redraw one line in place on a terminal (cut to its width); otherwise a plain line per change."""
     repository = open_repository()
     job = find_job(repository, args.job)
-    width = 30
+    terminal = sys.stdout.isatty()
+    drawn: str | None = None
     while True:
-        fraction = (job.progress_done or 0) / job.progress_total if job.progress_total else None
-        bar = "#" * int(width * fraction) if fraction is not None else ""
-        shown = f"{fraction * 100:5.1f}%" if fraction is not None else "   ..."
-        line = f"\r{job.kind} [{bar.ljust(width)}] {shown} {job.status}: {(job.status_message or '')[:60]}"
-        sys.stdout.write(line.ljust(120))
-        sys.stdout.flush()
+        # On a terminal, leave the last column free: writing into it wraps on some terminals.
+        line = watch_line(job, max(shutil.get_terminal_size().columns - 1, 1) if terminal else None)
+        if line != drawn:
+            sys.stdout.write(f"\r\x1b[2K{line}" if terminal else f"{line}\n")
+            sys.stdout.flush()
+            drawn = line
         if Status(job.status).is_terminal:
-            sys.stdout.write("\n")
+            if terminal:
+                sys.stdout.write("\n")
             return 0 if job.status == Status.COMPLETED else 1
         time.sleep(args.interval)
         latest = repository.get(job.id)
         if latest is None:
-            sys.stdout.write("\nThe job was deleted while watching.\n")
+            sys.stdout.write(("\n" if terminal else "") + "The job was deleted while watching.\n")
             return 1
         job = latest
 

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import os
+import pty
+import select
+import struct
 import subprocess
 import sys
+import termios
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,6 +22,7 @@ import pytest
 from example_server.server import create_jobs
 from handles import HandlesConfig
 from handles.principal import token_form
+from handles.states import Status
 from handles.store import JobRecord, JobRepository, migrate
 
 KEY = "cli-test-key-" + "c" * 40
@@ -223,3 +230,75 @@ def test_purge_expired_deletes_only_jobs_past_retention(tmp_path: Path, populate
     assert purged.returncode == 0 and "Purged 3 expired jobs." in purged.stdout
     remaining = {r["id"] for r in run_json(tmp_path, "jobs", "list", "--json")}
     assert remaining == {populated["report"], populated["other"], populated["queued"]}
+
+
+def _watch(tmp: Path, job_id: str, **streams: Any) -> subprocess.Popen[bytes]:
+    environment = dict(os.environ, HANDLES_DATA_DIR=str(tmp), HANDLES_SECRET_KEYS=KEY)
+    for name in ("HANDLES_DATABASE_URL", "COLUMNS", "LINES"):
+        environment.pop(name, None)
+    return subprocess.Popen(
+        [str(HANDLES), "watch", job_id, "--interval", "0.05"],
+        env=environment,
+        stderr=subprocess.PIPE,
+        **streams,
+    )
+
+
+def _drive(tmp: Path, job_id: str, next_output: Any) -> list[bytes]:
+    """Move a queued job through progress to completed, one change per piece of watch output."""
+    repository = JobRepository(f"sqlite:///{tmp / 'handles.db'}")
+    outputs = [next_output()]
+    assert repository.claim(job_id, "test-node", 30) is not None
+    assert repository.set_progress(job_id, "test-node", 1, 4, "Exporting rows " + "x" * 150)
+    outputs.append(next_output())
+    assert repository.set_progress(job_id, "test-node", 4, 4, "Exporting rows")
+    outputs.append(next_output())
+    assert repository.transition(job_id, Status.COMPLETED, owner="test-node", status_message="Done.")
+    outputs.append(next_output())
+    repository.dispose()
+    return outputs
+
+
+def test_watch_prints_one_plain_line_per_change_when_not_a_terminal(
+    tmp_path: Path, populated: dict[str, str]
+) -> None:
+    watcher = _watch(tmp_path, populated["queued"], stdout=subprocess.PIPE)
+    assert watcher.stdout is not None
+    lines = _drive(tmp_path, populated["queued"], watcher.stdout.readline)
+    assert watcher.wait(timeout=30) == 0, watcher.stderr.read() if watcher.stderr else ""
+    assert watcher.stdout.read() == b""
+    text = [line.decode() for line in lines]
+    assert all(line.endswith("\n") and "\r" not in line and "\x1b" not in line for line in text), text
+    assert "working" in text[0] and "25.0%" in text[1] and "100.0%" in text[2]
+    assert "completed: Done." in text[3]
+    assert "x" * 150 in text[1], "a plain line is not cut to any width"
+
+
+def test_watch_redraws_one_line_within_the_terminal_width(tmp_path: Path, populated: dict[str, str]) -> None:
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 50, 0, 0))
+    watcher = _watch(tmp_path, populated["queued"], stdin=secondary, stdout=secondary)
+    os.close(secondary)
+    received = bytearray()
+
+    def next_draw() -> bytes:
+        """What the watcher writes next: one read, and whatever follows it within 0.3 s."""
+        chunk = bytearray(os.read(primary, 4096))
+        with contextlib.suppress(OSError):  # the watcher ended: its side of the terminal is closed
+            while select.select([primary], [], [], 0.3)[0]:
+                more = os.read(primary, 4096)
+                if not more:
+                    break
+                chunk.extend(more)
+        received.extend(chunk)
+        return bytes(chunk)
+
+    _drive(tmp_path, populated["queued"], next_draw)
+    assert watcher.wait(timeout=30) == 0
+    os.close(primary)
+    output = received.decode()
+    draws = output.rstrip("\r\n").split("\r\x1b[2K")
+    assert draws[0] == "", f"every draw returns and clears the line: {output!r}"
+    assert len(draws) == 5 and all(len(draw) <= 49 for draw in draws), draws
+    assert "25.0%" in output and draws[-1].startswith("export_dataset") and "100.0%" in draws[-1]
+    assert "completed" in draws[-1] and output.endswith("\n")
