@@ -35,7 +35,8 @@ from handles.errors import ConfigurationError
 from handles.handle import HandleCodec
 from handles.principal import principal_match, readable
 from handles.states import Status
-from handles.store import JobRecord, JobRepository, migrate
+from handles.store import InputRequestRecord, JobRecord, JobRepository, migrate
+from handles.store.models import claims_of
 
 if TYPE_CHECKING:
     from handles.app import Handles
@@ -170,29 +171,53 @@ def jobs_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _question(request: InputRequestRecord, reveal: bool) -> dict[str, Any]:
+    """A question the job asked; its answer only when revealed (answers are data, like results)."""
+    shown: dict[str, Any] = {
+        "key": request.key,
+        "message": request.message,
+        "asked_at": _iso(request.created_at),
+        "answered": request.answered_at is not None,
+        "answered_at": _iso(request.answered_at),
+    }
+    if reveal and request.answered_at is not None:
+        shown["answer"] = request.answer
+    return shown
+
+
 def jobs_show(args: argparse.Namespace) -> int:
     repository = open_repository()
     job = find_job(repository, args.job)
     details = job_summary(job)
     details.update(
-        started_at=job.started_at and job.started_at.isoformat(),
-        finished_at=job.finished_at and job.finished_at.isoformat(),
-        cancel_requested_at=job.cancel_requested_at and job.cancel_requested_at.isoformat(),
+        started_at=_iso(job.started_at),
+        finished_at=_iso(job.finished_at),
+        cancel_requested_at=_iso(job.cancel_requested_at),
         lease_owner=job.lease_owner,
+        runs=[
+            {
+                "attempt": c.attempt,
+                "node": c.node,
+                "claimed_at": c.claimed_at.isoformat(),
+                "resumed": c.resumed,
+            }
+            for c in claims_of(job)
+        ],
         on_interrupt=job.on_interrupt,
         max_attempts=job.max_attempts,
         error=job.error,
-        input_requests=[
-            {"key": r.key, "message": r.message, "answered": r.answered_at is not None}
-            for r in repository.pending_inputs(job.id)
-        ],
+        input_requests=[_question(r, args.reveal_results) for r in repository.questions(job.id)],
         steps=[
             {
                 "name": s.name,
                 "status": s.status,
                 "attempt": s.attempt,
                 "started_at": s.started_at.isoformat(),
-                "finished_at": s.finished_at and s.finished_at.isoformat(),
+                "finished_at": _iso(s.finished_at),
             }
             for s in repository.steps(job.id)
         ],
@@ -204,11 +229,13 @@ def jobs_show(args: argparse.Namespace) -> int:
         print(json.dumps(details, indent=2, default=str))
         return 0
     for key, value in details.items():
+        if key == "runs" and not value and job.attempts:
+            value = "(not recorded: the job was claimed before schema revision 0005)"
         if isinstance(value, list | dict):
             value = json.dumps(value, default=str)
         print(f"{key:>20}  {value}")
     if not args.reveal_results:
-        print("\n(arguments and result values are hidden; pass --reveal-results to show them)")
+        print("\n(arguments, result and answers are hidden; pass --reveal-results to show them)")
     return 0
 
 

@@ -32,6 +32,7 @@ from handles.limits import MAX_ARGUMENTS_BYTES, MAX_IDEMPOTENCY_KEY, MAX_RESPONS
 from handles.runtime import Runtime
 from handles.states import Status
 from handles.store import AnswerOutcome, InputRequestRecord, JobRecord, StepRecord, Store
+from handles.store.models import claim_entry
 from handles.store.repository import ActiveLimitReached
 
 
@@ -168,6 +169,7 @@ class JobService:
             record.lease_expires_at = now + timedelta(seconds=self.config.lease_seconds)
             record.attempts = 1
             record.started_at = now
+            record.claim_log = claim_entry(1, now, self.runtime.owner)
         # Shielded: once the insert is under way, the job is stored and handed to the runtime (or
         # queued) even if the caller's request is cancelled, so a committed start always runs.
         insert = asyncio.ensure_future(

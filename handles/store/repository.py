@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from sqlalchemy import Connection, Engine, and_, case, create_engine, event, func, or_, update
+from sqlalchemy import Connection, Engine, Text, and_, case, cast, create_engine, event, func, or_, update
 from sqlalchemy import select as sa_select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import configure_mappers
@@ -30,7 +30,7 @@ from sqlmodel import Session, col, delete, select
 from handles.errors import ConfigurationError, LeaseLost
 from handles.outcomes import failed
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
-from handles.store.models import InputRequestRecord, JobRecord, StepRecord, principal_key
+from handles.store.models import InputRequestRecord, JobRecord, StepRecord, claim_entry_parts, principal_key
 
 if TYPE_CHECKING:
     from handles.principal import PrincipalMatch
@@ -267,6 +267,14 @@ class JobRepository:
     def pending_inputs(self, job_id: str) -> list[InputRequestRecord]:
         with self._fast_reading() as connection:
             return _rows(connection, InputRequestRecord, *_pending_clause(job_id))
+
+    def questions(self, job_id: str) -> list[InputRequestRecord]:
+        """Every question the job asked, answered or not, in the order asked (the operator's view)."""
+        inputs = InputRequestRecord.__table__.c  # type: ignore[attr-defined]
+        with self._fast_reading() as connection:
+            return _rows(
+                connection, InputRequestRecord, inputs.job_id == job_id, (inputs.created_at, inputs.key)
+            )
 
     def snapshot(self, job_id: str) -> tuple[JobRecord | None, list[InputRequestRecord], list[StepRecord]]:
         """The job, its open questions (when it waits for answers) and its steps, read in one go."""
@@ -1040,11 +1048,15 @@ def _take_turns(
 
 
 def _claim_values(owner: str, now: datetime, lease_now: Any, lease_seconds: float) -> dict[str, Any]:
-    """What a claim writes: the lease, one more attempt (unless it resumes), the first start time."""
+    """What a claim writes: the lease, one more attempt (unless it resumes), the first start time, and
+    an entry (attempt, node, time) appended to the claim log."""
+    attempt = JobRecord.attempts + case((col(JobRecord.resuming), 0), else_=1)
+    before, after = claim_entry_parts(now, owner)
     return {
         "lease_owner": owner,
         "lease_expires_at": _after(lease_now, lease_seconds),
-        "attempts": JobRecord.attempts + case((col(JobRecord.resuming), 0), else_=1),
+        "attempts": attempt,
+        "claim_log": func.coalesce(col(JobRecord.claim_log), "") + before + cast(attempt, Text) + after,
         "resuming": False,
         "started_at": func.coalesce(JobRecord.started_at, now),
         "updated_at": now,

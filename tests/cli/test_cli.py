@@ -24,6 +24,8 @@ from handles import HandlesConfig
 from handles.principal import token_form
 from handles.states import Status
 from handles.store import JobRecord, JobRepository, migrate
+from tests.durability.harness import config as node_config
+from tests.durability.harness import crash
 
 KEY = "cli-test-key-" + "c" * 40
 HANDLES = Path(sys.executable).parent / "handles"
@@ -302,3 +304,69 @@ def test_watch_redraws_one_line_within_the_terminal_width(tmp_path: Path, popula
     assert len(draws) == 5 and all(len(draw) <= 49 for draw in draws), draws
     assert "25.0%" in output and draws[-1].startswith("export_dataset") and "100.0%" in draws[-1]
     assert "completed" in draws[-1] and output.endswith("\n")
+
+
+@pytest.fixture
+def retried_and_answered(tmp_path: Path) -> dict[str, str]:
+    """A report whose first node died mid-run (a second node ran attempt 2) and a deployment whose
+    question was answered."""
+
+    async def main() -> dict[str, str]:
+        first = create_jobs(node_config(tmp_path, secret_keys=(KEY,)))
+        await first.start()
+        report = await first.service.start(
+            first.specs["generate_report"], "local:alice", {"account": "acme", "months": 120}, None
+        )
+        await crash(first)
+        await first.aclose()
+        await asyncio.sleep(first.config.lease_seconds + 0.1)  # the dead node's lease runs out
+        second = create_jobs(node_config(tmp_path, secret_keys=(KEY,)))
+        async with second.running():
+            service, deploy_spec = second.service, second.specs["deploy_release"]
+            done = await service.wait(report.job, 30, lambda j: j.status == "completed")
+            assert (done.status, done.attempts) == ("completed", 2), done
+            deploy = await service.start(deploy_spec, "local:alice", {"version": "1.2"}, None)
+            asking = await service.wait(deploy.job, 30, lambda j: j.status == "input_required")
+            [question] = await service.pending_inputs(asking)
+            await service.respond(
+                deploy_spec, asking, {question.key: {"approve": True, "environment": "staging"}}
+            )
+            deployed = await service.wait(deploy.job, 30, lambda j: j.status == "completed")
+            assert deployed.status == "completed", deployed
+        return {
+            "report": report.job.id,
+            "deploy": deploy.job.id,
+            "question": question.key,
+            "first_node": first.runtime.owner,
+            "second_node": second.runtime.owner,
+        }
+
+    return asyncio.run(main())
+
+
+def test_jobs_show_tells_which_node_ran_each_attempt_and_the_answered_questions(
+    tmp_path: Path, retried_and_answered: dict[str, str]
+) -> None:
+    jobs = retried_and_answered
+    report = run_json(tmp_path, "jobs", "show", jobs["report"], "--json")
+    assert [(r["attempt"], r["node"], r["resumed"]) for r in report["runs"]] == [
+        (1, jobs["first_node"], False),
+        (2, jobs["second_node"], False),
+    ]
+    assert report["input_requests"] == []
+    text = run(tmp_path, "jobs", "show", jobs["report"]).stdout
+    assert jobs["first_node"] in text and jobs["second_node"] in text
+
+    deploy = run_json(tmp_path, "jobs", "show", jobs["deploy"], "--json")
+    assert [(r["attempt"], r["node"], r["resumed"]) for r in deploy["runs"]] == [
+        (1, jobs["second_node"], False),
+        (1, jobs["second_node"], True),
+    ]
+    [question] = deploy["input_requests"]
+    assert question["key"] == jobs["question"] and question["message"].startswith("Release 1.2 is built")
+    assert question["answered"] is True and question["answered_at"] >= question["asked_at"]
+    assert "answer" not in question, "answers are hidden like arguments and results"
+    hidden = run(tmp_path, "jobs", "show", jobs["deploy"]).stdout
+    assert "staging" not in hidden and "--reveal-results" in hidden
+    revealed = run_json(tmp_path, "jobs", "show", jobs["deploy"], "--json", "--reveal-results")
+    assert revealed["input_requests"][0]["answer"] == {"approve": True, "environment": "staging"}

@@ -21,6 +21,7 @@ from handles.handle import new_job_id
 from handles.principal import principal_match, token_form
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
 from handles.store import JobRecord, JobRepository
+from handles.store.models import claims_of
 
 T = TypeVar("T")
 TRIALS = 30
@@ -544,3 +545,22 @@ def test_list_jobs_by_principal_match_pins_one_component(repo: JobRepository) ->
         "bob,",
     ]:
         assert matching(value) == set(), value
+
+
+def test_every_claim_records_its_attempt_and_node(repo: JobRepository, clock: MovableClock) -> None:
+    """The claim log: one entry per claim (by id or the next queued), written by the claim's own UPDATE;
+    a job handed back without failing (`resuming`) is claimed again under the same attempt."""
+    job = claimed_job(repo, OWNER)
+    first_claim = clock.now
+    assert repo.release(job.id, OWNER, run_after=clock.now, message=None)
+    clock.advance(1)
+    [again] = repo.claim_next(OTHER_OWNER, ["report"], 1, 30)
+    assert repo.release(job.id, OTHER_OWNER, run_after=clock.now, message=None, resuming=True)
+    clock.advance(1)
+    resumed = repo.claim(job.id, OWNER, 30)
+    assert resumed is not None and resumed.attempts == 2
+    log = claims_of(resumed)
+    assert [(c.attempt, c.node) for c in log] == [(1, OWNER), (2, OTHER_OWNER), (2, OWNER)]
+    assert [c.claimed_at for c in log] == [first_claim, first_claim + timedelta(seconds=1), clock.now]
+    assert claims_of(again) == log[:2], "claim_next returns the log as its UPDATE left it"
+    assert [c.resumed for c in log] == [False, False, True]
