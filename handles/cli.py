@@ -189,6 +189,26 @@ def _question(request: InputRequestRecord, reveal: bool) -> dict[str, Any]:
     return shown
 
 
+def _shown_lines(key: str, value: Any) -> list[str]:
+    """A `jobs show` field as text: a run or a question per line, other lists and objects as JSON."""
+    if key == "runs":
+        return [
+            f"attempt {r['attempt']} on {r['node']}, claimed {r['claimed_at']}"
+            + (" (resumed)" if r["resumed"] else "")
+            for r in value
+        ]
+    if key == "input_requests":
+        return [
+            f"{q['key']}: {json.dumps(q['message'], ensure_ascii=False)} asked {q['asked_at']}, "
+            + (f"answered {q['answered_at']}" if q["answered"] else "not answered")
+            + (f", answer {json.dumps(q['answer'], default=str)}" if "answer" in q else "")
+            for q in value
+        ]
+    if isinstance(value, list | dict):
+        return [json.dumps(value, default=str)]
+    return [str(value)]
+
+
 def jobs_show(args: argparse.Namespace) -> int:
     repository = open_repository()
     job = find_job(repository, args.job)
@@ -229,11 +249,11 @@ def jobs_show(args: argparse.Namespace) -> int:
         print(json.dumps(details, indent=2, default=str))
         return 0
     for key, value in details.items():
+        lines = _shown_lines(key, value)
         if key == "runs" and not value and job.attempts:
-            value = "(not recorded: the job was claimed before schema revision 0005)"
-        if isinstance(value, list | dict):
-            value = json.dumps(value, default=str)
-        print(f"{key:>20}  {value}")
+            lines = ["(not recorded: the job was claimed before schema revision 0005)"]
+        for index, line in enumerate(lines or [""]):
+            print(f"{key if index == 0 else '':>20}  {_one_line(line)}")
     if not args.reveal_results:
         print("\n(arguments, result and answers are hidden; pass --reveal-results to show them)")
     return 0

@@ -355,7 +355,8 @@ def test_jobs_show_tells_which_node_ran_each_attempt_and_the_answered_questions(
     ]
     assert report["input_requests"] == []
     text = run(tmp_path, "jobs", "show", jobs["report"]).stdout
-    assert jobs["first_node"] in text and jobs["second_node"] in text
+    assert f"attempt 1 on {jobs['first_node']}, claimed " in text
+    assert f"attempt 2 on {jobs['second_node']}, claimed " in text
 
     deploy = run_json(tmp_path, "jobs", "show", jobs["deploy"], "--json")
     assert [(r["attempt"], r["node"], r["resumed"]) for r in deploy["runs"]] == [
@@ -368,5 +369,10 @@ def test_jobs_show_tells_which_node_ran_each_attempt_and_the_answered_questions(
     assert "answer" not in question, "answers are hidden like arguments and results"
     hidden = run(tmp_path, "jobs", "show", jobs["deploy"]).stdout
     assert "staging" not in hidden and "--reveal-results" in hidden
+    assert f"attempt 1 on {jobs['second_node']}, claimed " in hidden and "(resumed)" in hidden
+    assert f'{jobs["question"]}: "Release 1.2 is built' in hidden and ", answered 20" in hidden
+    assert (
+        '"environment": "staging"' in run(tmp_path, "jobs", "show", jobs["deploy"], "--reveal-results").stdout
+    )
     revealed = run_json(tmp_path, "jobs", "show", jobs["deploy"], "--json", "--reveal-results")
     assert revealed["input_requests"][0]["answer"] == {"approve": True, "environment": "staging"}
