@@ -44,18 +44,19 @@ def principal_key(principal: str) -> str:
     return hashlib.sha256(principal.encode()).hexdigest()
 
 
-def claim_entry_parts(claimed_at: datetime, node: str) -> tuple[str, str]:
-    """A claim log entry, `[ATTEMPT,"CLAIMED_AT","NODE"]` and a newline, in the two parts that go around
-    the attempt number (a claim's UPDATE computes it in SQL; see `claim_entry` for Python)."""
-    return "[", "," + json.dumps([claimed_at.astimezone(UTC).isoformat(), node], separators=(",", ":"))[
-        1:
-    ] + "\n"
+CLAIM_ENTRY_HEAD = "["
+"""How a claim log entry begins; the attempt number follows (a claim's UPDATE computes it in SQL)."""
+
+
+def claim_entry_tail(claimed_at: datetime, node: str) -> str:
+    """The rest of a claim log entry after its attempt number: `,"CLAIMED_AT","NODE"]` and a newline,
+    so a whole entry is the JSON array `[ATTEMPT,"CLAIMED_AT","NODE"]` on a line of its own."""
+    return "," + json.dumps([claimed_at.astimezone(UTC).isoformat(), node], separators=(",", ":"))[1:] + "\n"
 
 
 def claim_entry(attempt: int, claimed_at: datetime, node: str) -> str:
     """The claim log entry of a claim made in Python (a start that claims its job as it stores it)."""
-    before, after = claim_entry_parts(claimed_at, node)
-    return f"{before}{attempt}{after}"
+    return f"{CLAIM_ENTRY_HEAD}{attempt}{claim_entry_tail(claimed_at, node)}"
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,14 @@ from sqlmodel import Session, col, delete, select
 from handles.errors import ConfigurationError, LeaseLost
 from handles.outcomes import failed
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
-from handles.store.models import InputRequestRecord, JobRecord, StepRecord, claim_entry_parts, principal_key
+from handles.store.models import (
+    CLAIM_ENTRY_HEAD,
+    InputRequestRecord,
+    JobRecord,
+    StepRecord,
+    claim_entry_tail,
+    principal_key,
+)
 
 if TYPE_CHECKING:
     from handles.principal import PrincipalMatch
@@ -1047,20 +1054,26 @@ def _take_turns(
     return chosen + deferred[: limit - len(chosen)]
 
 
+# Built once: a claim is a hot path, and these parts of its UPDATE never change.
+_CLAIMED_ATTEMPT = JobRecord.attempts + case((col(JobRecord.resuming), 0), else_=1)
+_NEXT_VERSION = JobRecord.version + 1
+_CLAIM_LOG_HEAD = (
+    func.coalesce(col(JobRecord.claim_log), "") + CLAIM_ENTRY_HEAD + cast(_CLAIMED_ATTEMPT, Text)
+)
+
+
 def _claim_values(owner: str, now: datetime, lease_now: Any, lease_seconds: float) -> dict[str, Any]:
     """What a claim writes: the lease, one more attempt (unless it resumes), the first start time, and
     an entry (attempt, node, time) appended to the claim log."""
-    attempt = JobRecord.attempts + case((col(JobRecord.resuming), 0), else_=1)
-    before, after = claim_entry_parts(now, owner)
     return {
         "lease_owner": owner,
         "lease_expires_at": _after(lease_now, lease_seconds),
-        "attempts": attempt,
-        "claim_log": func.coalesce(col(JobRecord.claim_log), "") + before + cast(attempt, Text) + after,
+        "attempts": _CLAIMED_ATTEMPT,
+        "claim_log": _CLAIM_LOG_HEAD + claim_entry_tail(now, owner),
         "resuming": False,
         "started_at": func.coalesce(JobRecord.started_at, now),
         "updated_at": now,
-        "version": JobRecord.version + 1,
+        "version": _NEXT_VERSION,
     }
 
 
