@@ -100,7 +100,10 @@ def _when(value: datetime | None) -> str:
 
 
 def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
+    """`text` within `width` characters, ending in `...` when cut (ASCII: any terminal encoding shows it)."""
+    if len(text) <= width:
+        return text
+    return text[: width - 3] + "..." if width > 3 else text[:width]
 
 
 def _progress(job: JobRecord) -> str:
@@ -302,7 +305,10 @@ def watch_line(job: JobRecord, columns: int | None = None) -> str:
     shown = f"{fraction * 100:5.1f}%" if fraction is not None else "   ..."
     status = _one_line(f"{shown} {job.status}: {job.status_message or ''}")
     name = _one_line(job.kind)
-    bar_width = 30 if columns is None else max(0, min(30, columns - len(f"{name} [] {shown} {job.status}:")))
+    # Room for the status and a cut message's "..." comes first; the bar takes what is left.
+    bar_width = (
+        30 if columns is None else max(0, min(30, columns - len(f"{name} [] {shown} {job.status}...")))
+    )
     bar = "#" * int(bar_width * min(fraction, 1.0)) if fraction is not None else ""
     line = f"{name} [{bar.ljust(bar_width)}] {status}"
     return line if columns is None else _clip(line, columns)
