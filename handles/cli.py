@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import sys
 import time
@@ -32,8 +33,10 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from handles.config import MIN_KEY_LENGTH, HandlesConfig
 from handles.errors import ConfigurationError
 from handles.handle import HandleCodec
+from handles.principal import principal_match, readable
 from handles.states import Status
-from handles.store import JobRecord, JobRepository, migrate
+from handles.store import InputRequestRecord, JobRecord, JobRepository, migrate
+from handles.store.models import claims_of
 
 if TYPE_CHECKING:
     from handles.app import Handles
@@ -96,6 +99,13 @@ def _when(value: datetime | None) -> str:
     return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _clip(text: str, width: int) -> str:
+    """`text` within `width` characters, ending in `...` when cut (ASCII: any terminal encoding shows it)."""
+    if len(text) <= width:
+        return text
+    return text[: width - 3] + "..." if width > 3 else text[:width]
+
+
 def _progress(job: JobRecord) -> str:
     if job.progress_done is None:
         return "-"
@@ -111,6 +121,7 @@ def job_summary(job: JobRecord) -> dict[str, Any]:
         "status": job.status,
         "status_message": job.status_message,
         "principal": job.principal,
+        "principal_readable": readable(job.principal),
         "progress": {"done": job.progress_done, "total": job.progress_total},
         "attempts": job.attempts,
         "created_at": job.created_at.isoformat(),
@@ -135,7 +146,7 @@ def jobs_list(args: argparse.Namespace) -> int:
     jobs = repository.list_jobs(
         statuses=args.status or (),
         kind=args.job,
-        principal=args.principal,
+        principal_matching=None if args.principal is None else principal_match(args.principal),
         created_before=now - args.older_than if args.older_than else None,
         created_after=now - args.newer_than if args.newer_than else None,
         limit=args.limit,
@@ -153,7 +164,7 @@ def jobs_list(args: argparse.Namespace) -> int:
             j.status,
             _progress(j),
             str(j.attempts),
-            j.principal[:40],
+            _clip(readable(j.principal), 40),
             _when(j.created_at),
             _when(j.updated_at),
         ]
@@ -163,29 +174,73 @@ def jobs_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _question(request: InputRequestRecord, reveal: bool) -> dict[str, Any]:
+    """A question the job asked; its answer only when revealed (answers are data, like results)."""
+    shown: dict[str, Any] = {
+        "key": request.key,
+        "message": request.message,
+        "asked_at": _iso(request.created_at),
+        "answered": request.answered_at is not None,
+        "answered_at": _iso(request.answered_at),
+    }
+    if reveal and request.answered_at is not None:
+        shown["answer"] = request.answer
+    return shown
+
+
+def _shown_lines(key: str, value: Any) -> list[str]:
+    """A `jobs show` field as text: a run or a question per line, other lists and objects as JSON."""
+    if key == "runs":
+        return [
+            f"attempt {r['attempt']} on {r['node']}, claimed {r['claimed_at']}"
+            + (" (resumed)" if r["resumed"] else "")
+            for r in value
+        ]
+    if key == "input_requests":
+        return [
+            f"{q['key']}: {json.dumps(q['message'], ensure_ascii=False)} asked {q['asked_at']}, "
+            + (f"answered {q['answered_at']}" if q["answered"] else "not answered")
+            + (f", answer {json.dumps(q['answer'], default=str)}" if "answer" in q else "")
+            for q in value
+        ]
+    if isinstance(value, list | dict):
+        return [json.dumps(value, default=str)]
+    return [str(value)]
+
+
 def jobs_show(args: argparse.Namespace) -> int:
     repository = open_repository()
     job = find_job(repository, args.job)
     details = job_summary(job)
     details.update(
-        started_at=job.started_at and job.started_at.isoformat(),
-        finished_at=job.finished_at and job.finished_at.isoformat(),
-        cancel_requested_at=job.cancel_requested_at and job.cancel_requested_at.isoformat(),
+        started_at=_iso(job.started_at),
+        finished_at=_iso(job.finished_at),
+        cancel_requested_at=_iso(job.cancel_requested_at),
         lease_owner=job.lease_owner,
+        runs=[
+            {
+                "attempt": c.attempt,
+                "node": c.node,
+                "claimed_at": c.claimed_at.isoformat(),
+                "resumed": c.resumed,
+            }
+            for c in claims_of(job)
+        ],
         on_interrupt=job.on_interrupt,
         max_attempts=job.max_attempts,
         error=job.error,
-        input_requests=[
-            {"key": r.key, "message": r.message, "answered": r.answered_at is not None}
-            for r in repository.pending_inputs(job.id)
-        ],
+        input_requests=[_question(r, args.reveal_results) for r in repository.questions(job.id)],
         steps=[
             {
                 "name": s.name,
                 "status": s.status,
                 "attempt": s.attempt,
                 "started_at": s.started_at.isoformat(),
-                "finished_at": s.finished_at and s.finished_at.isoformat(),
+                "finished_at": _iso(s.finished_at),
             }
             for s in repository.steps(job.id)
         ],
@@ -197,11 +252,13 @@ def jobs_show(args: argparse.Namespace) -> int:
         print(json.dumps(details, indent=2, default=str))
         return 0
     for key, value in details.items():
-        if isinstance(value, list | dict):
-            value = json.dumps(value, default=str)
-        print(f"{key:>20}  {value}")
+        lines = _shown_lines(key, value)
+        if key == "runs" and not value and job.attempts:
+            lines = ["(not recorded: the job was claimed before schema revision 0005)"]
+        for index, line in enumerate(lines or [""]):
+            print(f"{key if index == 0 else '':>20}  {_one_line(line)}")
     if not args.reveal_results:
-        print("\n(arguments and result values are hidden; pass --reveal-results to show them)")
+        print("\n(arguments, result and answers are hidden; pass --reveal-results to show them)")
     return 0
 
 
@@ -233,24 +290,51 @@ def jobs_purge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _one_line(text: str) -> str:
+    """`text` on one line with nothing a terminal would interpret (newlines, escapes) left in it."""
+    return "".join(c if c.isprintable() else " " for c in text)
+
+
+def watch_line(job: JobRecord, columns: int | None = None) -> str:
+    """One line of `handles watch`: the job's bar, percentage, status and status message.
+
+    Within `columns`, the bar narrows (to nothing at worst) and the message is cut, so the percentage
+    and the status stay in view.
+    """
+    fraction = (job.progress_done or 0) / job.progress_total if job.progress_total else None
+    shown = f"{fraction * 100:5.1f}%" if fraction is not None else "   ..."
+    status = _one_line(f"{shown} {job.status}: {job.status_message or ''}")
+    name = _one_line(job.kind)
+    # Room for the status and a cut message's "..." comes first; the bar takes what is left.
+    bar_width = (
+        30 if columns is None else max(0, min(30, columns - len(f"{name} [] {shown} {job.status}...")))
+    )
+    bar = "#" * int(bar_width * min(fraction, 1.0)) if fraction is not None else ""
+    line = f"{name} [{bar.ljust(bar_width)}] {status}"
+    return line if columns is None else _clip(line, columns)
+
+
 def watch(args: argparse.Namespace) -> int:
+    """Redraw one line in place on a terminal (cut to its width); otherwise a plain line per change."""
     repository = open_repository()
     job = find_job(repository, args.job)
-    width = 30
+    terminal = sys.stdout.isatty()
+    drawn: str | None = None
     while True:
-        fraction = (job.progress_done or 0) / job.progress_total if job.progress_total else None
-        bar = "#" * int(width * fraction) if fraction is not None else ""
-        shown = f"{fraction * 100:5.1f}%" if fraction is not None else "   ..."
-        line = f"\r{job.kind} [{bar.ljust(width)}] {shown} {job.status}: {(job.status_message or '')[:60]}"
-        sys.stdout.write(line.ljust(120))
-        sys.stdout.flush()
+        # On a terminal, leave the last column free: writing into it wraps on some terminals.
+        line = watch_line(job, max(shutil.get_terminal_size().columns - 1, 1) if terminal else None)
+        if line != drawn:
+            sys.stdout.write(f"\r\x1b[2K{line}" if terminal else f"{line}\n")
+            sys.stdout.flush()
+            drawn = line
         if Status(job.status).is_terminal:
-            sys.stdout.write("\n")
+            if terminal:
+                sys.stdout.write("\n")
             return 0 if job.status == Status.COMPLETED else 1
         time.sleep(args.interval)
         latest = repository.get(job.id)
         if latest is None:
-            sys.stdout.write("\nThe job was deleted while watching.\n")
+            sys.stdout.write(("\n" if terminal else "") + "The job was deleted while watching.\n")
             return 1
         job = latest
 
@@ -329,7 +413,12 @@ def build_parser() -> argparse.ArgumentParser:
     listing = jobs.add_parser("list", help="list jobs, newest first")
     listing.add_argument("--status", action="append", choices=[s.value for s in Status], help="repeatable")
     listing.add_argument("--job", help="only jobs of this kind (the job's name)")
-    listing.add_argument("--principal", help="only jobs of this principal")
+    listing.add_argument(
+        "--principal",
+        metavar="P",
+        help="only jobs whose stored principal is P, or of local principal P, or of a token whose subject or "
+        "client id is P (exact, case-sensitive)",
+    )
     listing.add_argument(
         "--older-than", type=_age, metavar="AGE", help="created more than AGE ago (30s, 15m, 2h, 7d)"
     )

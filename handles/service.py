@@ -32,7 +32,7 @@ from handles.limits import MAX_ARGUMENTS_BYTES, MAX_IDEMPOTENCY_KEY, MAX_RESPONS
 from handles.runtime import Runtime
 from handles.states import Status
 from handles.store import AnswerOutcome, InputRequestRecord, JobRecord, StepRecord, Store
-from handles.store.models import principal_key
+from handles.store.models import claim_entry, principal_key
 from handles.store.repository import ActiveLimitReached
 
 
@@ -150,6 +150,7 @@ class JobService:
                 "lease_expires_at": now + timedelta(seconds=self.config.lease_seconds),
                 "attempts": 1,
                 "started_at": now,
+                "claim_log": claim_entry(1, now, self.runtime.owner),
             }
         record = JobRecord.model_construct(
             id=new_job_id(),

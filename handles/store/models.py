@@ -8,6 +8,8 @@ issued by the repository.
 from __future__ import annotations
 
 import hashlib
+import json
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,6 +42,42 @@ class UTCDateTime(TypeDecorator[datetime]):
 def principal_key(principal: str) -> str:
     """The fixed-length key a principal is indexed by (SHA-256, hex): any principal length fits."""
     return hashlib.sha256(principal.encode()).hexdigest()
+
+
+CLAIM_ENTRY_HEAD = "["
+"""How a claim log entry begins; the attempt number follows (a claim's UPDATE computes it in SQL)."""
+
+
+def claim_entry_tail(claimed_at: datetime, node: str) -> str:
+    """The rest of a claim log entry after its attempt number: `,"CLAIMED_AT","NODE"]` and a newline,
+    so a whole entry is the JSON array `[ATTEMPT,"CLAIMED_AT","NODE"]` on a line of its own."""
+    return "," + json.dumps([claimed_at.astimezone(UTC).isoformat(), node], separators=(",", ":"))[1:] + "\n"
+
+
+def claim_entry(attempt: int, claimed_at: datetime, node: str) -> str:
+    """The claim log entry of a claim made in Python (a start that claims its job as it stores it)."""
+    return f"{CLAIM_ENTRY_HEAD}{attempt}{claim_entry_tail(claimed_at, node)}"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of a job: the attempt it ran, the node that ran it, when; `resumed` when it continued
+    the attempt before it (after an answer, or a hand-over at a shutdown) instead of starting one."""
+
+    attempt: int
+    node: str
+    claimed_at: datetime
+    resumed: bool
+
+
+def claims_of(job: JobRecord) -> list[Claim]:
+    """The job's claims in order, read from its claim log (empty for jobs claimed before revision 0005)."""
+    claims: list[Claim] = []
+    for line in (job.claim_log or "").splitlines():
+        attempt, claimed_at, node = json.loads(line)
+        resumed = bool(claims) and claims[-1].attempt == attempt
+        claims.append(Claim(attempt, node, datetime.fromisoformat(claimed_at), resumed))
+    return claims
 
 
 def _time(nullable: bool = False, index: bool = False) -> Any:
@@ -83,6 +121,8 @@ class JobRecord(SQLModel, table=True):
     run_after: datetime = _time()
     lease_owner: str | None = Field(default=None, max_length=128)
     lease_expires_at: datetime | None = _time(nullable=True)
+    # One line per claim, appended by the claim's own write (no extra round trip): see `claims_of`.
+    claim_log: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     cancel_requested_at: datetime | None = _time(nullable=True)
     input_deadline: datetime | None = _time(nullable=True)
     abandon_at: datetime | None = _time(nullable=True)

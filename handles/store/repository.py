@@ -19,9 +19,22 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from sqlalchemy import Connection, Engine, and_, bindparam, case, create_engine, event, func, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Text,
+    and_,
+    bindparam,
+    case,
+    cast,
+    create_engine,
+    event,
+    func,
+    or_,
+    update,
+)
 from sqlalchemy import insert as sa_insert
 from sqlalchemy import select as sa_select
 from sqlalchemy.exc import IntegrityError
@@ -31,7 +44,17 @@ from sqlmodel import Session, col, delete, select
 from handles.errors import ConfigurationError, LeaseLost
 from handles.outcomes import failed
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
-from handles.store.models import InputRequestRecord, JobRecord, StepRecord, principal_key
+from handles.store.models import (
+    CLAIM_ENTRY_HEAD,
+    InputRequestRecord,
+    JobRecord,
+    StepRecord,
+    claim_entry_tail,
+    principal_key,
+)
+
+if TYPE_CHECKING:
+    from handles.principal import PrincipalMatch
 
 logger = logging.getLogger("handles.store")
 
@@ -289,6 +312,14 @@ class JobRepository:
         with self._fast_reading() as connection:
             return _rows(connection, InputRequestRecord, *_pending_clause(job_id))
 
+    def questions(self, job_id: str) -> list[InputRequestRecord]:
+        """Every question the job asked, answered or not, in the order asked (the operator's view)."""
+        inputs = InputRequestRecord.__table__.c  # type: ignore[attr-defined]
+        with self._fast_reading() as connection:
+            return _rows(
+                connection, InputRequestRecord, inputs.job_id == job_id, (inputs.created_at, inputs.key)
+            )
+
     def snapshot(self, job_id: str) -> tuple[JobRecord | None, list[InputRequestRecord], list[StepRecord]]:
         """The job, its open questions (when it waits for answers) and its steps, read in one go."""
         with self._fast_reading() as connection:
@@ -325,11 +356,16 @@ class JobRepository:
         statuses: Sequence[str] = (),
         kind: str | None = None,
         principal: str | None = None,
+        principal_matching: PrincipalMatch | None = None,
         created_before: datetime | None = None,
         created_after: datetime | None = None,
         limit: int = 50,
     ) -> list[JobRecord]:
-        """Jobs matching every given filter, newest first (operator listings)."""
+        """Jobs matching every given filter, newest first (operator listings).
+
+        `principal` is one stored principal; `principal_matching` what an operator's `--principal`
+        means (see `handles.principal.principal_match`).
+        """
         query = select(JobRecord)
         if statuses:
             query = query.where(col(JobRecord.status).in_(list(statuses)))
@@ -337,12 +373,28 @@ class JobRepository:
             query = query.where(JobRecord.kind == kind)
         if principal is not None:
             query = query.where(JobRecord.principal_key == principal_key(principal))
+        if principal_matching is not None:
+            query = query.where(self._principal_matches(principal_matching))
         if created_before is not None:
             query = query.where(col(JobRecord.created_at) < created_before)
         if created_after is not None:
             query = query.where(col(JobRecord.created_at) >= created_after)
         with self._reading() as session:
             return list(session.exec(query.order_by(col(JobRecord.created_at).desc()).limit(limit)))
+
+    def _principal_matches(self, match: PrincipalMatch) -> Any:
+        """SQL for `match`: its exact forms by key, its patterns whole and case-sensitive (GLOB on SQLite,
+        whose LIKE ignores case; LIKE elsewhere), every literal piece escaped."""
+        principal = col(JobRecord.principal)
+        clauses = [col(JobRecord.principal_key).in_([principal_key(p) for p in match.exact])]
+        for pattern in match.patterns:
+            if self.dialect == "sqlite":
+                glob = "".join("*" if piece is None else _glob_literal(piece) for piece in pattern)
+                clauses.append(principal.op("GLOB")(glob))
+            else:
+                like = "".join("%" if piece is None else _like_literal(piece) for piece in pattern)
+                clauses.append(principal.like(like, escape="!"))
+        return or_(*clauses)
 
     def count_active(self, *, principal: str | None = None) -> int:
         with self._reading() as session:
@@ -1049,6 +1101,16 @@ def _claimable(now: datetime) -> tuple[Any, ...]:
     )
 
 
+def _glob_literal(text: str) -> str:
+    """`text` matched literally by SQLite's GLOB: its wildcards and brackets as one-character sets."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
+
+
+def _like_literal(text: str) -> str:
+    """`text` matched literally by LIKE ... ESCAPE '!'."""
+    return "".join(f"!{c}" if c in "%_!" else c for c in text)
+
+
 def _take_turns(
     candidates: list[tuple[str, str, int, int]],
     limit: int,
@@ -1072,16 +1134,26 @@ def _take_turns(
     return chosen + deferred[: limit - len(chosen)]
 
 
+# Built once: a claim is a hot path, and these parts of its UPDATE never change.
+_CLAIMED_ATTEMPT = JobRecord.attempts + case((col(JobRecord.resuming), 0), else_=1)
+_NEXT_VERSION = JobRecord.version + 1
+_CLAIM_LOG_HEAD = (
+    func.coalesce(col(JobRecord.claim_log), "") + CLAIM_ENTRY_HEAD + cast(_CLAIMED_ATTEMPT, Text)
+)
+
+
 def _claim_values(owner: str, now: datetime, lease_now: Any, lease_seconds: float) -> dict[str, Any]:
-    """What a claim writes: the lease, one more attempt (unless it resumes), the first start time."""
+    """What a claim writes: the lease, one more attempt (unless it resumes), the first start time, and
+    an entry (attempt, node, time) appended to the claim log."""
     return {
         "lease_owner": owner,
         "lease_expires_at": _after(lease_now, lease_seconds),
-        "attempts": JobRecord.attempts + case((col(JobRecord.resuming), 0), else_=1),
+        "attempts": _CLAIMED_ATTEMPT,
+        "claim_log": _CLAIM_LOG_HEAD + claim_entry_tail(now, owner),
         "resuming": False,
         "started_at": func.coalesce(JobRecord.started_at, now),
         "updated_at": now,
-        "version": JobRecord.version + 1,
+        "version": _NEXT_VERSION,
     }
 
 

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import os
+import pty
+import select
+import struct
 import subprocess
 import sys
+import termios
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -15,7 +21,11 @@ import pytest
 
 from example_server.server import create_jobs
 from handles import HandlesConfig
+from handles.principal import token_form
+from handles.states import Status
 from handles.store import JobRecord, JobRepository, migrate
+from tests.durability.harness import config as node_config
+from tests.durability.harness import crash
 
 KEY = "cli-test-key-" + "c" * 40
 HANDLES = Path(sys.executable).parent / "handles"
@@ -64,6 +74,63 @@ def populated(tmp_path: Path) -> dict[str, str]:
         }
 
     return asyncio.run(main())
+
+
+ALICE = token_form(None, "reports-app", "alice")
+BOB_VIA_ALICE = token_form("https://idp.example", "alice", "bob")
+QUOTED = token_form(None, "reports-app", 'q"u%o te')
+
+
+@pytest.fixture
+def token_jobs(tmp_path: Path) -> dict[str, str]:
+    """Queued jobs of token principals (as `token_principal` stores them) and of a local one."""
+
+    async def main() -> dict[str, str]:
+        jobs = create_jobs(HandlesConfig(data_dir=tmp_path, secret_keys=(KEY,), run_workers=False))
+        spec = jobs.specs["export_dataset"]
+        started = {}
+        for name, principal in (
+            ("alice", ALICE),
+            ("bob_via_alice", BOB_VIA_ALICE),
+            ("quoted", QUOTED),
+            ("local", "local:alice"),
+        ):
+            started[name] = (await jobs.service.start(spec, principal, {"rows": 5}, None)).job.id
+        await jobs.aclose()
+        return started
+
+    return asyncio.run(main())
+
+
+def test_jobs_list_shows_readable_principals_and_finds_subjects_and_clients(
+    tmp_path: Path, token_jobs: dict[str, str]
+) -> None:
+    def found(principal: str) -> set[str]:
+        rows = run_json(tmp_path, "jobs", "list", "--json", "--principal", principal)
+        return {name for name, job_id in token_jobs.items() if job_id in {r["id"] for r in rows}}
+
+    assert found("alice") == {"alice", "bob_via_alice", "local"}
+    assert found("bob") == {"bob_via_alice"}
+    assert found("reports-app") == {"alice", "quoted"}
+    assert found('q"u%o te') == {"quoted"}
+    assert found(ALICE) == {"alice"}
+    assert found("local:alice") == {"local"}
+    for nothing in ("Alice", "%", "_", "a%", "https://idp.example", '"alice"'):
+        assert found(nothing) == set(), nothing
+
+    rows = {r["id"]: r for r in run_json(tmp_path, "jobs", "list", "--json")}
+    readable = {name: rows[job_id]["principal_readable"] for name, job_id in token_jobs.items()}
+    assert readable == {
+        "alice": "alice (client reports-app)",
+        "bob_via_alice": "bob (client alice, issuer https://idp.example)",
+        "quoted": '"q\\"u%o te" (client reports-app)',
+        "local": "local alice",
+    }
+    assert rows[token_jobs["alice"]]["principal"] == ALICE
+    table = run(tmp_path, "jobs", "list").stdout
+    assert "alice (client reports-app)" in table and "token:[" not in table
+    shown = run(tmp_path, "jobs", "show", token_jobs["bob_via_alice"]).stdout
+    assert "bob (client alice, issuer https://idp.example)" in shown and BOB_VIA_ALICE in shown
 
 
 def test_keygen_prints_fresh_long_keys(tmp_path: Path) -> None:
@@ -165,3 +232,147 @@ def test_purge_expired_deletes_only_jobs_past_retention(tmp_path: Path, populate
     assert purged.returncode == 0 and "Purged 3 expired jobs." in purged.stdout
     remaining = {r["id"] for r in run_json(tmp_path, "jobs", "list", "--json")}
     assert remaining == {populated["report"], populated["other"], populated["queued"]}
+
+
+def _watch(tmp: Path, job_id: str, **streams: Any) -> subprocess.Popen[bytes]:
+    environment = dict(os.environ, HANDLES_DATA_DIR=str(tmp), HANDLES_SECRET_KEYS=KEY)
+    for name in ("HANDLES_DATABASE_URL", "COLUMNS", "LINES"):
+        environment.pop(name, None)
+    return subprocess.Popen(
+        [str(HANDLES), "watch", job_id, "--interval", "0.05"],
+        env=environment,
+        stderr=subprocess.PIPE,
+        **streams,
+    )
+
+
+def _drive(tmp: Path, job_id: str, next_output: Any) -> list[bytes]:
+    """Move a queued job through progress to completed, one change per piece of watch output."""
+    repository = JobRepository(f"sqlite:///{tmp / 'handles.db'}")
+    outputs = [next_output()]
+    assert repository.claim(job_id, "test-node", 30) is not None
+    assert repository.set_progress(job_id, "test-node", 1, 4, "Exporting rows " + "x" * 150)
+    outputs.append(next_output())
+    assert repository.set_progress(job_id, "test-node", 4, 4, "Exporting rows")
+    outputs.append(next_output())
+    assert repository.transition(job_id, Status.COMPLETED, owner="test-node", status_message="Done.")
+    outputs.append(next_output())
+    repository.dispose()
+    return outputs
+
+
+def test_watch_prints_one_plain_line_per_change_when_not_a_terminal(
+    tmp_path: Path, populated: dict[str, str]
+) -> None:
+    watcher = _watch(tmp_path, populated["queued"], stdout=subprocess.PIPE)
+    assert watcher.stdout is not None
+    lines = _drive(tmp_path, populated["queued"], watcher.stdout.readline)
+    assert watcher.wait(timeout=30) == 0, watcher.stderr.read() if watcher.stderr else ""
+    assert watcher.stdout.read() == b""
+    text = [line.decode() for line in lines]
+    assert all(line.endswith("\n") and "\r" not in line and "\x1b" not in line for line in text), text
+    assert "working" in text[0] and "25.0%" in text[1] and "100.0%" in text[2]
+    assert "completed: Done." in text[3]
+    assert "x" * 150 in text[1], "a plain line is not cut to any width"
+
+
+def test_watch_redraws_one_line_within_the_terminal_width(tmp_path: Path, populated: dict[str, str]) -> None:
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 50, 0, 0))
+    watcher = _watch(tmp_path, populated["queued"], stdin=secondary, stdout=secondary)
+    os.close(secondary)
+    received = bytearray()
+
+    def next_draw() -> bytes:
+        """What the watcher writes next: one read, and whatever follows it within 0.3 s."""
+        chunk = bytearray(os.read(primary, 4096))
+        with contextlib.suppress(OSError):  # the watcher ended: its side of the terminal is closed
+            while select.select([primary], [], [], 0.3)[0]:
+                more = os.read(primary, 4096)
+                if not more:
+                    break
+                chunk.extend(more)
+        received.extend(chunk)
+        return bytes(chunk)
+
+    _drive(tmp_path, populated["queued"], next_draw)
+    assert watcher.wait(timeout=30) == 0
+    os.close(primary)
+    output = received.decode()
+    draws = output.rstrip("\r\n").split("\r\x1b[2K")
+    assert draws[0] == "", f"every draw returns and clears the line: {output!r}"
+    assert len(draws) == 5 and all(len(draw) <= 49 for draw in draws), draws
+    assert "25.0%" in output and draws[-1].startswith("export_dataset") and "100.0%" in draws[-1]
+    assert "completed" in draws[-1] and output.endswith("\n")
+
+
+@pytest.fixture
+def retried_and_answered(tmp_path: Path) -> dict[str, str]:
+    """A report whose first node died mid-run (a second node ran attempt 2) and a deployment whose
+    question was answered."""
+
+    async def main() -> dict[str, str]:
+        first = create_jobs(node_config(tmp_path, secret_keys=(KEY,)))
+        await first.start()
+        report = await first.service.start(
+            first.specs["generate_report"], "local:alice", {"account": "acme", "months": 120}, None
+        )
+        await crash(first)
+        await first.aclose()
+        await asyncio.sleep(first.config.lease_seconds + 0.1)  # the dead node's lease runs out
+        second = create_jobs(node_config(tmp_path, secret_keys=(KEY,)))
+        async with second.running():
+            service, deploy_spec = second.service, second.specs["deploy_release"]
+            done = await service.wait(report.job, 30, lambda j: j.status == "completed")
+            assert (done.status, done.attempts) == ("completed", 2), done
+            deploy = await service.start(deploy_spec, "local:alice", {"version": "1.2"}, None)
+            asking = await service.wait(deploy.job, 30, lambda j: j.status == "input_required")
+            [question] = await service.pending_inputs(asking)
+            await service.respond(
+                deploy_spec, asking, {question.key: {"approve": True, "environment": "staging"}}
+            )
+            deployed = await service.wait(deploy.job, 30, lambda j: j.status == "completed")
+            assert deployed.status == "completed", deployed
+        return {
+            "report": report.job.id,
+            "deploy": deploy.job.id,
+            "question": question.key,
+            "first_node": first.runtime.owner,
+            "second_node": second.runtime.owner,
+        }
+
+    return asyncio.run(main())
+
+
+def test_jobs_show_tells_which_node_ran_each_attempt_and_the_answered_questions(
+    tmp_path: Path, retried_and_answered: dict[str, str]
+) -> None:
+    jobs = retried_and_answered
+    report = run_json(tmp_path, "jobs", "show", jobs["report"], "--json")
+    assert [(r["attempt"], r["node"], r["resumed"]) for r in report["runs"]] == [
+        (1, jobs["first_node"], False),
+        (2, jobs["second_node"], False),
+    ]
+    assert report["input_requests"] == []
+    text = run(tmp_path, "jobs", "show", jobs["report"]).stdout
+    assert f"attempt 1 on {jobs['first_node']}, claimed " in text
+    assert f"attempt 2 on {jobs['second_node']}, claimed " in text
+
+    deploy = run_json(tmp_path, "jobs", "show", jobs["deploy"], "--json")
+    assert [(r["attempt"], r["node"], r["resumed"]) for r in deploy["runs"]] == [
+        (1, jobs["second_node"], False),
+        (1, jobs["second_node"], True),
+    ]
+    [question] = deploy["input_requests"]
+    assert question["key"] == jobs["question"] and question["message"].startswith("Release 1.2 is built")
+    assert question["answered"] is True and question["answered_at"] >= question["asked_at"]
+    assert "answer" not in question, "answers are hidden like arguments and results"
+    hidden = run(tmp_path, "jobs", "show", jobs["deploy"]).stdout
+    assert "staging" not in hidden and "--reveal-results" in hidden
+    assert f"attempt 1 on {jobs['second_node']}, claimed " in hidden and "(resumed)" in hidden
+    assert f'{jobs["question"]}: "Release 1.2 is built' in hidden and ", answered 20" in hidden
+    assert (
+        '"environment": "staging"' in run(tmp_path, "jobs", "show", jobs["deploy"], "--reveal-results").stdout
+    )
+    revealed = run_json(tmp_path, "jobs", "show", jobs["deploy"], "--json", "--reveal-results")
+    assert revealed["input_requests"][0]["answer"] == {"approve": True, "environment": "staging"}

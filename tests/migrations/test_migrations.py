@@ -14,7 +14,7 @@ from sqlmodel import SQLModel
 from handles.errors import ConfigurationError
 from handles.states import Status
 from handles.store import JobRepository, migrate
-from handles.store.models import principal_key
+from handles.store.models import claims_of, principal_key
 from tests.runtime.support import job_row
 
 
@@ -131,5 +131,25 @@ def test_upgrade_to_principal_keys_backfills_them_and_lifts_the_length_limit(dat
         job_row("long-principal-retry", principal=long_principal, idempotency_key="k1")
     )
     assert not created_again and again.id == "long-principal-job"
+    repo.dispose()
+    _fresh(database_url)
+
+
+def test_upgrade_to_claim_logs_keeps_old_jobs_and_records_new_claims(database_url: str) -> None:
+    """0005: jobs stored before it have no claim log (their nodes were never kept); every claim after it
+    records its attempt and node, one entry per claim, a resumed attempt again under its number."""
+    _fresh(database_url)
+    repo = JobRepository(database_url)
+    migrate.upgrade(repo.engine, "0001")
+    _insert_revision_0001_job(database_url)
+    migrate.upgrade(repo.engine, "0004")
+    repo.prepare(auto_migrate=True)
+    assert migrate.current_revision(repo.engine) == migrate.head_revision()
+    old = repo.get("old-job")
+    assert old is not None and old.claim_log is None and claims_of(old) == []
+    repo.insert(job_row("new-job"))
+    claimed = repo.claim("new-job", "node-a:1:aaaa", 30)
+    assert claimed is not None
+    assert [(c.attempt, c.node) for c in claims_of(claimed)] == [(1, "node-a:1:aaaa")]
     repo.dispose()
     _fresh(database_url)

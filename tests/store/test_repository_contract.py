@@ -18,8 +18,10 @@ import pytest
 
 from handles.errors import LeaseLost
 from handles.handle import new_job_id
+from handles.principal import principal_match, token_form
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
 from handles.store import JobRecord, JobRepository
+from handles.store.models import claims_of
 
 T = TypeVar("T")
 TRIALS = 30
@@ -499,3 +501,66 @@ def test_count_active(repo: JobRepository) -> None:
     assert repo.count_active(principal="local:alice") == 2
     assert repo.count_active(principal="local:nobody") == 0
     assert {Status(s) for s in ("working", "input_required")} == ACTIVE
+
+
+def test_list_jobs_by_principal_match_pins_one_component(repo: JobRepository) -> None:
+    """An operator's `--principal VALUE`: the stored form, a local name, a token's subject or client id,
+    exactly and case-sensitively; wildcards, quotes and JSON escapes in VALUE are literal, and a value
+    that only spans components (or sits in the issuer) matches nothing."""
+    principals = {
+        "alice": token_form(None, "reports-app", "alice"),
+        "client-alice": token_form("https://idp.example", "alice", "bob"),
+        "no-subject": token_form(None, "alice", None),
+        "local-alice": "local:alice",
+        "quoted": token_form(None, "reports-app", 'q"u%o_te\\'),
+        "spanning": token_form('a",', ",zz", None),
+        "custom": "tenant:acme",
+    }
+    ids = {name: new_job(repo, principal=principal).id for name, principal in principals.items()}
+
+    def matching(value: str) -> set[str]:
+        found = repo.list_jobs(principal_matching=principal_match(value), limit=100)
+        return {name for name, job_id in ids.items() if job_id in {job.id for job in found}}
+
+    assert matching("alice") == {"alice", "client-alice", "no-subject", "local-alice"}
+    assert matching("reports-app") == {"alice", "quoted"}
+    assert matching("bob") == {"client-alice"}
+    assert matching('q"u%o_te\\') == {"quoted"}
+    assert matching(principals["alice"]) == {"alice"}
+    assert matching("tenant:acme") == {"custom"}
+    assert matching(",zz") == {"spanning"}
+    for value in [
+        "Alice",
+        "ALICE",
+        "%",
+        "_",
+        "*",
+        "?",
+        "[",
+        "al_ce",
+        "al%",
+        "q",
+        ",",
+        "https://idp.example",
+        "bob,",
+    ]:
+        assert matching(value) == set(), value
+
+
+def test_every_claim_records_its_attempt_and_node(repo: JobRepository, clock: MovableClock) -> None:
+    """The claim log: one entry per claim (by id or the next queued), written by the claim's own UPDATE;
+    a job handed back without failing (`resuming`) is claimed again under the same attempt."""
+    job = claimed_job(repo, OWNER)
+    first_claim = clock.now
+    assert repo.release(job.id, OWNER, run_after=clock.now, message=None)
+    clock.advance(1)
+    [again] = repo.claim_next(OTHER_OWNER, ["report"], 1, 30)
+    assert repo.release(job.id, OTHER_OWNER, run_after=clock.now, message=None, resuming=True)
+    clock.advance(1)
+    resumed = repo.claim(job.id, OWNER, 30)
+    assert resumed is not None and resumed.attempts == 2
+    log = claims_of(resumed)
+    assert [(c.attempt, c.node) for c in log] == [(1, OWNER), (2, OTHER_OWNER), (2, OWNER)]
+    assert [c.claimed_at for c in log] == [first_claim, first_claim + timedelta(seconds=1), clock.now]
+    assert claims_of(again) == log[:2], "claim_next returns the log as its UPDATE left it"
+    assert [c.resumed for c in log] == [False, False, True]
