@@ -238,6 +238,7 @@ async def serve_http(
     """
     import uvicorn
 
+    await handles.prepare()  # a missing key, a bad URL or an outdated schema stops here, before listening
     uvicorn_options.setdefault("log_level", "warning")
     config = uvicorn.Config(streamable_http_app(server, handles), host=host, port=port, **uvicorn_options)
     loop = asyncio.get_running_loop()

@@ -16,6 +16,7 @@ import pytest
 from example_server.server import create_jobs
 from handles import HandlesConfig
 from handles.store import JobRecord, JobRepository, migrate
+from tests.startup.support import UNREACHABLE_URL, assert_one_line_failure, outdated_sqlite
 
 KEY = "cli-test-key-" + "c" * 40
 HANDLES = Path(sys.executable).parent / "handles"
@@ -165,3 +166,27 @@ def test_purge_expired_deletes_only_jobs_past_retention(tmp_path: Path, populate
     assert purged.returncode == 0 and "Purged 3 expired jobs." in purged.stdout
     remaining = {r["id"] for r in run_json(tmp_path, "jobs", "list", "--json")}
     assert remaining == {populated["report"], populated["other"], populated["queued"]}
+
+
+def test_db_upgrade_and_worker_on_an_unreachable_database_fail_in_one_line(tmp_path: Path) -> None:
+    upgrade = run(tmp_path, "db", "upgrade", "--database-url", UNREACHABLE_URL)
+    assert "***" in assert_one_line_failure(upgrade, "handles", "Cannot reach the database", "127.0.0.1:9")
+    worker = run(
+        tmp_path, "worker", "--app", "example_server.server:create_jobs", HANDLES_DATABASE_URL=UNREACHABLE_URL
+    )
+    assert_one_line_failure(worker, "handles", "Cannot reach the database", "HANDLES_DATABASE_URL")
+    listing = run(tmp_path, "jobs", "list", HANDLES_DATABASE_URL=UNREACHABLE_URL)
+    assert_one_line_failure(listing, "handles", "Cannot reach the database")
+
+
+def test_worker_on_an_outdated_schema_says_to_run_db_upgrade(tmp_path: Path) -> None:
+    url = outdated_sqlite(tmp_path / "old.db")
+    worker = run(
+        tmp_path,
+        "worker",
+        "--app",
+        "example_server.server:create_jobs",
+        HANDLES_DATABASE_URL=url,
+        HANDLES_AUTO_MIGRATE="0",
+    )
+    assert_one_line_failure(worker, "handles", "0003", "handles db upgrade")
