@@ -251,6 +251,12 @@ class Handles:
         if self._service is not None:
             self._service.runtime.begin_drain()
 
+    async def drained(self) -> None:
+        """After `begin_drain`: return once the running jobs have ended or `drain_seconds` have passed."""
+        if self._service is not None:
+            self._service.runtime.begin_drain()
+            await self._service.runtime.drained()
+
     async def aclose(self) -> None:
         """Drain, then stop: running jobs may finish for `drain_seconds`; what is left is handed over
         (`retry` jobs) or ends failed as interrupted by a shutdown; parked jobs are untouched. Then the

@@ -159,6 +159,15 @@ class Runtime:
                 self.config.drain_seconds,
             )
 
+    async def drained(self) -> None:
+        """After `begin_drain`: wait until the running jobs have ended, or the drain's deadline has passed."""
+        loop = asyncio.get_running_loop()
+        if self._drain_deadline is None:
+            self._drain_deadline = loop.time() + self.config.drain_seconds
+        tasks = [entry.task for entry in self._running.values() if entry.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=max(self._drain_deadline - loop.time(), 0.0))
+
     async def stop(self) -> None:
         """Drain: stop claiming, let running jobs finish for `drain_seconds`, then hand the rest over.
 
@@ -178,9 +187,7 @@ class Runtime:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._dispatcher
         await self._settle_background()
-        tasks = [entry.task for entry in self._running.values() if entry.task is not None]
-        if tasks:
-            await asyncio.wait(tasks, timeout=max(self._drain_deadline - loop.time(), 0.0))
+        await self.drained()
         leftover = list(self._running.values())
         for entry in leftover:
             entry.stopping = True

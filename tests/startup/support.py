@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
+import httpx2
 from sqlalchemy import create_engine
 
 from handles.store import migrate
@@ -49,3 +52,21 @@ def outdated_sqlite(path: Path, revision: str = "0003") -> str:
     engine.dispose()
     assert revision != migrate.head_revision()
     return url
+
+
+def probe(base: str, path: str) -> tuple[int, dict[str, Any]]:
+    """`GET base+path` (what a load balancer or kubelet does): the status and the JSON body."""
+    response = httpx2.get(base + path, timeout=5)
+    return response.status_code, response.json()
+
+
+def wait_for_probe(base: str, path: str, status: int, timeout: float = 20) -> dict[str, Any]:
+    """Probe `path` until it answers `status`; its body."""
+    deadline = time.monotonic() + timeout
+    seen: tuple[int, dict[str, Any]] | None = None
+    while time.monotonic() < deadline:
+        seen = probe(base, path)
+        if seen[0] == status:
+            return seen[1]
+        time.sleep(0.1)
+    raise AssertionError(f"{path} never answered {status}; last answer: {seen}")
