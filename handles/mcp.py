@@ -27,9 +27,10 @@ from pydantic_core import to_jsonable_python
 from starlette.applications import Starlette
 
 from handles.arguments import ArgumentGate, ArgumentRules
-from handles.errors import CallerError, ConfigurationError, InvalidArguments
+from handles.errors import CallerError, ConfigurationError, DatabaseUnreachable, InvalidArguments
 from handles.health import health_routes
 from handles.principal import PrincipalResolver
+from handles.startup import BackgroundStart
 from handles.tools import ToolDefinition, ToolReply, error_reply
 
 if TYPE_CHECKING:
@@ -221,14 +222,23 @@ def streamable_http_app(
     """
     options.setdefault("stateless_http", True)
     app = server.streamable_http_app(**options)
-    app.router.routes[:0] = health_routes(handles, liveness_path=liveness_path, readiness_path=readiness_path)
+    starter = BackgroundStart(handles)
+    app.router.routes[:0] = health_routes(
+        handles, liveness_path=liveness_path, readiness_path=readiness_path, startup_problem=starter.problem
+    )
     inner = app.router.lifespan_context
 
     @asynccontextmanager
     async def lifespan(scope_app: Any) -> AsyncIterator[None]:
-        async with handles.running(), inner(scope_app):
-            yield
-            handles.begin_drain()  # the server is stopping: refuse new work, answer long-polls now
+        # A database that does not answer yet: serve anyway, not ready, retrying in the background.
+        await starter.begin()
+        try:
+            async with inner(scope_app):
+                yield
+                handles.begin_drain()  # the server is stopping: refuse new work, answer long-polls now
+        finally:
+            await starter.cancel()
+            await handles.aclose()
 
     app.router.lifespan_context = lifespan
     return app
@@ -253,7 +263,8 @@ async def serve_http(
     """
     import uvicorn
 
-    await handles.prepare()  # a missing key, a bad URL or an outdated schema stops here, before listening
+    with contextlib.suppress(DatabaseUnreachable):  # waited out in the background (handles.startup)
+        await handles.prepare()  # a missing key, a bad URL or an outdated schema stops here, before listening
     uvicorn_options.setdefault("log_level", "warning")
     config = uvicorn.Config(streamable_http_app(server, handles), host=host, port=port, **uvicorn_options)
     loop = asyncio.get_running_loop()

@@ -65,6 +65,5 @@ def database_errors(url: str) -> Iterator[None]:
     except SQLAlchemyError as exc:
         raise DatabaseUnreachable(
             f"Cannot reach the database at {shown_url(url)} ({_reason(exc, url)}). Check HANDLES_DATABASE_URL, "
-            "that the database server is running and accepts connections from here, and the credentials; "
-            "then start again."
+            "that the database server is running and accepts connections from here, and the credentials."
         ) from None
