@@ -250,6 +250,8 @@ async def serve_http(
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
+    liveness_path: str | None = "/healthz",
+    readiness_path: str | None = "/readyz",
     **uvicorn_options: Any,
 ) -> None:
     """Serve `streamable_http_app(server, handles)` with uvicorn, draining well on SIGTERM.
@@ -263,30 +265,13 @@ async def serve_http(
     """
     import uvicorn
 
+    from handles.http_server import DrainingServer, quiet_stateless_sessions
+
     with contextlib.suppress(DatabaseUnreachable):  # waited out in the background (handles.startup)
         await handles.prepare()  # a missing key, a bad URL or an outdated schema stops here, before listening
+    quiet_stateless_sessions()
     uvicorn_options.setdefault("log_level", "warning")
-    config = uvicorn.Config(streamable_http_app(server, handles), host=host, port=port, **uvicorn_options)
-    loop = asyncio.get_running_loop()
-    draining: list[asyncio.Task[None]] = []
-
-    class DrainingServer(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            if draining or self.should_exit:
-                super().handle_exit(sig, frame)  # a second signal: stop now
-                return
-            loop.call_soon_threadsafe(drain_then_exit, self, sig, frame)
-
-    def drain_then_exit(server: uvicorn.Server, sig: int, frame: Any) -> None:
-        handles.begin_drain()
-
-        async def finish() -> None:
-            try:
-                await handles.drained()
-            finally:
-                uvicorn.Server.handle_exit(server, sig, frame)
-
-        draining.append(loop.create_task(finish(), name="handles-drain"))
-
-    logger.info("serving MCP on http://%s:%d/mcp", host, port)
-    await DrainingServer(config).serve()
+    app = streamable_http_app(server, handles, liveness_path=liveness_path, readiness_path=readiness_path)
+    health = ", ".join(path for path in (liveness_path, readiness_path) if path) or "off"
+    config = uvicorn.Config(app, host=host, port=port, **uvicorn_options)
+    await DrainingServer(config, handles, health=health).serve()
