@@ -241,6 +241,10 @@ class Handles:
                 raise ConfigurationError("Settings cannot change once the job runtime has started.")
             self._service.config = self.config
             self._service.runtime.reconfigure(self.config)
+            if self._service.schema is not None and not self._service.schema.is_open:
+                self._service.schema = SchemaGate(
+                    self._service.store.repo, auto_migrate=self.config.resolved_auto_migrate()
+                )
 
     def begin_drain(self) -> None:
         """Stop taking new work at once (a shutdown signal arrived); `aclose` finishes the drain.

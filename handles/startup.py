@@ -14,7 +14,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from handles.errors import ConfigurationError, DatabaseUnreachable
+from handles.errors import ConfigurationError, DatabaseUnreachable, ShuttingDown
 from handles.health import DATABASE_UNREACHABLE
 from handles.transient import backoff_seconds
 
@@ -66,6 +66,8 @@ class BackgroundStart:
             except DatabaseUnreachable as exc:
                 delay = self._failed(attempt, exc)
                 continue
+            except ShuttingDown:  # the node began to stop while the database was away
+                return
             except ConfigurationError as exc:  # e.g. the schema turned out to be outdated: not transient
                 self._problem = "misconfigured: " + str(exc)
                 logger.error("the job runtime cannot start: %s", exc)

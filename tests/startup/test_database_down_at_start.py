@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -71,3 +72,19 @@ def test_node_serves_not_ready_then_becomes_ready_when_the_database_comes_up(
         log
     )
     assert "the job runtime has started" in log
+
+
+def test_node_waiting_for_its_database_stops_cleanly_on_sigterm(
+    tmp_path: Path, relay: Relay, postgres_url: str
+) -> None:
+    server = ServerProcess(tmp_path, HANDLES_DATABASE_URL=relay.database_url(postgres_url))
+    server.start()
+    try:
+        base = server.url.removesuffix("/mcp")
+        assert probe(base, "/readyz")[0] == 503
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=10) in (0, -15)
+    finally:
+        server.stop()
+    log = server.log.read_text()
+    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
