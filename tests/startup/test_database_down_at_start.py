@@ -63,6 +63,12 @@ def test_node_serves_not_ready_then_becomes_ready_when_the_database_comes_up(
         assert wait_for_probe(base, "/readyz", 200, timeout=30) == {"status": "ready"}
         started, is_error = asyncio.run(_start_report(server.url))
         assert not is_error and started["status"] in ("working", "completed"), started
+
+        relay.down()  # the database goes away while the node runs: not ready, then ready again
+        body = wait_for_probe(base, "/readyz", 503, timeout=10)
+        assert body == {"status": "not_ready", "reason": "database unreachable"}
+        relay.up()
+        assert wait_for_probe(base, "/readyz", 200, timeout=30) == {"status": "ready"}
     finally:
         server.stop()
     log = server.log.read_text()
