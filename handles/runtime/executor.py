@@ -541,6 +541,8 @@ class Runtime:
         while True:
             try:
                 await self.sweep_once()
+            except StoreUnavailable:  # an outage, not a bug: one line, no traceback
+                logger.warning("sweep failed: the database is unavailable; retrying")
             except Exception:
                 logger.exception("sweep failed; retrying")
             await asyncio.sleep(self.config.sweep_interval_seconds)
@@ -551,5 +553,13 @@ class Runtime:
 
 
 def _log_task_failure(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        logger.error("background task failed", exc_info=task.exception())
+    if task.cancelled() or task.exception() is None:
+        return
+    error = task.exception()
+    if isinstance(error, StoreUnavailable):  # an outage, not a bug: one line, no traceback
+        logger.warning(
+            "%s: the database is unavailable, nothing was written; leases and the sweep settle it later",
+            task.get_name(),
+        )
+        return
+    logger.error("background task failed", exc_info=error)
