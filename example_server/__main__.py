@@ -14,6 +14,7 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 
 from example_server.server import build_server, create_jobs
+from handles.errors import ConfigurationError
 from handles.mcp import serve_http, serve_stdio
 
 
@@ -31,6 +32,15 @@ class FileTokenVerifier:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Serve, or exit 2 with one line on stderr saying what to fix (a key, the database, the schema)."""
+    try:
+        serve(argv)
+    except ConfigurationError as exc:
+        print(f"example_server: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+def serve(argv: list[str] | None) -> None:
     parser = argparse.ArgumentParser(prog="python -m example_server", description=__doc__)
     parser.add_argument(
         "--http", action="store_true", help="serve stateless Streamable HTTP instead of stdio"

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from handles.errors import (
         CallerError,
         ConfigurationError,
+        DatabaseUnreachable,
         ExpiredHandle,
         HandlesError,
         IdempotencyConflict,
@@ -46,6 +47,7 @@ _EXPORTS = {
         for name in (
             "CallerError",
             "ConfigurationError",
+            "DatabaseUnreachable",
             "ExpiredHandle",
             "HandlesError",
             "IdempotencyConflict",
@@ -65,6 +67,7 @@ __all__ = [
     "AskFirst",
     "CallerError",
     "ConfigurationError",
+    "DatabaseUnreachable",
     "ExpiredHandle",
     "Handles",
     "HandlesConfig",

@@ -28,6 +28,8 @@ from handles.principal import PrincipalResolver, default_resolver
 from handles.runtime import Runtime
 from handles.service import JobService
 from handles.store import Clock, JobRepository, Store, utc_now
+from handles.store.reach import database_errors
+from handles.store.schema import SchemaGate
 from handles.tasks import TasksExtension
 from handles.tools import JobTools, ToolDefinition
 
@@ -142,35 +144,48 @@ class Handles:
 
     @property
     def service(self) -> JobService:
-        """The shared operations, built (store opened, schema created) on first use."""
+        """The shared operations, built (store opened, schema upgraded or checked) on first use."""
+        service = self._machinery()
+        assert service.schema is not None
+        service.schema.open()
+        return service
+
+    def _machinery(self) -> JobService:
+        """The service, built without touching the database (which may not answer yet)."""
         if self._service is None:
             url = self.config.resolved_database_url()
             if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
                 Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
             codec = HandleCodec(self.config.resolved_secret_keys())
-            repository = JobRepository(url, clock=self._clock)
-            repository.prepare(auto_migrate=self.config.resolved_auto_migrate())
+            with database_errors(url):
+                repository = JobRepository(url, clock=self._clock)
             store = Store(repository)
             runtime = Runtime(store=store, config=self.config, specs=self._specs)
             self._service = JobService(
-                specs=self._specs, store=store, codec=codec, runtime=runtime, config=self.config
+                specs=self._specs,
+                store=store,
+                codec=codec,
+                runtime=runtime,
+                config=self.config,
+                schema=SchemaGate(repository, auto_migrate=self.config.resolved_auto_migrate()),
             )
         return self._service
 
     @property
     def runtime(self) -> Runtime:
-        return self.service.runtime
+        return self._machinery().runtime
 
     def tool_definitions(self) -> list[ToolDefinition]:
         """Every handle tool of every declared job."""
         definitions: list[ToolDefinition] = []
         for spec in self._specs.values():
-            definitions.extend(JobTools(spec, self.service).definitions())
+            definitions.extend(JobTools(spec, self._machinery()).definitions())
         return definitions
 
     def plain_tools(self) -> list[PlainTool]:
         """The plain tool `<job>` of every declared job."""
-        return [PlainTool(spec, self.service, self._plain[name]) for name, spec in self._specs.items()]
+        service = self._machinery()
+        return [PlainTool(spec, service, self._plain[name]) for name, spec in self._specs.items()]
 
     def tasks_extension(self) -> TasksExtension:
         """The Tasks extension serving these jobs; pass it to `MCPServer(extensions=[...])`."""
@@ -200,9 +215,20 @@ class Handles:
                 resolver=self.principal_resolver,
             )
 
+    async def prepare(self) -> None:
+        """Build the machinery and bring the schema current (upgrade or check), without starting the runtime.
+
+        Raises `ConfigurationError` (one sentence saying what to do) for a missing key, a bad URL, an
+        outdated schema, or a database that does not answer (`DatabaseUnreachable`).
+        """
+        service = self._machinery()
+        assert service.schema is not None
+        await service.schema.aopen()
+
     async def start(self) -> None:
-        """Start the runtime now (otherwise it starts on the first tool call)."""
-        await self.service.ensure_running()
+        """Start the runtime now (otherwise it starts on the first tool call); raises as `prepare` does."""
+        await self.prepare()
+        await self._machinery().ensure_running()
 
     def reconfigure(self, **changes: Any) -> None:
         """Change settings before the runtime starts, even if the machinery was already built.
@@ -215,6 +241,10 @@ class Handles:
                 raise ConfigurationError("Settings cannot change once the job runtime has started.")
             self._service.config = self.config
             self._service.runtime.reconfigure(self.config)
+            if self._service.schema is not None and not self._service.schema.is_open:
+                self._service.schema = SchemaGate(
+                    self._service.store.repo, auto_migrate=self.config.resolved_auto_migrate()
+                )
 
     def begin_drain(self) -> None:
         """Stop taking new work at once (a shutdown signal arrived); `aclose` finishes the drain.
@@ -224,6 +254,12 @@ class Handles:
         """
         if self._service is not None:
             self._service.runtime.begin_drain()
+
+    async def drained(self) -> None:
+        """After `begin_drain`: return once the running jobs have ended or `drain_seconds` have passed."""
+        if self._service is not None:
+            self._service.runtime.begin_drain()
+            await self._service.runtime.drained()
 
     async def aclose(self) -> None:
         """Drain, then stop: running jobs may finish for `drain_seconds`; what is left is handed over

@@ -27,9 +27,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
-
 from handles.config import MIN_KEY_LENGTH, HandlesConfig
 from handles.errors import ConfigurationError
 from handles.handle import HandleCodec
@@ -37,6 +34,7 @@ from handles.principal import principal_match, readable
 from handles.states import Status
 from handles.store import InputRequestRecord, JobRecord, JobRepository, migrate
 from handles.store.models import claims_of
+from handles.store.reach import database_errors
 
 if TYPE_CHECKING:
     from handles.app import Handles
@@ -53,18 +51,9 @@ def open_repository(url: str | None = None) -> JobRepository:
             f"There is no handles database at {url}. Set HANDLES_DATABASE_URL (or HANDLES_DATA_DIR) to the "
             "database your servers use."
         )
-    try:
+    with database_errors(url):
         repository = JobRepository(url)
         migrate.check_current(repository.engine)
-    except ConfigurationError:
-        raise
-    except (ArgumentError, NoSuchModuleError) as exc:
-        raise ConfigurationError(f"HANDLES_DATABASE_URL is not a valid database URL: {exc}") from None
-    except SQLAlchemyError as exc:
-        raise ConfigurationError(
-            f"Cannot reach the database at {make_url(url).render_as_string(hide_password=True)}: "
-            f"{exc.__class__.__name__}. Check HANDLES_DATABASE_URL and that the server is running."
-        ) from None
     return repository
 
 
@@ -349,13 +338,14 @@ def keygen(_args: argparse.Namespace) -> int:
 def db_upgrade(args: argparse.Namespace) -> int:
     config = HandlesConfig.from_env()
     url = args.database_url or config.resolved_database_url()
-    repository = JobRepository(url)
-    try:
-        before = migrate.current_revision(repository.engine)
-        migrate.upgrade(repository.engine)
-        after = migrate.current_revision(repository.engine)
-    finally:
-        repository.dispose()
+    with database_errors(url):
+        repository = JobRepository(url)
+        try:
+            before = migrate.current_revision(repository.engine)
+            migrate.upgrade(repository.engine)
+            after = migrate.current_revision(repository.engine)
+        finally:
+            repository.dispose()
     print(
         f"handles schema: {before or 'empty'} -> {after}"
         if before != after

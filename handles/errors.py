@@ -19,6 +19,13 @@ class ConfigurationError(HandlesError):
     """The server is configured in a way that cannot work (raised at start-up, never to a caller)."""
 
 
+class DatabaseUnreachable(ConfigurationError):
+    """The configured database does not answer (or refuses the credentials) at start-up.
+
+    Fatal for a command or a stdio server; an HTTP node waits it out and reports not-ready.
+    """
+
+
 class CallerError(HandlesError):
     """A request the caller can correct. `code` is stable; `message` and `next_step` are for people and models."""
 

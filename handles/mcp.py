@@ -27,8 +27,10 @@ from pydantic_core import to_jsonable_python
 from starlette.applications import Starlette
 
 from handles.arguments import ArgumentGate, ArgumentRules
-from handles.errors import CallerError, ConfigurationError, InvalidArguments
+from handles.errors import CallerError, ConfigurationError, DatabaseUnreachable, InvalidArguments
+from handles.health import health_routes
 from handles.principal import PrincipalResolver
+from handles.startup import BackgroundStart
 from handles.tools import ToolDefinition, ToolReply, error_reply
 
 if TYPE_CHECKING:
@@ -199,23 +201,44 @@ async def serve_stdio(server: MCPServer[Any], handles: Handles) -> None:
                 await serving
 
 
-def streamable_http_app(server: MCPServer[Any], handles: Handles, **options: Any) -> Starlette:
+def streamable_http_app(
+    server: MCPServer[Any],
+    handles: Handles,
+    *,
+    liveness_path: str | None = "/healthz",
+    readiness_path: str | None = "/readyz",
+    **options: Any,
+) -> Starlette:
     """The server's stateless Streamable HTTP app, with the job runtime started and drained by its lifespan.
 
     The runtime starts before the SDK's session manager and stops after it, so requests in
     flight finish against a running runtime; its shutdown drains (see `Handles.aclose`).
     Serve it with `serve_http` to start the drain as soon as the shutdown signal arrives.
-    Options are passed to `MCPServer.streamable_http_app` (`stateless_http=True` is the default here).
+
+    `GET liveness_path` answers 200 while the process serves; `GET readiness_path` answers 200
+    only when the runtime runs, is not draining and the database answers, else 503 with the
+    reason (see `handles.health`). Either path may be None to leave it out; neither needs a token.
+    Other options are passed to `MCPServer.streamable_http_app` (`stateless_http=True` by default).
     """
     options.setdefault("stateless_http", True)
     app = server.streamable_http_app(**options)
+    starter = BackgroundStart(handles)
+    app.router.routes[:0] = health_routes(
+        handles, liveness_path=liveness_path, readiness_path=readiness_path, startup_problem=starter.problem
+    )
     inner = app.router.lifespan_context
 
     @asynccontextmanager
     async def lifespan(scope_app: Any) -> AsyncIterator[None]:
-        async with handles.running(), inner(scope_app):
-            yield
-            handles.begin_drain()  # the server is stopping: refuse new work, answer long-polls now
+        # A database that does not answer yet: serve anyway, not ready, retrying in the background.
+        await starter.begin()
+        try:
+            async with inner(scope_app):
+                yield
+                handles.begin_drain()  # the server is stopping: refuse new work, answer long-polls now
+        finally:
+            await starter.cancel()
+            await handles.aclose()
 
     app.router.lifespan_context = lifespan
     return app
@@ -227,25 +250,28 @@ async def serve_http(
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
+    liveness_path: str | None = "/healthz",
+    readiness_path: str | None = "/readyz",
     **uvicorn_options: Any,
 ) -> None:
     """Serve `streamable_http_app(server, handles)` with uvicorn, draining well on SIGTERM.
 
-    At the signal the runtime stops taking work and answers long-polls at once (so
-    uvicorn's wait for open connections is short), then the lifespan drains running
-    jobs for up to `drain_seconds`. A deployment's termination grace period should
-    exceed `drain_seconds` by a few seconds (the default 25 fits Kubernetes' 30).
+    At the signal the runtime stops taking work and answers long-polls at once, and
+    `/readyz` answers 503; the node keeps listening while running jobs finish (for up to
+    `drain_seconds`), so probes and retried calls get an answer rather than a refused
+    connection. Then uvicorn stops, and the lifespan hands over what is left. A second
+    signal stops at once. A deployment's termination grace period should exceed
+    `drain_seconds` by a few seconds (the default 25 fits Kubernetes' 30).
     """
     import uvicorn
 
+    from handles.http_server import DrainingServer, quiet_stateless_sessions
+
+    with contextlib.suppress(DatabaseUnreachable):  # waited out in the background (handles.startup)
+        await handles.prepare()  # a missing key, a bad URL or an outdated schema stops here, before listening
+    quiet_stateless_sessions()
     uvicorn_options.setdefault("log_level", "warning")
-    config = uvicorn.Config(streamable_http_app(server, handles), host=host, port=port, **uvicorn_options)
-    loop = asyncio.get_running_loop()
-
-    class DrainingServer(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            super().handle_exit(sig, frame)
-            loop.call_soon_threadsafe(handles.begin_drain)
-
-    logger.info("serving MCP on http://%s:%d/mcp", host, port)
-    await DrainingServer(config).serve()
+    app = streamable_http_app(server, handles, liveness_path=liveness_path, readiness_path=readiness_path)
+    health = ", ".join(path for path in (liveness_path, readiness_path) if path) or "off"
+    config = uvicorn.Config(app, host=host, port=port, **uvicorn_options)
+    await DrainingServer(config, handles, health=health).serve()

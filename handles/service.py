@@ -17,11 +17,13 @@ from typing import Any
 from handles.config import HandlesConfig
 from handles.elicitation import validate_answer
 from handles.errors import (
+    DatabaseUnreachable,
     ExpiredHandle,
     IdempotencyConflict,
     InvalidArguments,
     LimitReached,
     ShuttingDown,
+    StoreUnavailable,
     UnknownHandle,
     WrongJobKind,
 )
@@ -34,6 +36,7 @@ from handles.states import Status
 from handles.store import AnswerOutcome, InputRequestRecord, JobRecord, StepRecord, Store
 from handles.store.models import claim_entry, principal_key
 from handles.store.repository import ActiveLimitReached
+from handles.store.schema import SchemaGate
 
 
 @dataclass(frozen=True)
@@ -78,8 +81,10 @@ class JobService:
         codec: HandleCodec,
         runtime: Runtime,
         config: HandlesConfig,
+        schema: SchemaGate | None = None,
     ) -> None:
         self.specs = specs
+        self.schema = schema
         self.store = store
         self.codec = codec
         self.runtime = runtime
@@ -97,6 +102,14 @@ class JobService:
                 "Retry the same call in a few seconds: another server, or this one once restarted, answers it. "
                 "Jobs and handles are kept.",
             )
+        if self.schema is not None and not self.schema.is_open:
+            try:
+                await self.schema.aopen()
+            except DatabaseUnreachable as exc:
+                raise StoreUnavailable(
+                    "The job store is unavailable right now; nothing was changed.",
+                    "Retry the same call in a few seconds.",
+                ) from exc
         if not self.runtime.started:
             await self.runtime.start()
 

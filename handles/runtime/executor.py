@@ -169,6 +169,15 @@ class Runtime:
                 self.config.drain_seconds,
             )
 
+    async def drained(self) -> None:
+        """After `begin_drain`: wait until the running jobs have ended, or the drain's deadline has passed."""
+        loop = asyncio.get_running_loop()
+        if self._drain_deadline is None:
+            self._drain_deadline = loop.time() + self.config.drain_seconds
+        tasks = [entry.task for entry in self._running.values() if entry.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=max(self._drain_deadline - loop.time(), 0.0))
+
     async def stop(self) -> None:
         """Drain: stop claiming, let running jobs finish for `drain_seconds`, then hand the rest over.
 
@@ -188,9 +197,7 @@ class Runtime:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._dispatcher
         await self._settle_background()
-        tasks = [entry.task for entry in self._running.values() if entry.task is not None]
-        if tasks:
-            await asyncio.wait(tasks, timeout=max(self._drain_deadline - loop.time(), 0.0))
+        await self.drained()
         leftover = list(self._running.values())
         for entry in leftover:
             entry.stopping = True
@@ -550,6 +557,8 @@ class Runtime:
         while True:
             try:
                 await self.sweep_once()
+            except StoreUnavailable:  # an outage, not a bug: one line, no traceback
+                logger.warning("sweep failed: the database is unavailable; retrying")
             except Exception:
                 logger.exception("sweep failed; retrying")
             await asyncio.sleep(self.config.sweep_interval_seconds)
@@ -560,5 +569,13 @@ class Runtime:
 
 
 def _log_task_failure(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        logger.error("background task failed", exc_info=task.exception())
+    if task.cancelled() or task.exception() is None:
+        return
+    error = task.exception()
+    if isinstance(error, StoreUnavailable):  # an outage, not a bug: one line, no traceback
+        logger.warning(
+            "%s: the database is unavailable, nothing was written; leases and the sweep settle it later",
+            task.get_name(),
+        )
+        return
+    logger.error("background task failed", exc_info=error)

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from handles.config import HandlesConfig
+from handles.errors import StoreUnavailable
 from handles.store import Store
 
 logger = logging.getLogger("handles.runtime")
@@ -28,6 +29,8 @@ async def every(
         event.clear()
         try:
             await once()
+        except StoreUnavailable:  # an outage, not a bug: one line, no traceback
+            logger.warning("%s failed: the database is unavailable; retrying", what)
         except Exception:
             logger.exception("%s failed; retrying", what)
 

@@ -9,22 +9,40 @@ schema rather than guess.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, text
 
 from handles.errors import ConfigurationError
 
+logger = logging.getLogger("handles")
+
+
+@contextmanager
+def _quiet_alembic() -> Iterator[None]:
+    """Alembic logs 9-12 INFO lines per run (plugins, context, each revision); ours say it in one."""
+    alembic = logging.getLogger("alembic")
+    level = alembic.level
+    if alembic.getEffectiveLevel() < logging.WARNING:
+        alembic.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        alembic.setLevel(level)
+
+
+with _quiet_alembic():  # importing alembic's commands sets up its plugins, logging each one
+    from alembic import command
+    from alembic.config import Config
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
 VERSION_TABLE = "handles_alembic_version"
 _SCRIPTS = Path(__file__).resolve().parent.parent / "migrations"
 _LOCK_KEY = 0x68616E646C6573  # "handles": one advisory lock for concurrent upgrades on PostgreSQL
-
-# Keep "Running upgrade ..." lines, not the plugin chatter Alembic logs on every run.
-logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
 
 
 def _config() -> Config:
@@ -40,20 +58,28 @@ def head_revision() -> str:
 
 
 def current_revision(engine: Engine) -> str | None:
-    with engine.connect() as connection:
-        return MigrationContext.configure(
-            connection, opts={"version_table": VERSION_TABLE}
-        ).get_current_revision()
+    with engine.connect() as connection, _quiet_alembic():
+        return _revision_on(connection)
+
+
+def _revision_on(connection: Any) -> str | None:
+    return MigrationContext.configure(
+        connection, opts={"version_table": VERSION_TABLE}
+    ).get_current_revision()
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Apply every migration up to `revision` (default: the newest)."""
+    """Apply every migration up to `revision` (default: the newest); one INFO line when anything ran."""
     config = _config()
-    with engine.begin() as connection:
+    with engine.begin() as connection, _quiet_alembic():
         if engine.dialect.name == "postgresql":
             connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _LOCK_KEY})
+        before = _revision_on(connection)
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
+        after = _revision_on(connection)
+    if after != before:
+        logger.info("handles: database schema upgraded from %s to %s", before or "empty", after)
 
 
 def check_current(engine: Engine) -> None:

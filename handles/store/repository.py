@@ -226,6 +226,11 @@ class JobRepository:
         else:
             migrate.check_current(self._write_engine)
 
+    def ping(self) -> None:
+        """A trivial query: raises when the database does not answer (the readiness probe)."""
+        with self._read_engine.connect() as connection:
+            connection.exec_driver_sql("select 1")
+
     def dispose(self) -> None:
         if self._inline_connection is not None:
             self._inline_connection.close()

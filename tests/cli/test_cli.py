@@ -26,6 +26,7 @@ from handles.states import Status
 from handles.store import JobRecord, JobRepository, migrate
 from tests.durability.harness import config as node_config
 from tests.durability.harness import crash
+from tests.startup.support import UNREACHABLE_URL, assert_one_line_failure, outdated_sqlite
 
 KEY = "cli-test-key-" + "c" * 40
 HANDLES = Path(sys.executable).parent / "handles"
@@ -376,3 +377,27 @@ def test_jobs_show_tells_which_node_ran_each_attempt_and_the_answered_questions(
     )
     revealed = run_json(tmp_path, "jobs", "show", jobs["deploy"], "--json", "--reveal-results")
     assert revealed["input_requests"][0]["answer"] == {"approve": True, "environment": "staging"}
+
+
+def test_db_upgrade_and_worker_on_an_unreachable_database_fail_in_one_line(tmp_path: Path) -> None:
+    upgrade = run(tmp_path, "db", "upgrade", "--database-url", UNREACHABLE_URL)
+    assert "***" in assert_one_line_failure(upgrade, "handles", "Cannot reach the database", "127.0.0.1:9")
+    worker = run(
+        tmp_path, "worker", "--app", "example_server.server:create_jobs", HANDLES_DATABASE_URL=UNREACHABLE_URL
+    )
+    assert_one_line_failure(worker, "handles", "Cannot reach the database", "HANDLES_DATABASE_URL")
+    listing = run(tmp_path, "jobs", "list", HANDLES_DATABASE_URL=UNREACHABLE_URL)
+    assert_one_line_failure(listing, "handles", "Cannot reach the database")
+
+
+def test_worker_on_an_outdated_schema_says_to_run_db_upgrade(tmp_path: Path) -> None:
+    url = outdated_sqlite(tmp_path / "old.db")
+    worker = run(
+        tmp_path,
+        "worker",
+        "--app",
+        "example_server.server:create_jobs",
+        HANDLES_DATABASE_URL=url,
+        HANDLES_AUTO_MIGRATE="0",
+    )
+    assert_one_line_failure(worker, "handles", "0003", "handles db upgrade")

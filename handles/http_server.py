@@ -1,0 +1,88 @@
+"""The uvicorn server behind `handles.mcp.serve_http`: drain first, then stop; quiet per-request logs.
+
+At SIGTERM (or SIGINT) the node stops taking work and answers long-polls at once, but keeps
+listening while running jobs finish (up to `drain_seconds`) and while answers in flight are
+written (up to `IN_FLIGHT_GRACE_SECONDS`); only then does uvicorn stop. Stopping uvicorn
+earlier cuts open streamed (SSE) answers: sse-starlette ends every stream when uvicorn's exit
+flag is set, and uvicorn logs "ASGI callable returned without completing response". A second
+signal stops at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+
+if TYPE_CHECKING:
+    from handles.app import Handles
+
+logger = logging.getLogger("handles")
+
+IN_FLIGHT_GRACE_SECONDS = 5.0
+"""After the drain, how long answers still being written may take before uvicorn stops."""
+
+
+class _StatelessTermination(logging.Filter):
+    """Drops the SDK's `Terminating session: None`, logged at INFO after every stateless request."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno == logging.INFO and record.getMessage() == "Terminating session: None")
+
+
+_QUIET = _StatelessTermination()
+
+
+def quiet_stateless_sessions() -> None:
+    """Keep the SDK's per-request session line out of the logs (idempotent)."""
+    sdk = logging.getLogger("mcp.server.streamable_http")
+    if _QUIET not in sdk.filters:
+        sdk.addFilter(_QUIET)
+
+
+class DrainingServer(uvicorn.Server):
+    """A uvicorn server that drains `handles` before it stops listening, and says where it listens."""
+
+    def __init__(self, config: uvicorn.Config, handles: Handles, *, health: str) -> None:
+        super().__init__(config)
+        self._handles = handles
+        self._health = health
+        self._loop = asyncio.get_running_loop()
+        self._draining: asyncio.Task[None] | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            logger.info(
+                "serving MCP on http://%s:%d/mcp (health: %s)", self.config.host, self._port(), self._health
+            )
+
+    def _port(self) -> int:
+        for server in getattr(self, "servers", []):
+            for bound in server.sockets:
+                return int(bound.getsockname()[1])
+        return self.config.port
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self._draining is not None or self.should_exit:
+            super().handle_exit(sig, frame)  # a second signal: stop now
+            return
+        self._loop.call_soon_threadsafe(self._begin_drain, sig, frame)
+
+    def _begin_drain(self, sig: int, frame: Any) -> None:
+        if self._draining is not None:
+            return
+        self._handles.begin_drain()
+        self._draining = self._loop.create_task(self._drain_then_exit(sig, frame), name="handles-drain")
+
+    async def _drain_then_exit(self, sig: int, frame: Any) -> None:
+        try:
+            await self._handles.drained()
+            deadline = self._loop.time() + IN_FLIGHT_GRACE_SECONDS
+            while self.server_state.tasks and self._loop.time() < deadline:
+                await asyncio.sleep(0.05)
+        finally:
+            super().handle_exit(sig, frame)

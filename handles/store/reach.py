@@ -1,0 +1,69 @@
+"""Turning a database that cannot be opened into one clear sentence for the operator.
+
+`database_errors(url)` wraps every start-up step that touches the database (the CLI,
+`handles db upgrade`, `handles worker`, a server's start): a bad URL, a missing driver
+or a database that does not answer becomes a `ConfigurationError` that says what is
+wrong and what to do, with the URL's password hidden. A database that does not answer
+is a `DatabaseUnreachable`, which an HTTP node may wait out (see `handles.startup`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
+
+from handles.errors import ConfigurationError, DatabaseUnreachable
+
+_REASON_LIMIT = 200
+
+
+def shown_url(url: str) -> str:
+    """`url` with its password replaced by `***` (or a placeholder when it is not a URL at all)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "(not a database URL)"
+
+
+def _reason(exc: SQLAlchemyError, url: str) -> str:
+    """The driver's first line ("connection refused", "password authentication failed"), without the password."""
+    origin = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    lines = [line.strip() for line in str(origin).splitlines() if line.strip()]
+    reason = lines[0] if lines else exc.__class__.__name__
+    try:
+        password = make_url(url).password
+    except ArgumentError:
+        password = None
+    if password:
+        reason = reason.replace(str(password), "***")
+    return reason[:_REASON_LIMIT].rstrip(" .")
+
+
+@contextmanager
+def database_errors(url: str) -> Iterator[None]:
+    """Raise a one-sentence `ConfigurationError` for a database URL that cannot be used.
+
+    Other errors (and `ConfigurationError`s raised inside, such as an outdated schema) pass unchanged.
+    """
+    try:
+        yield
+    except ConfigurationError:
+        raise
+    except (ArgumentError, NoSuchModuleError) as exc:
+        raise ConfigurationError(
+            f"HANDLES_DATABASE_URL is not a valid database URL ({exc}). Set it to an SQLAlchemy URL such as "
+            "sqlite:///path/to/handles.db or postgresql+psycopg://user@host:5432/db."
+        ) from None
+    except ModuleNotFoundError as exc:
+        raise ConfigurationError(
+            f"The database driver {exc.name!r} for {shown_url(url)} is not installed. Install it "
+            "(for PostgreSQL: pip install 'mcp-handles[postgres]') and start again."
+        ) from None
+    except SQLAlchemyError as exc:
+        raise DatabaseUnreachable(
+            f"Cannot reach the database at {shown_url(url)} ({_reason(exc, url)}). Check HANDLES_DATABASE_URL, "
+            "that the database server is running and accepts connections from here, and the credentials."
+        ) from None

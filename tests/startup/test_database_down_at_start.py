@@ -1,0 +1,96 @@
+"""An HTTP node whose PostgreSQL is down when it starts: it serves, says not-ready, and recovers by itself.
+
+The database is reached through the reliability suite's TCP relay, switched off at start-up and on
+later; the node is the example server as a subprocess over HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+from sqlalchemy import create_engine
+
+from handles.store import migrate
+from tests.durability.harness import ServerProcess
+from tests.reliability.support import Relay
+from tests.startup.support import probe, wait_for_probe
+
+
+@pytest.fixture
+def relay(postgres_url: str) -> Iterator[Relay]:
+    """A relay to PostgreSQL (a schema at the newest revision), not accepting connections yet."""
+    engine = create_engine(postgres_url)
+    migrate.upgrade(engine)
+    engine.dispose()
+    relay = Relay(5432, http=False)
+    try:
+        yield relay
+    finally:
+        relay.close()
+
+
+async def _start_report(url: str) -> tuple[dict[str, Any], bool]:
+    async with Client(url) as client:
+        result = await client.call_tool("generate_report_start", {"account": "acme", "months": 2})
+    if result.structured_content is not None:
+        return result.structured_content, bool(result.is_error)
+    return json.loads(result.content[0].text), bool(result.is_error)  # type: ignore[union-attr]
+
+
+def test_node_serves_not_ready_then_becomes_ready_when_the_database_comes_up(
+    tmp_path: Path, relay: Relay, postgres_url: str
+) -> None:
+    server = ServerProcess(
+        tmp_path, HANDLES_DATABASE_URL=relay.database_url(postgres_url), EXAMPLE_JOB_SECONDS="0.5"
+    )
+    server.start()  # returns once it listens: the node did not die
+    base = server.url.removesuffix("/mcp")
+    try:
+        assert probe(base, "/healthz") == (200, {"status": "ok"})
+        assert probe(base, "/readyz") == (503, {"status": "not_ready", "reason": "database unreachable"})
+        refused, is_error = asyncio.run(_start_report(server.url))
+        assert is_error and refused["error"] == "store_unavailable" and refused["retryable"] is True, refused
+        assert "Retry" in refused["next"]
+
+        relay.up()
+        assert wait_for_probe(base, "/readyz", 200, timeout=30) == {"status": "ready"}
+        started, is_error = asyncio.run(_start_report(server.url))
+        assert not is_error and started["status"] in ("working", "completed"), started
+
+        relay.down()  # the database goes away while the node runs: not ready, then ready again
+        body = wait_for_probe(base, "/readyz", 503, timeout=10)
+        assert body == {"status": "not_ready", "reason": "database unreachable"}
+        relay.up()
+        assert wait_for_probe(base, "/readyz", 200, timeout=30) == {"status": "ready"}
+    finally:
+        server.stop()
+    log = server.log.read_text()
+    assert "Traceback" not in log, log[-3000:]
+    attempts = [line for line in log.splitlines() if "start-up attempt" in line]
+    assert attempts and all("WARNING" in line and "Cannot reach the database" in line for line in attempts), (
+        log
+    )
+    assert "the job runtime has started" in log
+
+
+def test_node_waiting_for_its_database_stops_cleanly_on_sigterm(
+    tmp_path: Path, relay: Relay, postgres_url: str
+) -> None:
+    server = ServerProcess(tmp_path, HANDLES_DATABASE_URL=relay.database_url(postgres_url))
+    server.start()
+    try:
+        base = server.url.removesuffix("/mcp")
+        assert probe(base, "/readyz")[0] == 503
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=10) in (0, -15)
+    finally:
+        server.stop()
+    log = server.log.read_text()
+    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
