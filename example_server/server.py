@@ -21,6 +21,7 @@ from mcp.server.mcpserver import MCPServer
 from pydantic import BaseModel, Field
 
 from handles import Handles, HandlesConfig, JobContext, ToolError
+from handles.layout import ToolLayout, ToolNames
 
 
 def job_seconds() -> float:
@@ -145,21 +146,24 @@ def create_jobs(config: HandlesConfig | None = None) -> Handles:
     return jobs
 
 
-def build_server(jobs: Handles, *, token_verifier: Any = None, auth: Any = None) -> MCPServer[Any]:
-    """The example MCPServer: every job's tools (plain, handle and Tasks) and the quick tool."""
+def build_server(
+    jobs: Handles, *, layout: ToolLayout = "per_job", token_verifier: Any = None, auth: Any = None
+) -> MCPServer[Any]:
+    """The example MCPServer: every job's tools (plain, handle and Tasks) in `layout`, and the quick tool."""
+    names = ToolNames.of(layout)
+    follow = ", ".join(names.name("<job>", verb) for verb in ("progress", "fetch", "respond", "cancel"))
     server: MCPServer[Any] = MCPServer(
         "handles-example",
         instructions=(
             "Each long job is a tool of its own name, which answers its result when the job is quick and "
             "a handle otherwise; clients that declare the io.modelcontextprotocol/tasks extension get a task. "
-            "The handle works with <job>_progress, <job>_fetch, <job>_respond (answer its questions) and "
-            "<job>_cancel; <job>_start starts a job and returns its handle at once. Each reply's `next` "
-            "field says what to do next."
+            f"The handle works with {follow} (respond answers its questions); <job>_start starts a job and "
+            "returns its handle at once. Each reply's `next` field says what to do next."
         ),
         token_verifier=token_verifier,
         auth=auth,
         extensions=[jobs.tasks_extension()],
     )
     server.add_tool(lookup_account, structured_output=True)
-    jobs.bind(server)
+    jobs.bind(server, layout=layout)
     return server

@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 
 from handles.errors import CallerError
 from handles.jobs import JobSpec, describe_duration
+from handles.layout import ToolNames
 from handles.mcp import to_call_tool_result
 from handles.service import JobService
 from handles.states import Status
@@ -70,11 +71,13 @@ class HandoffOutput(BaseModel):
 class PlainTool:
     """The plain tool of one job."""
 
-    def __init__(self, spec: JobSpec, service: JobService, policy: PlainCallPolicy) -> None:
+    def __init__(
+        self, spec: JobSpec, service: JobService, policy: PlainCallPolicy, names: ToolNames | None = None
+    ) -> None:
         self.spec = spec
         self.service = service
         self.policy = policy
-        self.handle_tools = JobTools(spec, service)
+        self.handle_tools = JobTools(spec, service, names)
         budget = policy.inline_budget
         self.budget_seconds = (
             budget.total_seconds() if budget is not None else service.config.inline_budget_seconds
@@ -91,8 +94,8 @@ class PlainTool:
         if self.policy.mode == "tasks_only":
             return (
                 f"{spec.description}\n\nRuns only as a task: declare the {TASKS_EXTENSION} extension on the "
-                f"call, or use {tool('start')} and its {spec.name}_* companions instead. Jobs and their "
-                f"results are kept for {retention}."
+                f"call, or use {tool('start')} instead and follow the job with {tool('progress')} and "
+                f"{tool('fetch')}. Jobs and their results are kept for {retention}."
             )
         return (
             f"{spec.description}\n\nAnswers with the result when the job finishes within about "
