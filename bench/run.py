@@ -40,6 +40,7 @@ SECTIONS = (
     "multinode",
     "profile",
     "handle_timing",
+    "tool_list_size",
 )
 NOT_QUICK = ("handle_timing",)
 """Sections a `--quick` run leaves out unless named with `--only` (each takes more than 20 s)."""
