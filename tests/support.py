@@ -31,6 +31,7 @@ from mcp_types import CallToolResult, TextContent, Tool
 
 from handles import Handles, HandlesConfig
 from handles.handle import HandleCodec
+from handles.layout import ToolLayout, ToolNames
 
 TOOL_NAME_IN_TEXT = re.compile(r"\b[a-z][a-z0-9_]*_(?:start|progress|fetch|cancel|respond)\b")
 """A generated tool's name inside a sentence (`generate_report_progress`, `jobs_fetch`)."""
@@ -94,10 +95,10 @@ def example_env(data_dir: Path, keys: Sequence[str], **extra: str) -> dict[str, 
     return env
 
 
-def stdio_params(env: dict[str, str]) -> StdioServerParameters:
-    """Launch `python -m example_server` over stdio with `env`."""
+def stdio_params(env: dict[str, str], layout: ToolLayout = "per_job") -> StdioServerParameters:
+    """Launch `python -m example_server --layout <layout>` over stdio with `env`."""
     return StdioServerParameters(
-        command=sys.executable, args=["-m", "example_server"], env=env, cwd=REPO_ROOT
+        command=sys.executable, args=["-m", "example_server", "--layout", layout], env=env, cwd=REPO_ROOT
     )
 
 
@@ -284,6 +285,11 @@ class Connected:
     transport: str
     key: str
     principal: str
+    layout: ToolLayout = "per_job"
+
+    def tool(self, job: str, verb: str) -> str:
+        """The name of `job`'s `verb` tool in this server's layout (`<job>_progress` or `jobs_progress`)."""
+        return ToolNames.of(self.layout).name(job, verb)
 
 
 @dataclass
@@ -336,7 +342,7 @@ class HttpExampleServer:
     data_dir: Path
     keys: list[str]
     tokens: dict[str, str] | None = None
-    layout: str | None = None
+    layout: ToolLayout | None = None
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None

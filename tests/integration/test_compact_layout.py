@@ -8,7 +8,7 @@ names is listed).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -28,17 +28,6 @@ SHARED = ["jobs_progress", "jobs_fetch", "jobs_cancel", "jobs_respond"]
 JOBS = ["generate_report", "deploy_release", "export_dataset"]
 
 
-@pytest.fixture(scope="module")
-def http_compact(tmp_path_factory: pytest.TempPathFactory, signing_key: str) -> Iterator[HttpExampleServer]:
-    server = HttpExampleServer(
-        tmp_path_factory.mktemp("http-compact"), [signing_key], layout="compact"
-    ).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture(params=["inprocess", "http"])
 async def compact(
     request: pytest.FixtureRequest, tmp_path: Path, signing_key: str
@@ -52,7 +41,7 @@ async def compact(
         finally:
             await jobs.aclose()
     else:
-        server: HttpExampleServer = request.getfixturevalue("http_compact")
+        server: HttpExampleServer = request.getfixturevalue("http_compact_example")
         async with connect(server.url, forbidden=[signing_key]) as client:
             yield Connected(client, "http", signing_key, LOCAL_PRINCIPAL)
 
