@@ -17,6 +17,7 @@ from example_server.server import build_server, create_jobs
 from handles.handle import HandleCodec
 from tests.support import (
     LOCAL_PRINCIPAL,
+    TOOL_NAME_IN_TEXT,
     Connected,
     HttpExampleServer,
     ToolClient,
@@ -147,3 +148,15 @@ async def test_the_argument_gate_covers_the_shared_tools(compact: Connected) -> 
         assert reply.is_error and reply["error"] == "invalid_arguments", (tool, reply.text)
         assert expected in reply["message"], (tool, reply["message"])
         assert f"{tool} again with" in reply["next"]
+
+
+async def test_the_plain_tool_hands_off_to_the_shared_tools(compact: Connected) -> None:
+    """A plain `deploy_release` call that stops at the question answers its handle and says to use jobs_respond."""
+    tools = await compact.client.tools()
+    result = await compact.client.client.call_tool("deploy_release", {"version": "6.0.0"})
+    handoff = result.structured_content
+    assert handoff is not None and handoff["status"] == "input_required", result
+    assert "jobs_respond" in handoff["next"] and "jobs_progress" in handoff["next"]
+    assert set(TOOL_NAME_IN_TEXT.findall(handoff["next"])) <= set(tools), handoff["next"]
+    cancelled = await compact.client.call("jobs_cancel", {"handle": handoff["handle"]})
+    assert cancelled["job"] == "deploy_release" and cancelled["status"] == "cancelled"
