@@ -7,7 +7,8 @@ gets here (handles/tasks.py). Every other call follows the job's `plain_call` po
   budget. A job that ends in time answers exactly as an ordinary tool would (its
   stored `CallToolResult`; a failed job's JSON-RPC error). A job still running, or
   waiting for an answer, answers with its handle and says to continue with
-  `<job>_progress` / `<job>_fetch` (and `<job>_respond`). While waiting, progress goes
+  `<job>_progress` / `<job>_fetch` (and `<job>_respond`), or the shared `jobs_*` tools
+  in the compact layout. While waiting, progress goes
   out as `notifications/progress` when the request carries a progress token.
 - `"tasks_only"`: refused with `-32021`, naming the extension the caller must declare.
 """

@@ -1,5 +1,10 @@
 """The generator: one job in, its handle tools out (names, descriptions, schemas, handlers).
 
+`JobTools` makes a job's `<job>_start` and, in the per-job layout, its follow tools;
+`SharedTools` makes the compact layout's `jobs_*` follow tools, which hand each handle to
+the `JobTools` of its job. Both build the follow tools with `follow_definitions`, told whose
+handles they take by a `FollowScope`, and name every tool through `handles.layout.ToolNames`.
+
 Framework-neutral: a `ToolDefinition` carries pydantic models for its input and
 output and an async handler `(principal, arguments) -> ToolReply`. `handles.mcp`
 binds these to the SDK's server. Every reply says what to call next (`next`),
@@ -492,11 +497,11 @@ class SharedTools:
             names=self.names,
             job=SHARED_PREFIX,
             label="job",
-            subject="any job",
+            subject="a job",
             started="started with any *_start tool (the handle says which job)",
             running="a running job of any kind",
-            expiry="Handles expire when their job's retention ends (each start tool states it).",
-            kept="Results are kept for their job's retention (each start tool states it).",
+            expiry="Handles expire when their job's retention ends (each *_start tool states it).",
+            kept="Results are kept for their job's retention (each *_start tool states it).",
             max_wait=self.service.config.max_wait_seconds,
         )
         handlers = {verb: self._dispatch(verb) for verb in FOLLOW_VERBS}
