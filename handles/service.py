@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from handles.config import HandlesConfig
-from handles.elicitation import validate_answer
+from handles.elicitation import describe_fields, validate_answer
 from handles.errors import (
     ExpiredHandle,
     IdempotencyConflict,
@@ -398,14 +398,21 @@ class JobService:
         )
         pending = {r.key: r for r in await self.store.read(self.store.repo.pending_inputs, record.id)}
         problems: list[str] = []
+        expected: list[str] = []
         for key, answer in responses.items():
             request = pending.get(key)
             if request is None:
                 continue
-            problems.extend(f"{key}.{p}" for p in validate_answer(request.requested_schema, answer))
+            found = validate_answer(request.requested_schema, answer)
+            problems.extend(f"{key}.{p}" for p in found)
+            if found:
+                expected.append(f"{key} expects {describe_fields(request.requested_schema)}.")
         if problems:
             raise InvalidArguments(
-                "Some answers do not fit the requested schema: " + "; ".join(problems) + ".",
+                "Some answers do not fit the requested schema: "
+                + "; ".join(problems)
+                + ". "
+                + " ".join(expected),
                 f"Fix those fields and call {again or spec.name + '_respond'} again; nothing was stored.",
             )
         outcome = await self.store.write(record.id, self.store.repo.answer_inputs, record.id, responses)

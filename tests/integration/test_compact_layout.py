@@ -131,6 +131,10 @@ async def test_an_answer_of_the_wrong_shape_is_refused_naming_what_was_expected(
     assert wrong.is_error and wrong.structured is None and wrong["error"] == "invalid_arguments"
     assert "q1.approve: expected true or false" in wrong["message"]
     assert "q1.environment: required" in wrong["message"]
+    assert (
+        "q1 expects approve (true or false, required), environment (one of 'staging', 'production', required)"
+        in (wrong["message"])
+    ), "the refusal says what the question expects, not only what was wrong"
     assert "jobs_respond" in wrong["next"] and "nothing was stored" in wrong["next"]
     waiting = await client.call("jobs_progress", {"handle": deploy})
     assert waiting["status"] == "input_required", "nothing was stored"
