@@ -42,6 +42,7 @@ SECTIONS = (
     "handle_timing",
     "round_trips",
     "waiters",
+    "tool_list_size",
 )
 NOT_QUICK = ("handle_timing",)
 """Sections a `--quick` run leaves out unless named with `--only` (each takes more than 20 s)."""

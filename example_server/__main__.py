@@ -1,4 +1,5 @@
-"""Run the example server: `python -m example_server` (stdio) or `--http --port N [--tokens FILE]`."""
+"""Run the example server: `python -m example_server` (stdio) or `--http --port N [--tokens FILE]`,
+with `--layout compact` for the shared follow tools."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from mcp.server.auth.settings import AuthSettings
 
 from example_server.server import build_server, create_jobs
 from handles.errors import ConfigurationError
+from handles.layout import LAYOUTS
 from handles.mcp import serve_http, serve_stdio
 
 
@@ -47,6 +49,13 @@ def serve(argv: list[str] | None) -> None:
     )
     parser.add_argument("--port", type=int, default=8000, help="HTTP port on 127.0.0.1 (default 8000)")
     parser.add_argument("--tokens", type=Path, help="JSON file {token: principal}; requires bearer tokens")
+    parser.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="per_job",
+        help="per_job: <job>_progress/_fetch/_cancel/_respond per job (default); "
+        "compact: one shared jobs_progress/_fetch/_cancel/_respond",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -54,7 +63,7 @@ def serve(argv: list[str] | None) -> None:
 
     jobs = create_jobs()
     if not args.http:
-        asyncio.run(serve_stdio(build_server(jobs), jobs))
+        asyncio.run(serve_stdio(build_server(jobs, layout=args.layout), jobs))
         return
 
     options: dict[str, Any] = {}
@@ -65,7 +74,7 @@ def serve(argv: list[str] | None) -> None:
         options["auth"] = AuthSettings(
             issuer_url=base, resource_server_url=f"{base}/mcp", validate_token_resource=False
         )
-    server = build_server(jobs, **options)
+    server = build_server(jobs, layout=args.layout, **options)
     asyncio.run(serve_http(server, jobs, host="127.0.0.1", port=args.port))
 
 

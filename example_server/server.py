@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
@@ -21,6 +22,8 @@ from mcp.server.mcpserver import MCPServer
 from pydantic import BaseModel, Field
 
 from handles import Handles, HandlesConfig, JobContext, ToolError
+from handles.jobs import JobOptions
+from handles.layout import ToolLayout, ToolNames
 
 
 def job_seconds() -> float:
@@ -123,43 +126,63 @@ def lookup_account(account: str) -> dict[str, Any]:
     return {"account": account, "plan": "enterprise" if len(account) > 4 else "team", "region": "eu-west"}
 
 
+EXAMPLE_JOBS: list[tuple[Callable[..., Any], JobOptions]] = [
+    # A report is pure: safe to run again after a crash.
+    (
+        generate_report,
+        {"retention": timedelta(hours=6), "poll_after": timedelta(seconds=2), "on_interrupt": "retry"},
+    ),
+    # A deployment has effects, each guarded by a durable step, so a retry resumes instead of repeating them.
+    (
+        deploy_release,
+        {
+            "retention": timedelta(hours=6),
+            "poll_after": timedelta(seconds=2),
+            "asks_input": True,
+            "input_timeout": timedelta(hours=1),
+            "on_interrupt": "retry",
+        },
+    ),
+    # An export left half-done is not resumable here: on a crash it fails and says so.
+    (
+        export_dataset,
+        {
+            "retention": timedelta(hours=1),
+            "keep_result_for": timedelta(minutes=30),
+            "poll_after": timedelta(seconds=2),
+        },
+    ),
+]
+"""The example jobs and their options, in declaration order (bench/tool_list_size.py declares them again
+under other names)."""
+
+
 def create_jobs(config: HandlesConfig | None = None) -> Handles:
     """A `Handles` instance with the three example jobs declared (configuration from the environment by default)."""
     jobs = Handles(config)
-    # A report is pure: safe to run again after a crash.
-    jobs.job(retention=timedelta(hours=6), poll_after=timedelta(seconds=2), on_interrupt="retry")(
-        generate_report
-    )
-    # A deployment has effects, each guarded by a durable step, so a retry resumes instead of repeating them.
-    jobs.job(
-        retention=timedelta(hours=6),
-        poll_after=timedelta(seconds=2),
-        asks_input=True,
-        input_timeout=timedelta(hours=1),
-        on_interrupt="retry",
-    )(deploy_release)
-    # An export left half-done is not resumable here: on a crash it fails and says so.
-    jobs.job(
-        retention=timedelta(hours=1), keep_result_for=timedelta(minutes=30), poll_after=timedelta(seconds=2)
-    )(export_dataset)
+    for function, options in EXAMPLE_JOBS:
+        jobs.job(**options)(function)
     return jobs
 
 
-def build_server(jobs: Handles, *, token_verifier: Any = None, auth: Any = None) -> MCPServer[Any]:
-    """The example MCPServer: every job's tools (plain, handle and Tasks) and the quick tool."""
+def build_server(
+    jobs: Handles, *, layout: ToolLayout = "per_job", token_verifier: Any = None, auth: Any = None
+) -> MCPServer[Any]:
+    """The example MCPServer: every job's tools (plain, handle and Tasks) in `layout`, and the quick tool."""
+    names = ToolNames.of(layout)
+    follow = ", ".join(names.name("<job>", verb) for verb in ("progress", "fetch", "respond", "cancel"))
     server: MCPServer[Any] = MCPServer(
         "handles-example",
         instructions=(
             "Each long job is a tool of its own name, which answers its result when the job is quick and "
             "a handle otherwise; clients that declare the io.modelcontextprotocol/tasks extension get a task. "
-            "The handle works with <job>_progress, <job>_fetch, <job>_respond (answer its questions) and "
-            "<job>_cancel; <job>_start starts a job and returns its handle at once. Each reply's `next` "
-            "field says what to do next."
+            f"The handle works with {follow} (respond answers its questions); <job>_start starts a job and "
+            "returns its handle at once. Each reply's `next` field says what to do next."
         ),
         token_verifier=token_verifier,
         auth=auth,
         extensions=[jobs.tasks_extension()],
     )
     server.add_tool(lookup_account, structured_output=True)
-    jobs.bind(server)
+    jobs.bind(server, layout=layout)
     return server

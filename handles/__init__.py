@@ -2,7 +2,9 @@
 
 One async function becomes `<job>_start`, `<job>_progress`, `<job>_fetch`,
 `<job>_cancel` (and `<job>_respond`) tools sharing a signed, principal-bound
-handle, on durable SQL state.
+handle, on durable SQL state; in the compact layout (`bind(server, layout="compact")`)
+one shared `jobs_progress`, `jobs_fetch`, `jobs_cancel` (and `jobs_respond`) serve
+every job.
 
 Names are imported on first use, so `handles.cli` and the store stay quick to load.
 """

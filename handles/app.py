@@ -22,6 +22,7 @@ from handles.errors import ConfigurationError
 from handles.first import asks_in_band, first_round
 from handles.handle import HandleCodec
 from handles.jobs import JobOptions, JobSpec
+from handles.layout import ToolLayout, ToolNames
 from handles.mcp import add_plain_tool, add_tools
 from handles.plain import PlainCall, PlainCallPolicy, PlainTool
 from handles.principal import PrincipalResolver, default_resolver
@@ -31,7 +32,7 @@ from handles.store import Clock, JobRepository, Store, utc_now
 from handles.store.reach import database_errors
 from handles.store.schema import SchemaGate
 from handles.tasks import TasksExtension
-from handles.tools import JobTools, ToolDefinition
+from handles.tools import JobTools, SharedTools, ToolDefinition
 
 logger = logging.getLogger("handles")
 
@@ -175,17 +176,21 @@ class Handles:
     def runtime(self) -> Runtime:
         return self._machinery().runtime
 
-    def tool_definitions(self) -> list[ToolDefinition]:
-        """Every handle tool of every declared job."""
-        definitions: list[ToolDefinition] = []
-        for spec in self._specs.values():
-            definitions.extend(JobTools(spec, self._machinery()).definitions())
+    def tool_definitions(self, layout: ToolLayout = "per_job") -> list[ToolDefinition]:
+        """Every handle tool of every declared job, in `layout` (see `bind`)."""
+        names = ToolNames.of(layout)
+        service = self._machinery()
+        tools = {name: JobTools(spec, service, names) for name, spec in self._specs.items()}
+        definitions = [definition for job in tools.values() for definition in job.definitions()]
+        if names.shared:
+            definitions.extend(SharedTools(tools, service, names).definitions())
         return definitions
 
-    def plain_tools(self) -> list[PlainTool]:
-        """The plain tool `<job>` of every declared job."""
+    def plain_tools(self, layout: ToolLayout = "per_job") -> list[PlainTool]:
+        """The plain tool `<job>` of every declared job, pointing at the tools of `layout`."""
+        names = ToolNames.of(layout)
         service = self._machinery()
-        return [PlainTool(spec, service, self._plain[name]) for name, spec in self._specs.items()]
+        return [PlainTool(spec, service, self._plain[name], names) for name, spec in self._specs.items()]
 
     def tasks_extension(self) -> TasksExtension:
         """The Tasks extension serving these jobs; pass it to `MCPServer(extensions=[...])`."""
@@ -193,8 +198,14 @@ class Handles:
             self._tasks = TasksExtension(self)
         return self._tasks
 
-    def bind(self, server: MCPServer[Any]) -> None:
+    def bind(self, server: MCPServer[Any], *, layout: ToolLayout = "per_job") -> None:
         """Add every declared job's handle tools and its plain tool `<job>` to `server`.
+
+        `layout="per_job"` (the default) gives each job `<job>_start`, `<job>_progress`,
+        `<job>_fetch`, `<job>_cancel` (and `<job>_respond`); `layout="compact"` keeps
+        `<job>_start` per job and adds one shared `jobs_progress`, `jobs_fetch`, `jobs_cancel`
+        (and `jobs_respond`) for every job: fewer tools in every model's context
+        (docs/reference.md#tool-layouts). Either way each job also gets its plain tool `<job>`.
 
         Build the server with `extensions=[jobs.tasks_extension()]` so that a `tools/call <job>`
         declaring the Tasks extension becomes a task.
@@ -203,8 +214,16 @@ class Handles:
             raise ConfigurationError(
                 "No jobs are declared; decorate at least one function with @handles.job."
             )
-        add_tools(server, self.tool_definitions(), self.principal_resolver)
-        for tool in self.plain_tools():
+        definitions = self.tool_definitions(layout)
+        plain = self.plain_tools(layout)
+        names = [definition.name for definition in definitions] + [tool.name for tool in plain]
+        clashes = sorted({name for name in names if names.count(name) > 1})
+        if clashes:
+            raise ConfigurationError(
+                f"Two tools would be named {', '.join(clashes)}; rename the job that causes it."
+            )
+        add_tools(server, definitions, self.principal_resolver)
+        for tool in plain:
             add_plain_tool(
                 server,
                 name=tool.name,

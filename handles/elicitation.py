@@ -97,6 +97,27 @@ def validate_answer(schema: dict[str, Any], answer: Any) -> list[str]:
     return problems
 
 
+def describe_fields(schema: dict[str, Any]) -> str:
+    """What an answer to a stored question holds: `approve (true or false, required), note (a string)`."""
+    required = set(schema.get("required", ()))
+    parts = [
+        f"{name} ({_expects(prop)}{', required' if name in required else ''})"
+        for name, prop in schema.get("properties", {}).items()
+    ]
+    return ", ".join(parts) or "no fields (answer {})"
+
+
+def _expects(prop: dict[str, Any]) -> str:
+    kind = prop.get("type", "string")
+    if kind == "array":
+        allowed = _allowed_values(prop.get("items", {}))
+        return "a list of choices" + (f" from {', '.join(map(repr, allowed))}" if allowed else "")
+    allowed = _allowed_values(prop)
+    if allowed is not None:
+        return "one of " + ", ".join(map(repr, allowed))
+    return {"boolean": "true or false", "integer": "an integer", "number": "a number"}.get(kind, "a string")
+
+
 def _allowed_values(prop: dict[str, Any]) -> list[Any] | None:
     if isinstance(prop.get("enum"), list):
         return list(prop["enum"])

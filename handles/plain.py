@@ -7,7 +7,8 @@ gets here (handles/tasks.py). Every other call follows the job's `plain_call` po
   budget. A job that ends in time answers exactly as an ordinary tool would (its
   stored `CallToolResult`; a failed job's JSON-RPC error). A job still running, or
   waiting for an answer, answers with its handle and says to continue with
-  `<job>_progress` / `<job>_fetch` (and `<job>_respond`). While waiting, progress goes
+  `<job>_progress` / `<job>_fetch` (and `<job>_respond`), or the shared `jobs_*` tools
+  in the compact layout. While waiting, progress goes
   out as `notifications/progress` when the request carries a progress token.
 - `"tasks_only"`: refused with `-32021`, naming the extension the caller must declare.
 """
@@ -28,6 +29,7 @@ from pydantic import BaseModel, Field
 
 from handles.errors import CallerError
 from handles.jobs import JobSpec, describe_duration
+from handles.layout import ToolNames
 from handles.mcp import to_call_tool_result
 from handles.service import JobService
 from handles.states import Status
@@ -70,11 +72,13 @@ class HandoffOutput(BaseModel):
 class PlainTool:
     """The plain tool of one job."""
 
-    def __init__(self, spec: JobSpec, service: JobService, policy: PlainCallPolicy) -> None:
+    def __init__(
+        self, spec: JobSpec, service: JobService, policy: PlainCallPolicy, names: ToolNames | None = None
+    ) -> None:
         self.spec = spec
         self.service = service
         self.policy = policy
-        self.handle_tools = JobTools(spec, service)
+        self.handle_tools = JobTools(spec, service, names)
         budget = policy.inline_budget
         self.budget_seconds = (
             budget.total_seconds() if budget is not None else service.config.inline_budget_seconds
@@ -91,8 +95,8 @@ class PlainTool:
         if self.policy.mode == "tasks_only":
             return (
                 f"{spec.description}\n\nRuns only as a task: declare the {TASKS_EXTENSION} extension on the "
-                f"call, or use {tool('start')} and its {spec.name}_* companions instead. Jobs and their "
-                f"results are kept for {retention}."
+                f"call, or use {tool('start')} instead and follow the job with {tool('progress')} and "
+                f"{tool('fetch')}. Jobs and their results are kept for {retention}."
             )
         return (
             f"{spec.description}\n\nAnswers with the result when the job finishes within about "

@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from handles.config import HandlesConfig
-from handles.elicitation import validate_answer
+from handles.elicitation import describe_fields, validate_answer
 from handles.errors import (
     DatabaseUnreachable,
     ExpiredHandle,
@@ -53,6 +53,13 @@ class StartedJob:
     job: JobRecord
     handle: str
     created: bool
+
+
+UNKNOWN_HANDLE = (
+    "This handle is not valid here: it may be mistyped, truncated, made up, signed by a retired key, "
+    "or issued to someone else."
+)
+"""What every handle that does not open a job of the caller's gets told, whatever it really is."""
 
 
 def arguments_digest(arguments: dict[str, Any]) -> str:
@@ -326,21 +333,27 @@ class JobService:
 
     async def open_any(self, principal: str, handle: object) -> tuple[JobSpec, JobRecord]:
         """The caller's job for a handle of any declared kind (the Tasks face has no tool name to go by)."""
+        unknown = UnknownHandle(
+            UNKNOWN_HANDLE, "Pass the exact handle string the server returned, or start a new job."
+        )
+        spec = await self.spec_of(principal, handle, unknown)
+        return spec, await self.open(spec, principal, handle)
+
+    async def spec_of(self, principal: str, handle: object, unknown: UnknownHandle) -> JobSpec:
+        """The declared job a genuine handle of `principal` belongs to (its signed kind); else raises `unknown`.
+
+        A made-up handle, another principal's and one of a job not declared here are refused alike.
+        """
         await self.ensure_running()
         claims = self.codec.verify(handle, principal=principal)
         spec = self.specs.get(claims.kind) if claims is not None else None
         if spec is None:
-            raise UnknownHandle(
-                "This handle is not valid here: it may be mistyped, truncated, made up, signed by a retired "
-                "key, or issued to someone else.",
-                "Pass the exact handle string the server returned, or start a new job.",
-            )
-        return spec, await self.open(spec, principal, handle)
+            raise unknown
+        return spec
 
     def unknown_handle(self, spec: JobSpec) -> UnknownHandle:
         return UnknownHandle(
-            "This handle is not valid here: it may be mistyped, truncated, made up, signed by a retired key, "
-            "or issued to someone else.",
+            UNKNOWN_HANDLE,
             f"Pass the exact handle string that {spec.name}_start returned, or start a new job with "
             f"{spec.name}_start.",
         )
@@ -400,8 +413,13 @@ class JobService:
             self.runtime.signal_cancel(record.id)
         return outcome.job
 
-    async def respond(self, spec: JobSpec, record: JobRecord, responses: dict[str, Any]) -> AnswerOutcome:
-        """Check every answer against its question's schema, then store them all or none."""
+    async def respond(
+        self, spec: JobSpec, record: JobRecord, responses: dict[str, Any], *, again: str | None = None
+    ) -> AnswerOutcome:
+        """Check every answer against its question's schema, then store them all or none.
+
+        `again` is the tool to call again after a refused answer (default `<job>_respond`).
+        """
         check_size(
             responses,
             MAX_RESPONSE_BYTES,
@@ -410,15 +428,22 @@ class JobService:
         )
         pending = {r.key: r for r in await self.store.read(self.store.repo.pending_inputs, record.id)}
         problems: list[str] = []
+        expected: list[str] = []
         for key, answer in responses.items():
             request = pending.get(key)
             if request is None:
                 continue
-            problems.extend(f"{key}.{p}" for p in validate_answer(request.requested_schema, answer))
+            found = validate_answer(request.requested_schema, answer)
+            problems.extend(f"{key}.{p}" for p in found)
+            if found:
+                expected.append(f"{key} expects {describe_fields(request.requested_schema)}.")
         if problems:
             raise InvalidArguments(
-                "Some answers do not fit the requested schema: " + "; ".join(problems) + ".",
-                f"Fix those fields and call {spec.name}_respond again; nothing was stored.",
+                "Some answers do not fit the requested schema: "
+                + "; ".join(problems)
+                + ". "
+                + " ".join(expected),
+                f"Fix those fields and call {again or spec.name + '_respond'} again; nothing was stored.",
             )
         outcome = await self.store.write(record.id, self.store.repo.answer_inputs, record.id, responses)
         if outcome is None:

@@ -1,5 +1,10 @@
 """The generator: one job in, its handle tools out (names, descriptions, schemas, handlers).
 
+`JobTools` makes a job's `<job>_start` and, in the per-job layout, its follow tools;
+`SharedTools` makes the compact layout's `jobs_*` follow tools, which hand each handle to
+the `JobTools` of its job. Both build the follow tools with `follow_definitions`, told whose
+handles they take by a `FollowScope`, and name every tool through `handles.layout.ToolNames`.
+
 Framework-neutral: a `ToolDefinition` carries pydantic models for its input and
 output and an async handler `(principal, arguments) -> ToolReply`. `handles.mcp`
 binds these to the SDK's server. Every reply says what to call next (`next`),
@@ -9,16 +14,17 @@ because the caller is often a language model that would otherwise guess.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Optional
 
 from pydantic import BaseModel, Field, create_model
 
-from handles.errors import CallerError
+from handles.errors import CallerError, UnknownHandle
 from handles.jobs import JobSpec, describe_duration
-from handles.service import JobService
+from handles.layout import FOLLOW_VERBS, SHARED_PREFIX, ToolNames
+from handles.service import UNKNOWN_HANDLE, JobService
 from handles.states import Status
 from handles.store import InputRequestRecord, JobRecord
 
@@ -172,11 +178,12 @@ def _guarded(handler: ToolHandler) -> ToolHandler:
 
 
 class JobTools:
-    """The handle tools of one job."""
+    """The handle tools of one job, named as the layout says (`names`)."""
 
-    def __init__(self, spec: JobSpec, service: JobService) -> None:
+    def __init__(self, spec: JobSpec, service: JobService, names: ToolNames | None = None) -> None:
         self.spec = spec
         self.service = service
+        self.names = names or ToolNames()
         self.max_wait = service.config.max_wait_seconds
         result_type: Any = spec.metadata.output_model
         self.fetch_model: type[FetchOutputBase] = create_model(
@@ -191,7 +198,8 @@ class JobTools:
     # -- names and guidance ------------------------------------------------
 
     def tool(self, verb: str) -> str:
-        return f"{self.spec.name}_{verb}"
+        """The name of this job's `verb` tool in the layout (`<job>_progress` or the shared `jobs_progress`)."""
+        return self.names.name(self.spec.name, verb)
 
     @property
     def poll_after_ms(self) -> int:
@@ -373,7 +381,7 @@ class JobTools:
     async def respond(self, principal: str, arguments: dict[str, Any]) -> ToolReply:
         job = await self.service.open(self.spec, principal, arguments.get("handle"))
         responses = arguments.get("responses") or {}
-        outcome = await self.service.respond(self.spec, job, responses)
+        outcome = await self.service.respond(self.spec, job, responses, again=self.tool("respond"))
         pending = await self.service.pending_inputs(outcome.job)
         out = RespondOutput(
             job=self.spec.name,
@@ -388,20 +396,9 @@ class JobTools:
     # -- definitions ---------------------------------------------------------
 
     def definitions(self) -> list[ToolDefinition]:
+        """`<job>_start`, and this job's own follow tools unless the layout shares them (compact)."""
         spec = self.spec
         retention = describe_duration(spec.retention)
-        wait_field = (
-            float,
-            Field(
-                0,
-                ge=0,
-                description=(
-                    f"Seconds to wait for a change before answering (0 answers at once; at most "
-                    f"{int(self.max_wait)}). Waiting is cheaper than polling often."
-                ),
-            ),
-        )
-        handle_field = (str, Field(description=HANDLE_DESCRIPTION))
         start_input = create_model(
             f"{spec.name}_start_input",
             __base__=spec.metadata.arg_model,
@@ -416,90 +413,211 @@ class JobTools:
                 ),
             ),
         )
-        defs = [
-            ToolDefinition(
-                name=self.tool("start"),
-                title=f"Start {spec.name}",
-                description=(
-                    f"{spec.description}\n\nStarts this as a background job and answers at once with a handle. "
-                    f"Follow it with {self.tool('progress')} and get the result with {self.tool('fetch')}"
-                    + (f"; answer its questions with {self.tool('respond')}" if spec.asks_input else "")
-                    + f". Jobs and their results are kept for {retention}; after that the handle expires."
-                ),
-                input_model=start_input,
-                output_model=StartOutput,
-                handler=_guarded(self.start),
-                read_only=False,
-                idempotent=False,
+        start = ToolDefinition(
+            name=self.tool("start"),
+            title=f"Start {spec.name}",
+            description=(
+                f"{spec.description}\n\nStarts this as a background job and answers at once with a handle. "
+                f"Follow it with {self.tool('progress')} and get the result with {self.tool('fetch')}"
+                + (f"; answer its questions with {self.tool('respond')}" if spec.asks_input else "")
+                + f". Jobs and their results are kept for {retention}; after that the handle expires."
             ),
+            input_model=start_input,
+            output_model=StartOutput,
+            handler=_guarded(self.start),
+            read_only=False,
+            idempotent=False,
+        )
+        if self.names.shared:
+            return [start]
+        scope = FollowScope(
+            names=self.names,
+            job=spec.name,
+            label=spec.name,
+            subject=f"a {spec.name} job",
+            started=f"started with {self.tool('start')}",
+            running=f"a running {spec.name} job",
+            expiry=f"Handles expire {retention} after the job started.",
+            kept=f"Results are kept for {retention} after the job started.",
+            max_wait=self.max_wait,
+        )
+        handlers = {
+            "progress": self.progress,
+            "fetch": self.fetch,
+            "cancel": self.cancel,
+            "respond": self.respond,
+        }
+        return [start, *follow_definitions(scope, handlers, self.fetch_model, asks_input=spec.asks_input)]
+
+
+class SharedTools:
+    """The compact layout's `jobs_progress`, `jobs_fetch`, `jobs_cancel` and `jobs_respond`.
+
+    Each call verifies the handle first (signature, principal) and hands it to the tools of the job its
+    signed kind names, so it gets exactly what that job's own tool would answer. A handle that does not
+    verify, another principal's included, and one of a job not declared here are refused alike.
+    """
+
+    def __init__(self, tools: Mapping[str, JobTools], service: JobService, names: ToolNames) -> None:
+        self.tools = dict(tools)
+        self.service = service
+        self.names = names
+        self.fetch_model: type[FetchOutputBase] = create_model(
+            f"{names.name(SHARED_PREFIX, 'fetch')}_output",
+            __base__=FetchOutputBase,
+            result=(
+                Any,
+                Field(
+                    None,
+                    description="The job's result once completed, shaped as that job's own result (see job).",
+                ),
+            ),
+        )
+
+    def _starts(self) -> str:
+        return ", ".join(tools.tool("start") for tools in self.tools.values())
+
+    def unknown_handle(self) -> UnknownHandle:
+        return UnknownHandle(
+            UNKNOWN_HANDLE,
+            f"Pass the exact handle string that a start tool ({self._starts()}) returned, or start a new job "
+            "with one of them.",
+        )
+
+    def _dispatch(self, verb: str) -> ToolHandler:
+        async def dispatch(principal: str, arguments: dict[str, Any]) -> ToolReply:
+            spec = await self.service.spec_of(principal, arguments.get("handle"), self.unknown_handle())
+            handler: ToolHandler = getattr(self.tools[spec.name], verb)
+            return await handler(principal, arguments)
+
+        return dispatch
+
+    def definitions(self) -> list[ToolDefinition]:
+        scope = FollowScope(
+            names=self.names,
+            job=SHARED_PREFIX,
+            label="job",
+            subject="a job",
+            started="started with any *_start tool (the handle says which job)",
+            running="a running job of any kind",
+            expiry="Handles expire when their job's retention ends (each *_start tool states it).",
+            kept="Results are kept for their job's retention (each *_start tool states it).",
+            max_wait=self.service.config.max_wait_seconds,
+        )
+        handlers = {verb: self._dispatch(verb) for verb in FOLLOW_VERBS}
+        asks = any(tools.spec.asks_input for tools in self.tools.values())
+        return follow_definitions(scope, handlers, self.fetch_model, asks_input=asks)
+
+
+@dataclass(frozen=True)
+class FollowScope:
+    """Whose handles a set of follow tools takes, in the words their names and descriptions use."""
+
+    names: ToolNames
+    job: str
+    label: str
+    subject: str
+    started: str
+    running: str
+    expiry: str
+    kept: str
+    max_wait: float
+
+    def tool(self, verb: str) -> str:
+        return self.names.name(self.job, verb)
+
+
+def follow_definitions(
+    scope: FollowScope,
+    handlers: Mapping[str, ToolHandler],
+    fetch_model: type[BaseModel],
+    *,
+    asks_input: bool,
+) -> list[ToolDefinition]:
+    """The progress, fetch, cancel (and respond) tools of one job, or the shared ones of every job."""
+    wait_field = (
+        float,
+        Field(
+            0,
+            ge=0,
+            description=(
+                f"Seconds to wait for a change before answering (0 answers at once; at most "
+                f"{int(scope.max_wait)}). Waiting is cheaper than polling often."
+            ),
+        ),
+    )
+    handle_field = (str, Field(description=HANDLE_DESCRIPTION))
+    tool = scope.tool
+    defs = [
+        ToolDefinition(
+            name=tool("progress"),
+            title=f"{scope.label} progress",
+            description=(
+                f"Status and progress of {scope.subject} {scope.started}: "
+                "working, input_required, completed, failed or cancelled, with any questions waiting "
+                f"for an answer. {scope.expiry}"
+            ),
+            input_model=create_model(
+                f"{tool('progress')}_input", handle=handle_field, wait_seconds=wait_field
+            ),
+            output_model=ProgressOutput,
+            handler=_guarded(handlers["progress"]),
+            read_only=True,
+        ),
+        ToolDefinition(
+            name=tool("fetch"),
+            title=f"{scope.label} result",
+            description=(
+                f"The result of {scope.subject} {scope.started}, once completed. "
+                "Before that it reports the status and never invents a result; with wait_seconds it "
+                f"waits for the job to finish. {scope.kept}"
+            ),
+            input_model=create_model(f"{tool('fetch')}_input", handle=handle_field, wait_seconds=wait_field),
+            output_model=fetch_model,
+            handler=_guarded(handlers["fetch"]),
+            read_only=True,
+        ),
+        ToolDefinition(
+            name=tool("cancel"),
+            title=f"Cancel {scope.label}",
+            description=(
+                f"Ask {scope.running} to stop. Safe to repeat; cancelling a finished job changes "
+                "nothing and reports its final status."
+            ),
+            input_model=create_model(f"{tool('cancel')}_input", handle=handle_field),
+            output_model=CancelOutput,
+            handler=_guarded(handlers["cancel"]),
+            read_only=False,
+            destructive=True,
+        ),
+    ]
+    if asks_input:
+        defs.append(
             ToolDefinition(
-                name=self.tool("progress"),
-                title=f"{spec.name} progress",
+                name=tool("respond"),
+                title=f"Answer {scope.label}",
                 description=(
-                    f"Status and progress of a {spec.name} job started with {self.tool('start')}: "
-                    "working, input_required, completed, failed or cancelled, with any questions waiting "
-                    f"for an answer. Handles expire {retention} after the job started."
+                    f"Answer the questions {scope.subject} is waiting on (status input_required). "
+                    "responses maps each question key from input_requests to an object of the requested "
+                    "fields. Unknown or already answered keys are ignored. The fields of each question are "
+                    f"its requested_schema, in input_requests of the {tool('progress')} reply; an answer "
+                    "is checked against it, and one of the wrong shape is refused (saying what was "
+                    "expected) with nothing stored."
                 ),
                 input_model=create_model(
-                    f"{spec.name}_progress_input", handle=handle_field, wait_seconds=wait_field
+                    f"{tool('respond')}_input",
+                    handle=handle_field,
+                    responses=(
+                        dict[str, dict[str, Any]],
+                        Field(description='Answers by question key, e.g. {"q1": {"approve": true}}.'),
+                    ),
                 ),
-                output_model=ProgressOutput,
-                handler=_guarded(self.progress),
-                read_only=True,
-            ),
-            ToolDefinition(
-                name=self.tool("fetch"),
-                title=f"{spec.name} result",
-                description=(
-                    f"The result of a {spec.name} job started with {self.tool('start')}, once completed. "
-                    "Before that it reports the status and never invents a result; with wait_seconds it "
-                    f"waits for the job to finish. Results are kept for {retention} after the job started."
-                ),
-                input_model=create_model(
-                    f"{spec.name}_fetch_input", handle=handle_field, wait_seconds=wait_field
-                ),
-                output_model=self.fetch_model,
-                handler=_guarded(self.fetch),
-                read_only=True,
-            ),
-            ToolDefinition(
-                name=self.tool("cancel"),
-                title=f"Cancel {spec.name}",
-                description=(
-                    f"Ask a running {spec.name} job to stop. Safe to repeat; cancelling a finished job changes "
-                    "nothing and reports its final status."
-                ),
-                input_model=create_model(f"{spec.name}_cancel_input", handle=handle_field),
-                output_model=CancelOutput,
-                handler=_guarded(self.cancel),
+                output_model=RespondOutput,
+                handler=_guarded(handlers["respond"]),
                 read_only=False,
-                destructive=True,
-            ),
-        ]
-        if spec.asks_input:
-            defs.append(
-                ToolDefinition(
-                    name=self.tool("respond"),
-                    title=f"Answer {spec.name}",
-                    description=(
-                        f"Answer the questions a {spec.name} job is waiting on (status input_required). "
-                        "responses maps each question key from input_requests to an object of the requested "
-                        "fields. Unknown or already answered keys are ignored."
-                    ),
-                    input_model=create_model(
-                        f"{spec.name}_respond_input",
-                        handle=handle_field,
-                        responses=(
-                            dict[str, dict[str, Any]],
-                            Field(description='Answers by question key, e.g. {"q1": {"approve": true}}.'),
-                        ),
-                    ),
-                    output_model=RespondOutput,
-                    handler=_guarded(self.respond),
-                    read_only=False,
-                )
             )
-        return defs
+        )
+    return defs
 
 
 def _seconds(arguments: dict[str, Any]) -> float:

@@ -20,6 +20,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from example_server.server import build_server, create_jobs
+from handles.layout import ToolLayout
 from tests.support import (
     DRAIN_SECONDS,
     JOB_SECONDS,
@@ -172,28 +173,65 @@ async def stdio_example(
         yield client
 
 
+@pytest.fixture(scope="session")
+async def stdio_compact_example(
+    tmp_path_factory: pytest.TempPathFactory, signing_key: str
+) -> AsyncIterator[ToolClient]:
+    """One `python -m example_server --layout compact` over stdio for the session."""
+    params = stdio_params(example_env(tmp_path_factory.mktemp("stdio-compact"), [signing_key]), "compact")
+    async with connect(params, forbidden=[signing_key]) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def http_compact_example(
+    tmp_path_factory: pytest.TempPathFactory, signing_key: str
+) -> Iterator[HttpExampleServer]:
+    """Unauthenticated Streamable HTTP example server in the compact tool layout."""
+    server = HttpExampleServer(
+        tmp_path_factory.mktemp("http-compact"), [signing_key], layout="compact"
+    ).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def layout() -> ToolLayout:
+    """The tool layout of the `example` server; a test module overrides it to run in both layouts."""
+    return "per_job"
+
+
 @pytest.fixture(params=TRANSPORTS)
 async def example(
     request: pytest.FixtureRequest,
     tmp_path: Path,
     signing_key: str,
+    layout: ToolLayout,
     stdio_example: ToolClient,
-    http_example: HttpExampleServer,
+    stdio_compact_example: ToolClient,
 ) -> AsyncIterator[Connected]:
-    """The example server through the official client: in-process, over stdio, over Streamable HTTP."""
+    """The example server in `layout` through the official client: in-process, over stdio, over Streamable HTTP."""
     transport: str = request.param
+    compact = layout == "compact"
     if transport == "inprocess":
         jobs = create_jobs(handles_config(tmp_path / "data", [signing_key]))
         try:
-            async with connect(build_server(jobs), forbidden=[signing_key]) as client:
-                yield Connected(client, transport, signing_key, LOCAL_PRINCIPAL)
+            async with connect(build_server(jobs, layout=layout), forbidden=[signing_key]) as client:
+                yield Connected(client, transport, signing_key, LOCAL_PRINCIPAL, layout)
         finally:
             await jobs.aclose()
     elif transport == "stdio":
-        yield Connected(stdio_example, transport, signing_key, LOCAL_PRINCIPAL)
+        # Both stdio servers are session fixtures (an async fixture cannot be requested lazily).
+        stdio = stdio_compact_example if compact else stdio_example
+        yield Connected(stdio, transport, signing_key, LOCAL_PRINCIPAL, layout)
     else:
-        async with connect(http_example.url, forbidden=[signing_key]) as client:
-            yield Connected(client, transport, signing_key, LOCAL_PRINCIPAL)
+        http: HttpExampleServer = request.getfixturevalue(
+            "http_compact_example" if compact else "http_example"
+        )
+        async with connect(http.url, forbidden=[signing_key]) as client:
+            yield Connected(client, transport, signing_key, LOCAL_PRINCIPAL, layout)
 
 
 @pytest.fixture

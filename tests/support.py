@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -30,6 +31,10 @@ from mcp_types import CallToolResult, TextContent, Tool
 
 from handles import Handles, HandlesConfig
 from handles.handle import HandleCodec
+from handles.layout import ToolLayout, ToolNames
+
+TOOL_NAME_IN_TEXT = re.compile(r"\b[a-z][a-z0-9_]*_(?:start|progress|fetch|cancel|respond)\b")
+"""A generated tool's name inside a sentence (`generate_report_progress`, `jobs_fetch`)."""
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -90,10 +95,10 @@ def example_env(data_dir: Path, keys: Sequence[str], **extra: str) -> dict[str, 
     return env
 
 
-def stdio_params(env: dict[str, str]) -> StdioServerParameters:
-    """Launch `python -m example_server` over stdio with `env`."""
+def stdio_params(env: dict[str, str], layout: ToolLayout = "per_job") -> StdioServerParameters:
+    """Launch `python -m example_server --layout <layout>` over stdio with `env`."""
     return StdioServerParameters(
-        command=sys.executable, args=["-m", "example_server"], env=env, cwd=REPO_ROOT
+        command=sys.executable, args=["-m", "example_server", "--layout", layout], env=env, cwd=REPO_ROOT
     )
 
 
@@ -198,7 +203,8 @@ class ToolClient:
     - one text block whose JSON equals `structuredContent` when there is one;
     - `structuredContent` valid against the tool's listed `outputSchema` (error results too);
     - caller errors (no structured content) are `isError` with `error`, `message` and `next`;
-    - no `forbidden` string (signing keys, secrets) anywhere in the text.
+    - no `forbidden` string (signing keys, secrets) anywhere in the text;
+    - every tool that `next` names is listed (a model is never sent to a tool that does not exist).
     """
 
     client: Client
@@ -224,6 +230,7 @@ class ToolClient:
         assert isinstance(block, TextContent), result
         for secret in self.forbidden:
             assert secret not in block.text, f"{tool.name} leaked a secret"
+        self.check_next(tool, result)
         if result.structured_content is not None:
             assert json.loads(block.text) == result.structured_content, "text and structuredContent differ"
             assert tool.output_schema is not None
@@ -239,13 +246,32 @@ class ToolClient:
         assert isinstance(body, dict) and {"error", "message", "next"} <= body.keys(), body
         return Reply(tool.name, result, body)
 
+    def tool_for(self, job: str, verb: str) -> str:
+        """`<job>_<verb>`, or the shared `jobs_<verb>` when the server lists that instead (compact layout)."""
+        name = f"{job}_{verb}"
+        return name if name in self._tools or f"jobs_{verb}" not in self._tools else f"jobs_{verb}"
+
+    def check_next(self, tool: Tool, result: CallToolResult) -> None:
+        """Every tool name in the reply's `next` is one `tools/list` lists."""
+        block = result.content[0]
+        try:
+            body = json.loads(block.text) if isinstance(block, TextContent) else None
+        except json.JSONDecodeError:
+            return
+        if isinstance(body, dict) and isinstance(body.get("next"), str):
+            named = set(TOOL_NAME_IN_TEXT.findall(body["next"]))
+            missing = named - set(self._tools)
+            assert not missing, f"{tool.name}'s next names unlisted tools {missing}: {body['next']}"
+
     async def wait_status(self, job: str, handle: str, *statuses: str, timeout: float = 20.0) -> Reply:
-        """Long-poll `<job>_progress` until the job's status is one of `statuses`."""
+        """Long-poll `<job>_progress` (or `jobs_progress`) until the job's status is one of `statuses`."""
+        await self.tools()
+        progress = self.tool_for(job, "progress")
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
             assert remaining > 0, f"{job} never reached {statuses}"
-            reply = await self.call(f"{job}_progress", {"handle": handle, "wait_seconds": min(remaining, 5)})
+            reply = await self.call(progress, {"handle": handle, "wait_seconds": min(remaining, 5)})
             assert not reply.is_error, reply.data
             if reply["status"] in statuses:
                 return reply
@@ -259,6 +285,11 @@ class Connected:
     transport: str
     key: str
     principal: str
+    layout: ToolLayout = "per_job"
+
+    def tool(self, job: str, verb: str) -> str:
+        """The name of `job`'s `verb` tool in this server's layout (`<job>_progress` or `jobs_progress`)."""
+        return ToolNames.of(self.layout).name(job, verb)
 
 
 @dataclass
@@ -311,6 +342,7 @@ class HttpExampleServer:
     data_dir: Path
     keys: list[str]
     tokens: dict[str, str] | None = None
+    layout: ToolLayout | None = None
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
@@ -328,6 +360,8 @@ class HttpExampleServer:
             tokens_file = self.data_dir / "tokens.json"
             tokens_file.write_text(json.dumps(self.tokens))
             args += ["--tokens", str(tokens_file)]
+        if self.layout is not None:
+            args += ["--layout", self.layout]
         self.log_path = self.data_dir / f"server-{self.port}.log"
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(

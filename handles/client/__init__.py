@@ -24,7 +24,8 @@ One call, one job, on either face of the server:
 - Observation uses the Tasks extension (`tasks/get`, `tasks/update`,
   `tasks/cancel`) when the client declares it and the server advertises it, and
   otherwise the handle tools (`<job>_progress` long-poll, `<job>_respond`,
-  `<job>_fetch`, `<job>_cancel`). The `taskId` is the handle, so one job can be
+  `<job>_fetch`, `<job>_cancel`, or the shared `jobs_*` ones of a server in the
+  compact layout: the names come from `tools/list`). The `taskId` is the handle, so one job can be
   followed through either face, and a restarted client may pick the other one.
 - Polls are spaced by at least the server's hint (`poll_after_ms` /
   `pollIntervalMs`) plus random jitter; the deadline is absolute, so a job that

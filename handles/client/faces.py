@@ -22,6 +22,7 @@ from handles.client.outcomes import (
     Question,
     Retryable,
 )
+from handles.layout import ToolNames
 from handles.tasks_client import (
     TERMINAL_STATUSES,
     DetailedTask,
@@ -66,7 +67,8 @@ def caller_error(result: CallToolResult) -> dict[str, Any]:
 
 
 class HandleFace:
-    """The handle tools: `<job>_progress` (long-poll), `<job>_respond`, `<job>_cancel`, `<job>_fetch`."""
+    """The handle tools: `<job>_progress` (long-poll), `<job>_respond`, `<job>_cancel`, `<job>_fetch`,
+    or the shared `jobs_*` ones of a compact server (the follower read the layout from tools/list)."""
 
     def __init__(self, follower: Follower, handle: str) -> None:
         self.f = follower
@@ -80,9 +82,11 @@ class HandleFace:
         wait: float = 0.0,
         refused: type[FollowError] = FollowError,
     ) -> CallToolResult:
-        """Call `<job>_<verb>` on the handle; a caller error becomes `JobLostError`, a retry, or `refused`."""
+        """Call `<job>_<verb>` (or `jobs_<verb>`) on the handle; a caller error becomes `JobLostError`, a
+        retry, or `refused`."""
+        names = self.f.names or ToolNames()
         result = await client.call_tool(
-            f"{self.f.job}_{verb}",
+            names.name(self.f.job, verb),
             {"handle": self.handle, **arguments},
             read_timeout_seconds=wait + self.f.request_timeout,
         )

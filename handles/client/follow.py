@@ -45,6 +45,7 @@ from handles.client.outcomes import (
     StartRefusedError,
     UnsupportedServerError,
 )
+from handles.layout import ToolNames
 from handles.tasks_client import (
     DEFAULT_POLL_SECONDS,
     TASKS_EXTENSION,
@@ -236,6 +237,8 @@ class Follower:
         self.interval = DEFAULT_POLL_SECONDS
         self._last_report: Progress | None = None
         self.face: Face | None = None
+        self.names: ToolNames | None = None
+        """The server's tool layout for this job, read from tools/list (None: it has no handle tools for it)."""
         self.deadline_at: float | None = None
         self._failures = 0
         self._answers: dict[str, dict[str, Any] | None] = {}
@@ -360,7 +363,8 @@ class Follower:
         modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
         offered = TASKS_EXTENSION in (client.server_capabilities.extensions or {})
         tasks_ok = declared and modern and offered
-        handles_ok = f"{self.job}_progress" in tools
+        self.names = ToolNames.discover(self.job, tools)
+        handles_ok = self.names is not None
         if self.prefer == "tasks" and not tasks_ok:
             why = (
                 "the server does not advertise it"
@@ -370,11 +374,13 @@ class Follower:
             raise UnsupportedServerError(f"prefer='tasks' but {why}.", key=self.key)
         if self.prefer == "handles" and not handles_ok:
             raise UnsupportedServerError(
-                f"prefer='handles' but the server lists no {self.job}_progress.", key=self.key
+                f"prefer='handles' but the server lists no {self.job}_progress (nor a shared jobs_progress).",
+                key=self.key,
             )
         if self.prefer == "auto" and not (tasks_ok or handles_ok):
             raise UnsupportedServerError(
-                f"The server offers no way to follow {self.job}: no {self.job}_progress tool and no Tasks extension.",
+                f"The server offers no way to follow {self.job}: no {self.job}_progress or jobs_progress tool and "
+                "no Tasks extension.",
                 key=self.key,
             )
         return self.prefer == "tasks" or (self.prefer == "auto" and tasks_ok)

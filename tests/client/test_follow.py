@@ -17,6 +17,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult
 
+from example_server.server import build_server, create_jobs
 from handles.client import (
     AnswerRejectedError,
     ConnectionLostError,
@@ -37,7 +38,7 @@ from handles.client import (
 )
 from handles.tasks_client import TasksClientExtension
 from tests.client.conftest import Counted
-from tests.support import InProcessExample
+from tests.support import InProcessExample, handles_config
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -488,3 +489,33 @@ async def test_with_a_factory_a_failed_connection_is_replaced(counted: Counted) 
     )) == {"color": "red", "confirm": False}  # fmt: skip
     assert len(opened) == 2
     assert len(counted.calls["start"]) == 2 and counted.jobs_of("ask_two") == 1
+
+
+# -- the compact tool layout ---------------------------------------------------------------------------
+
+
+async def test_follow_finds_the_shared_tools_of_a_compact_server(tmp_path: Path, signing_key: str) -> None:
+    """`follow` reads tools/list: on a compact server it follows through jobs_progress, jobs_respond, jobs_fetch."""
+    jobs = create_jobs(handles_config(tmp_path / "data", [signing_key]))
+    server = build_server(jobs, layout="compact")
+    try:
+        async with Client(server) as client:  # no Tasks extension: the handle tools it is
+            report = await follow(client, "generate_report", {"account": "acme", "months": 2}, key="r")
+            deployed = await follow(
+                client,
+                "deploy_release",
+                {"version": "7.0.0"},
+                key="d",
+                on_input=lambda *_: {"approve": True, "environment": "staging"},
+            )
+            with pytest.raises(AnswerRejectedError, match=r"q1\.approve: required"):
+                await follow(client, "deploy_release", {"version": "7.0.1"}, key="x", on_input=lambda *_: {})
+        async with Client(server, extensions=[TasksClientExtension()]) as client:
+            by_handles = await follow(
+                client, "generate_report", {"account": "acme", "months": 2}, key="h", prefer="handles"
+            )
+    finally:
+        await jobs.aclose()
+    assert report["account"] == "acme" and len(report["revenue_by_month"]) == 2
+    assert deployed["environment"] == "staging"
+    assert by_handles == report

@@ -11,9 +11,11 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from jsonschema.validators import Draft202012Validator, validator_for
 
 from example_server.server import _revenue
+from handles.layout import LAYOUTS, ToolLayout
 from tests.support import (
     Connected,
     ToolClient,
@@ -25,6 +27,13 @@ from tests.support import (
 
 JOBS = {"generate_report": 6, "deploy_release": 6, "export_dataset": 1}
 """The example jobs and their retention in hours."""
+
+
+@pytest.fixture(params=LAYOUTS)
+def layout(request: pytest.FixtureRequest) -> ToolLayout:
+    """Every test here runs in both tool layouts: per job, and compact (shared jobs_* tools)."""
+    layout: ToolLayout = request.param
+    return layout
 
 
 def parse_time(value: str) -> datetime:
@@ -42,8 +51,8 @@ async def start(client: ToolClient, job: str, **arguments: object) -> dict[str, 
 
 async def test_every_tool_declares_input_and_output_schemas(example: Connected) -> None:
     tools = await example.client.tools()
-    expected = {f"{job}_{verb}" for job in JOBS for verb in ("start", "progress", "fetch", "cancel")}
-    expected |= {"deploy_release_respond", "lookup_account"}
+    expected = {example.tool(job, verb) for job in JOBS for verb in ("start", "progress", "fetch", "cancel")}
+    expected |= {example.tool("deploy_release", "respond"), "lookup_account"}
     assert expected <= set(tools)
     assert "generate_report_respond" not in tools and "export_dataset_respond" not in tools, (
         "respond only for the job that asks questions"
@@ -61,10 +70,10 @@ async def test_every_tool_declares_input_and_output_schemas(example: Connected) 
             "handle", "status", "poll_after_ms", "expires_at", "next"
         }  # fmt: skip
         for verb in ("progress", "fetch", "cancel"):
-            assert tools[f"{job}_{verb}"].input_schema["required"] == ["handle"]
-        assert tools[f"{job}_progress"].annotations.read_only_hint is True  # type: ignore[union-attr]
-        assert tools[f"{job}_cancel"].annotations.destructive_hint is True  # type: ignore[union-attr]
-    report = tools["generate_report_fetch"].output_schema
+            assert tools[example.tool(job, verb)].input_schema["required"] == ["handle"]
+        assert tools[example.tool(job, "progress")].annotations.read_only_hint is True  # type: ignore[union-attr]
+        assert tools[example.tool(job, "cancel")].annotations.destructive_hint is True  # type: ignore[union-attr]
+    report = tools[example.tool("generate_report", "fetch")].output_schema
     assert report is not None
     assert "result" in report["properties"], "fetch declares the job's own result shape"
     assert tools["generate_report_start"].input_schema["required"] == ["account"]
@@ -87,19 +96,19 @@ async def test_generate_report_lifecycle(example: Connected) -> None:
         <= expires
         <= datetime.now(UTC) + timedelta(hours=6)
     )
-    assert "generate_report_progress" in str(started["next"]) and "generate_report_fetch" in str(
-        started["next"]
-    )
+    assert example.tool("generate_report", "progress") in str(started["next"]) and example.tool(
+        "generate_report", "fetch"
+    ) in str(started["next"])
     handle = str(started["handle"])
     assert job_id_of(handle, example.key, example.principal)
 
-    early = await client.call("generate_report_fetch", {"handle": handle})
+    early = await client.call(example.tool("generate_report", "fetch"), {"handle": handle})
     assert not early.is_error and early["status"] == "working"
     assert early["result"] is None, "no result is invented before completion"
     assert early["next"].startswith("The result is not ready yet.")
     assert early["poll_after_ms"] == 2000
 
-    done = await client.call("generate_report_fetch", {"handle": handle, "wait_seconds": 20})
+    done = await client.call(example.tool("generate_report", "fetch"), {"handle": handle, "wait_seconds": 20})
     assert not done.is_error and done["status"] == "completed"
     months = [_revenue("acme", m) for m in range(4)]
     assert done["result"] == {
@@ -110,17 +119,17 @@ async def test_generate_report_lifecycle(example: Connected) -> None:
     }
     assert done["poll_after_ms"] is None and done["error"] is None and done["tool_error"] is None
 
-    progress = await client.call("generate_report_progress", {"handle": handle})
+    progress = await client.call(example.tool("generate_report", "progress"), {"handle": handle})
     assert progress["status"] == "completed" and progress["poll_after_ms"] is None
     assert progress["progress"] == {"done": 4.0, "total": 4.0, "fraction": 1.0}
     assert progress["attempts"] == 1 and progress["input_requests"] == {}
-    assert "generate_report_fetch" in progress["next"]
+    assert example.tool("generate_report", "fetch") in progress["next"]
 
-    cancelled = await client.call("generate_report_cancel", {"handle": handle})
+    cancelled = await client.call(example.tool("generate_report", "cancel"), {"handle": handle})
     assert not cancelled.is_error
     assert cancelled["status"] == "completed" and cancelled["cancel_requested"] is False
     assert "changed nothing" in cancelled["next"]
-    again = await client.call("generate_report_fetch", {"handle": handle})
+    again = await client.call(example.tool("generate_report", "fetch"), {"handle": handle})
     assert again["result"] == done["result"], "a finished job's result stays as it was"
 
 
@@ -134,31 +143,31 @@ async def test_deploy_release_asks_and_continues_with_the_answer(example: Connec
     schema = question["requested_schema"]
     assert schema["properties"]["environment"]["enum"] == ["staging", "production"]
     assert set(schema["required"]) == {"approve", "environment"}
-    assert "deploy_release_respond" in asked["next"] and "q1" in asked["next"]
-    waiting = await client.call("deploy_release_fetch", {"handle": handle})
+    assert example.tool("deploy_release", "respond") in asked["next"] and "q1" in asked["next"]
+    waiting = await client.call(example.tool("deploy_release", "fetch"), {"handle": handle})
     assert waiting["status"] == "input_required" and waiting["result"] is None
 
     wrong = await client.call(
-        "deploy_release_respond",
+        example.tool("deploy_release", "respond"),
         {"handle": handle, "responses": {"q1": {"approve": "yes", "environment": "moon"}}},
     )
     assert wrong.is_error and wrong["error"] == "invalid_arguments"
     assert "q1.approve" in wrong["message"] and "q1.environment" in wrong["message"]
     assert "nothing was stored" in wrong["next"]
     unknown = await client.call(
-        "deploy_release_respond", {"handle": handle, "responses": {"q9": {"approve": True}}}
+        example.tool("deploy_release", "respond"), {"handle": handle, "responses": {"q9": {"approve": True}}}
     )
     assert not unknown.is_error and unknown["accepted"] == [] and unknown["ignored"] == ["q9"]
     assert unknown["status"] == "input_required" and list(unknown["input_requests"]) == ["q1"]
 
     answered = await client.call(
-        "deploy_release_respond",
+        example.tool("deploy_release", "respond"),
         {"handle": handle, "responses": {"q1": {"approve": True, "environment": "staging"}}},
     )
     assert not answered.is_error and answered["accepted"] == ["q1"] and answered["ignored"] == []
     assert answered["status"] == "working" and answered["input_requests"] == {}
 
-    done = await client.call("deploy_release_fetch", {"handle": handle, "wait_seconds": 20})
+    done = await client.call(example.tool("deploy_release", "fetch"), {"handle": handle, "wait_seconds": 20})
     assert done["status"] == "completed" and not done.is_error
     assert done["result"] == {
         "version": "2.4.0",
@@ -166,7 +175,7 @@ async def test_deploy_release_asks_and_continues_with_the_answer(example: Connec
         "steps": ["build", "test", "package", "upload", "migrate", "switch traffic"],
     }
     late = await client.call(
-        "deploy_release_respond",
+        example.tool("deploy_release", "respond"),
         {"handle": handle, "responses": {"q1": {"approve": False, "environment": "staging"}}},
     )
     assert late["accepted"] == [] and late["ignored"] == ["q1"] and late["status"] == "completed"
@@ -177,15 +186,15 @@ async def test_refused_deployment_ends_completed_with_a_tool_error(example: Conn
     handle = str((await start(client, "deploy_release", version="9.9.9"))["handle"])
     await client.wait_status("deploy_release", handle, "input_required")
     await client.call(
-        "deploy_release_respond",
+        example.tool("deploy_release", "respond"),
         {"handle": handle, "responses": {"q1": {"approve": False, "environment": "production"}}},
     )
-    done = await client.call("deploy_release_fetch", {"handle": handle, "wait_seconds": 20})
+    done = await client.call(example.tool("deploy_release", "fetch"), {"handle": handle, "wait_seconds": 20})
     assert done.is_error, "a tool-level error is isError"
     assert done["status"] == "completed", "and the job still completed"
     assert done["tool_error"] == "Deployment of 9.9.9 was not approved; nothing was deployed."
     assert done["result"] is None and done["error"] is None
-    progress = await client.call("deploy_release_progress", {"handle": handle})
+    progress = await client.call(example.tool("deploy_release", "progress"), {"handle": handle})
     assert not progress.is_error and progress["status"] == "completed"
 
 
@@ -194,22 +203,24 @@ async def test_export_dataset_cancelled_mid_way(example: Connected) -> None:
     handle = str((await start(client, "export_dataset", rows=1000))["handle"])
     deadline = time.monotonic() + 10
     while True:  # long-poll until the first chunk is reported
-        progress = await client.call("export_dataset_progress", {"handle": handle, "wait_seconds": 5})
+        progress = await client.call(
+            example.tool("export_dataset", "progress"), {"handle": handle, "wait_seconds": 5}
+        )
         if progress["progress"]["done"]:
             break
         assert progress["status"] == "working" and time.monotonic() < deadline
-    cancelled = await client.call("export_dataset_cancel", {"handle": handle})
+    cancelled = await client.call(example.tool("export_dataset", "cancel"), {"handle": handle})
     assert not cancelled.is_error and cancelled["cancel_requested"] is True
     assert cancelled["status"] in ("working", "cancelled")
 
-    final = await client.call("export_dataset_fetch", {"handle": handle, "wait_seconds": 20})
+    final = await client.call(example.tool("export_dataset", "fetch"), {"handle": handle, "wait_seconds": 20})
     assert final["status"] == "cancelled", "the cancel landed mid-way"
     assert final["result"] is None and not final.is_error
     assert "cancelled" in final["next"] and "export_dataset_start" in final["next"]
-    after = await client.call("export_dataset_progress", {"handle": handle})
+    after = await client.call(example.tool("export_dataset", "progress"), {"handle": handle})
     assert after["status"] == "cancelled" and after["poll_after_ms"] is None
     assert 0 < after["progress"]["done"] < 1000, "it stopped before the end"
-    repeat = await client.call("export_dataset_cancel", {"handle": handle})
+    repeat = await client.call(example.tool("export_dataset", "cancel"), {"handle": handle})
     assert not repeat.is_error and repeat["status"] == "cancelled" and "changed nothing" in repeat["next"]
 
 
@@ -220,14 +231,17 @@ async def test_tampered_truncated_and_made_up_handles_are_refused_alike(example:
     client = example.client
     report = str((await start(client, "generate_report", account="acme", months=2))["handle"])
     deploy = str((await start(client, "deploy_release", version="1.0.0"))["handle"])
-    reference = await client.call("generate_report_progress", {"handle": "not-a-real-handle"})
+    reference = await client.call(
+        example.tool("generate_report", "progress"), {"handle": "not-a-real-handle"}
+    )
     assert reference.is_error and reference["error"] == "unknown_handle"
     assert reference.structured is None, "a caller error is text only, since it has no status to report"
     assert "generate_report_start" in reference["next"]
-    for handle, tools in (
-        (report, ["generate_report_progress", "generate_report_fetch", "generate_report_cancel"]),
-        (deploy, ["deploy_release_progress", "deploy_release_respond"]),
+    for handle, job, verbs in (
+        (report, "generate_report", ["progress", "fetch", "cancel"]),
+        (deploy, "deploy_release", ["progress", "respond"]),
     ):
+        tools = [example.tool(job, verb) for verb in verbs]
         for variant, bad in tampered_handles(handle).items():
             for tool in tools:
                 arguments: dict[str, object] = {"handle": bad}
@@ -236,13 +250,12 @@ async def test_tampered_truncated_and_made_up_handles_are_refused_alike(example:
                 reply = await client.call(tool, arguments)
                 assert reply.is_error, (variant, tool)
                 assert reply.data["error"] == "unknown_handle", (variant, tool)
-                job = tool.rsplit("_", 1)[0]
                 made_up = await client.call(tool, {**arguments, "handle": "not-a-real-handle"})
                 assert reply.text == made_up.text, (
                     f"{variant} on {tool} must look exactly like a made-up handle"
                 )
-                assert job in reply["next"]
-    still = await client.call("generate_report_progress", {"handle": report})
+                assert f"{job}_start" in reply["next"]
+    still = await client.call(example.tool("generate_report", "progress"), {"handle": report})
     assert not still.is_error and still["status"] in ("working", "completed"), (
         "the genuine handle still works"
     )
@@ -253,29 +266,34 @@ async def test_every_other_spelling_of_the_last_character_is_refused_like_a_made
 ) -> None:
     client = example.client
     handle = str((await start(client, "generate_report", account="acme", months=2))["handle"])
-    made_up = await client.call("generate_report_progress", {"handle": "not-a-real-handle"})
+    made_up = await client.call(example.tool("generate_report", "progress"), {"handle": "not-a-real-handle"})
     for respelled in last_char_spellings(handle):
-        reply = await client.call("generate_report_progress", {"handle": respelled})
+        reply = await client.call(example.tool("generate_report", "progress"), {"handle": respelled})
         assert reply.is_error and reply.text == made_up.text, respelled
-    assert not (await client.call("generate_report_progress", {"handle": handle})).is_error
+    assert not (await client.call(example.tool("generate_report", "progress"), {"handle": handle})).is_error
 
 
 async def test_a_handle_used_with_another_jobs_tools(example: Connected) -> None:
+    if example.layout == "compact":
+        pytest.skip("one set of follow tools serves every job: there is no other job's tool to misuse")
     client = example.client
     report = str((await start(client, "generate_report", account="acme", months=2))["handle"])
     for tool in (
-        "export_dataset_progress",
-        "export_dataset_fetch",
-        "export_dataset_cancel",
-        "deploy_release_respond",
+        example.tool("export_dataset", "progress"),
+        example.tool("export_dataset", "fetch"),
+        example.tool("export_dataset", "cancel"),
+        example.tool("deploy_release", "respond"),
     ):
         arguments: dict[str, object] = {"handle": report}
         if tool.endswith("_respond"):
             arguments["responses"] = {}
         reply = await client.call(tool, arguments)
         assert reply.is_error and reply["error"] == "wrong_job", tool
-        assert "generate_report" in reply["message"] and "generate_report_progress" in reply["next"]
-    done = await client.call("generate_report_fetch", {"handle": report, "wait_seconds": 20})
+        assert (
+            "generate_report" in reply["message"]
+            and example.tool("generate_report", "progress") in reply["next"]
+        )
+    done = await client.call(example.tool("generate_report", "fetch"), {"handle": report, "wait_seconds": 20})
     assert done["status"] == "completed", "the wrong tool's cancel did not touch the job"
 
 
@@ -283,12 +301,16 @@ async def test_an_expired_handle_says_so(example: Connected) -> None:
     client = example.client
     handle = str((await start(client, "export_dataset", rows=10))["handle"])
     expired = expired_twin(handle, example.key, example.principal)
-    for tool in ("export_dataset_progress", "export_dataset_fetch", "export_dataset_cancel"):
+    for tool in (
+        example.tool("export_dataset", "progress"),
+        example.tool("export_dataset", "fetch"),
+        example.tool("export_dataset", "cancel"),
+    ):
         reply = await client.call(tool, {"handle": expired})
         assert reply.is_error and reply["error"] == "expired_handle", tool
         assert "expired at" in reply["message"] and "1 hour" in reply["message"]
         assert "export_dataset_start" in reply["next"]
-    live = await client.call("export_dataset_progress", {"handle": handle})
+    live = await client.call(example.tool("export_dataset", "progress"), {"handle": handle})
     assert not live.is_error, "the job itself is untouched; only the expired handle is refused"
 
 
@@ -322,7 +344,7 @@ async def test_invalid_arguments_are_tool_errors(example: Connected) -> None:
         ("generate_report_start", {"account": "acme", "months": 0}, "months"),
         ("generate_report_start", {"months": 2}, "account is required"),
         ("export_dataset_start", {"rows": "many"}, "rows"),
-        ("generate_report_progress", {"handle": "x", "wait_seconds": -1}, "wait_seconds"),
+        (example.tool("generate_report", "progress"), {"handle": "x", "wait_seconds": -1}, "wait_seconds"),
         # Checked by handles while it starts the job.
         ("generate_report_start", {"account": "acme", "idempotency_key": ""}, "idempotency_key"),
         ("generate_report_start", {"account": "a" * 70_000}, "65536 bytes"),
@@ -343,19 +365,27 @@ async def test_every_argument_mistake_on_every_generated_tool_gets_the_handles_e
     tools = await client.tools()
     mistakes: list[tuple[str, dict[str, object], str]] = [
         (
-            "generate_report_progress",
+            example.tool("generate_report", "progress"),
             {"handle": handle, "wait_seconds": -3},
             "wait_seconds: should be greater",
         ),
         (
-            "generate_report_fetch",
+            example.tool("generate_report", "fetch"),
             {"handle": handle, "wait_seconds": "soon"},
             "wait_seconds: should be a valid",
         ),
-        ("generate_report_progress", {"handle": 123}, "handle: should be a valid string"),
-        ("generate_report_cancel", {}, "handle is required (string) but missing"),
-        ("deploy_release_respond", {"handle": handle, "responses": "yes"}, "responses: should be an object"),
-        ("deploy_release_respond", {"handle": handle}, "responses is required (object) but missing"),
+        (example.tool("generate_report", "progress"), {"handle": 123}, "handle: should be a valid string"),
+        (example.tool("generate_report", "cancel"), {}, "handle is required (string) but missing"),
+        (
+            example.tool("deploy_release", "respond"),
+            {"handle": handle, "responses": "yes"},
+            "responses: should be an object",
+        ),
+        (
+            example.tool("deploy_release", "respond"),
+            {"handle": handle},
+            "responses is required (object) but missing",
+        ),
         ("generate_report_start", {"account": ["acme"]}, "account: should be a valid string"),
         (
             "generate_report",
@@ -364,7 +394,7 @@ async def test_every_argument_mistake_on_every_generated_tool_gets_the_handles_e
         ),
     ]
     for name in tools:
-        if name.startswith(("generate_report", "deploy_release", "export_dataset")):
+        if name.startswith(("generate_report", "deploy_release", "export_dataset", "jobs_")):
             known = {"handle": handle} if "handle" in tools[name].input_schema["properties"] else {}
             mistakes.append(
                 (name, {**known, "fromat": "mp4"}, f"{name} has no argument named fromat; it accepts")
@@ -379,16 +409,22 @@ async def test_every_argument_mistake_on_every_generated_tool_gets_the_handles_e
         if "fromat" in arguments:
             accepted = list(tools[tool].input_schema["properties"])
             assert reply["accepted"] == accepted and ", ".join(accepted) in reply["message"]
-    after = await client.call("deploy_release_progress", {"handle": handle})
+    after = await client.call(example.tool("deploy_release", "progress"), {"handle": handle})
     assert not after.is_error, "the mistakes changed nothing"
 
 
 async def test_generated_input_schemas_refuse_unknown_arguments(example: Connected) -> None:
     tools = await example.client.tools()
     generated = [
-        name for name in tools if name.startswith(("generate_report", "deploy_release", "export_dataset"))
+        name
+        for name in tools
+        if name.startswith(("generate_report", "deploy_release", "export_dataset", "jobs_"))
     ]
-    assert len(generated) == 16, "4 handle tools per job, deploy_release_respond and 3 plain tools"
+    expected = {"per_job": 16, "compact": 10}[example.layout]
+    assert len(generated) == expected, (
+        "per job: 4 handle tools per job, deploy_release_respond and 3 plain tools; "
+        "compact: a start and a plain tool per job, and the 4 shared jobs_* tools"
+    )
     for name in generated:
         assert tools[name].input_schema["additionalProperties"] is False, name
     assert "additionalProperties" not in tools["lookup_account"].input_schema, (
@@ -407,23 +443,27 @@ async def test_long_poll_returns_promptly_on_a_change(example: Connected) -> Non
     """The servers poll the store only every 5 s: a prompt answer can only come from the change itself."""
     client = example.client
     handle = str((await start(client, "generate_report", account="acme", months=2))["handle"])
-    first = await client.call("generate_report_progress", {"handle": handle})
+    first = await client.call(example.tool("generate_report", "progress"), {"handle": handle})
     began = time.monotonic()
-    changed = await client.call("generate_report_progress", {"handle": handle, "wait_seconds": 30})
+    changed = await client.call(
+        example.tool("generate_report", "progress"), {"handle": handle, "wait_seconds": 30}
+    )
     assert time.monotonic() - began < 2, "the next progress report (0.5 s away) ends the wait"
     assert changed["updated_at"] != first["updated_at"]
 
-    done = await client.call("generate_report_fetch", {"handle": handle, "wait_seconds": 30})
+    done = await client.call(example.tool("generate_report", "fetch"), {"handle": handle, "wait_seconds": 30})
     answered_at = datetime.now(UTC)
     assert done["status"] == "completed"
     finished_at = parse_time(
-        (await client.call("generate_report_progress", {"handle": handle}))["updated_at"]
+        (await client.call(example.tool("generate_report", "progress"), {"handle": handle}))["updated_at"]
     )
     lag = (answered_at - finished_at).total_seconds()
     assert -0.5 < lag < 1.0, f"fetch answered {lag:.2f} s after the job completed"
 
     began = time.monotonic()
-    still = await client.call("generate_report_progress", {"handle": handle, "wait_seconds": 30})
+    still = await client.call(
+        example.tool("generate_report", "progress"), {"handle": handle, "wait_seconds": 30}
+    )
     assert still["status"] == "completed" and time.monotonic() - began < 2, "an ended job never waits"
 
 
@@ -432,8 +472,8 @@ async def test_long_poll_answers_at_once_when_the_caller_must_act(example: Conne
     client = example.client
     handle = str((await start(client, "deploy_release", version="1.2.3"))["handle"])
     await client.wait_status("deploy_release", handle, "input_required")
-    for tool in ("deploy_release_progress", "deploy_release_fetch"):
+    for tool in (example.tool("deploy_release", "progress"), example.tool("deploy_release", "fetch")):
         began = time.monotonic()
         reply = await client.call(tool, {"handle": handle, "wait_seconds": 30})
         assert reply["status"] == "input_required" and time.monotonic() - began < 2, tool
-        assert "deploy_release_respond" in reply["next"], tool
+        assert example.tool("deploy_release", "respond") in reply["next"], tool

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from example_server.server import build_server, create_jobs
 from handles import Handles, JobContext, JobFailed, ToolError
+from handles.layout import LAYOUTS, ToolLayout, ToolNames
 from tests.support import ToolClient, connect, handles_config, job_id_of
 
 SECRET = "hunter2-db-password"
@@ -72,10 +73,16 @@ class Custom:
     client: ToolClient
     clock: MovableClock
     key: str
+    layout: ToolLayout
+
+    def tool(self, job: str, verb: str) -> str:
+        return ToolNames.of(self.layout).name(job, verb)
 
 
-@pytest.fixture
-async def custom(tmp_path: Path, signing_key: str) -> AsyncIterator[Custom]:
+@pytest.fixture(params=LAYOUTS)
+async def custom(request: pytest.FixtureRequest, tmp_path: Path, signing_key: str) -> AsyncIterator[Custom]:
+    """The test jobs in-process, in each tool layout."""
+    layout: ToolLayout = request.param
     clock = MovableClock()
     jobs = Handles(
         handles_config(
@@ -88,10 +95,10 @@ async def custom(tmp_path: Path, signing_key: str) -> AsyncIterator[Custom]:
     )
     declare_jobs(jobs)
     server: MCPServer[Any] = MCPServer("custom")
-    jobs.bind(server)
+    jobs.bind(server, layout=layout)
     try:
         async with connect(server, forbidden=[signing_key, SECRET]) as client:
-            yield Custom(jobs, client, clock, signing_key)
+            yield Custom(jobs, client, clock, signing_key, layout)
     finally:
         for gate in GATES.values():
             gate.set()
@@ -114,7 +121,7 @@ async def test_an_unexpected_exception_fails_the_job_with_a_sanitized_message(
     client = custom.client
     with caplog.at_level(logging.ERROR, logger="handles.runtime"):
         handle = await start(client, "explode", note="nightly")
-        failed = await client.call("explode_fetch", {"handle": handle, "wait_seconds": 10})
+        failed = await client.call(custom.tool("explode", "fetch"), {"handle": handle, "wait_seconds": 10})
     assert failed.is_error and failed["status"] == "failed"
     assert failed["result"] is None and failed["tool_error"] is None
     error = failed["error"]
@@ -126,7 +133,7 @@ async def test_an_unexpected_exception_fails_the_job_with_a_sanitized_message(
         assert leak not in failed.text, f"{leak!r} leaked to the caller"
     assert "Do not retry blindly" in failed["next"]
 
-    progress = await client.call("explode_progress", {"handle": handle})
+    progress = await client.call(custom.tool("explode", "progress"), {"handle": handle})
     assert not progress.is_error, "progress reports the failure; it is not itself an error"
     assert progress["status"] == "failed" and progress["status_message"] == error["message"]
     assert progress["poll_after_ms"] is None
@@ -138,7 +145,7 @@ async def test_an_unexpected_exception_fails_the_job_with_a_sanitized_message(
 
 async def test_job_failed_shows_the_authors_message(custom: Custom) -> None:
     handle = await start(custom.client, "refuse", reason="the account is closed")
-    failed = await custom.client.call("refuse_fetch", {"handle": handle, "wait_seconds": 10})
+    failed = await custom.client.call(custom.tool("refuse", "fetch"), {"handle": handle, "wait_seconds": 10})
     assert failed.is_error and failed["status"] == "failed"
     assert failed["error"]["message"] == "Refused: the account is closed"
     assert failed["error"]["data"] == {"reason": "job_failed"}
@@ -146,11 +153,11 @@ async def test_job_failed_shows_the_authors_message(custom: Custom) -> None:
 
 async def test_a_tool_error_ends_completed_and_is_error(custom: Custom) -> None:
     handle = await start(custom.client, "complain")
-    done = await custom.client.call("complain_fetch", {"handle": handle, "wait_seconds": 10})
+    done = await custom.client.call(custom.tool("complain", "fetch"), {"handle": handle, "wait_seconds": 10})
     assert done.is_error and done["status"] == "completed"
     assert done["tool_error"] == "The input file is empty; upload a file with at least one row."
     assert done["result"] is None and done["error"] is None
-    cancel = await custom.client.call("complain_cancel", {"handle": handle})
+    cancel = await custom.client.call(custom.tool("complain", "cancel"), {"handle": handle})
     assert cancel["status"] == "completed" and cancel["cancel_requested"] is False
 
 
@@ -162,12 +169,12 @@ async def test_fetch_never_invents_a_result_before_completion(custom: Custom) ->
     GATES["g1"] = asyncio.Event()
     handle = await start(client, "gated", gate="g1")
     for wait in (0, 0.3):
-        early = await client.call("gated_fetch", {"handle": handle, "wait_seconds": wait})
+        early = await client.call(custom.tool("gated", "fetch"), {"handle": handle, "wait_seconds": wait})
         assert not early.is_error and early["status"] == "working"
         assert early["result"] is None and early["tool_error"] is None and early["error"] is None
         assert early["next"].startswith("The result is not ready yet.")
     GATES["g1"].set()
-    done = await client.call("gated_fetch", {"handle": handle, "wait_seconds": 3})
+    done = await client.call(custom.tool("gated", "fetch"), {"handle": handle, "wait_seconds": 3})
     assert done["status"] == "completed" and done["result"] == {"value": 42, "note": "g1"}
 
 
@@ -175,12 +182,14 @@ async def test_long_poll_waits_while_nothing_changes_and_is_capped(custom: Custo
     client = custom.client
     GATES["g2"] = asyncio.Event()
     handle = await start(client, "gated", gate="g2")
-    await client.call("gated_progress", {"handle": handle, "wait_seconds": 1})  # past the claim
+    await client.call(
+        custom.tool("gated", "progress"), {"handle": handle, "wait_seconds": 1}
+    )  # past the claim
     began = time.monotonic()
-    quiet = await client.call("gated_progress", {"handle": handle, "wait_seconds": 0.6})
+    quiet = await client.call(custom.tool("gated", "progress"), {"handle": handle, "wait_seconds": 0.6})
     assert 0.5 <= time.monotonic() - began < 2.5 and quiet["status"] == "working"
     began = time.monotonic()
-    capped = await client.call("gated_fetch", {"handle": handle, "wait_seconds": 30})
+    capped = await client.call(custom.tool("gated", "fetch"), {"handle": handle, "wait_seconds": 30})
     elapsed = time.monotonic() - began
     assert 1.4 <= elapsed < 3, (
         f"wait_seconds is capped by max_wait_seconds (1.5 s here), took {elapsed:.2f} s"
@@ -193,7 +202,7 @@ async def test_long_poll_waits_while_nothing_changes_and_is_capped(custom: Custo
 
     task = asyncio.create_task(release_soon())
     began = time.monotonic()
-    done = await client.call("gated_fetch", {"handle": handle, "wait_seconds": 3})
+    done = await client.call(custom.tool("gated", "fetch"), {"handle": handle, "wait_seconds": 3})
     await task
     assert done["status"] == "completed" and time.monotonic() - began < 1.5
 
@@ -202,13 +211,13 @@ async def test_cancel_a_job_that_ignores_cancellation(custom: Custom) -> None:
     """`gated` never checks `ctx.cancelled`: it is interrupted at its await and still ends `cancelled`."""
     GATES["g3"] = asyncio.Event()
     handle = await start(custom.client, "gated", gate="g3")
-    await custom.client.call("gated_progress", {"handle": handle, "wait_seconds": 1})
-    cancelled = await custom.client.call("gated_cancel", {"handle": handle})
+    await custom.client.call(custom.tool("gated", "progress"), {"handle": handle, "wait_seconds": 1})
+    cancelled = await custom.client.call(custom.tool("gated", "cancel"), {"handle": handle})
     assert cancelled["cancel_requested"] is True
-    still = await custom.client.call("gated_progress", {"handle": handle})
+    still = await custom.client.call(custom.tool("gated", "progress"), {"handle": handle})
     assert still["status"] == "working", "it keeps its grace period (0.5 s here) to stop by itself"
     began = time.monotonic()
-    final = await custom.client.call("gated_fetch", {"handle": handle, "wait_seconds": 3})
+    final = await custom.client.call(custom.tool("gated", "fetch"), {"handle": handle, "wait_seconds": 3})
     assert final["status"] == "cancelled" and final["result"] is None
     assert time.monotonic() - began < 2
     assert final["status_message"] == "Cancelled at the caller's request."
@@ -222,11 +231,15 @@ async def test_a_handle_expires_with_its_retention(custom: Custom) -> None:
     GATES["g4"] = asyncio.Event()
     GATES["g4"].set()
     handle = await start(client, "gated", gate="g4")
-    done = await client.call("gated_fetch", {"handle": handle, "wait_seconds": 3})
+    done = await client.call(custom.tool("gated", "fetch"), {"handle": handle, "wait_seconds": 3})
     assert done["status"] == "completed"
 
     custom.clock.offset = timedelta(minutes=10, seconds=1)
-    for tool in ("gated_progress", "gated_fetch", "gated_cancel"):
+    for tool in (
+        custom.tool("gated", "progress"),
+        custom.tool("gated", "fetch"),
+        custom.tool("gated", "cancel"),
+    ):
         reply = await client.call(tool, {"handle": handle})
         assert reply.is_error and reply["error"] == "expired_handle", tool
         assert "expired at" in reply["message"] and "10 minutes" in reply["message"]
@@ -235,9 +248,9 @@ async def test_a_handle_expires_with_its_retention(custom: Custom) -> None:
     # The sweeper deletes it (the background pass may get there first, once the clock has moved).
     await custom.jobs.runtime.sweep_once()
     assert custom.jobs.service.store.repo.get(job_id_of(handle, custom.key)) is None
-    gone = await client.call("gated_fetch", {"handle": handle})
+    gone = await client.call(custom.tool("gated", "fetch"), {"handle": handle})
     assert gone["error"] == "expired_handle", "a deleted job's handle still says it expired"
-    made_up = await client.call("gated_fetch", {"handle": "not-a-real-handle"})
+    made_up = await client.call(custom.tool("gated", "fetch"), {"handle": "not-a-real-handle"})
     assert made_up["error"] == "unknown_handle"
 
 
@@ -255,7 +268,7 @@ async def test_the_client_checks_structured_results_against_the_output_schema(cu
         await session.validate_tool_result("gated_start", bad)
     missing = CallToolResult(content=[TextContent(type="text", text="{}")])
     with pytest.raises(RuntimeError, match="did not return structured content"):
-        await session.validate_tool_result("gated_progress", missing)
+        await session.validate_tool_result(custom.tool("gated", "progress"), missing)
 
 
 # -- the example server on PostgreSQL -------------------------------------------------------------------

@@ -109,16 +109,23 @@ def test_migrated_schema_matches_the_models(database_url: str) -> None:
     _fresh(database_url)
 
 
-def test_upgrade_to_principal_keys_backfills_them_and_lifts_the_length_limit(database_url: str) -> None:
-    """0004: existing jobs get their principal key (in batches), idempotency still finds them, and a
-    principal of any length can be stored afterwards."""
+def _upgraded_to_head_from(database_url: str, revision: str) -> JobRepository:
+    """A fresh database holding one job stored at revision 0001, taken to `revision`, then by the
+    repository's own start-up to the newest revision."""
     _fresh(database_url)
     repo = JobRepository(database_url)
     migrate.upgrade(repo.engine, "0001")
     _insert_revision_0001_job(database_url)
-    migrate.upgrade(repo.engine, "0003")
+    migrate.upgrade(repo.engine, revision)
     repo.prepare(auto_migrate=True)
     assert migrate.current_revision(repo.engine) == migrate.head_revision()
+    return repo
+
+
+def test_upgrade_to_principal_keys_backfills_them_and_lifts_the_length_limit(database_url: str) -> None:
+    """0004: existing jobs get their principal key (in batches), idempotency still finds them, and a
+    principal of any length can be stored afterwards."""
+    repo = _upgraded_to_head_from(database_url, "0003")
     old = repo.get("old-job")
     assert old is not None and old.principal_key == principal_key("local:local")
     assert repo.count_active(principal="local:local") == 1
@@ -138,13 +145,7 @@ def test_upgrade_to_principal_keys_backfills_them_and_lifts_the_length_limit(dat
 def test_upgrade_to_claim_logs_keeps_old_jobs_and_records_new_claims(database_url: str) -> None:
     """0005: jobs stored before it have no claim log (their nodes were never kept); every claim after it
     records its attempt and node, one entry per claim, a resumed attempt again under its number."""
-    _fresh(database_url)
-    repo = JobRepository(database_url)
-    migrate.upgrade(repo.engine, "0001")
-    _insert_revision_0001_job(database_url)
-    migrate.upgrade(repo.engine, "0004")
-    repo.prepare(auto_migrate=True)
-    assert migrate.current_revision(repo.engine) == migrate.head_revision()
+    repo = _upgraded_to_head_from(database_url, "0004")
     old = repo.get("old-job")
     assert old is not None and old.claim_log is None and claims_of(old) == []
     repo.insert(job_row("new-job"))

@@ -1,0 +1,62 @@
+"""Tool layouts: which tool names serve the jobs of one server.
+
+- `"per_job"` (the default): every job has its own `<job>_start`, `<job>_progress`, `<job>_fetch`,
+  `<job>_cancel` (and `<job>_respond`), plus its plain tool `<job>`.
+- `"compact"`: every job keeps `<job>_start` and `<job>`; one shared `jobs_progress`, `jobs_fetch`,
+  `jobs_cancel` (and `jobs_respond`) serve every job, since the handle says which job it is.
+
+Every description and every `next` hint names tools through `ToolNames`, so a caller is only ever
+sent to a tool the server lists. Clients find the layout from `tools/list` (`ToolNames.discover`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Literal, cast, get_args
+
+from handles.errors import ConfigurationError
+
+ToolLayout = Literal["per_job", "compact"]
+LAYOUTS: tuple[str, ...] = get_args(ToolLayout)
+
+SHARED_PREFIX = "jobs"
+"""The shared tools of the compact layout are `jobs_<verb>`."""
+
+FOLLOW_VERBS = ("progress", "fetch", "cancel", "respond")
+"""The verbs that take a handle; the compact layout shares them between jobs (`start` stays per job)."""
+
+
+@dataclass(frozen=True)
+class ToolNames:
+    """The name of each tool of a job in one layout."""
+
+    layout: ToolLayout = "per_job"
+
+    @classmethod
+    def of(cls, layout: str) -> ToolNames:
+        if layout not in LAYOUTS:
+            raise ConfigurationError(
+                f"Unknown tool layout {layout!r}; use one of {', '.join(repr(name) for name in LAYOUTS)}."
+            )
+        return cls(cast(ToolLayout, layout))
+
+    @classmethod
+    def discover(cls, job: str, listed: Collection[str]) -> ToolNames | None:
+        """The layout a server's `tools/list` shows for `job`, or None when it has no handle tools for it."""
+        if f"{job}_progress" in listed:
+            return cls("per_job")
+        if f"{SHARED_PREFIX}_progress" in listed:
+            return cls("compact")
+        return None
+
+    @property
+    def shared(self) -> bool:
+        """Whether the handle tools are shared by every job (compact) rather than one set per job."""
+        return self.layout == "compact"
+
+    def name(self, job: str, verb: str) -> str:
+        """`<job>_<verb>`, or `jobs_<verb>` for a shared verb in the compact layout."""
+        if self.shared and verb in FOLLOW_VERBS:
+            return f"{SHARED_PREFIX}_{verb}"
+        return f"{job}_{verb}"
