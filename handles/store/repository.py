@@ -65,6 +65,8 @@ _INLINE: ContextVar[bool] = ContextVar("handles_inline_read", default=False)
 _NOTICE: ContextVar[str | None] = ContextVar("handles_change_notice", default=None)
 """The change notice that write transactions in this context publish as they commit (see `publishing`)."""
 NOTIFY_CHANNEL = "handles_jobs"
+CONNECT_TIMEOUT_SECONDS = 10
+"""How long a new PostgreSQL connection may take before the attempt fails (`connect_timeout`)."""
 _VERSIONS_BATCH = 500  # ids per query when reading the versions of watched jobs
 
 
@@ -118,12 +120,17 @@ def _make_engines(url: str) -> tuple[Engine, Engine, Engine | None]:
     back to a worker thread).
     """
     if not _is_sqlite(url):
-        write = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+        # A database host that never answers (packets dropped, not refused) must not hang a start or a
+        # request: libpq would wait forever without a connect timeout. One set in the URL wins.
+        connect = (
+            {} if "connect_timeout" in url else {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_SECONDS}}
+        )
+        write = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10, **connect)
         # Reads in autocommit, without a ping at checkout: a poll is its statements and nothing else
         # (no BEGIN, no ROLLBACK, no ping). A read on a connection the server dropped fails at once
         # and invalidates the pool; `Store.read` retries it once on a fresh connection. Under READ
         # COMMITTED each statement took its own snapshot anyway, so no read loses consistency.
-        read = create_engine(url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=10)
+        read = create_engine(url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=10, **connect)
         return read, write, None
 
     if _is_memory_sqlite(url):

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import socket
 import time
 from datetime import timedelta
 
 import psycopg
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
 
 from handles.store import JobRepository, Store, utc_now
 from handles.store.listen import libpq_url
-from handles.store.repository import NOTIFY_CHANNEL, ActiveLimitReached
+from handles.store.repository import CONNECT_TIMEOUT_SECONDS, NOTIFY_CHANNEL, ActiveLimitReached
 from tests.runtime.support import job_row
 
 
@@ -97,3 +99,24 @@ def test_a_read_on_a_connection_the_server_dropped_is_repeated_once_on_a_fresh_o
     finally:
         admin.dispose()
         repo.dispose()
+
+
+def test_a_database_host_that_never_answers_fails_after_the_connect_timeout_instead_of_hanging() -> None:
+    """A host that drops packets would hang libpq forever; the store gives up after its connect timeout,
+    so a start-up retries and a request gets the retryable store error (tests/startup)."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # the kernel completes the handshake; nothing ever answers the startup packet
+    port = silent.getsockname()[1]
+    repo = JobRepository(f"postgresql+psycopg://postgres@127.0.0.1:{port}/test")
+    began = time.monotonic()
+    try:
+        with pytest.raises(OperationalError):
+            repo.get("any")
+        took = time.monotonic() - began
+        assert CONNECT_TIMEOUT_SECONDS - 1 <= took < CONNECT_TIMEOUT_SECONDS + 5, (
+            f"gave up after {took:.1f} s"
+        )
+    finally:
+        repo.dispose()
+        silent.close()
