@@ -178,19 +178,23 @@ def test_a_job_whose_body_returned_is_not_interrupted_while_its_outcome_is_writt
     (before, the interrupt cancelled the flush and the job stayed `working` under a dead lease)."""
 
     async def main() -> None:
-        jobs = Handles(config(tmp_path, drain_seconds=0.2, progress_flush_seconds=1.0))
+        jobs = Handles(config(tmp_path, drain_seconds=0.05, progress_flush_seconds=1.0))
+        returning = asyncio.Event()
 
         @jobs.job
         async def quick(ctx: JobContext) -> int:
             await ctx.progress(1, 2)  # written at once (slowly)
             await ctx.progress(2, 2)  # coalesced: left for the final flush
+            returning.set()
             return 2
 
         await jobs.start()
         repo = jobs.service.store.repo
         with slowed(repo, "set_progress", 0.4):  # a slow disk
             handle = await start_as(jobs, "alice", "quick")
-            await asyncio.sleep(0.3)
+            # The body has returned; its final flush takes 0.4 s, and the drain's deadline lands in 0.05 s,
+            # however loaded the machine is.
+            await asyncio.wait_for(returning.wait(), 10)
             await jobs.aclose()
         record = stored(jobs, handle)
         assert record.status == Status.COMPLETED.value, (record.status, record.status_message)
