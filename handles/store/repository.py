@@ -308,7 +308,7 @@ class JobRepository:
 
     def get(self, job_id: str) -> JobRecord | None:
         with self._fast_reading() as connection:
-            return _one(connection, JobRecord, _JOBS.c.id == job_id)
+            return _one(connection, JobRecord, _JOB_BY_ID, job_id)
 
     def versions(self, job_ids: Sequence[str]) -> dict[str, int]:
         """The current version of each of `job_ids` that is still stored."""
@@ -322,45 +322,35 @@ class JobRepository:
 
     def pending_inputs(self, job_id: str) -> list[InputRequestRecord]:
         with self._fast_reading() as connection:
-            return _rows(connection, InputRequestRecord, *_pending_clause(job_id))
+            return _rows(connection, InputRequestRecord, _OPEN_QUESTIONS_OF_JOB, job_id)
 
     def questions(self, job_id: str) -> list[InputRequestRecord]:
         """Every question the job asked, answered or not, in the order asked (the operator's view)."""
-        inputs = InputRequestRecord.__table__.c  # type: ignore[attr-defined]
         with self._fast_reading() as connection:
-            return _rows(
-                connection, InputRequestRecord, inputs.job_id == job_id, (inputs.created_at, inputs.key)
-            )
+            return _rows(connection, InputRequestRecord, _QUESTIONS_OF_JOB, job_id)
 
     def snapshot(self, job_id: str) -> tuple[JobRecord | None, list[InputRequestRecord], list[StepRecord]]:
         """The job, its open questions (when it waits for answers) and its steps, read in one go."""
         with self._fast_reading() as connection:
-            job = _one(connection, JobRecord, _JOBS.c.id == job_id)
+            job = _one(connection, JobRecord, _JOB_BY_ID, job_id)
             if job is None:
                 return None, [], []
             pending: list[InputRequestRecord] = []
             if job.status == Status.INPUT_REQUIRED.value:
-                pending = _rows(connection, InputRequestRecord, *_pending_clause(job_id))
-            return job, pending, _rows(connection, StepRecord, *_steps_clause(job_id))
+                pending = _rows(connection, InputRequestRecord, _OPEN_QUESTIONS_OF_JOB, job_id)
+            return job, pending, _rows(connection, StepRecord, _STEPS_OF_JOB, job_id)
 
     def replay_state(self, job_id: str) -> tuple[dict[str, dict[str, Any]], dict[str, StepRecord]]:
         """What a run replays: the job's recorded answers by key, and its steps by name, read in one go."""
-        inputs = InputRequestRecord.__table__.c  # type: ignore[attr-defined]
         with self._fast_reading() as connection:
-            answered = _rows(
-                connection,
-                InputRequestRecord,
-                and_(inputs.job_id == job_id, inputs.answered_at.is_not(None)),
-                (inputs.key,),
-            )
-            steps = _rows(connection, StepRecord, *_steps_clause(job_id))
+            answered = _rows(connection, InputRequestRecord, _ANSWERS_OF_JOB, job_id)
+            steps = _rows(connection, StepRecord, _STEPS_OF_JOB, job_id)
         answers = {record.key: record.answer for record in answered if record.answer is not None}
         return answers, {step.name: step for step in steps}
 
     def get_input(self, job_id: str, key: str) -> InputRequestRecord | None:
-        inputs = InputRequestRecord.__table__.c  # type: ignore[attr-defined]
         with self._fast_reading() as connection:
-            return _one(connection, InputRequestRecord, and_(inputs.job_id == job_id, inputs.key == key))
+            return _one(connection, InputRequestRecord, _QUESTION_BY_KEY, job_id, key=key)
 
     def list_jobs(
         self,
@@ -984,7 +974,7 @@ class JobRepository:
 
     def steps(self, job_id: str) -> list[StepRecord]:
         with self._fast_reading() as connection:
-            return _rows(connection, StepRecord, *_steps_clause(job_id))
+            return _rows(connection, StepRecord, _STEPS_OF_JOB, job_id)
 
     # -- sweeping --------------------------------------------------------------
 
@@ -1055,6 +1045,25 @@ _JOBS = JobRecord.__table__  # type: ignore[attr-defined]
 _INPUTS = InputRequestRecord.__table__  # type: ignore[attr-defined]
 
 
+# The hot reads' statements, built once (building a statement costs more than SQLite runs it).
+_STEPS = StepRecord.__table__  # type: ignore[attr-defined]
+_JOB_BY_ID = sa_select(_JOBS).where(_JOBS.c.id == bindparam("job_id"))
+_STEPS_OF_JOB = sa_select(_STEPS).where(_STEPS.c.job_id == bindparam("job_id")).order_by(_STEPS.c.started_at)
+_QUESTIONS_OF_JOB = (
+    sa_select(_INPUTS)
+    .where(_INPUTS.c.job_id == bindparam("job_id"))
+    .order_by(_INPUTS.c.created_at, _INPUTS.c.key)
+)
+_OPEN_QUESTIONS_OF_JOB = _QUESTIONS_OF_JOB.where(_INPUTS.c.answered_at.is_(None))
+_ANSWERS_OF_JOB = (
+    sa_select(_INPUTS)
+    .where(_INPUTS.c.job_id == bindparam("job_id"), _INPUTS.c.answered_at.is_not(None))
+    .order_by(_INPUTS.c.key)
+)
+_QUESTION_BY_KEY = sa_select(_INPUTS).where(
+    _INPUTS.c.job_id == bindparam("job_id"), _INPUTS.c.key == bindparam("key")
+)
+
 # The start's statements, built once (building a statement costs more than SQLite runs it).
 _INSERT_JOB = sa_insert(_JOBS)
 _INSERT_INPUT = sa_insert(_INPUTS)
@@ -1079,27 +1088,21 @@ def _pending_clause(job_id: str) -> tuple[Any, Any]:
     return where, (col(InputRequestRecord.created_at), col(InputRequestRecord.key))
 
 
-def _steps_clause(job_id: str) -> tuple[Any, Any]:
-    """(where, order by) of a job's durable steps, in the order started."""
-    return col(StepRecord.job_id) == job_id, (col(StepRecord.started_at),)
-
-
 def _pending(session: Session, job_id: str) -> list[InputRequestRecord]:
     """A job's unanswered questions as session objects (for writes that change them)."""
     where, order = _pending_clause(job_id)
     return list(session.exec(select(InputRequestRecord).where(where).order_by(*order)))
 
 
-def _rows(connection: Connection, model: type[M], where: Any, order: Any) -> list[M]:
-    """Rows of `model`'s table as detached models, without an ORM session (the hot read path)."""
-    table = model.__table__  # type: ignore[attr-defined]
-    result = connection.execute(sa_select(table).where(where).order_by(*order))
+def _rows(connection: Connection, model: type[M], statement: Any, job_id: str, **params: Any) -> list[M]:
+    """The rows a prebuilt hot-read `statement` finds for `job_id`, as detached models, without an ORM
+    session (the hot read path)."""
+    result = connection.execute(statement, {"job_id": job_id, **params})
     return [model.model_construct(**row) for row in result.mappings()]
 
 
-def _one(connection: Connection, model: type[M], where: Any) -> M | None:
-    table = model.__table__  # type: ignore[attr-defined]
-    row = connection.execute(sa_select(table).where(where)).mappings().first()
+def _one(connection: Connection, model: type[M], statement: Any, job_id: str, **params: Any) -> M | None:
+    row = connection.execute(statement, {"job_id": job_id, **params}).mappings().first()
     return None if row is None else model.model_construct(**row)
 
 
