@@ -61,23 +61,38 @@ class Tracer:
         return {path.name: path.stat().st_size for path in self.directory.glob("*.trace")}
 
     def since(self, mark: dict[str, int]) -> tuple[int, list[str]]:
-        """Round trips since `mark`, and what the client sent in each (its first words)."""
+        """Round trips since `mark`, and what the client sent in each (its first words).
+
+        psycopg prepares a statement it has run a few times: later runs send only `Bind` with the
+        statement's name, so the names are learnt from every `Parse` in the trace, before the mark too.
+        """
         trips = 0
         sent: list[str] = []
         for handle in self.files.values():
             handle.flush()
         for path in sorted(self.directory.glob("*.trace")):
+            prepared: dict[str, str] = {}
+            start = mark.get(path.name, 0)
             with path.open() as trace:
-                trace.seek(mark.get(path.name, 0))
+                offset = 0
                 for line in trace:
+                    after_mark = offset >= start
+                    offset += len(line.encode())
                     parts = line.rstrip("\n").split("\t")
                     if len(parts) < 4:
                         continue
-                    direction, _, message, body = parts[0], parts[1], parts[2], parts[3]
+                    direction, message, body = parts[0], parts[2], parts[3]
+                    quoted = body.split('"')[1::2]
+                    if direction == "F" and message == "Parse" and len(quoted) >= 2:
+                        prepared[quoted[0]] = _gist(quoted[1])
+                    if not after_mark:
+                        continue
                     if direction == "B" and message == "ReadyForQuery":
                         trips += 1
-                    elif direction == "F" and message in ("Query", "Parse"):
+                    elif direction == "F" and message == "Query":
                         sent.append(_gist(body))
+                    elif direction == "F" and message == "Bind" and len(quoted) >= 2:
+                        sent.append(prepared.get(quoted[1], "?"))
         return trips, sent
 
     def close(self) -> None:
