@@ -554,14 +554,10 @@ class Runtime:
         await self._leases.beat()
 
     async def _sweep_loop(self) -> None:
-        while True:
-            try:
-                await self.sweep_once()
-            except StoreUnavailable:  # an outage, not a bug: one line, no traceback
-                logger.warning("sweep failed: the database is unavailable; retrying")
-            except Exception:
-                logger.exception("sweep failed; retrying")
-            await asyncio.sleep(self.config.sweep_interval_seconds)
+        """A sweep at once, then one every `sweep_interval_seconds`."""
+        now = asyncio.Event()
+        now.set()
+        await every(lambda: now, self.config.sweep_interval_seconds, self.sweep_once, "sweep")
 
     async def sweep_once(self) -> dict[str, int]:
         """One bounded pass over the store (see `handles.runtime.sweeper`)."""
