@@ -96,6 +96,14 @@ class StoreUnavailable(CallerError):
     code = "store_unavailable"
     retryable = True
 
+    @classmethod
+    def now(cls) -> StoreUnavailable:
+        """The one answer to a call the database could not serve."""
+        return cls(
+            "The job store is unavailable right now; nothing was changed.",
+            "Retry the same call in a few seconds.",
+        )
+
 
 class LeaseLost(HandlesError):
     """Internal: this runtime no longer holds the job (it ended, or another runtime recovered it)."""

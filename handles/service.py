@@ -113,10 +113,7 @@ class JobService:
             try:
                 await self.schema.aopen()
             except DatabaseUnreachable as exc:
-                raise StoreUnavailable(
-                    "The job store is unavailable right now; nothing was changed.",
-                    "Retry the same call in a few seconds.",
-                ) from exc
+                raise StoreUnavailable.now() from exc
         if not self.runtime.started:
             await self.runtime.start()
 

@@ -181,7 +181,4 @@ class Store:
             ):
                 raise
             logger.warning("database unavailable: %s", exc.__class__.__name__)
-            raise StoreUnavailable(
-                "The job store is unavailable right now; nothing was changed.",
-                "Retry the same call in a few seconds.",
-            ) from exc
+            raise StoreUnavailable.now() from exc
