@@ -49,6 +49,7 @@ from handles.store.models import (
     InputRequestRecord,
     JobRecord,
     StepRecord,
+    UTCDateTime,
     claim_entry_tail,
     principal_key,
 )
@@ -67,6 +68,7 @@ _NOTICE: ContextVar[str | None] = ContextVar("handles_change_notice", default=No
 NOTIFY_CHANNEL = "handles_jobs"
 CONNECT_TIMEOUT_SECONDS = 10
 """How long a new PostgreSQL connection may take before the attempt fails (`connect_timeout`)."""
+_DATABASE_NOW = func.now(type_=UTCDateTime())  # the database's clock, read as an aware UTC datetime
 _VERSIONS_BATCH = 500  # ids per query when reading the versions of watched jobs
 
 
@@ -206,8 +208,8 @@ class JobRepository:
         """`now` for lease comparisons made in Python, inside a write transaction."""
         if not self._database_leases:
             return now
-        value: datetime = session.execute(sa_select(func.now())).scalar_one()
-        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        value: datetime = session.execute(sa_select(_DATABASE_NOW)).scalar_one()
+        return value
 
     @property
     def dialect(self) -> str:
@@ -463,9 +465,9 @@ class JobRepository:
         """
         if self.dialect != "postgresql":
             return None
-        row = session.execute(sa_select(func.pg_advisory_xact_lock(func.hashtext(key)), func.now())).one()
+        row = session.execute(sa_select(func.pg_advisory_xact_lock(func.hashtext(key)), _DATABASE_NOW)).one()
         value: datetime = row[1]
-        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        return value
 
     def _find_idempotent(self, job: Mapping[str, Any]) -> JobRecord | None:
         """The job that `job`'s principal already started with its kind and idempotency key."""
