@@ -4,7 +4,8 @@ Run it with `python -m example_server.demo`. It follows a report with `handles.c
 through the Tasks extension (giving up at a first deadline, then resuming the same job
 from the client's journal), follows a deployment through the handle tools and answers
 its approval question from a callback, then drives an export by hand with the handle
-tools (start, progress, cancel, fetch), printing what the server answers at each step.
+tools (start, progress, cancel, fetch), runs another to the end and reads its CSV through
+the result link, printing what the server answers at each step.
 """
 
 from __future__ import annotations
@@ -108,11 +109,32 @@ async def run_demo(job_seconds: float) -> None:
         final = await _call(client, "export_dataset_fetch", {"handle": started["handle"], "wait_seconds": 30})
         _show("fetch", final, "status", "status_message")
 
-        print("\n5. A made-up handle gets a clear tool error")
+        print("\n5. export_dataset to the end: the CSV comes back as a link, read with resources/read")
+        started = await _call(client, "export_dataset_start", {"rows": 60_000})
+        done = await _call(client, "export_dataset_fetch", {"handle": started["handle"], "wait_seconds": 30})
+        link = done["result_link"]
+        _show("fetch", done, "status", "result_link")
+        csv = await read_link(client, link)
+        lines = csv.splitlines()
+        print(
+            f"  read       {len(csv.encode())} bytes in {link['parts']} part(s): {len(lines) - 1} rows, first {lines[1]!r}"
+        )
+
+        print("\n6. A made-up handle gets a clear tool error")
         bogus = await client.call_tool("generate_report_progress", {"handle": "not-a-real-handle"})
         print(f"  isError={bogus.is_error} {bogus.content[0].text}")  # type: ignore[union-attr]
     print("\nDemo finished. Follow one job yourself (stop it at any moment, run it again: it resumes):")
     print("""  python -m example_server.client_demo generate_report '{"account": "acme", "months": 6}'""")
+
+
+async def read_link(client: Client, link: dict[str, Any]) -> str:
+    """A large result's text, joined from its parts (each read is one `resources/read`)."""
+    uris = [link["uri"]] if link["parts"] == 1 else [f"{link['uri']}/parts/{n}" for n in range(link["parts"])]
+    texts = []
+    for uri in uris:
+        (content,) = (await client.read_resource(uri)).contents
+        texts.append(getattr(content, "text", ""))
+    return "".join(texts)
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 - `generate_report(account, months)`: reports progress month by month.
 - `deploy_release(version)`: asks mid-way for an approval and a target environment.
-- `export_dataset(rows)`: long, and cancellable mid-way.
+- `export_dataset(rows)`: long, cancellable mid-way; its CSV comes back as a link to read in parts.
 - `lookup_account(account)`: an ordinary quick tool, for contrast.
 
 `EXAMPLE_JOB_SECONDS` sets the nominal length of each long job (default 20).
@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import MCPServer
 from pydantic import BaseModel, Field
 
-from handles import Handles, HandlesConfig, JobContext, ToolError
+from handles import Handles, HandlesConfig, JobContext, ResultFile, ToolError
 from handles.jobs import JobOptions
 from handles.layout import ToolLayout, ToolNames
 
@@ -49,12 +49,6 @@ class Deployment(BaseModel):
     version: str
     environment: str
     steps: list[str]
-
-
-class ExportSummary(BaseModel):
-    rows: int
-    chunks: int
-    location: str
 
 
 def _record_effect(effect: str) -> str:
@@ -110,15 +104,32 @@ async def deploy_release(ctx: JobContext, version: str) -> Deployment:
     return Deployment(version=version, environment=approval.environment, steps=steps + rollout)
 
 
-async def export_dataset(ctx: JobContext, rows: Annotated[int, Field(ge=1, le=10_000_000)]) -> ExportSummary:
-    """Export a dataset in chunks; stops cleanly at the next chunk when cancelled."""
+async def export_dataset(ctx: JobContext, rows: Annotated[int, Field(ge=1, le=10_000_000)]) -> ResultFile:
+    """Export a dataset as CSV, in chunks; stops cleanly at the next chunk when cancelled.
+
+    The CSV comes back as a link to read with resources/read (in parts when large), never inline."""
     chunks = 20
     pause = job_seconds() / chunks
     for chunk in range(chunks):
         await ctx.checkpoint()
         await asyncio.sleep(pause)
         await ctx.progress((chunk + 1) * rows // chunks, rows, f"Exported chunk {chunk + 1} of {chunks}")
-    return ExportSummary(rows=rows, chunks=chunks, location=f"exports/{ctx.job_id}.csv")
+    return ResultFile(
+        csv_rows(rows),
+        media_type="text/csv",
+        name=f"export-{ctx.job_id}.csv",
+        summary=f"{rows} rows of id,account,amount,day with a header line.",
+    )
+
+
+def csv_rows(rows: int, block: int = 10_000) -> Iterator[str]:
+    """The exported CSV, a block of rows at a time (never the whole file in memory)."""
+    yield "id,account,amount,day\n"
+    for start in range(0, rows, block):
+        yield "".join(
+            f"{i},acct-{i % 997:04d},{(i * 7919) % 100_000 / 100:.2f},2026-11-{i % 28 + 1:02d}\n"
+            for i in range(start, min(start + block, rows))
+        )
 
 
 def lookup_account(account: str) -> dict[str, Any]:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     )
     from handles.first import AskFirst
     from handles.jobs import JobContext, JobSpec
+    from handles.results import ResultFile, ResultLink
     from handles.states import Status
 
 _EXPORTS = {
@@ -43,6 +44,8 @@ _EXPORTS = {
     "HandlesConfig": "handles.config",
     "JobContext": "handles.jobs",
     "JobSpec": "handles.jobs",
+    "ResultFile": "handles.results",
+    "ResultLink": "handles.results",
     "Status": "handles.states",
     **{
         name: "handles.errors"
@@ -80,6 +83,8 @@ __all__ = [
     "JobFailed",
     "JobSpec",
     "LimitReached",
+    "ResultFile",
+    "ResultLink",
     "Status",
     "StepOutcomeUnknown",
     "StoreUnavailable",

@@ -26,6 +26,7 @@ from handles.layout import ToolLayout, ToolNames
 from handles.mcp import add_plain_tool, add_tools
 from handles.plain import PlainCall, PlainCallPolicy, PlainTool
 from handles.principal import PrincipalResolver, default_resolver
+from handles.result_links import ResultLinks
 from handles.runtime import Runtime
 from handles.service import JobService
 from handles.store import Clock, JobRepository, Store, utc_now
@@ -223,6 +224,7 @@ class Handles:
                 f"Two tools would be named {', '.join(clashes)}; rename the job that causes it."
             )
         add_tools(server, definitions, self.principal_resolver)
+        ResultLinks.install(server, self._machinery(), self.principal_resolver)
         for tool in plain:
             add_plain_tool(
                 server,

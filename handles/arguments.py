@@ -18,7 +18,6 @@ tests/tasks/test_caller_mistakes.py and tests/unit/test_arguments.py pin what is
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,10 +25,10 @@ from typing import Any
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata, func_metadata
-from mcp_types import SERVER_INFO_META_KEY, Implementation, ListToolsResult
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from mcp_types import ListToolsResult
 from pydantic import ValidationError
 
+from handles.envelope import enveloped, server_info
 from handles.errors import CallerError, InvalidArguments
 from handles.limits import clean_message
 
@@ -163,10 +162,10 @@ def _expected(prop: Mapping[str, Any], schema: Mapping[str, Any]) -> str:
 class ArgumentGate:
     """Server middleware checking the arguments of the generated tools before the SDK sees them."""
 
-    def __init__(self, refusal: ToolResultFactory, server_info: Implementation) -> None:
+    def __init__(self, refusal: ToolResultFactory, info: dict[str, Any]) -> None:
         self._rules: dict[str, ArgumentRules] = {}
         self._refusal = refusal
-        self._server_info = server_info.model_dump(by_alias=True, mode="json", exclude_none=True)
+        self._server_info = info
 
     @classmethod
     def of(cls, server: MCPServer[Any], refusal: ToolResultFactory) -> ArgumentGate:
@@ -174,15 +173,7 @@ class ArgumentGate:
         for middleware in server.middleware:
             if isinstance(middleware, cls):
                 return middleware
-        info = Implementation(
-            name=server.name,
-            title=server.title,
-            version=server.version,
-            description=server.description,
-            website_url=server.website_url,
-            icons=server.icons,
-        )
-        gate = cls(refusal, info)
+        gate = cls(refusal, server_info(server))
         server.middleware.append(gate)
         return gate
 
@@ -210,10 +201,7 @@ class ArgumentGate:
         result: dict[str, Any] = self._refusal(error).model_dump(
             by_alias=True, mode="json", exclude_none=True
         )
-        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
-            result["resultType"] = "complete"
-            result["_meta"] = {SERVER_INFO_META_KEY: copy.deepcopy(self._server_info)}
-        return result
+        return enveloped(ctx, result, self._server_info)
 
     def _closed_schemas(self, result: HandlerResult) -> HandlerResult:
         """`additionalProperties: false` on the input schema of every gated tool."""

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from handles.errors import ConfigurationError
+from handles.limits import MAX_RESULT_BYTES
 
 logger = logging.getLogger("handles")
 
@@ -67,6 +68,8 @@ _NUMBERS: dict[str, tuple[str, _Bound]] = {
     "drain_seconds": ("HANDLES_DRAIN_SECONDS", _Bound(0)),
     "step_cancel_limit_seconds": ("HANDLES_STEP_CANCEL_LIMIT_SECONDS", _Bound(0)),
     "principal_share": ("HANDLES_PRINCIPAL_SHARE", _Bound(0, above=True, high=1)),
+    "link_results_over": ("HANDLES_LINK_RESULTS_OVER", _Bound(1, integer=True, high=MAX_RESULT_BYTES)),
+    "max_result_file_bytes": ("HANDLES_MAX_RESULT_FILE_BYTES", _Bound(0, integer=True)),
 }
 
 
@@ -134,6 +137,11 @@ class HandlesConfig:
     step_cancel_limit_seconds: float = 60.0
     # The share of this node's slots one principal may hold while another principal's jobs wait.
     principal_share: float = 0.5
+    # A result whose JSON is larger than this is stored as a file and answered as a link to read
+    # (handles.results); a job's own `link_results_over` wins.
+    link_results_over: int = 256 * 1024
+    # The largest result file one job may store; a larger one fails the job (`result_too_large`).
+    max_result_file_bytes: int = 2 * 1024 * 1024 * 1024
 
     def __post_init__(self) -> None:
         for field, (variable, bound) in _NUMBERS.items():

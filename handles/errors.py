@@ -145,3 +145,9 @@ class StepOutcomeUnknown(HandlesError):
         self.step = step
         self.started_at = started_at
         self.attempt = attempt
+
+
+class UnknownResultLink(CallerError):
+    """A result link that is made up, another principal's, of a job that is gone, or of a part that does not exist."""
+
+    code = "unknown_result_link"

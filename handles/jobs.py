@@ -31,7 +31,8 @@ from handles.errors import (
     StoreUnavailable,
 )
 from handles.first import AskFirst
-from handles.limits import clean_message
+from handles.limits import MAX_RESULT_BYTES, clean_message
+from handles.results import ResultFile, ResultLink
 
 if TYPE_CHECKING:
     from handles.store import StepRecord, Store
@@ -70,6 +71,7 @@ class JobOptions(TypedDict, total=False):
     input_timeout: timedelta | None
     abandon_after: timedelta | None
     ask_first: AskFirst | None
+    link_results_over: int | None
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,9 @@ class JobSpec:
     - `input_timeout`: how long `input_required` waits for an answer before the job fails;
     - `abandon_after`: cancel the job when nobody has looked at it for this long;
     - `on_interrupt`: when its process dies, "fail" (default) or "retry" up to `max_attempts`;
-    - `ask_first`: a question the job needs answered before it starts (see `handles.first`).
+    - `ask_first`: a question the job needs answered before it starts (see `handles.first`);
+    - `link_results_over`: a result whose JSON is larger than this many bytes is stored as a file and
+      answered as a link (default `HandlesConfig.link_results_over`); see `handles.results`.
     """
 
     name: str
@@ -96,6 +100,7 @@ class JobSpec:
     input_timeout: timedelta | None
     abandon_after: timedelta | None
     ask_first: AskFirst | None
+    link_results_over: int | None
     context_param: str
     metadata: FuncMetadata
 
@@ -115,6 +120,7 @@ class JobSpec:
         input_timeout: timedelta | None = None,
         abandon_after: timedelta | None = None,
         ask_first: AskFirst | None = None,
+        link_results_over: int | None = None,
     ) -> JobSpec:
         job_name = name or fn.__name__
         if not _NAME.match(job_name):
@@ -140,9 +146,13 @@ class JobSpec:
                 ask_first.requested_schema()
             except ValueError as exc:
                 raise ConfigurationError(f"Job {job_name!r}: ask_first: {exc}") from exc
+        if link_results_over is not None and not 0 < link_results_over <= MAX_RESULT_BYTES:
+            raise ConfigurationError(
+                f"Job {job_name!r}: link_results_over must be between 1 and {MAX_RESULT_BYTES} bytes (or None)."
+            )
         context_param = _find_context_param(fn, job_name)
         try:
-            metadata = func_metadata(fn, skip_names=[context_param], structured_output=True)
+            metadata = func_metadata(_described(fn), skip_names=[context_param], structured_output=True)
         except Exception as exc:
             raise ConfigurationError(
                 f"Job {job_name!r} needs a return annotation that pydantic can describe as JSON "
@@ -161,6 +171,7 @@ class JobSpec:
             input_timeout=input_timeout,
             abandon_after=abandon_after,
             ask_first=ask_first,
+            link_results_over=link_results_over,
             context_param=context_param,
             metadata=metadata,
         )
@@ -196,6 +207,21 @@ class JobSpec:
         result = self.metadata.convert_result(value)
         assert isinstance(result, CallToolResult)
         return result
+
+
+def _described(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` as the SDK should describe it: a job returning a `ResultFile` declares a `ResultLink`."""
+    signature = inspect.signature(fn, eval_str=True)
+    if signature.return_annotation is not ResultFile:
+        return fn
+
+    def shim(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError  # only described, never called
+
+    shim.__signature__ = signature.replace(return_annotation=ResultLink)  # type: ignore[attr-defined]
+    shim.__name__ = fn.__name__
+    shim.__doc__ = fn.__doc__
+    return shim
 
 
 def _find_context_param(fn: Callable[..., Any], job_name: str) -> str:

@@ -30,6 +30,7 @@ from handles.arguments import ArgumentGate, ArgumentRules
 from handles.errors import CallerError, ConfigurationError, DatabaseUnreachable, InvalidArguments
 from handles.health import health_routes
 from handles.principal import PrincipalResolver
+from handles.results import resource_link
 from handles.startup import BackgroundStart
 from handles.tools import ToolDefinition, ToolReply, error_reply
 
@@ -51,6 +52,8 @@ def to_call_tool_result(reply: ToolReply) -> CallToolResult:
     content: list[ContentBlock] = [TextContent(type="text", text=reply.text)]
     if reply.is_error and "error" in reply.structured and "status" not in reply.structured:
         return CallToolResult(content=content, is_error=True)
+    if reply.link is not None:
+        content.append(resource_link(reply.link))
     return CallToolResult(content=content, structured_content=reply.structured, is_error=reply.is_error)
 
 

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field, create_model
 from handles.errors import CallerError, UnknownHandle
 from handles.jobs import JobSpec, describe_duration
 from handles.layout import FOLLOW_VERBS, SHARED_PREFIX, ToolNames
+from handles.results import ResultLink, link_of
 from handles.service import UNKNOWN_HANDLE, JobService
 from handles.states import Status
 from handles.store import InputRequestRecord, JobRecord
@@ -127,6 +128,7 @@ class FetchOutputBase(BaseModel):
     tool_error: str | None = Field(
         None, description="The job's own error message, when it ended in a tool error."
     )
+    result_link: ResultLink | None = Field(None, description="The result, when too large to show here.")
     poll_after_ms: int | None = None
     expires_at: datetime
     next: str
@@ -141,6 +143,8 @@ class ToolReply:
 
     structured: dict[str, Any]
     is_error: bool = False
+    link: ResultLink | None = None
+    """A large result's link, also given as a `resource_link` content item."""
 
     @property
     def text(self) -> str:
@@ -345,6 +349,14 @@ class JobTools:
                 fields["tool_error"] = _text_of(job.result)
             else:
                 fields["result"] = job.result.get("structuredContent")
+                link = link_of(job.result)
+                if link is not None:
+                    fields["result_link"] = link
+                    fields["next"] = (
+                        f"The job is finished; its result is {link.size_bytes} bytes of {link.media_type}, "
+                        f"too large to show here. {link.read_hint} It stays available until "
+                        f"{job.expires_at.isoformat()}."
+                    )
         elif status is Status.FAILED:
             is_error = True
             fields["error"] = ErrorView.model_validate(
@@ -353,7 +365,7 @@ class JobTools:
         elif not status.is_terminal:
             fields["next"] = "The result is not ready yet. " + fields["next"]
         out = self.fetch_model.model_validate(fields)
-        return ToolReply(out.model_dump(mode="json"), is_error=is_error)
+        return ToolReply(out.model_dump(mode="json"), is_error=is_error, link=fields.get("result_link"))
 
     async def cancel(self, principal: str, arguments: dict[str, Any]) -> ToolReply:
         job = await self.service.open(self.spec, principal, arguments.get("handle"))

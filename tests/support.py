@@ -27,7 +27,7 @@ from jsonschema.validators import validator_for
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.mcpserver import MCPServer
-from mcp_types import CallToolResult, TextContent, Tool
+from mcp_types import CallToolResult, ResourceLink, TextContent, Tool
 
 from handles import Handles, HandlesConfig
 from handles.handle import HandleCodec
@@ -225,8 +225,11 @@ class ToolClient:
         return self.check(tools[name], result)
 
     def check(self, tool: Tool, result: CallToolResult) -> Reply:
-        assert len(result.content) == 1, result
-        block = result.content[0]
+        block, *links = result.content
+        if links:  # a large result's link: one resource_link, the very link the structured reply names
+            assert len(links) == 1 and isinstance(links[0], ResourceLink), result
+            assert result.structured_content is not None, result
+            assert links[0].uri == result.structured_content["result_link"]["uri"], result
         assert isinstance(block, TextContent), result
         for secret in self.forbidden:
             assert secret not in block.text, f"{tool.name} leaked a secret"

@@ -38,11 +38,14 @@ One call, one job, on either face of the server:
   calling `follow` with the same key resumes the same job, and once the job has
   ended it gets the recorded outcome without asking the server again
   (`Journal.forget(key)` frees the key for new work).
+- A result too large to travel inline is returned as its link (`uri`, `parts`,
+  `sha256`, ...): `read_link(client, link)` yields its bytes part by part.
 """
 
 from handles.client.follow import Connect, connect, follow, server_identity
 from handles.client.http import http_client
 from handles.client.journal import Journal, JournalEntry, arguments_digest
+from handles.client.links import LinkReadError, read_link
 from handles.client.outcomes import (
     AnswerRejectedError,
     AuthenticationRefusedError,
@@ -80,6 +83,7 @@ __all__ = [
     "Journal",
     "JournalConflict",
     "JournalEntry",
+    "LinkReadError",
     "OutcomeUnknownError",
     "Progress",
     "ProgressCallback",
@@ -90,5 +94,6 @@ __all__ = [
     "connect",
     "follow",
     "http_client",
+    "read_link",
     "server_identity",
 ]

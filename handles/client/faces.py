@@ -23,6 +23,7 @@ from handles.client.outcomes import (
     Retryable,
 )
 from handles.layout import ToolNames
+from handles.results import link_of
 from handles.tasks_client import (
     TERMINAL_STATUSES,
     DetailedTask,
@@ -134,7 +135,8 @@ class HandleFace:
         if status == "completed":
             if data.get("tool_error") is not None:
                 return {"status": status, "tool_error": data["tool_error"]}
-            return {"status": status, "result": data.get("result")}
+            # A result too large to travel inline is its link (read it with `read_link`).
+            return {"status": status, "result": data.get("result") or data.get("result_link")}
         if status == "failed":
             return {
                 "status": status,
@@ -233,9 +235,13 @@ def text_of(result: dict[str, Any]) -> str:
 
 
 def structured_result(result: dict[str, Any]) -> Any:
-    """The structured content of a `CallToolResult` dict, else the whole result."""
+    """The structured content of a `CallToolResult` dict, else its link when it is a large result
+    (read it with `read_link`), else the whole result."""
     structured = result.get("structuredContent")
-    return structured if structured is not None else result
+    if structured is not None:
+        return structured
+    link = link_of(result)
+    return result if link is None else link.model_dump(mode="json")
 
 
 Face = HandleFace | TaskFace

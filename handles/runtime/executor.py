@@ -30,8 +30,9 @@ from handles.config import HandlesConfig
 from handles.errors import JobFailed, LeaseLost, StepOutcomeUnknown, StoreUnavailable, ToolError
 from handles.first import FIRST_KEY
 from handles.jobs import JobContext, JobParked, JobSpec
-from handles.limits import MAX_RESULT_BYTES, clean_message, json_size
+from handles.limits import clean_message, json_size
 from handles.outcomes import Outcome, cancelled_with_unknown_steps, failed, result_to_json
+from handles.results import ResultFile, ResultLink, ResultTooLarge, linked_result, write_result_file
 from handles.runtime.leases import LeaseKeeper, every
 from handles.runtime.slots import Slots
 from handles.runtime.sweeper import Sweeper
@@ -399,6 +400,25 @@ class Runtime:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
+    async def _result_of(self, spec: JobSpec, record: JobRecord, value: Any) -> dict[str, Any]:
+        """The result to store: the job's own, or a link to the file it is stored in when it is a
+        `ResultFile` or larger than the job's `link_results_over` (see handles.results)."""
+        if isinstance(value, ResultFile):
+            return linked_result(await self._write_file(record, value), structured=True)
+        result = result_to_json(spec.to_tool_result(value))
+        if json_size(result) > (spec.link_results_over or self.config.link_results_over):
+            file = ResultFile.of_result(result, spec.name)
+            return linked_result(await self._write_file(record, file), structured=False)
+        return result
+
+    async def _write_file(self, record: JobRecord, file: ResultFile) -> ResultLink:
+        return await write_result_file(
+            self.store,
+            record.id,
+            file,
+            max_bytes=self.config.max_result_file_bytes,
+        )
+
     async def _run_job(self, entry: _Running, record: JobRecord) -> Outcome | None:
         """Run the job function; return the outcome to store, or None when there is nothing to store here."""
         spec, ctx = entry.spec, entry.ctx
@@ -418,12 +438,10 @@ class Runtime:
                 if parked is not None and rest is None and group.subgroup(JobParked) is not None:
                     raise JobParked("") from None
                 raise
-            result = result_to_json(spec.to_tool_result(value))
-            if json_size(result) > MAX_RESULT_BYTES:
-                return failed(
-                    f"The job's result is larger than the {MAX_RESULT_BYTES} byte limit and was not stored.",
-                    "result_too_large",
-                )
+            try:
+                result = await self._result_of(spec, record, value)
+            except ResultTooLarge as exc:
+                return failed(f"{exc} It was not stored.", "result_too_large")
             return Status.COMPLETED, {"result": result, "status_message": "Completed."}
         except JobParked:
             entry.settling = True  # parking is writing its outcome: not to be interrupted

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, Index, Text, UniqueConstraint
+from sqlalchemy import JSON, Column, DateTime, Index, LargeBinary, Text, UniqueConstraint
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
@@ -162,3 +162,18 @@ class StepRecord(SQLModel, table=True):
     finished_at: datetime | None = _time(nullable=True)
     result: Any = Field(default=None, sa_column=Column(JSON, nullable=True))
     error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+
+
+class ResultPartRecord(SQLModel, table=True):
+    """One part of a job's result file (a result too large to travel inline, read through its link).
+
+    `file_id` names the attempt that wrote the file, so parts a stale attempt left behind never mix
+    with the file the job's stored result links to; all go when the job is deleted.
+    """
+
+    __tablename__ = "handles_result_parts"
+
+    job_id: str = Field(primary_key=True, max_length=64)
+    file_id: str = Field(primary_key=True, max_length=32)
+    part: int = Field(primary_key=True)
+    data: bytes = Field(sa_column=Column(LargeBinary, nullable=False))

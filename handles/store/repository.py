@@ -48,6 +48,7 @@ from handles.store.models import (
     CLAIM_ENTRY_HEAD,
     InputRequestRecord,
     JobRecord,
+    ResultPartRecord,
     StepRecord,
     UTCDateTime,
     claim_entry_tail,
@@ -1039,12 +1040,45 @@ class JobRepository:
                 return 0
             session.exec(delete(InputRequestRecord).where(col(InputRequestRecord.job_id).in_(ids)))
             session.exec(delete(StepRecord).where(col(StepRecord.job_id).in_(ids)))
+            session.exec(delete(ResultPartRecord).where(col(ResultPartRecord.job_id).in_(ids)))
             session.exec(delete(JobRecord).where(col(JobRecord.id).in_(ids)))
         return len(ids)
+
+    # -- result files --------------------------------------------------------
+
+    def put_result_part(self, job_id: str, file_id: str, part: int, data: bytes) -> None:
+        """Store one part of a result file; the first part of a file clears the parts of earlier
+        attempts' files (a retried job rewrites its file under a new `file_id`)."""
+        with self._writing() as session:
+            if part == 0:
+                session.exec(
+                    delete(ResultPartRecord).where(
+                        col(ResultPartRecord.job_id) == job_id, col(ResultPartRecord.file_id) != file_id
+                    )
+                )
+            session.execute(sa_insert(_PARTS).values(job_id=job_id, file_id=file_id, part=part, data=data))
+
+    def drop_result_file(self, job_id: str, file_id: str) -> None:
+        """Delete every part of one result file (a file that could not be finished)."""
+        with self._writing() as session:
+            session.exec(
+                delete(ResultPartRecord).where(
+                    col(ResultPartRecord.job_id) == job_id, col(ResultPartRecord.file_id) == file_id
+                )
+            )
+
+    def result_part(self, job_id: str, file_id: str, part: int) -> bytes | None:
+        """One part of a result file, or None when there is no such part."""
+        with self._fast_reading() as connection:
+            row = connection.execute(
+                _PART_BY_KEY, {"job_id": job_id, "file_id": file_id, "part": part}
+            ).first()
+        return None if row is None else bytes(row[0])
 
 
 _JOBS = JobRecord.__table__  # type: ignore[attr-defined]
 _INPUTS = InputRequestRecord.__table__  # type: ignore[attr-defined]
+_PARTS = ResultPartRecord.__table__  # type: ignore[attr-defined]
 
 
 # The hot reads' statements, built once (building a statement costs more than SQLite runs it).
@@ -1057,6 +1091,11 @@ _QUESTIONS_OF_JOB = (
     .order_by(_INPUTS.c.created_at, _INPUTS.c.key)
 )
 _OPEN_QUESTIONS_OF_JOB = _QUESTIONS_OF_JOB.where(_INPUTS.c.answered_at.is_(None))
+_PART_BY_KEY = sa_select(_PARTS.c.data).where(
+    _PARTS.c.job_id == bindparam("job_id"),
+    _PARTS.c.file_id == bindparam("file_id"),
+    _PARTS.c.part == bindparam("part"),
+)
 _ANSWERS_OF_JOB = (
     sa_select(_INPUTS)
     .where(_INPUTS.c.job_id == bindparam("job_id"), _INPUTS.c.answered_at.is_not(None))

@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from sqlalchemy import text
+
 from handles import Handles, JobContext
-from handles.limits import MAX_ARGUMENTS_BYTES, MAX_RESULT_BYTES, MAX_STATUS_MESSAGE
+from handles.limits import MAX_ARGUMENTS_BYTES, MAX_STATUS_MESSAGE
+from handles.results import PART_BYTES
 
 from .harness import config, rig
 
@@ -38,7 +41,7 @@ def test_thousands_of_progress_calls_become_a_few_writes_and_the_latest_value_is
 
 def test_sizes_are_bounded_with_clear_errors_and_nothing_half_stored(tmp_path: Path) -> None:
     async def main() -> None:
-        jobs = Handles(config(tmp_path))
+        jobs = Handles(config(tmp_path, max_result_file_bytes=2 * PART_BYTES + 10))
         release = asyncio.Event()
 
         @jobs.job
@@ -56,11 +59,13 @@ def test_sizes_are_bounded_with_clear_errors_and_nothing_half_stored(tmp_path: P
                 and body["limit_bytes"] == MAX_ARGUMENTS_BYTES
             )
 
-            big = (await r.ok("echo_start", text="", result_bytes=MAX_RESULT_BYTES + 10))["handle"]
+            big = (await r.ok("echo_start", text="", result_bytes=3 * PART_BYTES))["handle"]
             failed, is_error = await r.call("echo_fetch", handle=big, wait_seconds=10)
             assert is_error and failed["status"] == "failed"
             assert failed["error"]["data"]["reason"] == "result_too_large"
-            assert failed.get("result") is None
+            assert failed.get("result") is None and failed.get("result_link") is None
+            with jobs._machinery().store.repo.engine.connect() as connection:  # the parts written are gone
+                assert connection.execute(text("SELECT count(*) FROM handles_result_parts")).scalar() == 0
 
             noisy = "\x1b[31mred\x07 " + "\u202eevil " + "z" * (MAX_STATUS_MESSAGE * 2)
             handle = (await r.ok("echo_start", text="ok", message=noisy))["handle"]

@@ -41,6 +41,9 @@ TOKENS = {f"tok-{name}-{secrets.token_urlsafe(12)}": name for name in ("alice", 
 PG_PASSWORD = "pg-secret-" + secrets.token_urlsafe(12)
 """Written into the PostgreSQL URL (trust authentication ignores it); it must never reach a client."""
 
+MAX_RESULT_FILE_BYTES = 2_000_000
+"""The servers' largest result file: small, so a test can pass it."""
+
 FAST_RUNTIME = {
     "HANDLES_LEASE_SECONDS": "1",
     "HANDLES_HEARTBEAT_SECONDS": "0.2",
@@ -49,6 +52,7 @@ FAST_RUNTIME = {
     "HANDLES_CANCEL_GRACE_SECONDS": "1",
     "HANDLES_MAX_ACTIVE_PER_PRINCIPAL": "10000",
     "HANDLES_MAX_WAIT_SECONDS": "10",
+    "HANDLES_MAX_RESULT_FILE_BYTES": str(MAX_RESULT_FILE_BYTES),
 }
 
 

@@ -575,7 +575,9 @@ async def raw_call(
         "Mcp-Method": method,
     }
     if name is None and isinstance(params, dict):
-        value = params.get("taskId") if method.startswith("tasks/") else params.get("name")
+        value = params.get(
+            "taskId" if method.startswith("tasks/") else "uri" if method == "resources/read" else "name"
+        )
         name = value if isinstance(value, str) else None
     if name is not None:
         with contextlib.suppress(UnicodeEncodeError):  # a lone surrogate cannot travel in a header

@@ -20,13 +20,13 @@ from typing import Any
 import httpx2
 import pytest
 
+from handles.config import HandlesConfig
 from handles.handle import HandleCodec
 from handles.jobs import JobSpec
 from handles.limits import (
     MAX_ARGUMENTS_BYTES,
     MAX_IDEMPOTENCY_KEY,
     MAX_RESPONSE_BYTES,
-    MAX_RESULT_BYTES,
     json_size,
 )
 from handles.runtime import result_to_json
@@ -34,6 +34,7 @@ from handles.tasks import UNKNOWN_TASK
 from tests.reliability import app
 from tests.reliability.conftest import (
     CURRENT_KEY,
+    MAX_RESULT_FILE_BYTES,
     PREVIOUS_KEY,
     RETIRED_KEY,
     TOKENS,
@@ -322,19 +323,29 @@ async def test_argument_response_result_and_key_sizes_are_enforced_at_their_exac
     done = await alice.body("approve_fetch", {"handle": handle, "wait_seconds": 10})
     assert done["status"] == "completed" and len(done["result"]["note"]) == fill
 
-    # Results: exactly MAX_RESULT_BYTES of stored CallToolResult is kept; one byte more fails the job.
+    # Results: up to the link threshold a stored CallToolResult travels inline; one byte more and it is
+    # stored as a file and answered as a link; a file past HANDLES_MAX_RESULT_FILE_BYTES fails the job.
     spec = JobSpec.from_function(app.sized)
+    threshold = HandlesConfig.link_results_over
 
     def stored_size(n: int) -> int:
         return json_size(result_to_json(spec.to_tool_result(app.Blob(blob="x" * n))))
 
-    n = (MAX_RESULT_BYTES - stored_size(0)) // 2
-    while stored_size(n + 1) <= MAX_RESULT_BYTES:
+    n = (threshold - stored_size(0)) // 2
+    while stored_size(n + 1) <= threshold:
         n += 1
     kept = await alice.body("sized_start", {"nbytes": n})
     kept_done = await alice.body("sized_fetch", {"handle": kept["handle"], "wait_seconds": 10})
     assert kept_done["status"] == "completed" and len(kept_done["result"]["blob"]) == n
-    dropped = await alice.body("sized_start", {"nbytes": n + 1})
+    assert kept_done["result_link"] is None
+    linked = await alice.body("sized_start", {"nbytes": n + 1})
+    linked_done = await alice.body("sized_fetch", {"handle": linked["handle"], "wait_seconds": 10})
+    assert linked_done["status"] == "completed" and linked_done["result"] is None
+    link = linked_done["result_link"]
+    assert link["media_type"] == "application/json" and link["parts"] == 1
+    read = await raw_call(alice.http, alice.url, "resources/read", {"uri": link["uri"]}, token=token("alice"))
+    assert json.loads(read.result["contents"][0]["text"]) == {"blob": "x" * (n + 1)}
+    dropped = await alice.body("sized_start", {"nbytes": MAX_RESULT_FILE_BYTES})
     dropped_done = await alice.body("sized_fetch", {"handle": dropped["handle"], "wait_seconds": 10})
     assert (
         dropped_done["status"] == "failed" and dropped_done["error"]["data"]["reason"] == "result_too_large"

@@ -1,0 +1,230 @@
+"""Large results: a result too big for a model's context travels as a link, read in parts.
+
+Seed 001: "For large artifacts, return bounded metadata and an authorized handle rather than an
+unbounded payload in model context." A job returns a `ResultFile` (bytes, text, or an iterable of
+chunks, so a 50 MB export never sits in memory whole), or any result whose JSON passes the job's
+`link_results_over` threshold. Either way the runtime stores the bytes in parts of at most
+`PART_BYTES`, each in its own small write (`write_result_file`), and the job's stored result
+becomes a small `CallToolResult`: bounded metadata (`ResultLink`) and a `resource_link` content
+item. `resources/read` of the link re-authorizes the caller exactly like a handle and answers one
+part per read (handles/result_links.py). The parts go when the job's retention ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import secrets
+from collections.abc import AsyncIterable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from mcp_types import CallToolResult, ResourceLink, TextContent
+from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    from handles.store import Store
+
+PART_BYTES = 1024 * 1024
+"""The most one part (one `resources/read`) carries: what a read holds in memory, on either side."""
+
+URI_SCHEME = "handles"
+LINK_META = "dev.handles/resultLink"
+"""The `_meta` key of a linked result that carries its `ResultLink` (for `_fetch` and clients)."""
+
+_TEXT_TYPES = frozenset({"application/json", "application/xml", "application/yaml", "application/x-ndjson"})
+
+Chunk = bytes | str
+Content = Chunk | Iterable[Chunk] | AsyncIterable[Chunk]
+
+
+def is_text(media_type: str) -> bool:
+    """Whether parts of this media type are read as text (UTF-8), not as base64 blobs."""
+    base = media_type.split(";", 1)[0].strip().lower()
+    return base.startswith("text/") or base in _TEXT_TYPES or base.endswith(("+json", "+xml"))
+
+
+class ResultLink(BaseModel):
+    """Where a large result is and what it is: what a reply carries instead of the result itself."""
+
+    uri: str = Field(
+        description="resources/read it (when parts > 1: uri/parts/0 .. uri/parts/<parts-1>, joined)."
+    )
+    name: str
+    media_type: str
+    size_bytes: int
+    parts: int
+    sha256: str
+    summary: str | None = None
+
+    def part_uri(self, part: int) -> str:
+        return f"{self.uri}/parts/{part}"
+
+    @property
+    def read_hint(self) -> str:
+        """One sentence saying how to read it."""
+        if self.parts == 1:
+            return f"Read it with resources/read of {self.uri}."
+        return (
+            f"Read it with resources/read in {self.parts} parts, {self.part_uri(0)} up to "
+            f"{self.part_uri(self.parts - 1)}, and join them in order."
+        )
+
+
+class ResultFile:
+    """What a job returns for a result that should not travel inline: a file read through a link.
+
+    `content` is bytes, text, or an iterable (or async iterable) of bytes or text chunks; chunks
+    are stored as they come, so the whole file never has to be in memory. Annotate the job as
+    `-> ResultFile`: its tools then declare a `ResultLink` as the result.
+    """
+
+    def __init__(
+        self,
+        content: Content,
+        *,
+        media_type: str = "application/octet-stream",
+        name: str = "result",
+        summary: str | None = None,
+    ) -> None:
+        self.content = content
+        self.media_type = media_type
+        self.name = name
+        self.summary = summary
+
+    @classmethod
+    def of_result(cls, result: dict[str, Any], kind: str) -> ResultFile:
+        """A stored tool result too large to travel inline, as a JSON file (its structured content,
+        or its text when it has none)."""
+        structured = result.get("structuredContent")
+        if structured is not None:
+            return cls(
+                json.dumps(structured, ensure_ascii=False), media_type="application/json", name=f"{kind}.json"
+            )
+        text = "\n".join(b.get("text", "") for b in result.get("content", []) if b.get("type") == "text")
+        return cls(text, media_type="text/plain", name=f"{kind}.txt")
+
+    async def chunks(self) -> AsyncIterable[bytes]:
+        content = self.content
+        if isinstance(content, bytes | str):
+            yield _encoded(content)
+        elif isinstance(content, AsyncIterable):
+            async for chunk in content:
+                yield _encoded(chunk)
+        else:
+            for chunk in content:
+                yield _encoded(chunk)
+
+
+def _encoded(chunk: Chunk) -> bytes:
+    if isinstance(chunk, str):
+        return chunk.encode()
+    if isinstance(chunk, bytes | bytearray | memoryview):
+        return bytes(chunk)
+    raise TypeError(f"a ResultFile chunk must be bytes or str, not {type(chunk).__name__}")
+
+
+class ResultTooLarge(Exception):
+    """A result file grew past `HandlesConfig.max_result_file_bytes`."""
+
+
+def _cut(buffer: bytearray, limit: int, text: bool) -> int:
+    """Where the next part ends: at `limit`, moved back to a UTF-8 character boundary for text."""
+    cut = min(limit, len(buffer))
+    if text:
+        while 0 < cut < len(buffer) and (buffer[cut] & 0xC0) == 0x80:
+            cut -= 1
+    return cut
+
+
+async def write_result_file(
+    store: Store,
+    job_id: str,
+    file: ResultFile,
+    *,
+    max_bytes: int,
+    part_bytes: int = PART_BYTES,
+) -> ResultLink:
+    """Store `file` in parts under a new file id and return its link (the result isn't stored yet)."""
+    file_id = secrets.token_hex(16)
+    text = is_text(file.media_type)
+    digest = hashlib.sha256()
+    buffer = bytearray()
+    size = part = 0
+
+    async def put(data: bytes) -> None:
+        nonlocal part
+        await store.call(store.repo.put_result_part, job_id, file_id, part, data)
+        part += 1
+
+    try:
+        async for chunk in file.chunks():
+            size += len(chunk)
+            if size > max_bytes:
+                raise ResultTooLarge(f"The job's result file is larger than the {max_bytes} byte limit.")
+            digest.update(chunk)
+            buffer += chunk
+            while len(buffer) >= part_bytes:
+                cut = _cut(buffer, part_bytes, text)
+                await put(bytes(buffer[:cut]))
+                del buffer[:cut]
+        if buffer or part == 0:
+            await put(bytes(buffer))
+    except BaseException:
+        if (
+            part
+        ):  # nothing half stored: the parts written so far go (the job's deletion would take them later)
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await store.call(store.repo.drop_result_file, job_id, file_id)
+        raise
+    return ResultLink(
+        uri=f"{URI_SCHEME}://results/{job_id}/{file_id}",
+        name=file.name,
+        media_type=file.media_type,
+        size_bytes=size,
+        parts=part,
+        sha256=digest.hexdigest(),
+        summary=file.summary,
+    )
+
+
+def linked_result(link: ResultLink, *, structured: bool) -> dict[str, Any]:
+    """The stored `CallToolResult` of a linked result: a sentence, the `resource_link`, the metadata.
+
+    `structured` when the link is the job's declared result (a `ResultFile` job); a result linked
+    only for its size has no structured content (its tools then answer the link instead).
+    """
+    dumped = link.model_dump(mode="json")
+    sentence = (
+        f"The result is {link.size_bytes} bytes of {link.media_type} ({link.name}), too large to show "
+        f"here. {link.read_hint}" + (f" Summary: {link.summary}" if link.summary else "")
+    )
+    result = CallToolResult(
+        content=[
+            TextContent(type="text", text=sentence),
+            resource_link(link),
+        ],
+        structured_content=dumped if structured else None,
+        _meta={LINK_META: dumped},
+    )
+    return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+def resource_link(link: ResultLink) -> ResourceLink:
+    """The `resource_link` content item of a linked result."""
+    return ResourceLink(
+        type="resource_link",
+        uri=link.uri,
+        name=link.name,
+        mime_type=link.media_type,
+        size=link.size_bytes,
+        description=link.summary,
+    )
+
+
+def link_of(result: dict[str, Any] | None) -> ResultLink | None:
+    """The link of a stored result that is linked, else None."""
+    meta = (result or {}).get("_meta") or {}
+    dumped = meta.get(LINK_META)
+    return None if dumped is None else ResultLink.model_validate(dumped)
