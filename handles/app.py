@@ -28,6 +28,7 @@ from handles.plain import PlainCall, PlainCallPolicy, PlainTool
 from handles.principal import PrincipalResolver, default_resolver
 from handles.result_links import ResultLinks
 from handles.runtime import Runtime
+from handles.sealing import Sealer
 from handles.service import JobService
 from handles.store import Clock, JobRepository, Store, utc_now
 from handles.store.reach import database_errors
@@ -162,11 +163,13 @@ class Handles:
             with database_errors(url):
                 repository = JobRepository(url, clock=self._clock)
             store = Store(repository)
-            runtime = Runtime(store=store, config=self.config, specs=self._specs)
+            sealer = Sealer(self.config.resolved_secret_keys())
+            runtime = Runtime(store=store, config=self.config, specs=self._specs, sealer=sealer)
             self._service = JobService(
                 specs=self._specs,
                 store=store,
                 codec=codec,
+                sealer=sealer,
                 runtime=runtime,
                 config=self.config,
                 schema=SchemaGate(repository, auto_migrate=self.config.resolved_auto_migrate()),

@@ -31,6 +31,7 @@ from handles.config import MIN_KEY_LENGTH, HandlesConfig
 from handles.errors import ConfigurationError
 from handles.handle import HandleCodec
 from handles.principal import principal_match, readable
+from handles.sealing import shown as sensitive_shown
 from handles.states import Status
 from handles.store import InputRequestRecord, JobRecord, JobRepository, migrate
 from handles.store.models import claims_of
@@ -177,7 +178,7 @@ def _question(request: InputRequestRecord, reveal: bool) -> dict[str, Any]:
         "answered_at": _iso(request.answered_at),
     }
     if reveal and request.answered_at is not None:
-        shown["answer"] = request.answer
+        shown["answer"] = sensitive_shown(request.answer)
     return shown
 
 
@@ -235,7 +236,7 @@ def jobs_show(args: argparse.Namespace) -> int:
         ],
     )
     if args.reveal_results:
-        details["arguments"] = job.arguments
+        details["arguments"] = sensitive_shown(job.arguments)
         details["result"] = job.result
     if args.json:
         print(json.dumps(details, indent=2, default=str))

@@ -32,12 +32,21 @@ def elicitation_schema(schema: type[BaseModel] | dict[str, Any]) -> dict[str, An
         raise SchemaError("ask() needs a pydantic model class or a JSON schema dict")
     if raw.get("type") != "object" or not isinstance(raw.get("properties"), dict):
         raise SchemaError('an elicitation schema is {"type": "object", "properties": {...}}')
+    raw["properties"] = {name: _sensitive_as_plain_string(prop) for name, prop in raw["properties"].items()}
     for name, prop in raw["properties"].items():
         _check_property(name, prop)
     required = raw.get("required", [])
     if not isinstance(required, list) or any(r not in raw["properties"] for r in required):
         raise SchemaError("'required' must list property names")
     return {k: v for k, v in raw.items() if k in {"type", "properties", "required", "title", "description"}}
+
+
+def _sensitive_as_plain_string(prop: Any) -> Any:
+    """A `SecretStr` field (`writeOnly`, format `password`) as form elicitation carries it: a string that
+    stays `writeOnly` (a client may mask it; `handles` seals its answer, see handles/sealing.py)."""
+    if isinstance(prop, dict) and prop.get("writeOnly") and prop.get("format") == "password":
+        return {key: value for key, value in prop.items() if key != "format"}
+    return prop
 
 
 def _inline_enum_refs(raw: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, overload
 import anyio.to_thread
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata, func_metadata
 from mcp_types import CallToolResult
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, SecretStr, TypeAdapter, ValidationError
 from pydantic_core import to_jsonable_python
 
 from handles.elicitation import elicitation_schema
@@ -33,6 +33,7 @@ from handles.errors import (
 from handles.first import AskFirst
 from handles.limits import MAX_RESULT_BYTES, clean_message
 from handles.results import ResultFile, ResultLink
+from handles.sealing import Redactor, Sealer, sensitive_fields
 
 if TYPE_CHECKING:
     from handles.store import StepRecord, Store
@@ -182,6 +183,11 @@ class JobSpec:
         return self.metadata.arg_model.model_json_schema(by_alias=True)
 
     @property
+    def sensitive_arguments(self) -> frozenset[str]:
+        """The parameters typed `SecretStr`: sealed in the store, never shown (see handles.sealing)."""
+        return sensitive_fields(self.parameters_schema)
+
+    @property
     def output_schema(self) -> dict[str, Any]:
         """JSON Schema of the job's structured result: what the plain tool would declare."""
         assert self.metadata.output_schema is not None
@@ -196,7 +202,12 @@ class JobSpec:
                 f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}" for err in exc.errors()
             )
             raise InvalidArguments(f"Invalid arguments for {self.name}: {problems}.", next_step) from None
-        return model.model_dump(mode="json", by_alias=True)
+        values = model.model_dump(mode="json", by_alias=True)
+        for name in self.sensitive_arguments:  # JSON mode masks a SecretStr; the store seals the real value
+            secret = getattr(model, name, None)
+            if isinstance(secret, SecretStr):
+                values[name] = secret.get_secret_value()
+        return values
 
     def call_arguments(self, stored: dict[str, Any]) -> dict[str, Any]:
         """Python values for the job function, rebuilt from the stored JSON arguments."""
@@ -267,8 +278,12 @@ class JobContext:
         owner: str,
         store: Store,
         progress_flush_seconds: float,
+        sealer: Sealer,
     ) -> None:
         self.spec = spec
+        self._sealer = sealer
+        self.redact = Redactor()
+        """Replaces this job's sensitive values (arguments and answers) in text it writes for others."""
         self.job_id = job_id
         self.principal = principal
         self.attempt = attempt
@@ -293,8 +308,14 @@ class JobContext:
 
     def _replay(self, answers: dict[str, dict[str, Any]], steps: dict[str, StepRecord]) -> None:
         """What earlier runs of this job recorded: answers by key, and steps by name (the runtime's call)."""
-        self._answers = dict(answers)
+        self._answers = {key: self._opened(key, answer) for key, answer in answers.items()}
         self._completed = {name: step.result for name, step in steps.items() if step.status == "completed"}
+
+    def _opened(self, key: str, answer: dict[str, Any]) -> dict[str, Any]:
+        """A stored answer with its sealed values opened, and remembered for redaction."""
+        opened = self._sealer.unseal(answer)
+        self.redact.add(opened, [field for field, value in answer.items() if value != opened.get(field)])
+        return opened
 
     @property
     def steps_running(self) -> frozenset[str]:
@@ -330,7 +351,11 @@ class JobContext:
 
     async def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
         """Record progress. Writes are coalesced to one per `progress_flush_seconds`; the latest value is kept."""
-        self._latest = (float(done), None if total is None else float(total), clean_message(message))
+        self._latest = (
+            float(done),
+            None if total is None else float(total),
+            clean_message(self.redact(message)),
+        )
         self._dirty = True
         loop = asyncio.get_running_loop()
         wait = self._last_write + self._flush_interval - loop.time()
@@ -399,7 +424,9 @@ class JobContext:
         key = f"q{self._ask_count}"
         answer = self._answers.get(key)
         if answer is None:
-            answer = await self._open_question(key, clean_message(message) or "Input required.", requested)
+            answer = await self._open_question(
+                key, clean_message(self.redact(message)) or "Input required.", requested
+            )
         if isinstance(schema, type) and issubclass(schema, BaseModel):
             return schema.model_validate(answer)
         return answer
@@ -416,7 +443,7 @@ class JobContext:
         finally:
             self._opening -= 1
         if recorded is not None and recorded.answer is not None:
-            return recorded.answer
+            return self._opened(key, recorded.answer)
         # Park once every question asked together is stored and no durable step is executing.
         while self._opening or self._running_steps:
             await asyncio.sleep(0.005)

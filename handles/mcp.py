@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, ContentBlock, InputRequiredResult, TextContent, ToolAnnotations
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 from pydantic_core import to_jsonable_python
 from starlette.applications import Starlette
 
@@ -95,7 +95,7 @@ def _sdk_function(
         context = kwargs.pop(CONTEXT_PARAM)
         principal = await resolve_principal(resolver, context)
         try:
-            arguments = {key: to_jsonable_python(value, by_alias=True) for key, value in kwargs.items()}
+            arguments = {key: _jsonable(value) for key, value in kwargs.items()}
         except UnicodeEncodeError:  # a lone surrogate (JSON "\ud800") in an object key
             error = InvalidArguments(
                 f"The arguments of {name} contain text that is not valid Unicode (a lone surrogate).",
@@ -111,6 +111,13 @@ def _sdk_function(
     call.__name__ = name
     call.__qualname__ = name
     return call
+
+
+def _jsonable(value: Any) -> Any:
+    """An argument as JSON; a `SecretStr` keeps its real value (JSON mode would mask it), for the store to seal."""
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    return to_jsonable_python(value, by_alias=True)
 
 
 def _parameter(name: str, field: Any) -> inspect.Parameter:

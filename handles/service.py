@@ -32,6 +32,7 @@ from handles.handle import HandleClaims, HandleCodec, new_job_id
 from handles.jobs import JobSpec, describe_duration
 from handles.limits import MAX_ARGUMENTS_BYTES, MAX_IDEMPOTENCY_KEY, MAX_RESPONSE_BYTES, check_size
 from handles.runtime import Runtime
+from handles.sealing import Sealer, sensitive_fields, shown
 from handles.states import Status
 from handles.store import AnswerOutcome, InputRequestRecord, JobRecord, StepRecord, Store
 from handles.store.models import claim_entry, principal_key
@@ -62,8 +63,11 @@ UNKNOWN_HANDLE = (
 """What every handle that does not open a job of the caller's gets told, whatever it really is."""
 
 
-def arguments_digest(arguments: dict[str, Any]) -> str:
-    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+def arguments_digest(arguments: dict[str, Any], sensitive: frozenset[str] = frozenset()) -> str:
+    """What an idempotent start compares: the arguments, less the sensitive ones (a hash of a short
+    secret would be guessable, and a keyed one would change with every key rotation)."""
+    compared = {key: value for key, value in arguments.items() if key not in sensitive}
+    canonical = json.dumps(compared, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -86,11 +90,13 @@ class JobService:
         specs: Mapping[str, JobSpec],
         store: Store,
         codec: HandleCodec,
+        sealer: Sealer,
         runtime: Runtime,
         config: HandlesConfig,
         schema: SchemaGate | None = None,
     ) -> None:
         self.specs = specs
+        self.sealer = sealer
         self.schema = schema
         self.store = store
         self.codec = codec
@@ -176,8 +182,8 @@ class JobService:
             principal_key=principal_key(principal),
             status=(Status.INPUT_REQUIRED if waiting else Status.WORKING).value,
             status_message=status_message,
-            arguments=values,
-            arguments_digest=arguments_digest(values),
+            arguments=self.sealer.seal(values, spec.sensitive_arguments),
+            arguments_digest=arguments_digest(values, spec.sensitive_arguments),
             idempotency_key=idempotency_key,
             created_at=now,
             updated_at=now,
@@ -269,11 +275,11 @@ class JobService:
         return InputRequestRecord(
             job_id="",
             key=FIRST_KEY,
-            message=spec.ask_first.render(arguments),
+            message=spec.ask_first.render(shown(arguments) or {}),
             requested_schema=schema,
             created_at=now,
             answered_at=None if answer is None else now,
-            answer=answer,
+            answer=None if answer is None else self.sealer.seal(answer, sensitive_fields(schema)),
         )
 
     # -- handles -----------------------------------------------------------
@@ -442,7 +448,13 @@ class JobService:
                 + " ".join(expected),
                 f"Fix those fields and call {again or spec.name + '_respond'} again; nothing was stored.",
             )
-        outcome = await self.store.write(record.id, self.store.repo.answer_inputs, record.id, responses)
+        sealed = {
+            key: self.sealer.seal(answer, sensitive_fields(pending[key].requested_schema))
+            if key in pending and isinstance(answer, dict)
+            else answer
+            for key, answer in responses.items()
+        }
+        outcome = await self.store.write(record.id, self.store.repo.answer_inputs, record.id, sealed)
         if outcome is None:
             raise self.expired_handle(spec, record.expires_at.isoformat(), purged=True)
         if outcome.job.status == Status.WORKING and outcome.job.lease_owner is None:

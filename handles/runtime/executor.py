@@ -36,6 +36,7 @@ from handles.results import ResultFile, ResultLink, ResultTooLarge, linked_resul
 from handles.runtime.leases import LeaseKeeper, every
 from handles.runtime.slots import Slots
 from handles.runtime.sweeper import Sweeper
+from handles.sealing import SealedValueUnreadable, Sealer
 from handles.states import Status
 from handles.store import JobRecord, Store
 from handles.store.models import principal_key
@@ -60,8 +61,11 @@ class _Running:
 class Runtime:
     """Runs the jobs of one process against a shared store."""
 
-    def __init__(self, *, store: Store, config: HandlesConfig, specs: Mapping[str, JobSpec]) -> None:
+    def __init__(
+        self, *, store: Store, config: HandlesConfig, specs: Mapping[str, JobSpec], sealer: Sealer
+    ) -> None:
         self.store = store
+        self.sealer = sealer
         self.config = config
         self.specs = specs
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
@@ -309,6 +313,7 @@ class Runtime:
             owner=self.owner,
             store=self.store,
             progress_flush_seconds=self.config.progress_flush_seconds,
+            sealer=self.sealer,
         )
         entry = _Running(spec=spec, ctx=ctx, replay=replay)
         self._running[record.id] = entry
@@ -424,14 +429,16 @@ class Runtime:
         spec, ctx = entry.spec, entry.ctx
         try:
             try:
-                kwargs = spec.call_arguments(record.arguments)
+                arguments = self.sealer.unseal(record.arguments)
+                ctx.redact.add(arguments, spec.sensitive_arguments)
+                kwargs = spec.call_arguments(arguments)
                 kwargs[spec.context_param] = ctx
                 if entry.replay is not None:
                     answers, steps = entry.replay
                 else:
                     answers, steps = await self.store.read(self.store.repo.replay_state, record.id)
                 ctx._replay(answers, steps)
-                ctx._first_answer = answers.get(FIRST_KEY)
+                ctx._first_answer = ctx._answers.get(FIRST_KEY)
                 value = await spec.fn(**kwargs)
             except BaseExceptionGroup as group:  # a TaskGroup of asks, say: parked if every branch parked
                 parked, rest = group.split((JobParked, asyncio.CancelledError))
@@ -448,14 +455,16 @@ class Runtime:
             await self._park(entry, record)
             return None
         except ToolError as exc:
-            message = clean_message(exc.message, 4000) or "The job reported an error."
+            message = clean_message(ctx.redact(exc.message), 4000) or "The job reported an error."
             error_result = CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
             return Status.COMPLETED, {
                 "result": result_to_json(error_result),
                 "status_message": clean_message(message),
             }
         except JobFailed as exc:
-            return failed(clean_message(exc.message) or "The job failed.", "job_failed")
+            return failed(clean_message(ctx.redact(exc.message)) or "The job failed.", "job_failed")
+        except SealedValueUnreadable as exc:
+            return failed(str(exc), "sealed_value_unreadable")
         except StepOutcomeUnknown as exc:
             return failed(str(exc), "step_unknown", step=exc.step)
         except LeaseLost:
@@ -486,7 +495,7 @@ class Runtime:
                 record.id,
                 spec.name,
                 reference,
-                "".join(traceback.format_exception(exc)),
+                ctx.redact("".join(traceback.format_exception(exc))),
             )
             return failed(
                 "The job failed because of an unexpected error on the server "

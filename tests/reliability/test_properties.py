@@ -34,6 +34,7 @@ from sqlalchemy import create_engine, text
 from handles.config import HandlesConfig
 from handles.errors import LeaseLost
 from handles.runtime import Runtime
+from handles.sealing import Sealer
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
 from handles.store import JobRecord, JobRepository, Store
 from tests.reliability.support import install_audit, invalid_edges
@@ -114,7 +115,9 @@ class StoreMachine(RuleBasedStateMachine):
         self.reader = create_engine(self.url)
         self.loop = asyncio.new_event_loop()
         config = HandlesConfig(data_dir=self.directory, secret_keys=("p" * 40,), lease_seconds=LEASE)
-        self.runtime = Runtime(store=Store(self.repo), config=config, specs={})
+        self.runtime = Runtime(
+            store=Store(self.repo), config=config, specs={}, sealer=Sealer(config.resolved_secret_keys())
+        )
         self.model: dict[str, ModelJob] = {}
         self.alive = ["owner-1", "owner-2"]
         self.owners_made = 2
