@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import getpass
 import importlib
 import json
 import logging
@@ -255,7 +256,7 @@ def jobs_show(args: argparse.Namespace) -> int:
 def jobs_cancel(args: argparse.Namespace) -> int:
     repository = open_repository()
     job = find_job(repository, args.job)
-    outcome = repository.request_cancel(job.id)
+    outcome = repository.request_cancel(job.id, f"operator:{args.by}")
     assert outcome is not None
     repository.publish(job.id, "cli")
     if Status(job.status).is_terminal:
@@ -274,9 +275,30 @@ def jobs_purge(args: argparse.Namespace) -> int:
         )
     repository = open_repository()
     total = 0
-    while deleted := repository.delete_expired(500):
+    keep = HandlesConfig.from_env().audit_retention_seconds
+    while deleted := repository.delete_expired(500, keep):
         total += deleted
     print(f"Purged {total} expired job{'s' if total != 1 else ''}.")
+    return 0
+
+
+def audit_export(args: argparse.Namespace) -> int:
+    """Every archived evidence record (then, with --live, the evidence of jobs still stored) as JSON lines."""
+    repository = open_repository()
+    since = datetime.now(UTC) - args.since if args.since is not None else None
+    after = 0
+    while page := repository.archived_evidence(after_id=after, since=since, job_id=args.job):
+        for record in page:
+            print(
+                json.dumps({"archived_at": _iso(record.archived_at), **record.evidence}, ensure_ascii=False)
+            )
+        after = page[-1].id or after
+    if args.live:
+        last = ""
+        while live := repository.live_evidence(after_id=last, job_id=args.job):
+            for evidence in live:
+                print(json.dumps({"archived_at": None, **evidence}, ensure_ascii=False))
+            last = live[-1]["job_id"]
     return 0
 
 
@@ -394,6 +416,13 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _operator() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="handles", description="Operate a handles deployment.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -428,10 +457,32 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(run=jobs_show)
     cancel = jobs.add_parser("cancel", help="request cancellation of a job")
     cancel.add_argument("job", metavar="ID|HANDLE")
+    cancel.add_argument(
+        "--by",
+        default=_operator(),
+        help="who asks, recorded on the job as operator:BY (default: your user name)",
+    )
     cancel.set_defaults(run=jobs_cancel)
     purge = jobs.add_parser("purge", help="delete ended jobs past their retention now")
     purge.add_argument("--expired", action="store_true", help="required: purge jobs past retention")
     purge.set_defaults(run=jobs_purge)
+
+    audit = commands.add_parser("audit", help="the evidence kept after jobs are deleted").add_subparsers(
+        dest="audit_command", required=True
+    )
+    export = audit.add_parser(
+        "export",
+        help="print evidence records as JSON lines",
+        description="Print the evidence archived when jobs were deleted (who started, answered and cancelled "
+        "them, their steps with receipts, their outcome; never arguments, answers or results), oldest first, "
+        "one JSON object per line. Kept for HANDLES_AUDIT_RETENTION_SECONDS.",
+    )
+    export.add_argument(
+        "--since", type=_age, metavar="AGE", help="archived less than AGE ago (30s, 15m, 2h, 7d)"
+    )
+    export.add_argument("--job", metavar="ID", help="only this job's evidence")
+    export.add_argument("--live", action="store_true", help="also the evidence of jobs still stored")
+    export.set_defaults(run=audit_export)
 
     follow = commands.add_parser("watch", help="a live progress bar until the job ends")
     follow.add_argument("job", metavar="HANDLE|ID")

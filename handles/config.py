@@ -70,6 +70,7 @@ _NUMBERS: dict[str, tuple[str, _Bound]] = {
     "principal_share": ("HANDLES_PRINCIPAL_SHARE", _Bound(0, above=True, high=1)),
     "link_results_over": ("HANDLES_LINK_RESULTS_OVER", _Bound(1, integer=True, high=MAX_RESULT_BYTES)),
     "max_result_file_bytes": ("HANDLES_MAX_RESULT_FILE_BYTES", _Bound(0, integer=True)),
+    "audit_retention_seconds": ("HANDLES_AUDIT_RETENTION_SECONDS", _Bound(0)),
 }
 
 
@@ -142,6 +143,8 @@ class HandlesConfig:
     link_results_over: int = 256 * 1024
     # The largest result file one job may store; a larger one fails the job (`result_too_large`).
     max_result_file_bytes: int = 2 * 1024 * 1024 * 1024
+    # How long a deleted job's evidence (handles.store.audit) is kept; 0 keeps none.
+    audit_retention_seconds: float = 365 * 24 * 3600.0
 
     def __post_init__(self) -> None:
         for field, (variable, bound) in _NUMBERS.items():

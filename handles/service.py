@@ -409,7 +409,9 @@ class JobService:
 
     async def cancel(self, record: JobRecord) -> JobRecord:
         """Request cancellation: durable first, then the running job is signalled."""
-        outcome = await self.store.write(record.id, self.store.repo.request_cancel, record.id)
+        outcome = await self.store.write(
+            record.id, self.store.repo.request_cancel, record.id, record.principal
+        )
         if outcome is None:
             return record
         if not outcome.ended_now and not Status(outcome.job.status).is_terminal:
@@ -454,7 +456,9 @@ class JobService:
             else answer
             for key, answer in responses.items()
         }
-        outcome = await self.store.write(record.id, self.store.repo.answer_inputs, record.id, sealed)
+        outcome = await self.store.write(
+            record.id, self.store.repo.answer_inputs, record.id, sealed, record.principal
+        )
         if outcome is None:
             raise self.expired_handle(spec, record.expires_at.isoformat(), purged=True)
         if outcome.job.status == Status.WORKING and outcome.job.lease_owner is None:

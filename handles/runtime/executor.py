@@ -92,6 +92,7 @@ class Runtime:
             drop=self._drop,
             signal_cancel=self.signal_cancel,
             requeued=self._requeued,
+            evidence_seconds=lambda: self.config.audit_retention_seconds,
         )
         store.origin = self.owner
         self._started = False

@@ -2,7 +2,8 @@
 
 It settles jobs whose lease ran out (their process died) by the one interrupt rule
 of the store, ends jobs past their retention or input timeout, cancels abandoned
-jobs, and deletes ended jobs past retention, at most `SWEEP_BATCH` of each.
+jobs, and deletes ended jobs past retention (archiving their evidence) and evidence past its own
+retention, at most `SWEEP_BATCH` of each.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ class Sweeper:
         drop: Callable[[str], None],
         signal_cancel: Callable[[str], object],
         requeued: Callable[[str], Awaitable[None]],
+        evidence_seconds: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self.store = store
+        self._evidence_seconds = evidence_seconds
         self._runs_here = runs_here
         self._drop = drop
         self._signal_cancel = signal_cancel
@@ -68,9 +71,10 @@ class Sweeper:
                 self._drop(record.id)
                 counts["timed_out"] += 1
         for record in overdue["abandoned"]:
-            outcome = await self.store.write(record.id, repo.request_cancel, record.id)
+            outcome = await self.store.write(record.id, repo.request_cancel, record.id, "handles:abandoned")
             if outcome is not None:
                 self._signal_cancel(record.id)
                 counts["abandoned"] += 1
-        counts["deleted"] = await self.store.call(repo.delete_expired, SWEEP_BATCH)
+        counts["deleted"] = await self.store.call(repo.delete_expired, SWEEP_BATCH, self._evidence_seconds())
+        counts["evidence_deleted"] = await self.store.call(repo.delete_old_evidence, SWEEP_BATCH)
         return counts

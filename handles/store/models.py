@@ -124,6 +124,8 @@ class JobRecord(SQLModel, table=True):
     # One line per claim, appended by the claim's own write (no extra round trip): see `claims_of`.
     claim_log: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     cancel_requested_at: datetime | None = _time(nullable=True)
+    # Who asked for the cancel: the job's principal, `operator:<name>` (the CLI), or `handles:<reason>`.
+    cancel_requested_by: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     input_deadline: datetime | None = _time(nullable=True)
     abandon_at: datetime | None = _time(nullable=True)
     # Policies are frozen into the row at creation, so any node (or the CLI) applies them
@@ -147,6 +149,8 @@ class InputRequestRecord(SQLModel, table=True):
     created_at: datetime = _time()
     answered_at: datetime | None = _time(nullable=True)
     answer: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    # Who answered: the job's principal, or `operator:<name>`.
+    answered_by: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
 
 
 class StepRecord(SQLModel, table=True):
@@ -177,3 +181,21 @@ class ResultPartRecord(SQLModel, table=True):
     file_id: str = Field(primary_key=True, max_length=32)
     part: int = Field(primary_key=True)
     data: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+
+
+class AuditRecord(SQLModel, table=True):
+    """The evidence of one job, kept after the job itself is deleted (see handles.audit).
+
+    Written in the transaction that deletes the job, so a job is never gone without its evidence;
+    deleted in turn when `keep_until` passes (`HANDLES_AUDIT_RETENTION_SECONDS`).
+    """
+
+    __tablename__ = "handles_audit"
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(index=True, max_length=64)
+    kind: str = Field(max_length=128)
+    principal: str = Field(sa_column=Column(Text, nullable=False))
+    archived_at: datetime = _time(index=True)
+    keep_until: datetime = _time(index=True)
+    evidence: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))

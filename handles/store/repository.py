@@ -44,8 +44,10 @@ from sqlmodel import Session, col, delete, select
 from handles.errors import ConfigurationError, LeaseLost
 from handles.outcomes import failed
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
+from handles.store.audit import evidence
 from handles.store.models import (
     CLAIM_ENTRY_HEAD,
+    AuditRecord,
     InputRequestRecord,
     JobRecord,
     ResultPartRecord,
@@ -817,8 +819,9 @@ class JobRepository:
             session.add(job)
             return Status(job.status)
 
-    def request_cancel(self, job_id: str) -> CancelOutcome | None:
-        """Record a cancel request. A queued job ends `cancelled` at once; a running one is signalled."""
+    def request_cancel(self, job_id: str, by: str | None = None) -> CancelOutcome | None:
+        """Record a cancel request (and `by` whom). A queued job ends `cancelled` at once; a running
+        one is signalled."""
         now = self.clock()
         with self._writing() as session:
             job = self._locked(session, job_id)
@@ -833,6 +836,7 @@ class JobRepository:
                 _finish(job, now)
             if job.cancel_requested_at is None:
                 job.cancel_requested_at = now
+                job.cancel_requested_by = by
             _touch(job, now)
             session.add(job)
         return CancelOutcome(job, ended_now=ended)
@@ -869,7 +873,9 @@ class JobRepository:
             session.add(job)
         return None
 
-    def answer_inputs(self, job_id: str, answers: dict[str, dict[str, Any]]) -> AnswerOutcome | None:
+    def answer_inputs(
+        self, job_id: str, answers: dict[str, dict[str, Any]], by: str | None = None
+    ) -> AnswerOutcome | None:
         """Record answers for pending keys; unknown or answered keys are ignored.
 
         When no question is left pending the job returns to `working`.
@@ -892,6 +898,7 @@ class JobRepository:
                     continue
                 record.answer = answer
                 record.answered_at = now
+                record.answered_by = by
                 session.add(record)
                 accepted.append(key)
             if accepted:
@@ -1025,17 +1032,21 @@ class JobRepository:
                 ),
             }
 
-    def delete_expired(self, limit: int) -> int:
-        """Delete up to `limit` ended jobs past their retention, with their questions and steps."""
+    def delete_expired(self, limit: int, keep_evidence_seconds: float = 0) -> int:
+        """Delete up to `limit` ended jobs past their retention, with their questions, steps and result
+        files; with `keep_evidence_seconds`, archive each job's evidence (handles.store.audit) in the
+        same transaction, kept that long."""
         now = self.clock()
+        expired = (col(JobRecord.expires_at) < now, col(JobRecord.status).in_(list(TERMINAL)))
         with self._writing() as session:
-            ids = list(
-                session.exec(
-                    select(JobRecord.id)
-                    .where(col(JobRecord.expires_at) < now, col(JobRecord.status).in_(list(TERMINAL)))
-                    .limit(limit)
-                )
-            )
+            if keep_evidence_seconds > 0:
+                # Whole rows (a result's receipt needs the result): fewer at a time.
+                jobs = list(session.exec(select(JobRecord).where(*expired).limit(min(limit, ARCHIVE_BATCH))))
+                ids = [job.id for job in jobs]
+                if jobs:
+                    self._archive(session, jobs, now, now + timedelta(seconds=keep_evidence_seconds))
+            else:
+                ids = list(session.exec(select(JobRecord.id).where(*expired).limit(limit)))
             if not ids:
                 return 0
             session.exec(delete(InputRequestRecord).where(col(InputRequestRecord.job_id).in_(ids)))
@@ -1043,6 +1054,84 @@ class JobRepository:
             session.exec(delete(ResultPartRecord).where(col(ResultPartRecord.job_id).in_(ids)))
             session.exec(delete(JobRecord).where(col(JobRecord.id).in_(ids)))
         return len(ids)
+
+    def _archive(self, session: Session, jobs: list[JobRecord], now: datetime, keep_until: datetime) -> None:
+        ids = [job.id for job in jobs]
+        questions: dict[str, list[InputRequestRecord]] = {job_id: [] for job_id in ids}
+        for question in session.exec(
+            select(InputRequestRecord)
+            .where(col(InputRequestRecord.job_id).in_(ids))
+            .order_by(col(InputRequestRecord.created_at), col(InputRequestRecord.key))
+        ):
+            questions[question.job_id].append(question)
+        steps: dict[str, list[StepRecord]] = {job_id: [] for job_id in ids}
+        for step in session.exec(
+            select(StepRecord).where(col(StepRecord.job_id).in_(ids)).order_by(col(StepRecord.started_at))
+        ):
+            steps[step.job_id].append(step)
+        session.execute(
+            sa_insert(_AUDIT),
+            [
+                {
+                    "job_id": job.id,
+                    "kind": job.kind,
+                    "principal": job.principal,
+                    "archived_at": now,
+                    "keep_until": keep_until,
+                    "evidence": evidence(job, questions[job.id], steps[job.id]),
+                }
+                for job in jobs
+            ],
+        )
+
+    # -- audit evidence --------------------------------------------------------
+
+    def delete_old_evidence(self, limit: int) -> int:
+        """Delete up to `limit` archived evidence records whose own retention has passed."""
+        now = self.clock()
+        with self._writing() as session:
+            ids = list(
+                session.exec(select(AuditRecord.id).where(col(AuditRecord.keep_until) < now).limit(limit))
+            )
+            if ids:
+                session.exec(delete(AuditRecord).where(col(AuditRecord.id).in_(ids)))
+        return len(ids)
+
+    def archived_evidence(
+        self, *, after_id: int = 0, since: datetime | None = None, job_id: str | None = None, limit: int = 500
+    ) -> list[AuditRecord]:
+        """Archived evidence in archive order, a page at a time (`after_id`: the last id of the page before)."""
+        query = select(AuditRecord).where(col(AuditRecord.id) > after_id)
+        if since is not None:
+            query = query.where(col(AuditRecord.archived_at) >= since)
+        if job_id is not None:
+            query = query.where(col(AuditRecord.job_id) == job_id)
+        with Session(self.engine) as session:
+            return list(session.exec(query.order_by(col(AuditRecord.id)).limit(limit)))
+
+    def live_evidence(
+        self, *, after_id: str = "", job_id: str | None = None, limit: int = 500
+    ) -> list[dict[str, Any]]:
+        """The evidence of jobs still stored, built from their rows, a page at a time (by job id)."""
+        query = select(JobRecord).where(col(JobRecord.id) > after_id)
+        if job_id is not None:
+            query = query.where(col(JobRecord.id) == job_id)
+        with Session(self.engine) as session:
+            jobs = list(session.exec(query.order_by(col(JobRecord.id)).limit(limit)))
+            records = []
+            for job in jobs:
+                questions = session.exec(
+                    select(InputRequestRecord)
+                    .where(col(InputRequestRecord.job_id) == job.id)
+                    .order_by(col(InputRequestRecord.created_at), col(InputRequestRecord.key))
+                )
+                steps = session.exec(
+                    select(StepRecord)
+                    .where(col(StepRecord.job_id) == job.id)
+                    .order_by(col(StepRecord.started_at))
+                )
+                records.append(evidence(job, list(questions), list(steps)))
+        return records
 
     # -- result files --------------------------------------------------------
 
@@ -1079,6 +1168,9 @@ class JobRepository:
 _JOBS = JobRecord.__table__  # type: ignore[attr-defined]
 _INPUTS = InputRequestRecord.__table__  # type: ignore[attr-defined]
 _PARTS = ResultPartRecord.__table__  # type: ignore[attr-defined]
+_AUDIT = AuditRecord.__table__  # type: ignore[attr-defined]
+ARCHIVE_BATCH = 100
+"""The most jobs one deletion pass archives and deletes (their whole rows are read for the evidence)."""
 
 
 # The hot reads' statements, built once (building a statement costs more than SQLite runs it).

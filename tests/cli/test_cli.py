@@ -61,7 +61,8 @@ def populated(tmp_path: Path) -> dict[str, str]:
                 jobs.specs["generate_report"], "local:bob", {"account": "bobco", "months": 1}, None
             )
             for started in (report, other):
-                await service.wait(started.job, 10, lambda j: j.status == "completed")
+                finished = await service.wait(started.job, 60, lambda j: j.status == "completed")
+                assert finished.status == "completed", finished.status
         queued_jobs = create_jobs(HandlesConfig(data_dir=tmp_path, secret_keys=(KEY,), run_workers=False))
         queued = await queued_jobs.service.start(
             queued_jobs.specs["export_dataset"], "local:alice", {"rows": 5}, None

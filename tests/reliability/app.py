@@ -14,6 +14,8 @@ Streamable HTTP, bearer tokens, the Tasks extension), configured by `HANDLES_*`.
 - `sized(nbytes)`: returns a result of about `nbytes` bytes (the 1 MiB result limit).
 - `echo(...)`: many parameter types, for fuzzing the generated schemas.
 - `kept(n)`: abandoned when nobody looks for a minute (the polling keep-alive).
+- `unlock(vault, passphrase, crash)`: a sensitive argument and a sensitive answer, written by the job
+  into its status messages, question and exception.
 
 The token verifier re-reads its tokens file when the file changes, so a test can revoke a
 credential while the server runs.
@@ -35,13 +37,18 @@ from typing import Annotated, Any, Literal
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 
-from handles import Handles, HandlesConfig, JobContext
+from handles import Handles, HandlesConfig, JobContext, JobFailed
 
 POLL = timedelta(milliseconds=200)
 SECRET_IN_ERRORS = "reliability-db-password-Zq81"
 """Put into exception texts by `leaky`; the suite's wire scan must never see it."""
+
+SENSITIVE_PASSPHRASE = "vault-passphrase-Qx71-sensitive"
+SENSITIVE_OTP = "otp-552918-kR-sensitive"
+"""What callers send to `unlock` (a `SecretStr` argument and a `SecretStr` answer); the wire scan, the
+server log and the database must never hold them in the clear."""
 
 
 def effects_file() -> Path | None:
@@ -89,6 +96,10 @@ class Shipped(BaseModel):
 
 class Done(BaseModel):
     steps: int
+
+
+class Otp(BaseModel):
+    otp: SecretStr = Field(description="The one-time code.")
 
 
 class Echoed(BaseModel):
@@ -183,6 +194,20 @@ async def leaky(ctx: JobContext, mode: str = "exception") -> Done:
     raise RuntimeError(raw)
 
 
+async def unlock(ctx: JobContext, vault: str, passphrase: SecretStr, crash: bool = False) -> Done:
+    """Writes its sensitive argument and answer into every text it can; they must show nowhere."""
+    secret = passphrase.get_secret_value()
+    await ctx.progress(1, 3, f"unlocking {vault} with {secret}")
+    answer = await ctx.ask(f"One-time code for {vault}? (we used {secret})", Otp)
+    otp = answer.otp.get_secret_value()
+    await ctx.progress(2, 3, f"code {otp} accepted")
+    if crash:
+        raise RuntimeError(f"the vault refused {secret} and {otp}")
+    if (secret, otp) != (SENSITIVE_PASSPHRASE, SENSITIVE_OTP):
+        raise JobFailed("the job did not get the values the caller sent")
+    return Done(steps=2)
+
+
 async def noisy(ctx: JobContext, message: str, ask: bool = False, hold: float = 30.0) -> Done:
     """Report `message` as progress (and ask it as a question when `ask`), then hold."""
     await ctx.progress(1, 2, message)
@@ -227,6 +252,7 @@ def create_jobs(config: HandlesConfig | None = None) -> Handles:
     jobs.job(poll_after=POLL, plain_call="adaptive", inline_budget=timedelta(seconds=2))(quick)
     jobs.job(poll_after=POLL)(leaky)
     jobs.job(poll_after=POLL, asks_input=True)(noisy)
+    jobs.job(poll_after=POLL, asks_input=True)(unlock)
     jobs.job(poll_after=POLL)(sized)
     jobs.job(poll_after=POLL)(echo)
     jobs.job(poll_after=POLL, abandon_after=timedelta(minutes=1))(kept)

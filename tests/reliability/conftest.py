@@ -24,7 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
 
 from handles.handle import HandleCodec
-from tests.reliability.app import SECRET_IN_ERRORS
+from tests.reliability.app import SECRET_IN_ERRORS, SENSITIVE_OTP, SENSITIVE_PASSPHRASE
 from tests.reliability.support import REPO_ROOT, Relay, ReliabilityServer, WireScanner, install_audit, report
 from tests.support import Reply, ToolClient, token_principal
 
@@ -80,6 +80,8 @@ def scanner() -> Iterator[WireScanner]:
         ("signing key (retired)", RETIRED_KEY),
         ("database password", PG_PASSWORD),
         ("secret in an exception", SECRET_IN_ERRORS),
+        ("sensitive argument", SENSITIVE_PASSPHRASE),
+        ("sensitive answer", SENSITIVE_OTP),
         ("stack trace", "Traceback"),
         ("server source path", str(REPO_ROOT / "handles")),
         ("test source path", str(REPO_ROOT / "tests")),

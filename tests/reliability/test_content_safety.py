@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import unicodedata
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,7 +23,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from handles.limits import MAX_STATUS_MESSAGE
-from tests.reliability.app import SECRET_IN_ERRORS
+from tests.reliability.app import SECRET_IN_ERRORS, SENSITIVE_OTP, SENSITIVE_PASSPHRASE
 from tests.reliability.conftest import Deployment, token
 from tests.reliability.support import RawReply, raw_call
 
@@ -181,3 +182,60 @@ async def test_an_instruction_in_a_status_message_stays_data(alice: Alice) -> No
     assert task["statusMessage"] == injected and set(task) >= {"status", "statusMessage"}
     for handle in handles.values():
         await alice.body("noisy_cancel", {"handle": handle})
+
+
+async def test_sensitive_values_reach_the_job_and_nothing_else(alice: Alice, deployment: Deployment) -> None:
+    """A `SecretStr` argument and answer, on the handle tools and the Tasks face, twenty times over:
+    the job gets them (it fails otherwise), the relay's scan of every response (conftest.py), the
+    server log and the database never hold them in the clear."""
+    for round_ in range(10):
+        for face in ("handles", "tasks"):
+            crash = round_ % 5 == 4
+            arguments = {"vault": f"v{round_}", "passphrase": SENSITIVE_PASSPHRASE, "crash": crash}
+            if face == "handles":
+                handle = (await alice.body("unlock_start", arguments))["handle"]
+            else:
+                handle = (await alice.tool("unlock", arguments)).result["taskId"]
+            for _ in range(200):
+                task = (await alice.call("tasks/get", {"taskId": handle})).result
+                if task["status"] == "input_required":
+                    break
+                await asyncio.sleep(0.02)
+            assert task["status"] == "input_required", task
+            assert task["inputRequests"]["q1"]["params"]["requestedSchema"]["properties"]["otp"]["writeOnly"]
+            if face == "handles":
+                await alice.body(
+                    "unlock_respond", {"handle": handle, "responses": {"q1": {"otp": SENSITIVE_OTP}}}
+                )
+            else:
+                responses = {"q1": {"action": "accept", "content": {"otp": SENSITIVE_OTP}}}
+                await alice.call("tasks/update", {"taskId": handle, "inputResponses": responses})
+            done = await alice.body("unlock_fetch", {"handle": handle, "wait_seconds": 10})
+            if crash:
+                assert done["status"] == "failed" and done["error"]["data"]["reason"] == "exception", done
+            else:
+                assert done["status"] == "completed" and done["result"] == {"steps": 2}, done
+            progress = await alice.body("unlock_progress", {"handle": handle})
+            assert progress["status"] == done["status"]
+    log = deployment.server.log_path.read_text(errors="replace")
+    assert "[redacted]" in log  # the crashes' tracebacks were logged, with the values replaced
+    stored = database_text(deployment.database_url)
+    for text in (log, stored):
+        assert SENSITIVE_PASSPHRASE not in text and SENSITIVE_OTP not in text
+    assert "$sealed" in stored
+
+
+def database_text(url: str) -> str:
+    """Every argument, answer, status message, result and error the store holds, as one text."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            rows = connection.execute(
+                text("select arguments, status_message, result, error from handles_jobs")
+            ).all()
+            rows += connection.execute(text("select message, answer from handles_input_requests")).all()
+    finally:
+        engine.dispose()
+    return "\n".join(json.dumps([str(cell) for cell in row]) for row in rows)
