@@ -197,3 +197,72 @@ async def test_a_server_that_does_not_push_is_polled(local_jobs: Handles) -> Non
         assert sent["tasks/get"] >= 2, sent
     finally:
         threaded.stop()
+
+
+async def test_a_stream_that_ends_mid_task_falls_back_to_polling(local_server: Any) -> None:
+    """The server closes its listen streams (a graceful end): the client polls tasks/get from then on."""
+    from mcp.server.subscriptions import ListenHandler
+
+    from handles import tasks_client
+
+    entry = local_server._lowlevel_server.get_request_handler("subscriptions/listen")
+    assert isinstance(entry.handler, ListenHandler)
+    gets = 0
+    real_get = tasks_client.get_task
+
+    async def counted_get(*args: Any, **kwargs: Any) -> tasks_client.DetailedTask:
+        nonlocal gets
+        gets += 1
+        return await real_get(*args, **kwargs)
+
+    extension = TasksClientExtension()
+    assert extension.pushes is not None
+    pushes = extension.pushes
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tasks_client, "get_task", counted_get)
+        async with Client(local_server, extensions=[extension]) as client, anyio.create_task_group() as group:
+
+            async def close_streams_after_two_pushes() -> None:
+                while pushes.received < 2:
+                    await anyio.sleep(0.01)
+                entry.handler.close()
+
+            group.start_soon(close_streams_after_two_pushes)
+            with anyio.fail_after(30):
+                result = await client.call_tool("slow", {"seconds": 1.5})
+    assert result.structured_content == {"steps": 10}
+    assert pushes.received >= 2 and gets >= 2
+
+
+def test_pushed_states_older_than_the_kept_one_or_after_the_end_are_dropped() -> None:
+    from handles.tasks_client import TaskPushes, TaskStatusParams
+
+    def state(status: str, updated: str) -> TaskStatusParams:
+        return TaskStatusParams.model_validate(
+            {
+                "taskId": "t",
+                "status": status,
+                "createdAt": "2026-01-01T00:00:00.000Z",
+                "lastUpdatedAt": updated,
+                "_meta": {SUBSCRIPTION: 1},
+            }
+        )
+
+    async def main() -> None:
+        pushes = TaskPushes()
+        await pushes.deliver(state("working", "2026-01-01T00:00:01.000Z"))
+        assert pushes.latest("t") is None  # nobody follows t
+        with pushes.watching("t"):
+            await pushes.deliver(state("working", "2026-01-01T00:00:02.000Z"))
+            await pushes.deliver(state("working", "2026-01-01T00:00:01.000Z"))  # late, older
+            latest = pushes.latest("t")
+            assert latest is not None and latest.last_updated_at.endswith("02.000Z")
+            await pushes.deliver(state("completed", "2026-01-01T00:00:03.000Z"))
+            await pushes.deliver(state("working", "2026-01-01T00:00:03.000Z"))  # same moment, after the end
+            latest = pushes.latest("t")
+            assert latest is not None and latest.status == "completed"
+            with anyio.fail_after(1):
+                assert (await pushes.changed("t", None)).status == "completed"
+        assert pushes.latest("t") is None  # forgotten once nobody follows it
+
+    anyio.run(main)
