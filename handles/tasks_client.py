@@ -223,6 +223,14 @@ PUSHED_RECHECK_SECONDS = 30.0
 server may stop pushing, e.g. while it drains, and keep the stream open)."""
 ACK_TIMEOUT_SECONDS = 10.0
 _listen_ids = itertools.count(1)
+_SESSION_INTERNALS = (
+    "_task_group",
+    "_stamp",
+    "_dispatcher",
+    "_register_listen_route",
+    "_unregister_listen_route",
+)
+"""The private `ClientSession` members `listen_tasks` drives (those of `mcp.client.subscriptions.listen`)."""
 
 
 class TaskStatusParams(NotificationParams):
@@ -321,6 +329,10 @@ async def listen_tasks(
     its driver with that one difference, on the same session internals.
     """
     if session.protocol_version not in MODERN_PROTOCOL_VERSIONS or not task_ids:
+        yield TaskSubscription(frozenset())
+        return
+    if not all(hasattr(session, name) for name in _SESSION_INTERNALS):
+        logger.debug("this mcp version's session lacks the listen internals; tasks are polled")
         yield TaskSubscription(frozenset())
         return
     task_group = session._task_group  # pyright: ignore[reportPrivateUsage]
