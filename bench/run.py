@@ -7,8 +7,9 @@
     python bench/run.py --quick --no-peer     # skip the FastMCP peer (no venv to create)
 
 Sections: overhead (1), durable (2), pickup (3), store_scale (4), concurrency (5), peer (6),
-multinode (7), profile (hot paths of work_progress and work_start), result_links (a large result
-stored in parts and read back through its link), handle_timing (refusing a forged
+multinode (7), profile (hot paths of work_progress and work_start), push (13: the requests pushed task
+status saves for N followers of long jobs), result_links (a large result stored in parts and read
+back through its link), handle_timing (refusing a forged
 handle vs another principal's genuine one; about 30 s, so not part of --quick unless named with --only). Absolute times on a shared machine are noisy: read the ratios, measured in the same run.
 """
 
@@ -44,6 +45,7 @@ SECTIONS = (
     "round_trips",
     "waiters",
     "tool_list_size",
+    "push",
     "result_links",
 )
 NOT_QUICK = ("handle_timing",)

@@ -212,7 +212,8 @@ class Handles:
         (docs/reference.md#tool-layouts). Either way each job also gets its plain tool `<job>`.
 
         Build the server with `extensions=[jobs.tasks_extension()]` so that a `tools/call <job>`
-        declaring the Tasks extension becomes a task.
+        declaring the Tasks extension becomes a task; `bind` then also serves the extension's pushed
+        status (`notifications/tasks` on a `subscriptions/listen` stream that names `taskIds`).
         """
         if not self._specs:
             raise ConfigurationError(
@@ -228,6 +229,9 @@ class Handles:
             )
         add_tools(server, definitions, self.principal_resolver)
         ResultLinks.install(server, self._machinery(), self.principal_resolver)
+        if self._tasks is not None and self._tasks.status_push not in server.middleware:
+            # The SDK's Extension seam cannot reach subscriptions/listen: a middleware adds taskIds to it.
+            server.middleware.append(self._tasks.status_push)
         for tool in plain:
             add_plain_tool(
                 server,

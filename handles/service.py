@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -399,6 +399,32 @@ class JobService:
             # every watched job (each store_poll_seconds), which sees changes made by any process.
             self.store.notifier.seen(record.id, record.version)
             await self.store.notifier.wait(record.id, remaining, event=changed)
+
+    async def changes(self, record: JobRecord, *, reread_seconds: float = 60.0) -> AsyncGenerator[JobRecord]:
+        """Each new version of an opened job, as it is stored here or on any other node, until it ends.
+
+        Yields `record` itself first, then every version read after it; a burst of writes between two
+        reads yields only the latest. Ends after a terminal version, when the job is gone, or when the
+        node drains. Woken like `wait` (this process, another node's notice, the runtime's poll of
+        every watched job); `reread_seconds` re-reads anyway. A store outage pauses it, not ends it.
+        """
+        yield record
+        last = record
+        while not Status(last.status).is_terminal and not self.runtime.closed:
+            changed = self.store.notifier.watch(last.id)
+            try:
+                latest = await self.store.read(self.store.repo.get, last.id)
+            except StoreUnavailable:
+                await asyncio.sleep(self.config.store_poll_seconds)
+                continue
+            if latest is None:
+                return
+            if latest.version != last.version:
+                last = latest
+                yield latest
+                continue
+            self.store.notifier.seen(last.id, last.version)
+            await self.store.notifier.wait(last.id, reread_seconds, event=changed)
 
     async def pending_inputs(self, record: JobRecord) -> list[InputRequestRecord]:
         if Status(record.status) is not Status.INPUT_REQUIRED:

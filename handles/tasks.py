@@ -10,16 +10,22 @@ extension's wire shapes; the rules it follows are those of
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
-from collections.abc import Awaitable, Callable, Sequence
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
+import anyio
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding
 from mcp.server.mcpserver import Context
+from mcp.server.session import ServerSession
 from mcp.shared.exceptions import MCPError
 from mcp.shared.inbound import MCP_NAME_HEADER, decode_header_value
+from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
 from mcp_types import (
     HEADER_MISMATCH,
     INTERNAL_ERROR,
@@ -28,12 +34,23 @@ from mcp_types import (
     CallToolRequestParams,
     ClientCapabilities,
     MissingRequiredClientCapabilityErrorData,
+    Notification,
     RequestParams,
+    ServerNotification,
+    SubscriptionFilter,
+    SubscriptionsAcknowledgedNotification,
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.requests import Request
 
-from handles.errors import CallerError, ExpiredHandle, InvalidArguments, UnknownHandle, WrongJobKind
+from handles.errors import (
+    CallerError,
+    ExpiredHandle,
+    InvalidArguments,
+    StoreUnavailable,
+    UnknownHandle,
+    WrongJobKind,
+)
 from handles.first import asks_in_band, first_round
 from handles.jobs import JobSpec
 from handles.mcp import resolve_principal, to_call_tool_result
@@ -51,6 +68,9 @@ UNKNOWN_TASK = (
     "deleted after its ttlMs, or issued to someone else."
 )
 _ACK: dict[str, Any] = {"resultType": "complete"}
+MAX_LISTEN_TASK_IDS = 1000
+"""The most `taskIds` one `subscriptions/listen` may name (more is refused with -32602)."""
+logger = logging.getLogger("handles.tasks")
 _ELICITATION_ACTIONS = ("accept", "decline", "cancel")
 
 
@@ -206,10 +226,17 @@ class TasksExtension(Extension):
 
     def __init__(self, handles: Handles) -> None:
         self._handles = handles
+        self.status_push = TaskStatusPush(self)
+        """The server middleware that pushes `notifications/tasks` on `subscriptions/listen` streams
+        (`Handles.bind` adds it to the server's middleware)."""
 
     @property
     def service(self) -> JobService:
         return self._handles.service
+
+    @property
+    def principal_resolver(self) -> Any:
+        return self._handles.principal_resolver
 
     def methods(self) -> Sequence[MethodBinding]:
         # Bound at every version so a handshake-era client is told -32021 (it cannot declare the
@@ -355,3 +382,140 @@ def _check_routing_header(ctx: ServerRequestContext[Any, Any], task_id: str) -> 
     decoded = decode_header_value(raw)
     if decoded is None or decoded.strip() != task_id.strip():
         raise MCPError(code=HEADER_MISMATCH, message=f"{MCP_NAME_HEADER} header does not match params.taskId")
+
+
+# -- pushed status: notifications/tasks on subscriptions/listen -------------------------------
+
+
+class TaskStatusNotification(Notification[dict[str, Any], Literal["notifications/tasks"]]):
+    """`notifications/tasks`: a complete `DetailedTask`, as `tasks/get` would answer it at that moment."""
+
+    method: Literal["notifications/tasks"] = "notifications/tasks"
+    params: dict[str, Any]
+
+
+def task_status_params(body: Mapping[str, Any], subscription_id: Any) -> dict[str, Any]:
+    """The `tasks/get` answer as notification params: without `resultType`, stamped with the subscription id."""
+    params = {key: value for key, value in body.items() if key != "resultType"}
+    params["_meta"] = {**(body.get("_meta") or {}), SUBSCRIPTION_ID_META_KEY: subscription_id}
+    return params
+
+
+class _AckTap:
+    """The listen request's session, seen by the SDK's `ListenHandler`: it adds the honored `taskIds`
+    to the acknowledgement that handler sends, and tells the pushers once that first frame is out."""
+
+    def __init__(self, session: ServerSession, task_ids: list[str]) -> None:
+        self._session = session
+        self._task_ids = task_ids
+        self.acked = anyio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+    async def send_notification(
+        self, notification: ServerNotification, related_request_id: Any = None
+    ) -> None:
+        if isinstance(notification, SubscriptionsAcknowledgedNotification) and not self.acked.is_set():
+            honored = notification.params.notifications.model_dump(by_alias=True, exclude_none=True)
+            if self._task_ids:
+                honored["taskIds"] = list(self._task_ids)
+            params = notification.params.model_copy(
+                update={"notifications": SubscriptionFilter.model_validate(honored)}
+            )
+            await self._session.send_notification(
+                notification.model_copy(update={"params": params}), related_request_id
+            )
+            self.acked.set()
+            return
+        await self._session.send_notification(notification, related_request_id)
+
+
+def requested_task_ids(params: Mapping[str, Any] | None) -> list[str] | None:
+    """`params.notifications.taskIds` of a raw `subscriptions/listen` request: None when absent.
+
+    Raises -32602 for a value that is not a list of at most `MAX_LISTEN_TASK_IDS` strings.
+    """
+    notifications = (params or {}).get("notifications")
+    if not isinstance(notifications, Mapping) or notifications.get("taskIds") is None:
+        return None
+    task_ids = notifications["taskIds"]
+    if not isinstance(task_ids, list) or not all(isinstance(task_id, str) for task_id in task_ids):
+        raise MCPError(
+            code=INVALID_PARAMS, message="params.notifications.taskIds must be a list of taskId strings."
+        )
+    if len(task_ids) > MAX_LISTEN_TASK_IDS:
+        raise MCPError(
+            code=INVALID_PARAMS,
+            message=f"params.notifications.taskIds names {len(task_ids)} tasks; at most {MAX_LISTEN_TASK_IDS} "
+            "fit one stream: open several.",
+        )
+    return list(dict.fromkeys(task_ids))
+
+
+class TaskStatusPush:
+    """Serves the Tasks extension's `notifications.taskIds` on `subscriptions/listen`.
+
+    A server middleware (`MCPServer.middleware`, which `Handles.bind` fills): the SDK's own
+    `ListenHandler` still serves the stream, its acknowledgement, list-change events and graceful
+    close. This adds, for a request naming `taskIds`: the `-32021` gate of a client that does not
+    declare the extension; the caller's own tasks among the ids (an unknown, expired or foreign id
+    is left out of the acknowledgement alike, and never pushed); those ids in the acknowledgement;
+    then for each, right after the acknowledgement, `notifications/tasks` with its current state
+    and again each time it changes, here or on any other node, until it ends or the stream closes.
+    """
+
+    def __init__(self, extension: TasksExtension) -> None:
+        self._extension = extension
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        if ctx.method != "subscriptions/listen" or ctx.request_id is None:
+            return await call_next(ctx)
+        requested = requested_task_ids(ctx.params)
+        if requested is None:
+            return await call_next(ctx)
+        if not declares_tasks(ctx):
+            raise missing_tasks_capability(
+                f"notifications.taskIds on subscriptions/listen needs the {TASKS_EXTENSION} extension: declare "
+                "it in this request's _meta clientCapabilities.extensions."
+            )
+        extension = self._extension
+        principal = await resolve_principal(extension.principal_resolver, Context(request_context=ctx))
+        opened: list[tuple[JobSpec, JobRecord, str]] = []
+        for task_id in requested:
+            try:
+                spec, job = await extension.service.open_any(principal, task_id)
+            except (UnknownHandle, ExpiredHandle, WrongJobKind):
+                continue  # unknown, expired and foreign alike: left out, nothing said
+            except CallerError as error:
+                raise MCPError(code=INTERNAL_ERROR, message=f"{error.message} {error.next_step}") from None
+            opened.append((spec, job, task_id))
+        # Read before the acknowledgement: each pusher starts from this version, so a change that lands
+        # between the acknowledgement and the pusher's first read is still pushed.
+        tap = _AckTap(ctx.session, [task_id for _, _, task_id in opened])
+        async with anyio.create_task_group() as pushers:
+            for spec, job, task_id in opened:
+                pushers.start_soon(self._push, tap, ctx.request_id, spec, job, task_id)
+            try:
+                result = await call_next(dataclasses.replace(ctx, session=cast(ServerSession, tap)))
+            finally:
+                pushers.cancel_scope.cancel()
+        return result
+
+    async def _push(
+        self, tap: _AckTap, subscription_id: Any, spec: JobSpec, job: JobRecord, task_id: str
+    ) -> None:
+        """Push the task's state after the acknowledgement, then each new version, until it ends."""
+        await tap.acked.wait()
+        service = self._extension.service
+        try:
+            async with contextlib.aclosing(service.changes(job)) as changes:
+                async for record in changes:
+                    pending = await service.pending_inputs(record)
+                    body = detailed_task(spec, record, task_id, pending)
+                    notification = TaskStatusNotification(params=task_status_params(body, subscription_id))
+                    await tap.send_notification(cast(ServerNotification, notification), subscription_id)
+        except StoreUnavailable:
+            logger.warning("stopped pushing a task's status: the store is unavailable")
+        except Exception:  # one task's pusher must not end the stream it shares
+            logger.exception("stopped pushing a task's status")

@@ -2,8 +2,9 @@
 
 `TasksClientExtension` declares the extension on every request of a `mcp.Client` and
 claims `resultType: "task"` results of `tools/call`, so `client.call_tool(...)` returns
-the final `CallToolResult` as if the call had been synchronous: it polls `tasks/get`
-(honouring the server's `pollIntervalMs`), answers input requests with `tasks/update`,
+the final `CallToolResult` as if the call had been synchronous: it follows the task's
+`notifications/tasks` on a `subscriptions/listen` stream when the server pushes them, and otherwise
+polls `tasks/get` (honouring the server's `pollIntervalMs`), answers input requests with `tasks/update`,
 retries transient failures (a lost connection, a timeout, `-32603`) with backoff, and sends
 `tasks/cancel` only when the caller gives up (its cancellation or deadline, or an input handler
 that refused or failed). A failed task raises `TaskFailed`, a cancelled one `TaskCancelled`, an
@@ -25,12 +26,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import itertools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from typing import Any, Literal, TypeVar
 
 import anyio
-from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
+from mcp.client.extension import ClaimContext, ClientExtension, NotificationBinding, ResultClaim
 from mcp.client.session import ClientRequestContext, ClientSession
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
@@ -39,11 +42,13 @@ from mcp_types import (
     ErrorData,
     InputRequest,
     InputResponse,
+    NotificationParams,
     Request,
     RequestParams,
     Result,
 )
-from pydantic import TypeAdapter
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from handles.transient import AuthenticationError as AuthenticationError  # raised here, re-exported
 from handles.transient import authentication_error, backoff_seconds, is_transient
@@ -211,6 +216,214 @@ async def cancel_task(session: ClientSession, task_id: str, *, timeout: float | 
     )
 
 
+# -- pushed status (notifications/tasks on subscriptions/listen) -----------------------------
+
+PUSHED_RECHECK_SECONDS = 30.0
+"""While a task's status is pushed, a `tasks/get` is still sent after this long without a push (a
+server may stop pushing, e.g. while it drains, and keep the stream open)."""
+ACK_TIMEOUT_SECONDS = 10.0
+_listen_ids = itertools.count(1)
+_SESSION_INTERNALS = (
+    "_task_group",
+    "_stamp",
+    "_dispatcher",
+    "_register_listen_route",
+    "_unregister_listen_route",
+)
+"""The private `ClientSession` members `listen_tasks` drives (those of `mcp.client.subscriptions.listen`)."""
+
+
+class TaskStatusParams(NotificationParams):
+    """`notifications/tasks` params: a `DetailedTask` (kept whole; read with `DetailedTask`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class TaskPushes:
+    """The latest `notifications/tasks` state of each task a follower listens for, and its wake-ups.
+
+    `TasksClientExtension` binds `deliver` to `notifications/tasks`. The SDK may hand notifications
+    over out of wire order: a state older (`lastUpdatedAt`) than the one kept is dropped, and a
+    terminal state is never replaced.
+    """
+
+    def __init__(self) -> None:
+        self._latest: dict[str, DetailedTask] = {}
+        self._wake: dict[str, anyio.Event] = {}
+        self._watching: Counter[str] = Counter()
+        self.received = 0
+        """How many `notifications/tasks` were kept (for measurements)."""
+
+    async def deliver(self, params: TaskStatusParams) -> None:
+        try:
+            state = DetailedTask.model_validate(params.model_dump(by_alias=True), by_name=False)
+        except ValidationError:
+            logger.warning("ignored a malformed notifications/tasks")
+            return
+        if state.task_id not in self._watching:
+            return
+        known = self._latest.get(state.task_id)
+        if known is not None and (
+            known.status in TERMINAL_STATUSES or state.last_updated_at < known.last_updated_at
+        ):
+            return
+        self.received += 1
+        self._latest[state.task_id] = state
+        event = self._wake.pop(state.task_id, None)
+        if event is not None:
+            event.set()
+
+    @contextlib.contextmanager
+    def watching(self, task_id: str) -> Any:
+        """Keep the states pushed for `task_id` while inside (nested uses are counted)."""
+        self._watching[task_id] += 1
+        try:
+            yield
+        finally:
+            self._watching[task_id] -= 1
+            if self._watching[task_id] <= 0:
+                del self._watching[task_id]
+                self._latest.pop(task_id, None)
+                self._wake.pop(task_id, None)
+
+    def latest(self, task_id: str) -> DetailedTask | None:
+        return self._latest.get(task_id)
+
+    async def changed(self, task_id: str, seen: DetailedTask | None) -> DetailedTask:
+        """The latest pushed state of `task_id` once it is not `seen` (the one returned last time)."""
+        while True:
+            current = self._latest.get(task_id)
+            if current is not None and current is not seen:
+                return current
+            event = self._wake.get(task_id)
+            if event is None:
+                event = self._wake[task_id] = anyio.Event()
+            await event.wait()
+
+
+class TaskSubscription:
+    """One `subscriptions/listen` stream asking for `taskIds`: which the server agreed to push, and
+    whether the stream is still open."""
+
+    def __init__(self, honored: frozenset[str], route: Any = None) -> None:
+        self.honored = honored
+        self._route = route
+
+    @property
+    def live(self) -> bool:
+        return self._route is not None and self._route.end is None
+
+
+@contextlib.asynccontextmanager
+async def listen_tasks(
+    session: ClientSession, task_ids: Collection[str], *, ack_timeout: float = ACK_TIMEOUT_SECONDS
+) -> AsyncIterator[TaskSubscription]:
+    """Open a `subscriptions/listen` stream for `task_ids` (2026-07-28 only) while inside.
+
+    Never raises for a server that does not push: before 2026-07-28, on an error answer (`-32601`,
+    `-32021`, ...), without an acknowledgement in `ack_timeout` seconds, or when the acknowledgement
+    leaves a task out, the subscription just does not name it (`honored`), and its follower polls.
+    The pushed states reach the session's `notifications/tasks` binding (`TasksClientExtension`).
+
+    The SDK's `listen()` cannot add an extension's filter key (`taskIds`) to the request, so this is
+    its driver with that one difference, on the same session internals.
+    """
+    if session.protocol_version not in MODERN_PROTOCOL_VERSIONS or not task_ids:
+        yield TaskSubscription(frozenset())
+        return
+    if not all(hasattr(session, name) for name in _SESSION_INTERNALS):
+        logger.debug("this mcp version's session lacks the listen internals; tasks are polled")
+        yield TaskSubscription(frozenset())
+        return
+    task_group = session._task_group  # pyright: ignore[reportPrivateUsage]
+    if task_group is None:
+        raise RuntimeError("listen_tasks() requires an entered session")
+    request_id = f"tasks-listen-{next(_listen_ids)}"
+    data: dict[str, Any] = {
+        "method": "subscriptions/listen",
+        "params": {"notifications": {"taskIds": list(task_ids)}},
+    }
+    opts: Any = {"request_id": request_id}
+    session._stamp(data, opts)  # pyright: ignore[reportPrivateUsage]
+    driver_scope = anyio.CancelScope()
+    route = session._register_listen_route(request_id)  # pyright: ignore[reportPrivateUsage]
+
+    async def drive() -> None:
+        with driver_scope:
+            try:
+                await session._dispatcher.send_raw_request(  # pyright: ignore[reportPrivateUsage]
+                    data["method"], data.get("params"), opts
+                )
+            except Exception as error:
+                route.settle("lost", error=error if isinstance(error, MCPError) else None)
+                return
+            route.settle("graceful")
+
+    try:
+        task_group.start_soon(drive)
+        with anyio.move_on_after(ack_timeout):
+            await route.acked.wait()
+        honored: frozenset[str] = frozenset()
+        if route.honored is not None and route.end is None:
+            named = (route.honored.model_extra or {}).get("taskIds")
+            if isinstance(named, list):
+                honored = frozenset(task_id for task_id in named if task_id in task_ids)
+        elif route.error is not None:
+            logger.debug("the server pushes no task status: %s", route.error)
+        yield TaskSubscription(honored, route)
+    finally:
+        route.settle("local")
+        driver_scope.cancel()
+        session._unregister_listen_route(request_id)  # pyright: ignore[reportPrivateUsage]
+
+
+class PushedStatus:
+    """One task followed through pushed states, with `tasks/get` where the push is missing.
+
+    `next_state` returns the task's next state: a pushed one while the server pushes it (waiting up to
+    `recheck` seconds, then a `tasks/get` anyway), else a `tasks/get` after the polling pause.
+    """
+
+    def __init__(self, pushes: TaskPushes | None, subscription: TaskSubscription, task_id: str) -> None:
+        self.pushes = pushes
+        self.subscription = subscription
+        self.task_id = task_id
+        self._seen: DetailedTask | None = None
+
+    @property
+    def pushed(self) -> bool:
+        """Whether the server pushes this task's states on a stream still open."""
+        return (
+            self.pushes is not None and self.task_id in self.subscription.honored and self.subscription.live
+        )
+
+    async def wait_push(self, timeout: float) -> DetailedTask | None:
+        """The next pushed state, or None after `timeout` seconds or once the push stops."""
+        assert self.pushes is not None
+        pushes = self.pushes
+        deadline = anyio.current_time() + timeout
+        while self.pushed and (left := deadline - anyio.current_time()) > 0:
+            # In slices: a stream that ends sets no event here.
+            with anyio.move_on_after(min(left, 1.0)):
+                state = await pushes.changed(self.task_id, self._seen)
+                self._seen = state
+                return state
+        return None
+
+
+@contextlib.asynccontextmanager
+async def pushed_status(
+    session: ClientSession, pushes: TaskPushes | None, task_id: str
+) -> AsyncIterator[PushedStatus]:
+    """Listen for `task_id`'s pushed states while inside (when there is a binding to receive them)."""
+    if pushes is None:
+        yield PushedStatus(None, TaskSubscription(frozenset()), task_id)
+        return
+    with pushes.watching(task_id):
+        async with listen_tasks(session, [task_id]) as subscription:
+            yield PushedStatus(pushes, subscription, task_id)
+
+
 def session_input_handler(session: ClientSession) -> InputHandler:
     """Answer input requests with the client's own sampling / elicitation / roots callbacks."""
 
@@ -232,8 +445,15 @@ async def follow_task(
     default_poll_seconds: float = DEFAULT_POLL_SECONDS,
     on_progress: TaskObserver | None = None,
     retries: int = DEFAULT_RETRIES,
+    pushes: TaskPushes | None = None,
+    recheck_seconds: float = PUSHED_RECHECK_SECONDS,
 ) -> CallToolResult:
-    """Poll a task to its end and return its `CallToolResult`.
+    """Follow a task to its end and return its `CallToolResult`.
+
+    With `pushes` (the `TaskPushes` of the session's `TasksClientExtension`), the task's states come
+    from `notifications/tasks` on a `subscriptions/listen` stream when the server offers them (a
+    `tasks/get` only after `recheck_seconds` without one); otherwise, and whenever the stream ends,
+    it polls `tasks/get`.
 
     Each input request is answered once (keys are unique over a task's life), through
     `on_input` or else the session's own callbacks. `on_progress` sees every `tasks/get` answer
@@ -250,33 +470,70 @@ async def follow_task(
     answer = on_input or session_input_handler(session)
     answered: set[str] = set()
     try:
-        while True:
-            state = await _retrying(lambda: get_task(session, task_id, timeout=request_timeout), retries)
-            hint = state.poll_interval_ms or hint
-            if on_progress is not None and inspect.isawaitable(seen := on_progress(state)):
-                await seen
-            if state.status in TERMINAL_STATUSES:
-                return _outcome(state)
-            if state.status == "input_required":
-                fresh = {k: v for k, v in state.pending_requests().items() if k not in answered}
-                if fresh:
-                    try:
-                        responses = {
-                            key: _accepted(await answer(key, request)) for key, request in fresh.items()
-                        }
-                    except Exception:
-                        await _abandon(session, task_id)  # the caller's handler refused or failed
-                        raise
-                    send = functools.partial(
-                        update_task, session, task_id, responses, timeout=request_timeout
-                    )
-                    await _retrying(send, retries)
-                    answered.update(fresh)
-                    continue
-            await anyio.sleep(hint / 1000 if hint else default_poll_seconds)
+        async with pushed_status(session, pushes, task_id) as status:
+            return await _follow(
+                session,
+                status,
+                task_id,
+                hint,
+                answer,
+                answered,
+                request_timeout,
+                default_poll_seconds,
+                on_progress,
+                retries,
+                recheck_seconds,
+            )
     except anyio.get_cancelled_exc_class():
         await _abandon(session, task_id)  # the caller's own cancellation, or its deadline
         raise
+
+
+async def _follow(
+    session: ClientSession,
+    status: PushedStatus,
+    task_id: str,
+    hint: int | None,
+    answer: InputHandler,
+    answered: set[str],
+    request_timeout: float | None,
+    default_poll_seconds: float,
+    on_progress: TaskObserver | None,
+    retries: int,
+    recheck_seconds: float,
+) -> CallToolResult:
+    first = True
+    polled = False
+    while True:
+        state = None
+        if status.pushed:
+            # The first push (the state at the acknowledgement) comes at once from a handles server.
+            state = await status.wait_push(
+                (hint / 1000 if hint else default_poll_seconds) if first else recheck_seconds
+            )
+        elif polled:
+            await anyio.sleep(hint / 1000 if hint else default_poll_seconds)
+        first = False
+        if state is None:
+            state = await _retrying(lambda: get_task(session, task_id, timeout=request_timeout), retries)
+        polled = True
+        hint = state.poll_interval_ms or hint
+        if on_progress is not None and inspect.isawaitable(seen := on_progress(state)):
+            await seen
+        if state.status in TERMINAL_STATUSES:
+            return _outcome(state)
+        if state.status == "input_required":
+            fresh = {k: v for k, v in state.pending_requests().items() if k not in answered}
+            if fresh:
+                try:
+                    responses = {key: _accepted(await answer(key, request)) for key, request in fresh.items()}
+                except Exception:
+                    await _abandon(session, task_id)  # the caller's handler refused or failed
+                    raise
+                send = functools.partial(update_task, session, task_id, responses, timeout=request_timeout)
+                await _retrying(send, retries)
+                answered.update(fresh)
+                polled = False  # look again at once
 
 
 async def _retrying(request: Callable[[], Awaitable[T]], retries: int) -> T:
@@ -334,13 +591,25 @@ class TasksClientExtension(ClientExtension):
         on_input: InputHandler | None = None,
         default_poll_seconds: float = DEFAULT_POLL_SECONDS,
         on_progress: TaskObserver | None = None,
+        push: bool = True,
     ) -> None:
         self.on_input = on_input
         self.default_poll_seconds = default_poll_seconds
         self.on_progress = on_progress
+        self.pushes: TaskPushes | None = TaskPushes() if push else None
+        """Where `notifications/tasks` land; None (`push=False`): tasks are only polled."""
 
     def claims(self) -> Sequence[ResultClaim[Any]]:
         return (ResultClaim(result_type="task", model=CreateTaskResult, resolve=self._resolve),)
+
+    def notifications(self) -> Sequence[NotificationBinding[Any]]:
+        if self.pushes is None:
+            return ()
+        return (
+            NotificationBinding(
+                method="notifications/tasks", params_type=TaskStatusParams, handler=self.pushes.deliver
+            ),
+        )
 
     async def _resolve(self, created: CreateTaskResult, ctx: ClaimContext) -> CallToolResult:
         return await follow_task(
@@ -350,4 +619,5 @@ class TasksClientExtension(ClientExtension):
             request_timeout=ctx.read_timeout_seconds,
             default_poll_seconds=self.default_poll_seconds,
             on_progress=self.on_progress,
+            pushes=self.pushes,
         )

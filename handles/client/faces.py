@@ -25,8 +25,10 @@ from handles.client.outcomes import (
 from handles.layout import ToolNames
 from handles.results import link_of
 from handles.tasks_client import (
+    PUSHED_RECHECK_SECONDS,
     TERMINAL_STATUSES,
     DetailedTask,
+    PushedStatus,
     cancel_task,
     get_task,
     update_task,
@@ -70,6 +72,8 @@ def caller_error(result: CallToolResult) -> dict[str, Any]:
 class HandleFace:
     """The handle tools: `<job>_progress` (long-poll), `<job>_respond`, `<job>_cancel`, `<job>_fetch`,
     or the shared `jobs_*` ones of a compact server (the follower read the layout from tools/list)."""
+
+    pushed = False  # the handle tools long-poll instead
 
     def __init__(self, follower: Follower, handle: str) -> None:
         self.f = follower
@@ -146,11 +150,18 @@ class HandleFace:
 
 
 class TaskFace:
-    """The Tasks extension: `tasks/get`, `tasks/update`, `tasks/cancel` on the handle as `taskId`."""
+    """The Tasks extension: `tasks/get`, `tasks/update`, `tasks/cancel` on the handle as `taskId`, and the
+    task's `notifications/tasks` while `status` says the server pushes them."""
 
     def __init__(self, follower: Follower, handle: str) -> None:
         self.f = follower
         self.handle = handle
+        self.status: PushedStatus | None = None
+        self._waited = False
+
+    @property
+    def pushed(self) -> bool:
+        return self.status is not None and self.status.pushed
 
     def _lost(self, error: MCPError) -> FollowError:
         if error.error.code == INVALID_PARAMS:
@@ -158,12 +169,18 @@ class TaskFace:
         return FollowError(error.error.message, key=self.f.key, handle=self.handle)
 
     async def observe(self, client: Client, wait: float) -> View:
-        try:
-            task = await get_task(client.session, self.handle, timeout=self.f.request_timeout)
-        except MCPError as error:
-            if error.error.code in _RAISED_AS_IS:
-                raise
-            raise self._lost(error) from None
+        task = None
+        if self.status is not None and self.status.pushed:
+            # The first push (the state at the acknowledgement) comes at once from a handles server.
+            task = await self.status.wait_push(PUSHED_RECHECK_SECONDS if self._waited else self.f.interval)
+            self._waited = True
+        if task is None:
+            try:
+                task = await get_task(client.session, self.handle, timeout=self.f.request_timeout)
+            except MCPError as error:
+                if error.error.code in _RAISED_AS_IS:
+                    raise
+                raise self._lost(error) from None
         # A handles server only asks form elicitations (`elicitation/create`, message + requestedSchema).
         questions = {
             key: Question(

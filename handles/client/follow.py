@@ -51,7 +51,9 @@ from handles.tasks_client import (
     TASKS_EXTENSION,
     TERMINAL_STATUSES,
     CreateTaskResult,
+    TaskPushes,
     TasksClientExtension,
+    pushed_status,
 )
 from handles.transient import AuthenticationError, authentication_error, backoff_seconds, is_transient, leaves
 
@@ -338,8 +340,12 @@ class Follower:
             else:
                 first_poll = await self._start(entry)
         assert self.handle is not None
-        self.face = TaskFace(self, self.handle) if use_tasks else HandleFace(self, self.handle)
-        return await self._watch(first_poll)
+        if not use_tasks:
+            self.face = HandleFace(self, self.handle)
+            return await self._watch(first_poll)
+        self.face = face = TaskFace(self, self.handle)
+        async with pushed_status(client.session, _pushes(client), self.handle) as face.status:
+            return await self._watch(first_poll)
 
     @property
     def _client(self) -> Client:
@@ -456,7 +462,7 @@ class Follower:
         last_poll = first_poll
         answered: set[str] = set()
         while True:
-            if last_poll is not None:
+            if last_poll is not None and not face.pushed:
                 # Never sooner than the server's hint; the jitter only ever adds to it.
                 spacing = self.interval * (1 + self.jitter * random.random())
                 await anyio.sleep(max(0.0, last_poll + spacing - anyio.current_time()))
@@ -605,6 +611,14 @@ class Follower:
         pause = backoff_seconds(self._failures, self.jitter)
         logger.info("%s: %s; retrying in %.1f s", self.key, _describe(exc), pause)
         await anyio.sleep(pause)
+
+
+def _pushes(client: Client) -> TaskPushes | None:
+    """Where the client's `TasksClientExtension` receives `notifications/tasks` (None: it polls)."""
+    for extension in client.extensions or ():
+        if isinstance(extension, TasksClientExtension):
+            return extension.pushes
+    return None
 
 
 def _journal_handle(journal: Journal, key: str) -> str | None:

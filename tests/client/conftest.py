@@ -36,7 +36,8 @@ class Counted:
         return len(self.jobs.service.store.repo.list_jobs(kind=kind, limit=1000))
 
     def client(self, *, tasks: bool = True, **options: Any) -> Client:
-        extensions = [TasksClientExtension()] if tasks else None
+        # push=False: these tests count and time tasks/get polls (pushes: tests/tasks/test_pushed_status.py)
+        extensions = [TasksClientExtension(push=False)] if tasks else None
         return Client(self.server, extensions=extensions, **options)
 
 

@@ -105,9 +105,9 @@ async def test_auto_uses_tasks_when_both_sides_support_it_and_handles_otherwise(
             await follow(client, "quick", {"text": "c"}, prefer="tasks")
     assert counted.calls["progress"] and not counted.calls["tasks/get"]
     counted.calls.clear()
-    # connect() builds clients that declare the extension.
+    # connect() builds clients that declare the extension (and take pushed states: no tasks/get at all).
     assert await follow(connect(counted.server), "quick", {"text": "d"}) == {"text": "d", "length": 1}
-    assert counted.calls["tasks/get"] and not counted.calls["progress"]
+    assert counted.calls["start"] and not counted.calls["progress"] and not counted.calls["tasks/get"]
 
 
 # -- polling -----------------------------------------------------------------------------------------
@@ -462,7 +462,7 @@ async def test_a_connection_that_stays_lost_is_reported_and_the_job_kept(
 ) -> None:
     journal = Journal(tmp_path / "journal.db")
     failing_get = AsyncMock(side_effect=MCPError(code=REQUEST_TIMEOUT, message="Request timed out"))
-    async with FailsToObserve(counted.server, extensions=[TasksClientExtension()]) as client:
+    async with FailsToObserve(counted.server, extensions=[TasksClientExtension(push=False)]) as client:
         monkeypatch.setattr("handles.client.faces.get_task", failing_get)
         with pytest.raises(ConnectionLostError, match="after 2 attempts") as lost:
             await follow(client, "quick", {"text": "q"}, key="k", journal=journal, prefer=face, retries=1)  # type: ignore[arg-type]

@@ -72,7 +72,10 @@ async def flaky(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
 async def test_the_tasks_client_retries_a_transient_tasks_get_failure_without_cancelling(
     flaky: Flaky,
 ) -> None:
-    async with Client(flaky.server, extensions=[TasksClientExtension(default_poll_seconds=0.05)]) as client:
+    # push=False: it is the tasks/get polls that fail here
+    async with Client(
+        flaky.server, extensions=[TasksClientExtension(default_poll_seconds=0.05, push=False)]
+    ) as client:
         flaky.failures_left = 1
         result = await client.call_tool("slow", {"seconds": 0.5})
     assert result.structured_content is not None and not result.is_error
@@ -99,7 +102,7 @@ async def test_the_tasks_client_gives_up_after_its_retries_and_leaves_the_task_r
 async def test_follow_retries_a_transient_tasks_get_failure_and_keeps_the_job(
     flaky: Flaky, tmp_path: Path
 ) -> None:
-    async with Client(flaky.server, extensions=[TasksClientExtension()]) as client:
+    async with Client(flaky.server, extensions=[TasksClientExtension(push=False)]) as client:
         flaky.failures_left = 2
         result = await follow(
             client,

@@ -174,7 +174,8 @@ async def test_polling_honours_poll_interval_ms(
         return await real_get(*args, **kwargs)
 
     monkeypatch.setattr(tasks_client, "get_task", timed_get)
-    async with Client(local_server, extensions=[TasksClientExtension()]) as client:
+    # push=False: polled even though this server pushes (tests/tasks/test_pushed_status.py)
+    async with Client(local_server, extensions=[TasksClientExtension(push=False)]) as client:
         started = time.monotonic()
         await client.call_tool("slow", {"seconds": 1.0})
         elapsed = time.monotonic() - started

@@ -19,12 +19,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx2
 import uvicorn
 from starlette.types import ASGIApp
@@ -120,6 +121,58 @@ class Wire:
             notes = [m for m in messages if "id" not in m]
             return Reply(response.status_code, response.headers, final[-1], notes)
         return Reply(response.status_code, response.headers, response.json())
+
+    async def listen(
+        self,
+        notifications: dict[str, Any],
+        *,
+        token: str | None = None,
+        declare: bool = True,
+        until: Callable[[dict[str, Any]], bool] = lambda frame: False,
+        seconds: float = 20.0,
+        on_ack: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+    ) -> Reply:
+        """`subscriptions/listen` read as a stream: every frame until one satisfies `until`, the response
+        (the stream's end, or an error) arrives, or `seconds` pass; the body is the response or {}.
+        `on_ack` runs once the acknowledgement has arrived (to change a task while listening)."""
+        request_id = f"listen-{next(_ids)}"
+        params = {"_meta": meta(declare=declare), "notifications": notifications}
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": PROTOCOL,
+            "Mcp-Method": "subscriptions/listen",
+        }
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        request = {"jsonrpc": "2.0", "id": request_id, "method": "subscriptions/listen", "params": params}
+        frames: list[dict[str, Any]] = []
+        body: dict[str, Any] = {}
+        async with self.http.stream("POST", self.url, json=request, headers=headers) as response:
+            if not response.headers.get("content-type", "").startswith("text/event-stream"):
+                return Reply(response.status_code, response.headers, json.loads(await response.aread()))
+
+            async def read() -> None:
+                nonlocal body
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    frame = json.loads(line[5:])
+                    if "id" in frame:
+                        body = frame
+                        return
+                    frames.append(frame)
+                    if (
+                        frame.get("method") == "notifications/subscriptions/acknowledged"
+                        and on_ack is not None
+                    ):
+                        await on_ack(frame)
+                    if until(frame):
+                        return
+
+            with anyio.move_on_after(seconds):
+                await read()
+            return Reply(response.status_code, response.headers, body, frames)
 
     async def tool(self, name: str, arguments: dict[str, Any] | None = None, **options: Any) -> Reply:
         return await self.call("tools/call", {"name": name, "arguments": arguments or {}}, **options)
