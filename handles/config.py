@@ -67,6 +67,7 @@ _NUMBERS: dict[str, tuple[str, _Bound]] = {
     "drain_seconds": ("HANDLES_DRAIN_SECONDS", _Bound(0)),
     "step_cancel_limit_seconds": ("HANDLES_STEP_CANCEL_LIMIT_SECONDS", _Bound(0)),
     "principal_share": ("HANDLES_PRINCIPAL_SHARE", _Bound(0, above=True, high=1)),
+    "switch_cache_seconds": ("HANDLES_SWITCH_CACHE_SECONDS", _Bound(0, high=60)),
 }
 
 
@@ -134,6 +135,13 @@ class HandlesConfig:
     step_cancel_limit_seconds: float = 60.0
     # The share of this node's slots one principal may hold while another principal's jobs wait.
     principal_share: float = 0.5
+    # How long a node trusts its copy of the operator's switches (handles/switches.py) before it reads
+    # them again: a switch set with the `handles` command takes effect on every node within this.
+    switch_cache_seconds: float = 2.0
+    # Switches pinned by this node's configuration, engaged whatever the store says: no new tasks
+    # through the Tasks face, and no new starts of these job kinds.
+    tasks_off: bool = False
+    paused_jobs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for field, (variable, bound) in _NUMBERS.items():
@@ -162,6 +170,10 @@ class HandlesConfig:
             **{field: _env_number(field, getattr(cls, field)) for field in _NUMBERS},  # type: ignore[arg-type]
             run_workers=_env_bool("HANDLES_RUN_WORKERS", True),
             auto_migrate=_env_optional_bool("HANDLES_AUTO_MIGRATE"),
+            tasks_off=_env_bool("HANDLES_TASKS_OFF", False),
+            paused_jobs=tuple(
+                name.strip() for name in os.environ.get("HANDLES_PAUSED_JOBS", "").split(",") if name.strip()
+            ),
         )
         return replace(config, **overrides) if overrides else config
 

@@ -343,6 +343,8 @@ class HttpExampleServer:
     keys: list[str]
     tokens: dict[str, str] | None = None
     layout: ToolLayout | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment of the server process (`HANDLES_*` settings), over `example_env`'s."""
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
@@ -366,7 +368,7 @@ class HttpExampleServer:
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 args,
-                env=example_env(self.data_dir, self.keys),
+                env=example_env(self.data_dir, self.keys, **self.env),
                 cwd=REPO_ROOT,
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -60,7 +60,13 @@ def _insert_revision_0001_job(url: str) -> None:
 def _fresh(url: str) -> None:
     engine = create_engine(url)
     with engine.begin() as connection:
-        for table in ("handles_steps", "handles_input_requests", "handles_jobs", "handles_alembic_version"):
+        for table in (
+            "handles_switches",
+            "handles_steps",
+            "handles_input_requests",
+            "handles_jobs",
+            "handles_alembic_version",
+        ):
             connection.execute(text(f"drop table if exists {table}"))
     engine.dispose()
 
