@@ -64,9 +64,9 @@ class Switch:
         )
 
     def describe(self) -> str:
-        """`by alice at 2026-12-01 10:00:00 UTC: reason`, or the configuration that pins it."""
+        """`by alice at 2026-12-01 10:00:00 UTC: reason`, or `(pinned by ...)` naming the setting."""
         if self.pinned:
-            return f"pinned by this node's configuration ({self.changed_by})"
+            return f"(pinned by this node's configuration: {self.changed_by})"
         when = "" if self.changed_at is None else f" at {self.changed_at:%Y-%m-%d %H:%M:%S} UTC"
         return f"by {self.changed_by}{when}" + (f": {self.reason}" if self.reason else "")
 
@@ -103,7 +103,7 @@ class Switches:
         """One sentence per engaged switch, for operators (logs, `handles jobs list`)."""
         lines = []
         if self.tasks_off is not None:
-            lines.append(f"Tasks face: no new tasks (kill switch on {self.tasks_off.describe()})")
+            lines.append(f"Tasks face: no new tasks, kill switch on {self.tasks_off.describe()}")
         lines += [
             f"{job}: new starts paused {switch.describe()}" for job, switch in sorted(self.paused.items())
         ]

@@ -128,7 +128,7 @@ async def test_kill_switch_stops_new_tasks_and_keeps_serving_existing_ones(serve
         assert [(s["switch"], s["engaged"], s["changed_by"], s["reason"]) for s in listed] == [
             ("tasks", True, "alice", "rolling back 1.4")
         ]
-        assert "Switch on: Tasks face: no new tasks (kill switch on by alice at " in operator(
+        assert "Switch on: Tasks face: no new tasks, kill switch on by alice at " in operator(
             server, "jobs", "list"
         )
 
