@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +34,27 @@ CACHE_SECONDS = 0.5
 HANDLES = Path(sys.executable).parent / "handles"
 
 
-@pytest.fixture
-def server(tmp_path: Path, signing_key: str) -> Iterator[HttpExampleServer]:
-    running = HttpExampleServer(
-        tmp_path / "data", [signing_key], env={"HANDLES_SWITCH_CACHE_SECONDS": str(CACHE_SECONDS)}
-    ).start()
+@contextmanager
+def example_server(data_dir: Path, key: str, job_seconds: float) -> Iterator[HttpExampleServer]:
+    env = {"HANDLES_SWITCH_CACHE_SECONDS": str(CACHE_SECONDS), "EXAMPLE_JOB_SECONDS": str(job_seconds)}
+    running = HttpExampleServer(data_dir, [key], env=env).start()
     try:
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture
+def server(tmp_path: Path, signing_key: str) -> Iterator[HttpExampleServer]:
+    with example_server(tmp_path / "data", signing_key, 1.0) as running:
+        yield running
+
+
+@pytest.fixture
+def slow_server(tmp_path: Path, signing_key: str) -> Iterator[HttpExampleServer]:
+    """Jobs of 8 s: one started before a switch is still running when the switch acts."""
+    with example_server(tmp_path / "data", signing_key, 8.0) as running:
+        yield running
 
 
 def operator(server: HttpExampleServer, *args: str) -> str:
@@ -142,8 +155,9 @@ async def test_kill_switch_stops_new_tasks_and_keeps_serving_existing_ones(serve
 
 
 async def test_paused_job_kind_refuses_new_starts_on_every_face_and_lets_running_jobs_finish(
-    server: HttpExampleServer,
+    slow_server: HttpExampleServer,
 ) -> None:
+    server = slow_server
     async with (
         Client(server.url) as plain_client,
         Client(server.url, extensions=[TasksClientExtension()]) as tasks_client,
@@ -166,10 +180,12 @@ async def test_paused_job_kind_refuses_new_starts_on_every_face_and_lets_running
             assert refusal["retry_after_seconds"] == 30
             assert "temporary" in refusal["next"] and "in about 30 s" in refusal["next"]
             assert "nothing was started" in refusal["message"]
-        # Other job kinds are not paused; the running export goes on to its result.
+        # Other job kinds are not paused; the export that was running goes on to its result.
         report = await tools.call("generate_report_start", {"account": "acme", "months": 1})
         assert not report.is_error
-        fetched = await tools.call("export_dataset_fetch", {"handle": running["handle"], "wait_seconds": 20})
+        still = await tools.call("export_dataset_progress", {"handle": running["handle"]})
+        assert still["status"] == "working", "the job started before the pause is still running"
+        fetched = await tools.call("export_dataset_fetch", {"handle": running["handle"], "wait_seconds": 30})
         assert fetched["status"] == "completed" and fetched["result"]["rows"] == 1000
         assert "export_dataset: new starts paused by carol at " in operator(server, "jobs", "list")
 
