@@ -36,7 +36,7 @@ from handles.errors import ConfigurationError
 from handles.handle import HandleCodec
 from handles.principal import principal_match, readable
 from handles.states import Status
-from handles.store import InputRequestRecord, JobRecord, JobRepository, migrate
+from handles.store import InputRequestRecord, JobRecord, JobRepository, SwitchRecord, migrate
 from handles.store.models import claims_of
 from handles.store.reach import database_errors
 from handles.switches import PAUSED_PREFIX, TASKS, Switches, paused_switch
@@ -300,7 +300,7 @@ def operator_name() -> str:
         return f"uid {os.getuid()}"
 
 
-def _switch_row(row: Any) -> dict[str, Any]:
+def _switch_row(row: SwitchRecord) -> dict[str, Any]:
     return {
         "switch": row.name,
         "job": row.name.removeprefix(PAUSED_PREFIX) if row.name.startswith(PAUSED_PREFIX) else None,
@@ -342,12 +342,17 @@ def _one_line_table(rows: list[list[str]], headers: list[str]) -> str:
 
 
 def _set_switch(
-    args: argparse.Namespace, name: str, *, engaged: bool, retry: float | None = None
-) -> tuple[Any, Any]:
+    repository: JobRepository,
+    args: argparse.Namespace,
+    name: str,
+    *,
+    engaged: bool,
+    retry: float | None = None,
+) -> tuple[SwitchRecord, SwitchRecord | None]:
+    """Set switch `name` as `--by` (default: the OS user); (as now set, as it was)."""
     by = args.by.strip() if args.by is not None else operator_name()
     if not by:
         raise ConfigurationError("--by must name who changes the switch (it is recorded).")
-    repository = open_repository()
     return repository.set_switch(
         name, engaged=engaged, by=by, reason=getattr(args, "reason", None), retry_after_seconds=retry
     )
@@ -359,7 +364,7 @@ def _takes_effect() -> str:
 
 
 def tasks_off(args: argparse.Namespace) -> int:
-    row, before = _set_switch(args, TASKS, engaged=True)
+    row, before = _set_switch(open_repository(), args, TASKS, engaged=True)
     was = " (it was already on; now recorded as yours)" if before is not None and before.engaged else ""
     print(
         f"Tasks kill switch ON, by {row.changed_by} at {_when(row.changed_at)} UTC{was}: {_takes_effect()}. "
@@ -371,7 +376,7 @@ def tasks_off(args: argparse.Namespace) -> int:
 
 
 def tasks_on(args: argparse.Namespace) -> int:
-    row, before = _set_switch(args, TASKS, engaged=False)
+    row, before = _set_switch(open_repository(), args, TASKS, engaged=False)
     was = "" if before is not None and before.engaged else " (it was not on)"
     print(
         f"Tasks kill switch off, by {row.changed_by} at {_when(row.changed_at)} UTC{was}: {_takes_effect()}; "
@@ -382,19 +387,20 @@ def tasks_on(args: argparse.Namespace) -> int:
 
 def jobs_pause(args: argparse.Namespace) -> int:
     retry = args.retry_after.total_seconds()
-    row, before = _set_switch(args, paused_switch(args.job), engaged=True, retry=retry)
+    repository = open_repository()
+    row, before = _set_switch(repository, args, paused_switch(args.job), engaged=True, retry=retry)
     was = " (it was already paused; now recorded as yours)" if before is not None and before.engaged else ""
     print(
         f"New {args.job} jobs PAUSED, by {row.changed_by} at {_when(row.changed_at)} UTC{was}: {_takes_effect()}. "
         f"Starts are refused with the retryable `paused` error, telling callers to retry in about {retry:g} s; "
         f"{args.job} jobs already started go on. Undo with `handles jobs unpause {args.job}`."
     )
-    _warn_if_unknown(args.job)
+    _warn_if_unknown(repository, args.job)
     return 0
 
 
 def jobs_unpause(args: argparse.Namespace) -> int:
-    row, before = _set_switch(args, paused_switch(args.job), engaged=False)
+    row, before = _set_switch(open_repository(), args, paused_switch(args.job), engaged=False)
     was = "" if before is not None and before.engaged else " (it was not paused)"
     print(
         f"New {args.job} jobs allowed again, by {row.changed_by} at {_when(row.changed_at)} UTC{was}: "
@@ -403,8 +409,8 @@ def jobs_unpause(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warn_if_unknown(job: str) -> None:
-    if not open_repository().list_jobs(kind=job, limit=1):
+def _warn_if_unknown(repository: JobRepository, job: str) -> None:
+    if not repository.list_jobs(kind=job, limit=1):
         print(
             f"handles: note: no {job} job is stored in this database; check the name (a job's name is the name "
             "of its function, as in its <job>_start tool).",

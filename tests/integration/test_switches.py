@@ -19,13 +19,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 from mcp import Client
-from mcp_types import CallToolResult, ElicitResult, TextContent
+from mcp_types import CallToolResult, ElicitResult
 
-from handles.tasks_client import CreateTaskResult, TasksClientExtension, cancel_task, get_task, update_task
-from tests.support import HttpExampleServer, ToolClient
+from handles.tasks_client import CreateTaskResult, TasksClientExtension, cancel_task, update_task
+from tests.support import HttpExampleServer, ToolClient, result_body, wait_task
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -72,27 +71,9 @@ def switch(server: HttpExampleServer, *args: str) -> None:
     time.sleep(CACHE_SECONDS + 0.1)
 
 
-def body(result: CallToolResult) -> dict[str, Any]:
-    if result.structured_content is not None:
-        return result.structured_content
-    block = result.content[0]
-    assert isinstance(block, TextContent)
-    parsed: dict[str, Any] = json.loads(block.text)
-    return parsed
-
-
 async def declaring_call(client: Client, tool: str, arguments: dict[str, Any]) -> Any:
     """`tools/call` declaring the Tasks extension, the answer unresolved: a `CreateTaskResult` or a result."""
     return await client.session.call_tool(tool, arguments, allow_claimed=True)
-
-
-async def wait_task(client: Client, task_id: str, *statuses: str) -> Any:
-    with anyio.fail_after(30):
-        while True:
-            task = await get_task(client.session, task_id)
-            if task.status in statuses:
-                return task
-            await anyio.sleep(0.1)
 
 
 async def test_kill_switch_stops_new_tasks_and_keeps_serving_existing_ones(server: HttpExampleServer) -> None:
@@ -111,7 +92,7 @@ async def test_kill_switch_stops_new_tasks_and_keeps_serving_existing_ones(serve
         # A job that asks a question answers its handle, for the handle tools.
         handed = await declaring_call(client, "deploy_release", {"version": "2.0"})
         assert isinstance(handed, CallToolResult) and not handed.is_error
-        handoff = body(handed)
+        handoff = result_body(handed)
         assert handoff["status"] == "input_required" and "deploy_release_respond" in handoff["next"]
         tools = ToolClient(client)
         answered = await tools.call(
@@ -169,12 +150,12 @@ async def test_paused_job_kind_refuses_new_starts_on_every_face_and_lets_running
         switch(server, "jobs", "pause", "export_dataset", "--retry-after", "30s", "--by", "carol")
 
         refusals = [
-            body((await tools.call("export_dataset_start", {"rows": 10})).result),
-            body((await tools.call("export_dataset", {"rows": 10})).result),
+            result_body((await tools.call("export_dataset_start", {"rows": 10})).result),
+            result_body((await tools.call("export_dataset", {"rows": 10})).result),
         ]
         through_tasks = await declaring_call(tasks_client, "export_dataset", {"rows": 10})
         assert isinstance(through_tasks, CallToolResult) and through_tasks.is_error
-        refusals.append(body(through_tasks))
+        refusals.append(result_body(through_tasks))
         for refusal in refusals:
             assert refusal["error"] == "paused" and refusal["retryable"] is True, refusal
             assert refusal["retry_after_seconds"] == 30

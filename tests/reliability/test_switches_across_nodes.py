@@ -5,7 +5,6 @@ and node b obeying within `HANDLES_SWITCH_CACHE_SECONDS`, while the tasks and jo
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import sys
 import time
@@ -15,11 +14,12 @@ from typing import Any
 
 import pytest
 from mcp import Client
-from mcp_types import CallToolResult, ElicitResult, TextContent
+from mcp_types import CallToolResult, ElicitResult
 
-from handles.tasks_client import CreateTaskResult, TasksClientExtension, cancel_task, get_task, update_task
+from handles.tasks_client import CreateTaskResult, TasksClientExtension, cancel_task, update_task
 from tests.multinode.conftest import Cluster, cluster, node_env, pg_url  # noqa: F401 (fixtures)
 from tests.reliability.support import report
+from tests.support import result_body, wait_task
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -43,15 +43,6 @@ def operator(tmp: Path, database_url: str, *args: str) -> str:
     return done.stdout
 
 
-def body(result: CallToolResult) -> dict[str, Any]:
-    if result.structured_content is not None:
-        return result.structured_content
-    block = result.content[0]
-    assert isinstance(block, TextContent)
-    parsed: dict[str, Any] = json.loads(block.text)
-    return parsed
-
-
 async def stale_for(set_at: float, probe: Callable[[], Awaitable[bool]]) -> float:
     """Probe every 50 ms until a probe sees the switch: how long after `set_at` the last probe that did not
     see it was sent (0 when the first one saw it). Send times, not answer times: a slow answer under load
@@ -64,16 +55,6 @@ async def stale_for(set_at: float, probe: Callable[[], Awaitable[bool]]) -> floa
         stale = sent - set_at
         assert stale < CACHE_SECONDS + 10, "the switch never took effect"
         await asyncio.sleep(0.05)
-
-
-async def wait_task(client: Client, task_id: str, *statuses: str) -> Any:
-    deadline = time.monotonic() + 30
-    while True:
-        task = await get_task(client.session, task_id)
-        if task.status in statuses:
-            return task
-        assert time.monotonic() < deadline, f"task never reached {statuses}: {task.status}"
-        await asyncio.sleep(0.1)
 
 
 def test_a_switch_set_on_one_node_takes_effect_on_the_other(
@@ -113,7 +94,7 @@ def test_a_switch_set_on_one_node_takes_effect_on_the_other(
             assert kill_switch_stale_seconds <= CACHE_SECONDS + SLACK_SECONDS
             inline = await create(on_b, "generate_report", account="acme", months=2)
             assert isinstance(inline, CallToolResult) and not inline.is_error
-            assert body(inline)["months"] == 2, "answered inline, as a caller without the extension"
+            assert result_body(inline)["months"] == 2, "answered inline, as a caller without the extension"
 
             # Node b serves the tasks node a created before the switch: read, answered, cancelled.
             waiting = await wait_task(on_b, answered.task_id, "input_required")
@@ -131,9 +112,11 @@ def test_a_switch_set_on_one_node_takes_effect_on_the_other(
 
             # A pause set from node a's environment: node a refuses new deployments, while one that b
             # started before, waiting for its approval, is answered on a and goes on to its result.
-            parked = body(await plain_b.call_tool("deploy_release_start", {"version": "3.3"}))["handle"]
+            parked = result_body(await plain_b.call_tool("deploy_release_start", {"version": "3.3"}))[
+                "handle"
+            ]
             for _ in range(40):
-                state = body(
+                state = result_body(
                     await plain_a.call_tool("deploy_release_progress", {"handle": parked, "wait_seconds": 2})
                 )
                 if state["status"] == "input_required":
@@ -148,17 +131,17 @@ def test_a_switch_set_on_one_node_takes_effect_on_the_other(
 
             async def a_refuses() -> bool:
                 answer = await plain_a.call_tool("deploy_release_start", {"version": "4.0"})
-                return bool(answer.is_error) and body(answer)["error"] == "paused"
+                return bool(answer.is_error) and result_body(answer)["error"] == "paused"
 
             pause_stale_seconds = await stale_for(set_at, a_refuses)
             assert pause_stale_seconds <= CACHE_SECONDS + SLACK_SECONDS
-            refusal = body(await plain_b.call_tool("deploy_release", {"version": "4.0"}))
+            refusal = result_body(await plain_b.call_tool("deploy_release", {"version": "4.0"}))
             assert refusal["retryable"] is True and refusal["retry_after_seconds"] == 20
             await plain_a.call_tool(
                 "deploy_release_respond",
                 {"handle": parked, "responses": {"q1": {"approve": True, "environment": "production"}}},
             )
-            fetched = body(
+            fetched = result_body(
                 await plain_b.call_tool("deploy_release_fetch", {"handle": parked, "wait_seconds": 20})
             )
             assert fetched["status"] == "completed" and fetched["result"]["environment"] == "production"
