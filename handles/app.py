@@ -33,7 +33,7 @@ from handles.service import JobService
 from handles.store import Clock, JobRepository, Store, utc_now
 from handles.store.reach import database_errors
 from handles.store.schema import SchemaGate
-from handles.tasks import TasksExtension
+from handles.tasks import TasksExtension, declares_tasks
 from handles.tools import JobTools, SharedTools, ToolDefinition
 
 logger = logging.getLogger("handles")
@@ -268,6 +268,7 @@ class Handles:
             if self._service.runtime.started:
                 raise ConfigurationError("Settings cannot change once the job runtime has started.")
             self._service.config = self.config
+            self._service.switches.config = self.config
             self._service.runtime.reconfigure(self.config)
             if self._service.schema is not None and not self._service.schema.is_open:
                 self._service.schema = SchemaGate(
@@ -314,6 +315,9 @@ def _plain_handler(
     async def handle(
         principal: str, arguments: dict[str, Any], context: Context[Any, Any]
     ) -> CallToolResult | InputRequiredResult:
+        refused = await tool.refusal(declared_tasks=declares_tasks(context.request_context))
+        if refused is not None:
+            return refused
         first = first_round(
             tool.spec,
             arguments,

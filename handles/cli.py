@@ -1,6 +1,9 @@
 """The `handles` command for operators: see and steer every stored job from a terminal.
 
 - `handles jobs list|show|cancel|purge`: stored jobs, read from the configured database;
+- `handles jobs pause|unpause JOB`: refuse (retryably) or allow again new starts of a job kind;
+- `handles tasks off|on`: the Tasks face's kill switch (no new tasks; existing ones still served);
+- `handles switches`: those switches, with who changed each last and when;
 - `handles watch HANDLE|ID`: a live progress bar until the job ends;
 - `handles keygen`: a new signing key (prepend it to HANDLES_SECRET_KEYS to rotate);
 - `handles db upgrade`: apply the schema migrations to HANDLES_DATABASE_URL;
@@ -34,9 +37,10 @@ from handles.handle import HandleCodec
 from handles.principal import principal_match, readable
 from handles.sealing import shown as sensitive_shown
 from handles.states import Status
-from handles.store import InputRequestRecord, JobRecord, JobRepository, migrate
+from handles.store import InputRequestRecord, JobRecord, JobRepository, SwitchRecord, migrate
 from handles.store.models import claims_of
 from handles.store.reach import database_errors
+from handles.switches import PAUSED_PREFIX, TASKS, Switches, paused_switch
 
 if TYPE_CHECKING:
     from handles.app import Handles
@@ -145,6 +149,11 @@ def jobs_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([job_summary(j) for j in jobs], indent=2))
         return 0
+    engaged = Switches.of(repository.switches()).lines()
+    for line in engaged:
+        print(_one_line(f"Switch on: {line}"))
+    if engaged:
+        print()
     if not jobs:
         print("No jobs match.")
         return 0
@@ -302,6 +311,135 @@ def audit_export(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- the operator's switches -------------------------------------------------------------
+
+
+def operator_name() -> str:
+    """The default `--by`: the operating-system user running the command."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no user name in the environment and no passwd entry for the uid
+        return f"uid {os.getuid()}"
+
+
+def _switch_row(row: SwitchRecord) -> dict[str, Any]:
+    return {
+        "switch": row.name,
+        "job": row.name.removeprefix(PAUSED_PREFIX) if row.name.startswith(PAUSED_PREFIX) else None,
+        "engaged": row.engaged,
+        "reason": row.reason,
+        "retry_after_seconds": row.retry_after_seconds,
+        "changed_by": row.changed_by,
+        "changed_at": row.changed_at.isoformat(),
+    }
+
+
+def switches_show(args: argparse.Namespace) -> int:
+    rows = sorted(open_repository().switches(), key=lambda row: (row.name != TASKS, row.name))
+    if args.json:
+        print(json.dumps([_switch_row(row) for row in rows], indent=2))
+        return 0
+    if not rows:
+        print("No switch was ever set: the Tasks face creates tasks, and no job kind is paused.")
+        return 0
+    table = [
+        [
+            "tasks (kill switch)" if row.name == TASKS else row.name,
+            "ON" if row.engaged else "off",
+            _clip(row.changed_by, 30),
+            _when(row.changed_at),
+            "-" if row.retry_after_seconds is None else f"{row.retry_after_seconds:g}s",
+            _clip(row.reason or "-", 50),
+        ]
+        for row in rows
+    ]
+    print(
+        _one_line_table(table, ["SWITCH", "STATE", "CHANGED BY", "CHANGED AT (UTC)", "RETRY AFTER", "REASON"])
+    )
+    return 0
+
+
+def _one_line_table(rows: list[list[str]], headers: list[str]) -> str:
+    return _table([[_one_line(cell) for cell in row] for row in rows], headers)
+
+
+def _set_switch(
+    repository: JobRepository,
+    args: argparse.Namespace,
+    name: str,
+    *,
+    engaged: bool,
+    retry: float | None = None,
+) -> tuple[SwitchRecord, SwitchRecord | None]:
+    """Set switch `name` as `--by` (default: the OS user); (as now set, as it was)."""
+    by = args.by.strip() if args.by is not None else operator_name()
+    if not by:
+        raise ConfigurationError("--by must name who changes the switch (it is recorded).")
+    return repository.set_switch(
+        name, engaged=engaged, by=by, reason=getattr(args, "reason", None), retry_after_seconds=retry
+    )
+
+
+def _takes_effect() -> str:
+    seconds = HandlesConfig.from_env().switch_cache_seconds
+    return f"every node applies it within {seconds:g} s (HANDLES_SWITCH_CACHE_SECONDS), without a restart"
+
+
+def tasks_off(args: argparse.Namespace) -> int:
+    row, before = _set_switch(open_repository(), args, TASKS, engaged=True)
+    was = " (it was already on; now recorded as yours)" if before is not None and before.engaged else ""
+    print(
+        f"Tasks kill switch ON, by {row.changed_by} at {_when(row.changed_at)} UTC{was}: {_takes_effect()}. "
+        "Calls that declare the Tasks extension now get the result inline or a handle, as other callers do; "
+        "tasks already created are still served by tasks/get, tasks/update and tasks/cancel. "
+        "Undo with `handles tasks on`."
+    )
+    return 0
+
+
+def tasks_on(args: argparse.Namespace) -> int:
+    row, before = _set_switch(open_repository(), args, TASKS, engaged=False)
+    was = "" if before is not None and before.engaged else " (it was not on)"
+    print(
+        f"Tasks kill switch off, by {row.changed_by} at {_when(row.changed_at)} UTC{was}: {_takes_effect()}; "
+        "calls that declare the Tasks extension become tasks again."
+    )
+    return 0
+
+
+def jobs_pause(args: argparse.Namespace) -> int:
+    retry = args.retry_after.total_seconds()
+    repository = open_repository()
+    row, before = _set_switch(repository, args, paused_switch(args.job), engaged=True, retry=retry)
+    was = " (it was already paused; now recorded as yours)" if before is not None and before.engaged else ""
+    print(
+        f"New {args.job} jobs PAUSED, by {row.changed_by} at {_when(row.changed_at)} UTC{was}: {_takes_effect()}. "
+        f"Starts are refused with the retryable `paused` error, telling callers to retry in about {retry:g} s; "
+        f"{args.job} jobs already started go on. Undo with `handles jobs unpause {args.job}`."
+    )
+    _warn_if_unknown(repository, args.job)
+    return 0
+
+
+def jobs_unpause(args: argparse.Namespace) -> int:
+    row, before = _set_switch(open_repository(), args, paused_switch(args.job), engaged=False)
+    was = "" if before is not None and before.engaged else " (it was not paused)"
+    print(
+        f"New {args.job} jobs allowed again, by {row.changed_by} at {_when(row.changed_at)} UTC{was}: "
+        f"{_takes_effect()}."
+    )
+    return 0
+
+
+def _warn_if_unknown(repository: JobRepository, job: str) -> None:
+    if not repository.list_jobs(kind=job, limit=1):
+        print(
+            f"handles: note: no {job} job is stored in this database; check the name (a job's name is the name "
+            "of its function, as in its <job>_start tool).",
+            file=sys.stderr,
+        )
+
+
 def _one_line(text: str) -> str:
     """`text` on one line with nothing a terminal would interpret (newlines, escapes) left in it."""
     return "".join(c if c.isprintable() else " " for c in text)
@@ -416,13 +554,6 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _operator() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "unknown"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="handles", description="Operate a handles deployment.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -459,13 +590,60 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("job", metavar="ID|HANDLE")
     cancel.add_argument(
         "--by",
-        default=_operator(),
+        default=operator_name(),
         help="who asks, recorded on the job as operator:BY (default: your user name)",
     )
     cancel.set_defaults(run=jobs_cancel)
     purge = jobs.add_parser("purge", help="delete ended jobs past their retention now")
     purge.add_argument("--expired", action="store_true", help="required: purge jobs past retention")
     purge.set_defaults(run=jobs_purge)
+    pause = jobs.add_parser(
+        "pause",
+        help="refuse new starts of a job kind on every node (running jobs go on)",
+        description="Pause new starts of JOB on every node, within HANDLES_SWITCH_CACHE_SECONDS and without a "
+        "restart: its start tool, its plain tool and its tasks answer the retryable `paused` error, telling "
+        "the caller to retry after --retry-after. Jobs already started (running, queued, waiting for an "
+        "answer) are not touched.",
+    )
+    pause.add_argument("job", metavar="JOB", help="the job's name (its function's name)")
+    pause.add_argument(
+        "--retry-after",
+        type=_age,
+        default=timedelta(seconds=60),
+        metavar="AGE",
+        help="how long refused callers are told to wait before retrying (default 60s)",
+    )
+    pause.add_argument("--reason", help="why, for other operators (never shown to callers)")
+    pause.add_argument("--by", help="who pauses it, as recorded (default: the operating-system user)")
+    pause.set_defaults(run=jobs_pause)
+    unpause = jobs.add_parser("unpause", help="allow new starts of a paused job kind again")
+    unpause.add_argument("job", metavar="JOB")
+    unpause.add_argument("--by", help="who unpauses it, as recorded (default: the operating-system user)")
+    unpause.set_defaults(run=jobs_unpause)
+
+    tasks = commands.add_parser(
+        "tasks", help="the Tasks face's kill switch (no new tasks; existing tasks still served)"
+    ).add_subparsers(dest="tasks_command", required=True)
+    off = tasks.add_parser(
+        "off",
+        help="stop creating tasks on every node",
+        description="Turn the Tasks face's kill switch on (rollback mode) on every node, within "
+        "HANDLES_SWITCH_CACHE_SECONDS and without a restart: a tools/call that declares the Tasks extension "
+        "is answered as one that does not (the result inline, or the job's handle for the handle tools), "
+        "while tasks/get, tasks/update and tasks/cancel keep serving every task already created.",
+    )
+    off.add_argument("--reason", help="why, for other operators (never shown to callers)")
+    off.add_argument("--by", help="who turns it on, as recorded (default: the operating-system user)")
+    off.set_defaults(run=tasks_off)
+    on = tasks.add_parser("on", help="create tasks again (turn the kill switch off)")
+    on.add_argument("--by", help="who turns it off, as recorded (default: the operating-system user)")
+    on.set_defaults(run=tasks_on)
+
+    switches = commands.add_parser(
+        "switches", help="the operator's switches: who changed each last, and when"
+    )
+    switches.add_argument("--json", action="store_true", help="JSON for scripts")
+    switches.set_defaults(run=switches_show)
 
     audit = commands.add_parser("audit", help="the evidence kept after jobs are deleted").add_subparsers(
         dest="audit_command", required=True

@@ -71,6 +71,7 @@ _NUMBERS: dict[str, tuple[str, _Bound]] = {
     "link_results_over": ("HANDLES_LINK_RESULTS_OVER", _Bound(1, integer=True, high=MAX_RESULT_BYTES)),
     "max_result_file_bytes": ("HANDLES_MAX_RESULT_FILE_BYTES", _Bound(0, integer=True)),
     "audit_retention_seconds": ("HANDLES_AUDIT_RETENTION_SECONDS", _Bound(0)),
+    "switch_cache_seconds": ("HANDLES_SWITCH_CACHE_SECONDS", _Bound(0, high=60)),
 }
 
 
@@ -145,6 +146,13 @@ class HandlesConfig:
     max_result_file_bytes: int = 2 * 1024 * 1024 * 1024
     # How long a deleted job's evidence (handles.store.audit) is kept; 0 keeps none.
     audit_retention_seconds: float = 365 * 24 * 3600.0
+    # How long a node trusts its copy of the operator's switches (handles/switches.py) before it reads
+    # them again: a switch set with the `handles` command takes effect on every node within this.
+    switch_cache_seconds: float = 2.0
+    # Switches pinned by this node's configuration, engaged whatever the store says: no new tasks
+    # through the Tasks face, and no new starts of these job kinds.
+    tasks_off: bool = False
+    paused_jobs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for field, (variable, bound) in _NUMBERS.items():
@@ -173,6 +181,10 @@ class HandlesConfig:
             **{field: _env_number(field, getattr(cls, field)) for field in _NUMBERS},  # type: ignore[arg-type]
             run_workers=_env_bool("HANDLES_RUN_WORKERS", True),
             auto_migrate=_env_optional_bool("HANDLES_AUTO_MIGRATE"),
+            tasks_off=_env_bool("HANDLES_TASKS_OFF", False),
+            paused_jobs=tuple(
+                name.strip() for name in os.environ.get("HANDLES_PAUSED_JOBS", "").split(",") if name.strip()
+            ),
         )
         return replace(config, **overrides) if overrides else config
 

@@ -83,6 +83,28 @@ class LimitReached(CallerError):
     retryable = True
 
 
+class JobsPaused(CallerError):
+    """An operator paused new starts of this job kind; nothing was started, and the same call works later.
+
+    Jobs of that kind already started are not affected.
+    """
+
+    code = "paused"
+    retryable = True
+
+    @classmethod
+    def of(cls, job: str, retry_after_seconds: float) -> JobsPaused:
+        """The refusal of a start of `job`, telling the caller to try again after `retry_after_seconds`."""
+        return cls(
+            f"New {job} jobs are paused by the server's operator for now; nothing was started. Jobs already "
+            "started are not affected.",
+            "This is temporary and not caused by your request: make the same call again, with the same "
+            f"arguments, in about {retry_after_seconds:g} s. Meanwhile, jobs you already started can still be "
+            "followed with their handles.",
+            data={"retry_after_seconds": retry_after_seconds},
+        )
+
+
 class ShuttingDown(CallerError):
     """This server node is draining for a restart; the same call succeeds on another node or after it."""
 

@@ -11,6 +11,11 @@ gets here (handles/tasks.py). Every other call follows the job's `plain_call` po
   in the compact layout. While waiting, progress goes
   out as `notifications/progress` when the request carries a progress token.
 - `"tasks_only"`: refused with `-32021`, naming the extension the caller must declare.
+
+A call that declares the extension reaches this tool only when no task is made for it (the Tasks
+face's kill switch is on, see handles/switches.py): it is answered as above, except that a
+`"tasks_only"` job is not waited for inline: its handle goes back at once, for the handle tools.
+Calls of a paused job kind are refused (retryable `paused`) before any question is asked.
 """
 
 from __future__ import annotations
@@ -109,6 +114,22 @@ class PlainTool:
             f"are kept for {retention}."
         )
 
+    async def refusal(self, *, declared_tasks: bool) -> CallToolResult | None:
+        """Why this call must not start the job (checked before any question is asked), or None.
+
+        `declared_tasks`: the request declared the Tasks extension (and still got here: no task is made).
+        """
+        if self.policy.mode == "tasks_only" and not declared_tasks:
+            raise missing_tasks_capability(
+                f"{self.name} runs only as a task: declare the {TASKS_EXTENSION} extension on this "
+                f"request, or use {self.handle_tools.tool('start')}."
+            )
+        try:
+            await self.service.check_accepting(self.spec)
+        except CallerError as error:
+            return to_call_tool_result(error_reply(error))
+        return None
+
     async def call(
         self,
         principal: str,
@@ -117,17 +138,18 @@ class PlainTool:
         *,
         first_answer: dict[str, Any] | None = None,
     ) -> CallToolResult:
-        if self.policy.mode == "tasks_only":
-            raise missing_tasks_capability(
-                f"{self.name} runs only as a task: declare the {TASKS_EXTENSION} extension on this "
-                f"request, or use {self.handle_tools.tool('start')}."
-            )
+        """Start the job and answer it; call `refusal` first."""
         try:
             started = await self.service.start(
                 self.spec, principal, arguments, None, first_answer=first_answer
             )
         except CallerError as error:
             return to_call_tool_result(error_reply(error))
+        if self.policy.mode == "tasks_only":
+            # A declaring call that gets no task (`refusal` turned the others away): a tasks-only job
+            # is not waited for inline, so its handle goes back at once.
+            lead = "No task was created for this call (new tasks are switched off), so this answer is the job's handle. "
+            return await self._handoff(started.job, started.handle, lead=lead)
         try:
             job = await self._follow(started.job, report)
         except anyio.get_cancelled_exc_class():
@@ -173,11 +195,11 @@ class PlainTool:
             return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
         return await self._handoff(job, handle)
 
-    async def _handoff(self, job: JobRecord, handle: str) -> CallToolResult:
+    async def _handoff(self, job: JobRecord, handle: str, *, lead: str | None = None) -> CallToolResult:
         pending = await self.service.pending_inputs(job)
-        if Status(job.status) is Status.INPUT_REQUIRED:
+        if lead is None and Status(job.status) is Status.INPUT_REQUIRED:
             lead = "The job needs an answer before it can go on, so this answer is its handle. "
-        else:
+        elif lead is None:
             lead = f"No result within {self.budget_seconds:g} s, so this answer is the job's handle instead. "
         out = HandoffOutput(
             handle=handle,

@@ -21,6 +21,7 @@ from handles.errors import (
     ExpiredHandle,
     IdempotencyConflict,
     InvalidArguments,
+    JobsPaused,
     LimitReached,
     ShuttingDown,
     StoreUnavailable,
@@ -38,6 +39,7 @@ from handles.store import AnswerOutcome, InputRequestRecord, JobRecord, StepReco
 from handles.store.models import claim_entry, principal_key
 from handles.store.repository import ActiveLimitReached
 from handles.store.schema import SchemaGate
+from handles.switches import SwitchBoard
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,7 @@ class JobService:
         self.codec = codec
         self.runtime = runtime
         self.config = config
+        self.switches = SwitchBoard(store, config)
 
     @property
     def clock(self) -> Callable[[], Any]:
@@ -123,6 +126,20 @@ class JobService:
         if not self.runtime.started:
             await self.runtime.start()
 
+    # -- the operator's switches ----------------------------------------------
+
+    async def tasks_stopped(self) -> bool:
+        """Whether the Tasks face's kill switch is on: a declaring call must not become a task now."""
+        await self.ensure_running()
+        return (await self.switches.current()).tasks_off is not None
+
+    async def check_accepting(self, spec: JobSpec) -> None:
+        """Raise `JobsPaused` (retryable) while an operator pauses new starts of `spec`'s job kind."""
+        await self.ensure_running()
+        pause = (await self.switches.current()).paused.get(spec.name)
+        if pause is not None:
+            raise JobsPaused.of(spec.name, pause.retry_after_seconds)
+
     # -- start -------------------------------------------------------------
 
     async def start(
@@ -138,8 +155,9 @@ class JobService:
 
         A job with an `ask_first` question starts only once it is answered: with
         `first_answer` it runs at once; without, it is stored waiting in `input_required`.
+        Refused, before anything is read or stored, while the job kind is paused.
         """
-        await self.ensure_running()
+        await self.check_accepting(spec)
         retry_hint = f"Fix the arguments and call {spec.name}_start again."
         check_size(arguments, MAX_ARGUMENTS_BYTES, "arguments", retry_hint)
         values = spec.validate_arguments(arguments, retry_hint)

@@ -260,16 +260,27 @@ class TasksExtension(Extension):
     async def intercept_tool_call(
         self, params: CallToolRequestParams, ctx: ServerRequestContext[Any, Any], call_next: CallNext
     ) -> HandlerResult:
-        """A declaring call of a job's plain tool becomes a task; everything else passes through.
+        """A declaring call of a job's plain tool becomes a task; everything else passes through, and so
+        does every call while the Tasks face's kill switch is on (handles/switches.py).
 
         A legacy `params.task` is ignored either way: the server alone decides.
         """
         spec = self._handles.specs.get(params.name)
         if spec is None or not declares_tasks(ctx):
             return await call_next(ctx)
+        try:
+            if await self.service.tasks_stopped():
+                # The kill switch: no new task. The plain tool answers it as a call that does not
+                # declare the extension (the result inline, or the job's handle); existing tasks are
+                # still served by tasks/get, tasks/update and tasks/cancel.
+                return await call_next(ctx)
+        except CallerError as error:
+            return to_call_tool_result(error_reply(error))
         principal = await resolve_principal(self._handles.principal_resolver, Context(request_context=ctx))
         arguments = dict(params.arguments or {})
         try:
+            # A paused job kind is refused before any question is asked about it.
+            await self.service.check_accepting(spec)
             # A question before the job: asked in-band (no task yet) when the request can take it.
             first = first_round(
                 spec,

@@ -7,6 +7,7 @@ Importable as `tests.support` by any test package (tests/tasks/ included).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -346,6 +347,8 @@ class HttpExampleServer:
     keys: list[str]
     tokens: dict[str, str] | None = None
     layout: ToolLayout | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment of the server process (`HANDLES_*` settings), over `example_env`'s."""
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
@@ -369,7 +372,7 @@ class HttpExampleServer:
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 args,
-                env=example_env(self.data_dir, self.keys),
+                env=example_env(self.data_dir, self.keys, **self.env),
                 cwd=REPO_ROOT,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -406,3 +409,29 @@ class HttpExampleServer:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+
+# -- reading answers --------------------------------------------------------------------------
+
+
+def result_body(result: CallToolResult) -> dict[str, Any]:
+    """A tool result's structured content, or the JSON object its text carries (a caller error)."""
+    if result.structured_content is not None:
+        return result.structured_content
+    block = result.content[0]
+    assert isinstance(block, TextContent)
+    parsed: dict[str, Any] = json.loads(block.text)
+    return parsed
+
+
+async def wait_task(client: Client, task_id: str, *statuses: str, timeout: float = 30.0) -> Any:
+    """Poll `tasks/get` (the official client, declaring the extension) until the task has one of `statuses`."""
+    from handles.tasks_client import get_task
+
+    deadline = time.monotonic() + timeout
+    while True:
+        task = await get_task(client.session, task_id)
+        if task.status in statuses:
+            return task
+        assert time.monotonic() < deadline, f"task never reached {statuses}: {task.status}"
+        await asyncio.sleep(0.1)

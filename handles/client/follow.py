@@ -403,7 +403,7 @@ class Follower:
             )
             if result.is_error:
                 body = caller_error(result)
-                if body.get("retryable") and body.get("error") != "limit_reached":
+                if body.get("retryable") and body.get("error") not in _REFUSALS_TO_REPORT:
                     raise Retryable(str(body.get("message")))
                 self.journal.forget(self.key)  # nothing was started: the key is free again
                 raise StartRefusedError(body, key=self.key)
@@ -445,6 +445,19 @@ class Follower:
             return None
         if isinstance(created, CallToolResult):
             # The server answered at once instead of creating a task.
+            if created.is_error and {"error", "next"} <= (refusal := caller_error(created)).keys():
+                # It refused to start the job (a paused job kind, a limit, bad arguments): no job exists.
+                self.journal.forget(self.key)
+                raise StartRefusedError(refusal, key=self.key)
+            handoff = created.structured_content
+            if not created.is_error and _is_handoff(handoff, self.job):
+                # No task (the server's Tasks kill switch is on), but the job runs: its handle, which is
+                # also its taskId, follows it.
+                assert handoff is not None
+                self.handle, self.status = str(handoff["handle"]), str(handoff["status"])
+                self.journal.set_handle(self.key, self.handle, self.status)
+                self.interval = max(MIN_POLL_SECONDS, float(handoff["poll_after_ms"]) / 1000)
+                return None
             raw = created.model_dump(by_alias=True, mode="json", exclude_none=True)
             if created.is_error:
                 return self._settle(self._finish({"status": "completed", "tool_error": text_of(raw)}))
@@ -619,6 +632,24 @@ def _pushes(client: Client) -> TaskPushes | None:
         if isinstance(extension, TasksClientExtension):
             return extension.pushes
     return None
+
+
+_REFUSALS_TO_REPORT = frozenset({"limit_reached", "paused"})
+"""Retryable refusals of a start that last longer than a reconnect: raised as `StartRefusedError` (whose
+`error` carries `retry_after_seconds` for a pause) for the caller to schedule, not retried here."""
+
+
+def _is_handoff(body: dict[str, Any] | None, job: str) -> bool:
+    """Whether a plain `<job>` call's answer is the job's handle (it outlived the inline budget, asks a
+    question, or got no task while the server's Tasks kill switch is on) rather than its result."""
+    return (
+        isinstance(body, dict)
+        and body.get("job") == job
+        and isinstance(body.get("handle"), str)
+        and body.get("status") in ("working", "input_required")
+        and isinstance(body.get("poll_after_ms"), int | float)
+        and isinstance(body.get("next"), str)
+    )
 
 
 def _journal_handle(journal: Journal, key: str) -> str | None:

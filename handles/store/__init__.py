@@ -21,7 +21,7 @@ import anyio.to_thread
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from handles.errors import StoreUnavailable
-from handles.store.models import InputRequestRecord, JobRecord, StepRecord
+from handles.store.models import InputRequestRecord, JobRecord, StepRecord, SwitchRecord
 from handles.store.repository import AnswerOutcome, CancelOutcome, Clock, JobRepository, utc_now
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "JobRepository",
     "StepRecord",
     "Store",
+    "SwitchRecord",
     "utc_now",
 ]
 

@@ -1,4 +1,5 @@
-"""The stored shape: SQLModel tables for jobs, their input requests and their durable steps.
+"""The stored shape: SQLModel tables for jobs, their input requests, their durable steps, and the
+operator's switches.
 
 Nothing here is SQLite-specific: times are stored as UTC by `UTCDateTime`, JSON
 as the portable `JSON` type, and every status change is a compare-and-set update
@@ -199,3 +200,19 @@ class AuditRecord(SQLModel, table=True):
     archived_at: datetime = _time(index=True)
     keep_until: datetime = _time(index=True)
     evidence: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+
+
+class SwitchRecord(SQLModel, table=True):
+    """An operator switch, as last set: the Tasks face's kill switch (`tasks`) or the pause of new
+    starts of one job kind (`paused:<job>`); see handles/switches.py. Turning one off keeps its row,
+    so the last change is always on record with who made it and when."""
+
+    __tablename__ = "handles_switches"
+
+    name: str = Field(primary_key=True, max_length=200)
+    engaged: bool = False
+    reason: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    # The pause of a job kind: how long its refusal tells a caller to wait before retrying.
+    retry_after_seconds: float | None = None
+    changed_by: str = Field(sa_column=Column(Text, nullable=False))
+    changed_at: datetime = _time()

@@ -52,6 +52,7 @@ from handles.store.models import (
     JobRecord,
     ResultPartRecord,
     StepRecord,
+    SwitchRecord,
     UTCDateTime,
     claim_entry_tail,
     principal_key,
@@ -1164,6 +1165,50 @@ class JobRepository:
             ).first()
         return None if row is None else bytes(row[0])
 
+    # -- the operator's switches ---------------------------------------------
+
+    def switches(self) -> list[SwitchRecord]:
+        """Every switch as last set, engaged or not (a handful of rows: read whole)."""
+        with self._fast_reading() as connection:
+            return [
+                SwitchRecord.model_construct(**row) for row in connection.execute(_ALL_SWITCHES).mappings()
+            ]
+
+    def set_switch(
+        self,
+        name: str,
+        *,
+        engaged: bool,
+        by: str,
+        reason: str | None = None,
+        retry_after_seconds: float | None = None,
+    ) -> tuple[SwitchRecord, SwitchRecord | None]:
+        """Engage or release the switch `name`, recording who did it and when: (as now set, as it was)."""
+        values = {
+            "engaged": engaged,
+            "reason": reason,
+            "retry_after_seconds": retry_after_seconds,
+            "changed_by": by,
+        }
+        try:
+            return self._set_switch(name, values)
+        except IntegrityError:
+            # Another operator created the same switch at the same moment: this try updates it.
+            return self._set_switch(name, values)
+
+    def _set_switch(self, name: str, values: dict[str, Any]) -> tuple[SwitchRecord, SwitchRecord | None]:
+        with self._writing() as session:
+            row = session.get(SwitchRecord, name, with_for_update=True)
+            before = None if row is None else SwitchRecord.model_construct(**row.model_dump())
+            if row is None:
+                row = SwitchRecord(name=name, **values, changed_at=self.clock())
+                session.add(row)
+            else:
+                for field, value in {**values, "changed_at": self.clock()}.items():
+                    setattr(row, field, value)
+            session.flush()
+            return SwitchRecord.model_construct(**row.model_dump()), before
+
 
 _JOBS = JobRecord.__table__  # type: ignore[attr-defined]
 _INPUTS = InputRequestRecord.__table__  # type: ignore[attr-defined]
@@ -1196,6 +1241,8 @@ _ANSWERS_OF_JOB = (
 _QUESTION_BY_KEY = sa_select(_INPUTS).where(
     _INPUTS.c.job_id == bindparam("job_id"), _INPUTS.c.key == bindparam("key")
 )
+
+_ALL_SWITCHES = sa_select(SwitchRecord.__table__)  # type: ignore[attr-defined]
 
 # The start's statements, built once (building a statement costs more than SQLite runs it).
 _INSERT_JOB = sa_insert(_JOBS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import getpass
 import json
 import os
 import pty
@@ -402,3 +403,59 @@ def test_worker_on_an_outdated_schema_says_to_run_db_upgrade(tmp_path: Path) -> 
         HANDLES_AUTO_MIGRATE="0",
     )
     assert_one_line_failure(worker, "handles", "0003", "handles db upgrade")
+
+
+def test_switches_are_recorded_with_who_and_when_and_shown_above_the_job_list(
+    tmp_path: Path, populated: dict[str, str]
+) -> None:
+    assert "No switch was ever set" in run(tmp_path, "switches").stdout
+    before = datetime.now(UTC)
+    off = run(tmp_path, "tasks", "off", "--reason", "rolling back 1.4")
+    assert off.returncode == 0, off.stderr
+    assert f"Tasks kill switch ON, by {getpass.getuser()} at " in off.stdout
+    assert "within 2 s (HANDLES_SWITCH_CACHE_SECONDS)" in off.stdout
+    paused = run(tmp_path, "jobs", "pause", "generate_report", "--retry-after", "2m", "--by", "alice")
+    assert paused.returncode == 0 and paused.stderr == "", paused.stderr
+    assert "retry in about 120 s" in paused.stdout
+
+    switches = {row["switch"]: row for row in run_json(tmp_path, "switches", "--json")}
+    assert switches["tasks"]["changed_by"] == getpass.getuser(), "--by defaults to the OS user"
+    assert switches["tasks"]["reason"] == "rolling back 1.4" and switches["tasks"]["engaged"] is True
+    assert datetime.fromisoformat(switches["tasks"]["changed_at"]) >= before.replace(microsecond=0)
+    assert switches["paused:generate_report"]["job"] == "generate_report"
+    assert (
+        switches["paused:generate_report"]["changed_by"],
+        switches["paused:generate_report"]["retry_after_seconds"],
+    ) == ("alice", 120)
+    listing = run(tmp_path, "jobs", "list").stdout.splitlines()
+    assert listing[0].startswith("Switch on: Tasks face: no new tasks, kill switch on by ")
+    assert listing[0].endswith(": rolling back 1.4")
+    assert listing[1].startswith("Switch on: generate_report: new starts paused by alice at ")
+    assert listing[2] == "" and listing[3].startswith("ID ")
+    assert isinstance(run_json(tmp_path, "jobs", "list", "--json"), list), "--json stays the list of jobs"
+    table = run(tmp_path, "switches").stdout
+    rows = [line.split() for line in table.splitlines()[1:]]
+    assert rows[0][:4] == ["tasks", "(kill", "switch)", "ON"] and rows[1][:3] == [
+        "paused:generate_report",
+        "ON",
+        "alice",
+    ]
+    assert "120s" in rows[1]
+
+    assert "was not paused" in run(tmp_path, "jobs", "unpause", "export_dataset", "--by", "bob").stdout
+    run(tmp_path, "tasks", "on", "--by", "bob")
+    switches = {row["switch"]: row for row in run_json(tmp_path, "switches", "--json")}
+    assert (switches["tasks"]["engaged"], switches["tasks"]["changed_by"]) == (False, "bob")
+    assert run(tmp_path, "jobs", "list").stdout.splitlines()[0] == "Switch on: " + listing[1].removeprefix(
+        "Switch on: "
+    )
+
+
+def test_switch_commands_refuse_an_empty_operator_and_note_an_unknown_job(
+    tmp_path: Path, populated: dict[str, str]
+) -> None:
+    nobody = run(tmp_path, "tasks", "off", "--by", "  ")
+    assert nobody.returncode == 2 and "--by must name who" in nobody.stderr
+    typo = run(tmp_path, "jobs", "pause", "generate_reprot")
+    assert typo.returncode == 0
+    assert "note: no generate_reprot job is stored in this database; check the name" in typo.stderr

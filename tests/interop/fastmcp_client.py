@@ -2,11 +2,12 @@
 
 Runs in bench/.peer-venv (created by `bench.peer.ensure_peer_venv`), never in the project's environment:
 
-    bench/.peer-venv/bin/python tests/interop/fastmcp_client.py URL TOKEN tasks|plain
+    bench/.peer-venv/bin/python tests/interop/fastmcp_client.py URL TOKEN tasks|plain|tasks-off
 
 `tasks`: imports `fastmcp_tasks`, which turns on FastMCP's Tasks client; follows a report to its
 result, answers a deployment's question (through `tasks/update`) and cancels an export (`tasks/cancel`).
 `plain`: FastMCP's client without the Tasks extension, on the plain and handle tools.
+`tasks-off`: `fastmcp_tasks` imported while the server's Tasks kill switch is on: plain answers.
 Prints what it observed as one JSON object on stdout; the pytest side asserts on it.
 """
 
@@ -91,9 +92,26 @@ async def without_tasks(url: str, token: str) -> dict[str, Any]:
     return seen
 
 
+async def tasks_switched_off(url: str, token: str) -> dict[str, Any]:
+    """With `fastmcp_tasks` on (the extension declared) while the server's Tasks kill switch is on."""
+    import fastmcp_tasks
+
+    seen: dict[str, Any] = {"fastmcp_tasks": fastmcp_tasks.__version__}
+    async with connect(url, token) as client:
+        report = await client.call_tool("generate_report", {"account": "acme", "months": 2})
+        seen["report"] = report.structured_content
+        handed = (await client.call_tool("deploy_release", {"version": "5.0"})).structured_content or {}
+        seen["deploy_handoff"] = {key: handed.get(key) for key in ("status", "job", "next")}
+        seen["deploy_has_handle"] = bool(handed.get("handle"))
+    return seen
+
+
+MODES = {"tasks": with_tasks, "plain": without_tasks, "tasks-off": tasks_switched_off}
+
+
 def main() -> None:
     url, token, mode = sys.argv[1:4]
-    run = with_tasks if mode == "tasks" else without_tasks
+    run = MODES[mode]
     print(json.dumps(asyncio.run(run(url, token))))
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,12 +19,15 @@ from typing import Any
 import pytest
 
 from bench.peer import PEER_PYTHON, ensure_peer_venv
+from handles.config import HandlesConfig
 from tests.tasks.wire import ExampleProcess, example_process
 
 pytestmark = pytest.mark.timeout(420)  # the first run creates the client's virtual environment (~40 s)
 
 CLIENT = Path(__file__).with_name("fastmcp_client.py")
 TOKEN = "fastmcp-interop-token-3e1a"
+SWITCH_CACHE_SECONDS = HandlesConfig.switch_cache_seconds
+"""The example server's bound (its default): a switch acts on every call sent this long after it was set."""
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +82,35 @@ def test_fastmcp_without_the_tasks_extension_uses_plain_and_handle_tools(
     assert seen["deploy_handoff"] in ("working", "input_required")
     assert seen["deploy"]["environment"] == "production"
     assert seen["export_final"] == "cancelled"
+
+
+def test_fastmcp_with_fastmcp_tasks_gets_plain_answers_while_the_kill_switch_is_on(
+    peer_python: str, example: ExampleProcess
+) -> None:
+    """The operator's `handles tasks off`: a FastMCP client that declares the extension is answered
+    as one that does not (the result inline; a job that asks a question answers its handle)."""
+
+    def tasks(state: str) -> None:
+        env = dict(os.environ, HANDLES_DATA_DIR=str(example.data_dir))
+        env.pop("HANDLES_DATABASE_URL", None)
+        done = subprocess.run(
+            [sys.executable, "-m", "handles.cli", "tasks", state, "--by", "interop-test"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr
+        time.sleep(SWITCH_CACHE_SECONDS + 0.2)  # every call from here on obeys it
+
+    tasks("off")
+    try:
+        seen = run_client(peer_python, example.url, "tasks-off")
+    finally:
+        tasks("on")
+    assert seen["fastmcp_tasks"] == "4.1.4"
+    assert seen["report"]["account"] == "acme" and len(seen["report"]["revenue_by_month"]) == 2
+    assert seen["deploy_has_handle"] is True
+    assert seen["deploy_handoff"]["job"] == "deploy_release"
+    assert seen["deploy_handoff"]["status"] in ("working", "input_required")
+    assert "deploy_release_progress" in seen["deploy_handoff"]["next"]

@@ -157,3 +157,15 @@ def test_upgrade_to_claim_logs_keeps_old_jobs_and_records_new_claims(database_ur
     assert [(c.attempt, c.node) for c in claims_of(claimed)] == [(1, "node-a:1:aaaa")]
     repo.dispose()
     _fresh(database_url)
+
+
+def test_upgrade_to_switches_adds_an_empty_record_that_takes_changes(database_url: str) -> None:
+    """0008: the operator's switches start empty (the Tasks face on, nothing paused) beside the old jobs."""
+    repo = _upgraded_to_head_from(database_url, "0007")
+    assert repo.switches() == []
+    assert repo.get("old-job") is not None
+    row, before = repo.set_switch("tasks", engaged=True, by="operator", reason="rollback")
+    assert before is None and (row.engaged, row.changed_by) == (True, "operator")
+    assert [(r.name, r.engaged) for r in repo.switches()] == [("tasks", True)]
+    repo.dispose()
+    _fresh(database_url)

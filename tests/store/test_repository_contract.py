@@ -564,3 +564,40 @@ def test_every_claim_records_its_attempt_and_node(repo: JobRepository, clock: Mo
     assert [c.claimed_at for c in log] == [first_claim, first_claim + timedelta(seconds=1), clock.now]
     assert claims_of(again) == log[:2], "claim_next returns the log as its UPDATE left it"
     assert [c.resumed for c in log] == [False, False, True]
+
+
+def test_switches_keep_their_last_change_with_who_and_when(repo: JobRepository, clock: MovableClock) -> None:
+    assert repo.switches() == []
+    now, before = repo.set_switch("tasks", engaged=True, by="alice", reason="rollback")
+    assert before is None
+    assert (now.engaged, now.changed_by, now.reason, now.changed_at) == (True, "alice", "rollback", clock.now)
+    clock.advance(60)
+    repo.set_switch("paused:report", engaged=True, by="bob", retry_after_seconds=90)
+    released, was = repo.set_switch("tasks", engaged=False, by="carol")
+    assert was is not None and was.engaged and was.changed_by == "alice"
+    assert (released.engaged, released.changed_by, released.reason) == (False, "carol", None)
+    stored = {row.name: row for row in repo.switches()}
+    assert set(stored) == {"tasks", "paused:report"}
+    assert (stored["tasks"].engaged, stored["tasks"].changed_by, stored["tasks"].changed_at) == (
+        False,
+        "carol",
+        clock.now,
+    )
+    paused = stored["paused:report"]
+    assert (paused.engaged, paused.retry_after_seconds, paused.changed_by) == (True, 90, "bob")
+
+
+def test_operators_setting_one_switch_at_once_both_succeed_and_one_change_is_last(
+    repo: JobRepository, pool: ThreadPoolExecutor
+) -> None:
+    """Two operators creating the same switch at the same moment: neither fails; the row holds one of them."""
+    for trial in range(TRIALS // 3):
+        name = f"paused:race{trial}"
+        outcomes = race(
+            pool,
+            lambda name=name: repo.set_switch(name, engaged=True, by="alice"),
+            lambda name=name: repo.set_switch(name, engaged=True, by="bob"),
+        )
+        assert all(row.engaged for row, _ in outcomes)
+        stored = {row.name: row for row in repo.switches()}[name]
+        assert stored.changed_by in ("alice", "bob")

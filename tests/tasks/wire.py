@@ -225,6 +225,7 @@ class ExampleProcess:
     """`python -m example_server --http --port N --tokens FILE` as a subprocess."""
 
     def __init__(self, data_dir: Path, env: dict[str, str], tokens: dict[str, str]) -> None:
+        self.data_dir = data_dir
         self.port = free_port()
         data_dir.mkdir(parents=True, exist_ok=True)
         tokens_file = data_dir / "tokens.json"

@@ -1,0 +1,173 @@
+"""The operator's switches: stop the Tasks face from creating tasks, or pause new starts of a job kind.
+
+- `tasks` (the kill switch, or rollback mode): a `tools/call <job>` that declares the Tasks
+  extension no longer becomes a task; it is answered as a call that does not declare it (the result
+  inline, or the job's handle for the handle tools). `tasks/get`, `tasks/update` and `tasks/cancel`
+  keep serving every task already created.
+- `paused:<job>`: new starts of that job kind are refused with the retryable `paused` error, on every
+  face; running, queued and waiting jobs of that kind go on untouched.
+
+Both live in the store (`handles_switches`, one row per switch, with who last changed it and when),
+so a switch set with the `handles` command takes effect on every node without a restart; a node's
+configuration may also pin them (`HANDLES_TASKS_OFF`, `HANDLES_PAUSED_JOBS`), which the store cannot
+release. Each node keeps its copy for at most `switch_cache_seconds` and reads the table again on the
+next call that needs it: the hot path costs a clock read, and a change reaches every node within
+that bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from handles.config import HandlesConfig
+from handles.store import Store, SwitchRecord
+
+logger = logging.getLogger("handles.switches")
+
+TASKS = "tasks"
+"""The name of the Tasks face's kill switch."""
+PAUSED_PREFIX = "paused:"
+DEFAULT_RETRY_AFTER_SECONDS = 60.0
+"""What a paused job's refusal tells callers to wait when the pause does not say."""
+
+
+def paused_switch(job: str) -> str:
+    """The name of the switch that pauses new starts of `job`."""
+    return PAUSED_PREFIX + job
+
+
+@dataclass(frozen=True)
+class Switch:
+    """An engaged switch: who engaged it and when (None for a configuration pin), and why."""
+
+    name: str
+    changed_by: str
+    changed_at: datetime | None
+    reason: str | None = None
+    retry_after_seconds: float = DEFAULT_RETRY_AFTER_SECONDS
+    pinned: bool = False
+
+    @classmethod
+    def of(cls, row: SwitchRecord) -> Switch:
+        retry = row.retry_after_seconds
+        return cls(
+            name=row.name,
+            changed_by=row.changed_by,
+            changed_at=row.changed_at,
+            reason=row.reason,
+            retry_after_seconds=DEFAULT_RETRY_AFTER_SECONDS if retry is None else retry,
+        )
+
+    def describe(self) -> str:
+        """`by alice at 2026-12-01 10:00:00 UTC: reason`, or `(pinned by ...)` naming the setting."""
+        if self.pinned:
+            return f"(pinned by this node's configuration: {self.changed_by})"
+        when = "" if self.changed_at is None else f" at {self.changed_at:%Y-%m-%d %H:%M:%S} UTC"
+        return f"by {self.changed_by}{when}" + (f": {self.reason}" if self.reason else "")
+
+
+@dataclass(frozen=True)
+class Switches:
+    """The engaged switches at one moment: the Tasks face's, and the paused job kinds by name."""
+
+    tasks_off: Switch | None = None
+    paused: Mapping[str, Switch] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, rows: Iterable[SwitchRecord], config: HandlesConfig | None = None) -> Switches:
+        """The switches engaged in the store, plus those `config` pins (a pin wins over the store's row)."""
+        engaged = {row.name: Switch.of(row) for row in rows if row.engaged}
+        if config is not None and config.tasks_off:
+            engaged[TASKS] = Switch(TASKS, "HANDLES_TASKS_OFF", None, pinned=True)
+        for job in config.paused_jobs if config is not None else ():
+            engaged[paused_switch(job)] = Switch(paused_switch(job), "HANDLES_PAUSED_JOBS", None, pinned=True)
+        return cls(
+            tasks_off=engaged.get(TASKS),
+            paused={
+                name.removeprefix(PAUSED_PREFIX): switch
+                for name, switch in engaged.items()
+                if name.startswith(PAUSED_PREFIX)
+            },
+        )
+
+    @property
+    def any(self) -> bool:
+        return self.tasks_off is not None or bool(self.paused)
+
+    def lines(self) -> list[str]:
+        """One sentence per engaged switch, for operators (logs, `handles jobs list`)."""
+        lines = []
+        if self.tasks_off is not None:
+            lines.append(f"Tasks face: no new tasks, kill switch on {self.tasks_off.describe()}")
+        lines += [
+            f"{job}: new starts paused {switch.describe()}" for job, switch in sorted(self.paused.items())
+        ]
+        return lines
+
+
+class SwitchBoard:
+    """One node's copy of the switches, read from the store at most once per `switch_cache_seconds`."""
+
+    def __init__(
+        self, store: Store, config: HandlesConfig, *, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.store = store
+        self.config = config
+        self._monotonic = monotonic
+        self._current: Switches | None = None
+        self._read_at = 0.0
+        self._lock: asyncio.Lock | None = None
+
+    def _fresh(self) -> Switches | None:
+        if self._current is None or self._monotonic() - self._read_at >= self.config.switch_cache_seconds:
+            return None
+        return self._current
+
+    async def current(self) -> Switches:
+        """The switches as this node knows them: at most `switch_cache_seconds` old.
+
+        Calls arriving while the copy is being renewed share one read. A store that does not answer
+        raises `StoreUnavailable` (the call would have failed at its own store access anyway).
+        """
+        fresh = self._fresh()
+        if fresh is not None:
+            return fresh
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            fresh = self._fresh()
+            if fresh is not None:
+                return fresh
+            read_at = self._monotonic()
+            switches = Switches.of(await self.store.read(self.store.repo.switches), self.config)
+            self._log_changes(self._current, switches)
+            self._current, self._read_at = switches, read_at
+            return switches
+
+    def invalidate(self) -> None:
+        """Read the store again on the next call (this process just changed a switch)."""
+        self._current = None
+
+    def _log_changes(self, before: Switches | None, after: Switches) -> None:
+        """One line per switch this node sees engaged or released, so an operator can tell each node took it."""
+        old = {} if before is None else _by_name(before)
+        new = _by_name(after)
+        for name, switch in new.items():
+            if old.get(name) != switch:
+                logger.info(
+                    "operator switch %s engaged %s; this node now applies it", name, switch.describe()
+                )
+        for name in old.keys() - new.keys():
+            logger.info("operator switch %s released; this node no longer applies it", name)
+
+
+def _by_name(switches: Switches) -> dict[str, Switch]:
+    named = {switch.name: switch for switch in switches.paused.values()}
+    if switches.tasks_off is not None:
+        named[TASKS] = switches.tasks_off
+    return named
