@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from handles.service import JobService
 
 _LINK = re.compile(
-    rf"^{URI_SCHEME}://results/(?P<job>[A-Za-z0-9_-]{{1,64}})/(?P<file>[0-9a-f]{{32}})(?:/parts/(?P<part>\d{{1,9}}))?$"
+    rf"^(?i:{URI_SCHEME})://results/(?P<job>[A-Za-z0-9_-]{{1,64}})/(?P<file>[0-9a-f]{{32}})(?:/parts/(?P<part>\d{{1,9}}))?$"
 )
 
 
@@ -123,7 +123,7 @@ class ResultLinks:
         if ctx.method != "resources/read" or not isinstance(ctx.params, Mapping):
             return await call_next(ctx)
         uri = ctx.params.get("uri")
-        if not isinstance(uri, str) or not uri.startswith(f"{URI_SCHEME}://"):
+        if not isinstance(uri, str) or not uri[: len(URI_SCHEME) + 3].lower() == f"{URI_SCHEME}://":
             return await call_next(ctx)
         principal = await resolve_principal(
             self.resolver, Context(request_context=ctx, mcp_server=self.server)

@@ -169,6 +169,39 @@ async def test_bob_gets_the_made_up_answer_for_every_variant_of_alices_handles_o
     assert tried == 7 * 23  # 19 variants, plus 3 re-spellings of the last character and junk in the signature
 
 
+async def test_bob_reading_alices_result_link_gets_the_made_up_answer(wires: tuple[Wire, Wire]) -> None:
+    """A large result's link is re-authorized on every read: Bob holding Alice's link (whole, a part, a
+    re-spelling) gets the answer of a link that never existed, and learns nothing; Alice reads it."""
+    alice, bob = wires
+    started = await alice.body("sized_start", {"nbytes": 1_200_000})
+    done = await alice.body("sized_fetch", {"handle": started["handle"], "wait_seconds": 10})
+    link = done["result_link"]
+    assert link["parts"] == 2
+
+    async def read(wire: Wire, uri: str) -> RawReply:
+        return await raw_call(wire.http, wire.url, "resources/read", {"uri": uri}, token=token(wire.name))
+
+    job_id, file_id = link["uri"].split("/")[-2:]
+    made_up = f"handles://results/{'A' * len(job_id)}/{'0' * 32}"
+    reference = await read(bob, made_up)
+    assert reference.error["code"] == -32602
+    expected = reference.error["message"].replace(made_up, "<uri>")
+    for uri in (
+        f"{link['uri']}/parts/0",
+        f"{link['uri']}/parts/1",
+        link["uri"],
+        f"{link['uri']}/parts/2",
+        link["uri"].upper(),
+        link["uri"].replace(file_id, file_id[::-1]),
+    ):
+        reply = await read(bob, uri)
+        assert reply.status == reference.status and reply.error["code"] == -32602, uri
+        assert reply.error["message"].replace(uri, "<uri>") == expected, uri
+        assert "blob" not in reply.raw and "part" not in reply.error.get("data", {}), uri
+    mine = await read(alice, f"{link['uri']}/parts/1")
+    assert mine.result["contents"][0]["_meta"]["part"] == 1
+
+
 async def test_bob_gets_the_unknown_task_error_for_every_variant_on_every_tasks_method(
     wires: tuple[Wire, Wire],
 ) -> None:
