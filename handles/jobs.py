@@ -34,6 +34,7 @@ from handles.first import AskFirst
 from handles.limits import MAX_RESULT_BYTES, clean_message
 from handles.results import ResultFile, ResultLink
 from handles.sealing import Redactor, Sealer, sensitive_fields
+from handles.telemetry import Telemetry
 
 if TYPE_CHECKING:
     from handles.store import StepRecord, Store
@@ -475,6 +476,7 @@ class JobContext:
             )
         self._step_names.add(name)
         if name in self._completed:  # replayed: recorded by an earlier run
+            Telemetry.step(name, "replayed")
             return _typed(self._completed[name], result_type)
         self._running_steps.add(name)  # before any await: a cancel now waits for this step
         try:
@@ -508,13 +510,15 @@ class JobContext:
             try:
                 value = await _invoke(fn, *args, **kwargs)
             except Exception as exc:
-                error = clean_message(f"{type(exc).__name__}: {exc}")
+                error = clean_message(self.redact(f"{type(exc).__name__}: {exc}"))
                 await self._store.write(
                     self.job_id, repo.finish_step, self.job_id, self._owner, name, error=error
                 )
+                Telemetry.step(name, "failed")
                 raise
         stored = to_jsonable_python(value)
         await self._store.write(self.job_id, repo.finish_step, self.job_id, self._owner, name, result=stored)
+        Telemetry.step(name, "completed")
         return stored
 
     def _request_cancel(self) -> None:

@@ -123,7 +123,7 @@ class ResultLinks:
         if ctx.method != "resources/read" or not isinstance(ctx.params, Mapping):
             return await call_next(ctx)
         uri = ctx.params.get("uri")
-        if not isinstance(uri, str) or not uri[: len(URI_SCHEME) + 3].lower() == f"{URI_SCHEME}://":
+        if not isinstance(uri, str) or uri[: len(URI_SCHEME) + 3].lower() != f"{URI_SCHEME}://":
             return await call_next(ctx)
         principal = await resolve_principal(
             self.resolver, Context(request_context=ctx, mcp_server=self.server)

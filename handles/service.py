@@ -40,6 +40,7 @@ from handles.store.models import claim_entry, principal_key
 from handles.store.repository import ActiveLimitReached
 from handles.store.schema import SchemaGate
 from handles.switches import SwitchBoard
+from handles.telemetry import start_context
 
 
 @dataclass(frozen=True)
@@ -213,6 +214,7 @@ class JobService:
             input_timeout_seconds=_seconds(spec.input_timeout),
             abandon_after_seconds=_seconds(spec.abandon_after),
             abandon_at=None if spec.abandon_after is None else now + spec.abandon_after,
+            trace_context=start_context(),
             input_deadline=None if not waiting or spec.input_timeout is None else now + spec.input_timeout,
             **claim,
         )
@@ -239,6 +241,8 @@ class JobService:
                 "Use a new idempotency_key for a different request, or repeat the original arguments to get "
                 "the original job's handle back.",
             )
+        if created:
+            self.runtime.telemetry.started(spec.name)
         handle = self.codec.mint(
             job_id=stored.id, kind=spec.name, principal=principal, expires_at=stored.expires_at
         )
@@ -458,7 +462,9 @@ class JobService:
         )
         if outcome is None:
             return record
-        if not outcome.ended_now and not Status(outcome.job.status).is_terminal:
+        if outcome.ended_now:
+            self.runtime.telemetry.ended(record.kind, Status.CANCELLED.value)
+        elif not Status(outcome.job.status).is_terminal:
             self.runtime.signal_cancel(record.id)
         return outcome.job
 
@@ -503,6 +509,9 @@ class JobService:
         outcome = await self.store.write(
             record.id, self.store.repo.answer_inputs, record.id, sealed, record.principal
         )
+        now = self.clock()
+        for key in outcome.accepted if outcome is not None else ():
+            self.runtime.telemetry.parked_time(spec.name, (now - pending[key].created_at).total_seconds())
         if outcome is None:
             raise self.expired_handle(spec, record.expires_at.isoformat(), purged=True)
         if outcome.job.status == Status.WORKING and outcome.job.lease_owner is None:

@@ -39,7 +39,8 @@ from handles.runtime.sweeper import Sweeper
 from handles.sealing import SealedValueUnreadable, Sealer
 from handles.states import Status
 from handles.store import JobRecord, Store
-from handles.store.models import principal_key
+from handles.store.models import claims_of, principal_key
+from handles.telemetry import Telemetry
 
 logger = logging.getLogger("handles.runtime")
 
@@ -66,6 +67,8 @@ class Runtime:
     ) -> None:
         self.store = store
         self.sealer = sealer
+        self.telemetry = Telemetry()
+        self.telemetry.observe(running=self._running_by_kind, stored=store.repo.waiting_counts)
         self.config = config
         self.specs = specs
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
@@ -93,6 +96,7 @@ class Runtime:
             signal_cancel=self.signal_cancel,
             requeued=self._requeued,
             evidence_seconds=lambda: self.config.audit_retention_seconds,
+            telemetry=self.telemetry,
         )
         store.origin = self.owner
         self._started = False
@@ -360,18 +364,28 @@ class Runtime:
     async def _execute(self, entry: _Running, record: JobRecord) -> None:
         spec, ctx = entry.spec, entry.ctx
         job_id = record.id
+        claims = claims_of(record)
+        if len(claims) == 1:  # its first claim: how long it waited for a worker
+            self.telemetry.queue_wait(spec.name, (claims[0].claimed_at - record.created_at).total_seconds())
+        began = asyncio.get_running_loop().time()
         try:
-            outcome = await self._run_job(entry, record)
-            if outcome is not None:
-                # From here on nothing interrupts the run (a cancel, a drain): its outcome is written.
-                entry.settling = True
-                with contextlib.suppress(Exception):
-                    await ctx.flush()
-                status, values = outcome
-                if not await self._record_outcome(job_id, status, values):
-                    logger.info(
-                        "job %s ended %s here, but its stored state had already moved on", job_id, status
-                    )
+            with self.telemetry.attempt(spec.name, job_id, record.attempts, record.trace_context) as span:
+                outcome = await self._run_job(entry, record)
+                self.telemetry.run_time(spec.name, asyncio.get_running_loop().time() - began)
+                if outcome is not None:
+                    # From here on nothing interrupts the run (a cancel, a drain): its outcome is written.
+                    entry.settling = True
+                    with contextlib.suppress(Exception):
+                        await ctx.flush()
+                    status, values = outcome
+                    reason = ((values.get("error") or {}).get("data") or {}).get("reason")
+                    if await self._record_outcome(job_id, status, values):
+                        self.telemetry.ended(spec.name, status.value, reason)
+                        self.telemetry.outcome(span, status.value, reason)
+                    else:
+                        logger.info(
+                            "job %s ended %s here, but its stored state had already moved on", job_id, status
+                        )
         except Exception:
             logger.exception("could not record the outcome of job %s (%s)", job_id, spec.name)
         finally:
@@ -382,6 +396,12 @@ class Runtime:
             self.slots.release(job_id)
             if self._backlog and not self.closed:
                 self._wake.set()  # a slot is free and jobs may be waiting for one
+
+    def _running_by_kind(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for entry in list(self._running.values()):
+            counts[entry.spec.name] = counts.get(entry.spec.name, 0) + 1
+        return counts
 
     async def _record_outcome(self, job_id: str, status: Status, values: dict[str, Any]) -> bool:
         """Store a job's final state, waiting out a database outage for up to two lease periods.

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from handles.outcomes import failed
 from handles.states import Status
 from handles.store import Store
+from handles.telemetry import Telemetry
 
 SWEEP_BATCH = 500
 
@@ -27,8 +28,10 @@ class Sweeper:
         signal_cancel: Callable[[str], object],
         requeued: Callable[[str], Awaitable[None]],
         evidence_seconds: Callable[[], float] = lambda: 0.0,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.store = store
+        self.telemetry = telemetry or Telemetry()
         self._evidence_seconds = evidence_seconds
         self._runs_here = runs_here
         self._drop = drop
@@ -51,6 +54,9 @@ class Sweeper:
             )
             if status is not None:
                 counts["recovered"] += 1
+                self.telemetry.recovered(record.kind)
+                if status is Status.FAILED:
+                    self.telemetry.ended(record.kind, status.value, "interrupted")
             if status is Status.WORKING:
                 await self._requeued(record.id)
         overdue = await self.store.call(repo.overdue, SWEEP_BATCH)
@@ -61,6 +67,7 @@ class Sweeper:
             if await self.store.write(record.id, repo.transition, record.id, status, **values):
                 self._drop(record.id)
                 counts["timed_out"] += 1
+                self.telemetry.ended(record.kind, status.value, "ttl")
         for record in overdue["input"]:
             status, values = failed(
                 "No answer to the job's question arrived in time, so the job ended without it. "
@@ -70,6 +77,7 @@ class Sweeper:
             if await self.store.write(record.id, repo.transition, record.id, status, **values):
                 self._drop(record.id)
                 counts["timed_out"] += 1
+                self.telemetry.ended(record.kind, status.value, "input_timeout")
         for record in overdue["abandoned"]:
             outcome = await self.store.write(record.id, repo.request_cancel, record.id, "handles:abandoned")
             if outcome is not None:

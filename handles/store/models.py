@@ -125,6 +125,9 @@ class JobRecord(SQLModel, table=True):
     # One line per claim, appended by the claim's own write (no extra round trip): see `claims_of`.
     claim_log: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     cancel_requested_at: datetime | None = _time(nullable=True)
+    # The W3C trace context of the request that started the job (handles.telemetry), so the span of
+    # every attempt, on any node, links back to it.
+    trace_context: dict[str, str] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     # Who asked for the cancel: the job's principal, `operator:<name>` (the CLI), or `handles:<reason>`.
     cancel_requested_by: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     input_deadline: datetime | None = _time(nullable=True)

@@ -1085,6 +1085,15 @@ class JobRepository:
             ],
         )
 
+    def waiting_counts(self) -> dict[tuple[str, str], int]:
+        """How many jobs of each kind wait: `(kind, "queued")` for a worker, `(kind, "parked")` for an answer."""
+        with self._fast_reading() as connection:
+            rows = connection.execute(_WAITING_COUNTS).all()
+        return {
+            (kind, "parked" if status == Status.INPUT_REQUIRED.value else "queued"): n
+            for kind, status, n in rows
+        }
+
     # -- audit evidence --------------------------------------------------------
 
     def delete_old_evidence(self, limit: int) -> int:
@@ -1228,6 +1237,16 @@ _QUESTIONS_OF_JOB = (
     .order_by(_INPUTS.c.created_at, _INPUTS.c.key)
 )
 _OPEN_QUESTIONS_OF_JOB = _QUESTIONS_OF_JOB.where(_INPUTS.c.answered_at.is_(None))
+_WAITING_COUNTS = (
+    sa_select(_JOBS.c.kind, _JOBS.c.status, func.count())
+    .where(
+        or_(
+            and_(_JOBS.c.status == Status.WORKING.value, _JOBS.c.lease_owner.is_(None)),
+            _JOBS.c.status == Status.INPUT_REQUIRED.value,
+        )
+    )
+    .group_by(_JOBS.c.kind, _JOBS.c.status)
+)
 _PART_BY_KEY = sa_select(_PARTS.c.data).where(
     _PARTS.c.job_id == bindparam("job_id"),
     _PARTS.c.file_id == bindparam("file_id"),
