@@ -1036,13 +1036,24 @@ class JobRepository:
     def delete_expired(self, limit: int, keep_evidence_seconds: float = 0) -> int:
         """Delete up to `limit` ended jobs past their retention, with their questions, steps and result
         files; with `keep_evidence_seconds`, archive each job's evidence (handles.store.audit) in the
-        same transaction, kept that long."""
+        same transaction, kept that long. Archiving reads whole rows (a result's receipt needs the
+        result), so it goes `ARCHIVE_BATCH` jobs per transaction."""
+        if keep_evidence_seconds <= 0:
+            return self._delete_expired_batch(limit, None)
+        deleted = 0
+        while deleted < limit:
+            batch = self._delete_expired_batch(min(limit - deleted, ARCHIVE_BATCH), keep_evidence_seconds)
+            deleted += batch
+            if batch == 0:
+                break
+        return deleted
+
+    def _delete_expired_batch(self, limit: int, keep_evidence_seconds: float | None) -> int:
         now = self.clock()
         expired = (col(JobRecord.expires_at) < now, col(JobRecord.status).in_(list(TERMINAL)))
         with self._writing() as session:
-            if keep_evidence_seconds > 0:
-                # Whole rows (a result's receipt needs the result): fewer at a time.
-                jobs = list(session.exec(select(JobRecord).where(*expired).limit(min(limit, ARCHIVE_BATCH))))
+            if keep_evidence_seconds is not None:
+                jobs = list(session.exec(select(JobRecord).where(*expired).limit(limit)))
                 ids = [job.id for job in jobs]
                 if jobs:
                     self._archive(session, jobs, now, now + timedelta(seconds=keep_evidence_seconds))
@@ -1224,7 +1235,7 @@ _INPUTS = InputRequestRecord.__table__  # type: ignore[attr-defined]
 _PARTS = ResultPartRecord.__table__  # type: ignore[attr-defined]
 _AUDIT = AuditRecord.__table__  # type: ignore[attr-defined]
 ARCHIVE_BATCH = 100
-"""The most jobs one deletion pass archives and deletes (their whole rows are read for the evidence)."""
+"""The most jobs one transaction archives and deletes (their whole rows are read for the evidence)."""
 
 
 # The hot reads' statements, built once (building a statement costs more than SQLite runs it).
