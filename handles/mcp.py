@@ -156,6 +156,7 @@ def add_plain_tool(
     input_model: type[BaseModel],
     handler: PlainHandler,
     resolver: PrincipalResolver,
+    meta: dict[str, Any] | None = None,
 ) -> None:
     """Register a tool that answers its own `CallToolResult` (a job's plain tool `<job>`)."""
     server.add_tool(
@@ -163,6 +164,7 @@ def add_plain_tool(
         name=name,
         title=title,
         description=description,
+        meta=meta,
         annotations=ToolAnnotations(
             title=title,
             read_only_hint=False,
