@@ -38,11 +38,27 @@ One call, one job, on either face of the server:
   calling `follow` with the same key resumes the same job, and once the job has
   ended it gets the recorded outcome without asking the server again
   (`Journal.forget(key)` frees the key for new work).
+
+Before the first call, `read_manifest(client)` says what the server offers this connection, and
+`Manifest.check(Requirements(...))` the mode each job of a workflow runs in, or raises
+`RequirementsNotMet` naming every gap (see `handles.client.manifest`).
 """
 
-from handles.client.follow import Connect, connect, follow, server_identity
+from handles.client.follow import connect, follow
 from handles.client.http import http_client
 from handles.client.journal import Journal, JournalEntry, arguments_digest
+from handles.client.manifest import (
+    Connect,
+    JobManifest,
+    Manifest,
+    Mode,
+    Need,
+    Plan,
+    Requirements,
+    RequirementsNotMet,
+    read_manifest,
+    server_identity,
+)
 from handles.client.outcomes import (
     AnswerRejectedError,
     AuthenticationRefusedError,
@@ -76,19 +92,27 @@ __all__ = [
     "JobCancelledError",
     "JobFailedError",
     "JobLostError",
+    "JobManifest",
     "JobToolError",
     "Journal",
     "JournalConflict",
     "JournalEntry",
+    "Manifest",
+    "Mode",
+    "Need",
     "OutcomeUnknownError",
+    "Plan",
     "Progress",
     "ProgressCallback",
     "Question",
+    "Requirements",
+    "RequirementsNotMet",
     "StartRefusedError",
     "UnsupportedServerError",
     "arguments_digest",
     "connect",
     "follow",
     "http_client",
+    "read_manifest",
     "server_identity",
 ]
