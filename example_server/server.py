@@ -16,6 +16,7 @@ import asyncio
 import os
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from importlib.metadata import version
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import MCPServer
@@ -184,6 +185,7 @@ def build_server(
     follow = ", ".join(names.name("<job>", verb) for verb in ("progress", "fetch", "respond", "cancel"))
     server: MCPServer[Any] = MCPServer(
         "handles-example",
+        version=version("mcp-handles"),
         instructions=(
             "Each long job is a tool of its own name, which answers its result when the job is quick and "
             "a handle otherwise; clients that declare the io.modelcontextprotocol/tasks extension get a task. "

@@ -22,9 +22,9 @@ from handles.errors import ConfigurationError
 from handles.first import asks_in_band, first_round
 from handles.handle import HandleCodec
 from handles.jobs import JobOptions, JobSpec
-from handles.layout import ToolLayout, ToolNames
+from handles.layout import PlainCall, ToolLayout, ToolNames
 from handles.mcp import add_plain_tool, add_tools
-from handles.plain import PlainCall, PlainCallPolicy, PlainTool
+from handles.plain import PlainCallPolicy, PlainTool
 from handles.principal import PrincipalResolver, default_resolver
 from handles.result_links import ResultLinks
 from handles.runtime import Runtime
@@ -241,6 +241,7 @@ class Handles:
                 input_model=tool.spec.metadata.arg_model,
                 handler=_plain_handler(tool),
                 resolver=self.principal_resolver,
+                meta=tool.meta,
             )
 
     async def prepare(self) -> None:

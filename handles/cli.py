@@ -7,9 +7,11 @@
 - `handles watch HANDLE|ID`: a live progress bar until the job ends;
 - `handles keygen`: a new signing key (prepend it to HANDLES_SECRET_KEYS to rotate);
 - `handles db upgrade`: apply the schema migrations to HANDLES_DATABASE_URL;
-- `handles worker --app module:attribute`: run jobs without serving MCP.
+- `handles worker --app module:attribute`: run jobs without serving MCP;
+- `handles manifest URL`: what a server offers a client (protocol, Tasks, jobs and their modes), and
+  whether it meets a workflow's requirements (`--modes`, `--job`).
 
-It reads the same `HANDLES_*` environment as the servers.
+It reads the same `HANDLES_*` environment as the servers (`handles manifest` only needs the URL).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from handles.client.follow import connect
+from handles.client.manifest import MODES, VERBS, Manifest, Requirements, RequirementsNotMet, read_manifest
 from handles.config import MIN_KEY_LENGTH, HandlesConfig
 from handles.errors import ConfigurationError
 from handles.handle import HandleCodec
@@ -41,6 +45,7 @@ from handles.store import InputRequestRecord, JobRecord, JobRepository, SwitchRe
 from handles.store.models import claims_of
 from handles.store.reach import database_errors
 from handles.switches import PAUSED_PREFIX, TASKS, Switches, paused_switch
+from handles.transient import authentication_error, is_connection_failure, leaves
 
 if TYPE_CHECKING:
     from handles.app import Handles
@@ -554,6 +559,86 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _listed(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    items = [item for item in value.split(",") if item]
+    unknown = [item for item in items if item not in allowed]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"{', '.join(unknown)}: not {what}; use {', '.join(allowed)}")
+    return items
+
+
+def _modes(value: str) -> list[str]:
+    return _listed(value, MODES, "a mode")
+
+
+def _required_job(value: str) -> tuple[str, list[str]]:
+    name, _, verbs = value.partition(":")
+    return name, _listed(verbs, VERBS, "a verb")
+
+
+def manifest_lines(found: Manifest) -> list[str]:
+    """`handles manifest` for people: the server, the protocol, the Tasks extension, then a row per job."""
+    named = " ".join(part for part in (found.server_name, found.server_version) if part) or "(unnamed)"
+    if found.tasks_usable:
+        tasks = "offered and declared: usable (" + ", ".join(found.task_operations) + ")"
+    elif not found.tasks_offered:
+        tasks = "not offered by the server"
+    else:
+        tasks = "offered, but not usable on this connection"
+    negotiated = (
+        "server/discover: no session" if found.negotiated_by == "discover" else "an initialize handshake"
+    )
+    rows = [
+        [
+            job.name,
+            ", ".join(job.modes) or "-",
+            job.layout or "-",
+            "yes" if job.asks_input else "no",
+            job.plain_call or "-",
+        ]
+        for job in found.jobs.values()
+    ]
+    return [
+        f"server    {named} at {found.server}",
+        f"protocol  {found.protocol_version} ({negotiated})",
+        f"tasks     {tasks}",
+        f"tools     {len(found.tools)}, {len(found.jobs)} of them jobs",
+        "",
+        _table(rows, ["job", "modes", "layout", "asks", "plain call"]) if rows else "No jobs.",
+    ]
+
+
+def manifest(args: argparse.Namespace) -> int:
+    requirements = None
+    if args.modes or args.job:
+        requirements = Requirements(modes=args.modes or MODES, jobs=dict(args.job or ()))
+    try:
+        found = asyncio.run(read_manifest(connect(args.url, token=args.token)))
+    except Exception as exc:
+        refused = authentication_error(exc)
+        if refused is None and not is_connection_failure(exc):
+            raise
+        cause = refused if refused is not None else leaves(exc)[0]
+        print(f"handles: could not read the manifest of {args.url}: {cause}", file=sys.stderr)
+        return 3
+    print(found.model_dump_json(indent=2) if args.json else "\n".join(manifest_lines(found)))
+    if requirements is None:
+        return 0
+    logging.getLogger("handles.client").setLevel(logging.WARNING)  # the fallbacks are printed below
+    try:
+        plan = found.check(requirements)
+    except RequirementsNotMet as error:
+        print("\n" + error.message, file=sys.stderr)
+        return 1
+    if not args.json:
+        print(
+            "\nmeets the requirements: " + ", ".join(f"{job} runs {mode}" for job, mode in plan.modes.items())
+        )
+        for note in plan.fallbacks.values():
+            print(f"  {note}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="handles", description="Operate a handles deployment.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -695,12 +780,42 @@ def build_parser() -> argparse.ArgumentParser:
     )
     work.add_argument("--app", help="module:attribute of your Handles instance (default: HANDLES_APP)")
     work.set_defaults(run=worker)
+
+    show_manifest = commands.add_parser(
+        "manifest",
+        help="what a server offers a client, and whether it meets a workflow's requirements",
+        description="Read a server's capability manifest over Streamable HTTP, as handles.client sees it "
+        "(a client that declares the Tasks extension): the protocol version, the server's name and version, "
+        "the Tasks extension, and each job with its tools and modes. With --modes or --job, check a "
+        "workflow's requirements: exit 1 and list every unmet one. Exit 3 when the server cannot be read.",
+    )
+    show_manifest.add_argument("url", help="the server's MCP endpoint, e.g. http://127.0.0.1:8000/mcp")
+    show_manifest.add_argument("--token", help="a bearer token to send")
+    show_manifest.add_argument(
+        "--json", action="store_true", help="the manifest as JSON, for logs and scripts"
+    )
+    show_manifest.add_argument(
+        "--modes",
+        type=_modes,
+        metavar="M[,M...]",
+        help="the modes the workflow accepts, most wanted first: tasks, handles, inline (default: any)",
+    )
+    show_manifest.add_argument(
+        "--job",
+        action="append",
+        type=_required_job,
+        metavar="NAME[:VERB,...]",
+        help="a job the workflow needs, with what it must do besides running (e.g. deploy_release:respond); "
+        "repeatable",
+    )
+    show_manifest.set_defaults(run=manifest)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("alembic").setLevel(logging.WARNING)
+    for chatty in ("alembic", "httpx2"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
     try:
         code: int = args.run(args)

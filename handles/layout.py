@@ -6,14 +6,15 @@
   `jobs_cancel` (and `jobs_respond`) serve every job, since the handle says which job it is.
 
 Every description and every `next` hint names tools through `ToolNames`, so a caller is only ever
-sent to a tool the server lists. Clients find the layout from `tools/list` (`ToolNames.discover`).
+sent to a tool the server lists. Clients find the layout from `tools/list` (`ToolNames.discover`), and
+what names cannot say from the `JOB_META_KEY` entry of each plain tool's `_meta` (`job_meta`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Literal, cast, get_args
+from typing import Any, Literal, cast, get_args
 
 from handles.errors import ConfigurationError
 
@@ -25,6 +26,20 @@ SHARED_PREFIX = "jobs"
 
 FOLLOW_VERBS = ("progress", "fetch", "cancel", "respond")
 """The verbs that take a handle; the compact layout shares them between jobs (`start` stays per job)."""
+
+PlainCall = Literal["adaptive", "tasks_only"]
+"""What a job's plain tool `<job>` does for a caller that does not declare the Tasks extension."""
+PLAIN_CALLS: tuple[str, ...] = get_args(PlainCall)
+
+JOB_META_KEY = "io.github.handles/job"
+"""`_meta` key of a job's plain tool `<job>` in `tools/list`: what a client cannot tell from the tool
+names, `{"layout": "compact", "asks_input": true, "plain_call": "adaptive"}` (in the compact layout,
+whether `jobs_respond` serves this job; whether `<job>` answers inline at all). Other clients ignore it."""
+
+
+def job_meta(layout: ToolLayout, *, asks_input: bool, plain_call: PlainCall) -> dict[str, Any]:
+    """The `_meta` of a job's plain tool (see `JOB_META_KEY`)."""
+    return {JOB_META_KEY: {"layout": layout, "asks_input": asks_input, "plain_call": plain_call}}
 
 
 @dataclass(frozen=True)

@@ -166,6 +166,7 @@ def add_plain_tool(
     input_model: type[BaseModel],
     handler: PlainHandler,
     resolver: PrincipalResolver,
+    meta: dict[str, Any] | None = None,
 ) -> None:
     """Register a tool that answers its own `CallToolResult` (a job's plain tool `<job>`)."""
     server.add_tool(
@@ -173,6 +174,7 @@ def add_plain_tool(
         name=name,
         title=title,
         description=description,
+        meta=meta,
         annotations=ToolAnnotations(
             title=title,
             read_only_hint=False,

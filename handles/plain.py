@@ -25,7 +25,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 from mcp.shared.exceptions import MCPError
@@ -34,7 +34,7 @@ from pydantic import BaseModel, Field
 
 from handles.errors import CallerError
 from handles.jobs import JobSpec, describe_duration
-from handles.layout import ToolNames
+from handles.layout import PlainCall, ToolNames, job_meta
 from handles.mcp import to_call_tool_result
 from handles.service import JobService
 from handles.states import Status
@@ -45,7 +45,6 @@ from handles.tools import InputRequestView, JobTools, ToolReply, error_reply
 
 logger = logging.getLogger("handles.plain")
 
-PlainCall = Literal["adaptive", "tasks_only"]
 ProgressReporter = Callable[[float, float | None, str | None], Awaitable[None]]
 """`(progress, total, message)`: sends `notifications/progress` (a no-op without a progress token)."""
 
@@ -92,6 +91,13 @@ class PlainTool:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The tool's `_meta`: its layout, whether the job asks, and what an undeclared call does (a client's manifest)."""
+        return job_meta(
+            self.handle_tools.names.layout, asks_input=self.spec.asks_input, plain_call=self.policy.mode
+        )
 
     @property
     def description(self) -> str:

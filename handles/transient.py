@@ -85,3 +85,13 @@ def is_transient(exc: BaseException) -> bool:
     ):
         return True
     return isinstance(exc, MCPError) and exc.error.code in TRANSIENT_MCP_CODES
+
+
+def is_connection_failure(exc: BaseException) -> bool:
+    """A transient error, or a transport's crash (e.g. `httpx2.ConnectError` out of a client's task group),
+    anywhere inside `exc`."""
+    return any(
+        is_transient(leaf)
+        or type(leaf).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "httpcore2")
+        for leaf in leaves(exc)
+    )

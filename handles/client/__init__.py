@@ -40,12 +40,28 @@ One call, one job, on either face of the server:
   (`Journal.forget(key)` frees the key for new work).
 - A result too large to travel inline is returned as its link (`uri`, `parts`,
   `sha256`, ...): `read_link(client, link)` yields its bytes part by part.
+
+Before the first call, `read_manifest(client)` says what the server offers this connection, and
+`Manifest.check(Requirements(...))` the mode each job of a workflow runs in, or raises
+`RequirementsNotMet` naming every gap (see `handles.client.manifest`).
 """
 
-from handles.client.follow import Connect, connect, follow, server_identity
+from handles.client.follow import connect, follow
 from handles.client.http import http_client
 from handles.client.journal import Journal, JournalEntry, arguments_digest
 from handles.client.links import LinkReadError, read_link
+from handles.client.manifest import (
+    Connect,
+    JobManifest,
+    Manifest,
+    Mode,
+    Need,
+    Plan,
+    Requirements,
+    RequirementsNotMet,
+    read_manifest,
+    server_identity,
+)
 from handles.client.outcomes import (
     AnswerRejectedError,
     AuthenticationRefusedError,
@@ -79,15 +95,22 @@ __all__ = [
     "JobCancelledError",
     "JobFailedError",
     "JobLostError",
+    "JobManifest",
     "JobToolError",
     "Journal",
     "JournalConflict",
     "JournalEntry",
     "LinkReadError",
+    "Manifest",
+    "Mode",
+    "Need",
     "OutcomeUnknownError",
+    "Plan",
     "Progress",
     "ProgressCallback",
     "Question",
+    "Requirements",
+    "RequirementsNotMet",
     "StartRefusedError",
     "UnsupportedServerError",
     "arguments_digest",
@@ -95,5 +118,6 @@ __all__ = [
     "follow",
     "http_client",
     "read_link",
+    "read_manifest",
     "server_identity",
 ]

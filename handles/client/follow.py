@@ -8,24 +8,31 @@ import logging
 import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from os import PathLike
 from typing import Any, Literal, TypeVar
 
 import anyio
-from mcp import Client, StdioServerParameters
+from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
     CallToolResult,
 )
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from handles.client.faces import Face, HandleFace, TaskFace, View, caller_error, structured_result, text_of
 from handles.client.http import http_client
 from handles.client.journal import Journal, JournalEntry, arguments_digest, check_same_work
+from handles.client.manifest import (
+    Connect,
+    Manifest,
+    Mode,
+    Requirements,
+    RequirementsNotMet,
+    read_manifest,
+    server_identity,
+)
 from handles.client.outcomes import (
     AuthenticationRefusedError,
     ConnectionLostError,
@@ -55,35 +62,30 @@ from handles.tasks_client import (
     TasksClientExtension,
     pushed_status,
 )
-from handles.transient import AuthenticationError, authentication_error, backoff_seconds, is_transient, leaves
+from handles.transient import (
+    AuthenticationError,
+    authentication_error,
+    backoff_seconds,
+    is_connection_failure,
+    is_transient,
+    leaves,
+)
 
 logger = logging.getLogger("handles.client")
 
 Prefer = Literal["auto", "tasks", "handles"]
+_PREFERRED_MODES: dict[str, tuple[Mode, ...]] = {
+    "auto": ("tasks", "handles"),
+    "tasks": ("tasks",),
+    "handles": ("handles",),
+}
 T = TypeVar("T")
 
 CANCEL_TIMEOUT_SECONDS = 5.0
 MIN_POLL_SECONDS = 0.05
 
 
-def server_identity(client: Client) -> str:
-    """A stable name for the server behind `client`: its URL, its command line, or its announced name."""
-    target = client.server
-    if isinstance(target, str):
-        return target.split("?", 1)[0]
-    if isinstance(target, StdioServerParameters):
-        return "stdio:" + " ".join([target.command, *target.args])
-    if isinstance(target, MCPServer):
-        return f"inprocess:{target.name}"
-    info = client.server_info
-    return f"server:{info.name if info is not None else type(target).__name__}"
-
-
 # -- following ---------------------------------------------------------------------------------------
-
-
-Connect = Callable[[], AbstractAsyncContextManager[Client]]
-"""A factory of connected clients: `follow` opens (and re-opens after a lost connection) its own."""
 
 
 def connect(
@@ -309,14 +311,8 @@ class Follower:
             check_same_work(known, server=self.server, job=self.job, arguments_digest=self.digest)
             if known.outcome is not None:
                 return self._settle(known.outcome)  # ended earlier: nothing to ask the server
-        tools = await self._with_retries(_tool_names)
-        use_tasks = self._choose(tools)
-        via = "start" if f"{self.job}_start" in tools else "call"
-        if via == "call" and not use_tasks:
-            raise UnsupportedServerError(
-                f"The server lists no {self.job}_start, and this client cannot create a task for {self.job}.",
-                key=self.key,
-            )
+        manifest = await self._with_retries(functools.partial(read_manifest, server=self.server))
+        use_tasks, via = self._choose(manifest)
         entry, inserted = self.journal.reserve(
             self.key,
             server=self.server,
@@ -362,34 +358,18 @@ class Follower:
             key=self.key,
         )
 
-    def _choose(self, tools: set[str]) -> bool:
-        """Whether to follow through the Tasks extension (else the handle tools)."""
-        client = self._client
-        declared = any(getattr(e, "identifier", None) == TASKS_EXTENSION for e in client.extensions or ())
-        modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
-        offered = TASKS_EXTENSION in (client.server_capabilities.extensions or {})
-        tasks_ok = declared and modern and offered
-        self.names = ToolNames.discover(self.job, tools)
-        handles_ok = self.names is not None
-        if self.prefer == "tasks" and not tasks_ok:
-            why = (
-                "the server does not advertise it"
-                if declared and modern
-                else "this client does not declare it (Client(..., extensions=[TasksClientExtension()]))"
-            )
-            raise UnsupportedServerError(f"prefer='tasks' but {why}.", key=self.key)
-        if self.prefer == "handles" and not handles_ok:
-            raise UnsupportedServerError(
-                f"prefer='handles' but the server lists no {self.job}_progress (nor a shared jobs_progress).",
-                key=self.key,
-            )
-        if self.prefer == "auto" and not (tasks_ok or handles_ok):
-            raise UnsupportedServerError(
-                f"The server offers no way to follow {self.job}: no {self.job}_progress or jobs_progress tool and "
-                "no Tasks extension.",
-                key=self.key,
-            )
-        return self.prefer == "tasks" or (self.prefer == "auto" and tasks_ok)
+    def _choose(self, manifest: Manifest) -> tuple[bool, Literal["start", "call"]]:
+        """Whether to follow through the Tasks extension (else the handle tools), and how to create the job:
+        through `<job>_start` (idempotent) when listed, else a task-creating `tools/call <job>`."""
+        needs = Requirements(modes=_PREFERRED_MODES[self.prefer], jobs={self.job: ()})
+        try:
+            mode = manifest.check(needs)[self.job]
+        except RequirementsNotMet as error:
+            raise UnsupportedServerError(error.message, key=self.key) from None
+        job = manifest.job(self.job)
+        assert job is not None
+        self.names = ToolNames(job.layout) if job.layout is not None else None
+        return mode == "tasks", "start" if "start" in job.tools else "call"
 
     # -- creating ----------------------------------------------------------------------------
 
@@ -657,18 +637,6 @@ def _journal_handle(journal: Journal, key: str) -> str | None:
     return None if entry is None else entry.handle
 
 
-async def _tool_names(client: Client) -> set[str]:
-    names: set[str] = set()
-    cursor: str | None = None
-    for _ in range(100):
-        page = await client.list_tools(cursor=cursor)
-        names.update(tool.name for tool in page.tools)
-        cursor = page.next_cursor
-        if cursor is None:
-            break
-    return names
-
-
 def _transient(exc: BaseException) -> bool:
     return isinstance(exc, Retryable) or is_transient(exc)
 
@@ -679,12 +647,8 @@ def _follow_error_in(exc: BaseException) -> FollowError | None:
 
 
 def _connection_failure(exc: BaseException) -> bool:
-    """A transient error, or a transport's crash (e.g. `httpx2.ConnectError` out of the client's task group)."""
-    return any(
-        _transient(leaf)
-        or type(leaf).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "httpcore2")
-        for leaf in leaves(exc)
-    )
+    """A transient error or a transport's crash, or the server's word that the same request may be re-sent."""
+    return is_connection_failure(exc) or any(isinstance(leaf, Retryable) for leaf in leaves(exc))
 
 
 def _describe(exc: BaseException) -> str:

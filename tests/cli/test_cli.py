@@ -1,4 +1,5 @@
-"""The `handles` command through its real entry point (a subprocess) on a real SQLite file."""
+"""The `handles` command through its real entry point (a subprocess): on a real SQLite file, and
+`handles manifest` against the example server over Streamable HTTP."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import termios
 from datetime import UTC, datetime, timedelta
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +24,14 @@ import pytest
 
 from example_server.server import create_jobs
 from handles import HandlesConfig
+from handles.client import Manifest
 from handles.principal import token_form
 from handles.states import Status
 from handles.store import JobRecord, JobRepository, migrate
 from tests.durability.harness import config as node_config
 from tests.durability.harness import crash
 from tests.startup.support import UNREACHABLE_URL, assert_one_line_failure, outdated_sqlite
+from tests.support import HttpExampleServer, free_port, token_of
 
 KEY = "cli-test-key-" + "c" * 40
 HANDLES = Path(sys.executable).parent / "handles"
@@ -459,3 +463,61 @@ def test_switch_commands_refuse_an_empty_operator_and_note_an_unknown_job(
     typo = run(tmp_path, "jobs", "pause", "generate_reprot")
     assert typo.returncode == 0
     assert "note: no generate_reprot job is stored in this database; check the name" in typo.stderr
+
+
+# -- handles manifest URL --------------------------------------------------------------------------------
+
+
+def test_manifest_shows_what_a_server_offers(tmp_path: Path, http_example: HttpExampleServer) -> None:
+    shown = run(tmp_path, "manifest", http_example.url)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == f"server    handles-example {version('mcp-handles')} at {http_example.url}"
+    assert lines[1] == "protocol  2026-07-28 (server/discover: no session)"
+    assert lines[2] == "tasks     offered and declared: usable (tasks/get, tasks/update, tasks/cancel)"
+    assert lines[3] == "tools     17, 3 of them jobs"
+    deploy = next(line for line in lines if line.startswith("deploy_release "))
+    assert deploy.split() == ["deploy_release", "tasks,", "handles,", "inline", "per_job", "yes", "adaptive"]
+    assert shown.stderr == "", "no HTTP request log on a command's output"
+    as_json = run(tmp_path, "manifest", http_example.url, "--json")
+    manifest = Manifest.model_validate_json(as_json.stdout)
+    assert manifest.jobs["deploy_release"].tools["respond"] == "deploy_release_respond"
+
+
+def test_manifest_checks_a_workflows_requirements(tmp_path: Path, http_example: HttpExampleServer) -> None:
+    met = run(
+        tmp_path, "manifest", http_example.url, "--modes", "inline,handles", "--job", "deploy_release:respond"
+    )
+    assert met.returncode == 0, met.stderr
+    assert "meets the requirements: deploy_release runs handles" in met.stdout
+    assert "Not inline: an inline call cannot respond" in met.stdout
+    unmet = run(
+        tmp_path,
+        "manifest",
+        http_example.url,
+        "--modes",
+        "inline",
+        "--job",
+        "deploy_release:respond",
+        "--job",
+        "nope",
+    )
+    assert unmet.returncode == 1
+    assert "does not meet this workflow's requirements" in unmet.stderr
+    assert "- deploy_release needs inline with respond" in unmet.stderr and "- nope: " in unmet.stderr
+    wrong = run(tmp_path, "manifest", http_example.url, "--modes", "tusks")
+    assert wrong.returncode == 2 and "tusks: not a mode; use tasks, handles, inline" in wrong.stderr
+
+
+def test_manifest_of_a_server_it_cannot_read_exits_3(
+    tmp_path: Path, http_auth_example: HttpExampleServer
+) -> None:
+    refused = run(tmp_path, "manifest", http_auth_example.url)
+    assert refused.returncode == 3
+    assert refused.stderr.startswith(f"handles: could not read the manifest of {http_auth_example.url}: ")
+    assert "HTTP 401" in refused.stderr and "Traceback" not in refused.stderr
+    allowed = run(tmp_path, "manifest", http_auth_example.url, "--token", token_of("alice"), "--json")
+    assert Manifest.model_validate_json(allowed.stdout).tasks_usable
+    down = run(tmp_path, "manifest", f"http://127.0.0.1:{free_port()}/mcp")
+    assert down.returncode == 3 and "could not read the manifest" in down.stderr
+    assert len(down.stderr.strip().splitlines()) == 1, down.stderr
