@@ -5,7 +5,8 @@ Runs in bench/.peer-venv (created by `bench.peer.ensure_peer_venv`), never in th
     bench/.peer-venv/bin/python tests/interop/fastmcp_client.py URL TOKEN tasks|plain|tasks-off
 
 `tasks`: imports `fastmcp_tasks`, which turns on FastMCP's Tasks client; follows a report to its
-result, answers a deployment's question (through `tasks/update`) and cancels an export (`tasks/cancel`).
+result, answers a deployment's question (through `tasks/update`), reads an export's CSV through the
+resource_link of its result, and cancels another export (`tasks/cancel`).
 `plain`: FastMCP's client without the Tasks extension, on the plain and handle tools.
 `tasks-off`: `fastmcp_tasks` imported while the server's Tasks kill switch is on: plain answers.
 Prints what it observed as one JSON object on stdout; the pytest side asserts on it.
@@ -55,6 +56,10 @@ async def with_tasks(url: str, token: str) -> dict[str, Any]:
         seen["deploy_asked"] = sorted(asked.input_requests or {})
         seen["deploy"] = (await deploy.result()).structured_content
 
+        # An export run to its end: its CSV comes back as a resource_link, read with resources/read.
+        finished = await (await call_tool_task(client, "export_dataset", {"rows": 300})).result()
+        seen["export_link"] = await read_linked(client, finished.content)
+
         # An export cancelled mid-way with tasks/cancel.
         export = await call_tool_task(client, "export_dataset", {"rows": 1000})
         await export.wait(state="working", timeout=30)
@@ -89,7 +94,22 @@ async def without_tasks(url: str, token: str) -> dict[str, Any]:
             "export_dataset_fetch", {"handle": started["handle"], "wait_seconds": 20}
         )
         seen["export_final"] = (final.structured_content or {}).get("status")
+        done = (await client.call_tool("export_dataset", {"rows": 300})).content
+        seen["export_link"] = await read_linked(client, done)
     return seen
+
+
+async def read_linked(client: Client, content: list[Any]) -> dict[str, Any]:
+    """The resource_link in a tool result, read with FastMCP's resources/read."""
+    (link,) = [block for block in content if getattr(block, "type", None) == "resource_link"]
+    contents = await client.read_resource(str(link.uri))
+    text = "".join(getattr(item, "text", "") for item in contents)
+    return {
+        "mime_type": link.mimeType,
+        "size": link.size,
+        "read_bytes": len(text.encode()),
+        "rows": text.count("\n") - 1,
+    }
 
 
 async def tasks_switched_off(url: str, token: str) -> dict[str, Any]:

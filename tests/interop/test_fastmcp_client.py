@@ -71,6 +71,7 @@ def test_fastmcp_with_fastmcp_tasks_follows_answers_and_cancels_through_tasks(
     assert seen["deploy"]["steps"][-1] == "switch traffic"
     assert seen["export_final"] == "cancelled"
     assert seen["export_progress_status"] == "cancelled"
+    assert_export_link(seen["export_link"])
 
 
 def test_fastmcp_without_the_tasks_extension_uses_plain_and_handle_tools(
@@ -82,6 +83,7 @@ def test_fastmcp_without_the_tasks_extension_uses_plain_and_handle_tools(
     assert seen["deploy_handoff"] in ("working", "input_required")
     assert seen["deploy"]["environment"] == "production"
     assert seen["export_final"] == "cancelled"
+    assert_export_link(seen["export_link"])
 
 
 def test_fastmcp_with_fastmcp_tasks_gets_plain_answers_while_the_kill_switch_is_on(
@@ -114,3 +116,9 @@ def test_fastmcp_with_fastmcp_tasks_gets_plain_answers_while_the_kill_switch_is_
     assert seen["deploy_handoff"]["job"] == "deploy_release"
     assert seen["deploy_handoff"]["status"] in ("working", "input_required")
     assert "deploy_release_progress" in seen["deploy_handoff"]["next"]
+
+
+def assert_export_link(link: dict[str, object]) -> None:
+    """A 300-row export read through its resource_link by FastMCP: the whole CSV, as the link said."""
+    assert link["mime_type"] == "text/csv" and link["rows"] == 300
+    assert link["read_bytes"] == link["size"]
