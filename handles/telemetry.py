@@ -21,6 +21,8 @@ attempt, status and failure reason.
 from __future__ import annotations
 
 import contextlib
+import functools
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -41,66 +43,113 @@ def start_context() -> dict[str, str] | None:
     return carrier or None
 
 
-class Telemetry:
-    """The instruments of one process. Cheap when no SDK is installed: every call is a no-op."""
+class _Sources:
+    """What the gauges read: every live runtime of this process (weakly held; usually one)."""
 
     def __init__(self) -> None:
-        meter = metrics.get_meter(SCOPE)
-        self.tracer = trace.get_tracer(SCOPE)
-        self._started = meter.create_counter("handles.jobs.started", description="Jobs started.")
-        self._ended = {
+        self.running: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def running_by_kind(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for source in list(self.running):
+            for kind, n in source.running_by_kind().items():  # in memory: cannot fail
+                counts[kind] = counts.get(kind, 0) + n
+        return counts
+
+    def stored(self, status: str) -> dict[str, int]:
+        """The store's waiting jobs per kind, from each distinct database (read once each)."""
+        counts: dict[str, int] = {}
+        seen: set[str] = set()
+        for source in list(self.running):
+            repo = source.store.repo
+            database = str(repo.engine.url)
+            if database in seen:
+                continue
+            seen.add(database)
+            try:
+                waiting = repo.waiting_counts()
+            except Exception:  # this database is away: the others still count
+                continue
+            for (kind, state), n in waiting.items():
+                if state == status:
+                    counts[kind] = counts.get(kind, 0) + n
+        return counts
+
+
+@functools.cache
+def _instruments() -> tuple[dict[str, Any], _Sources]:
+    """The process's instruments, made once: an instrument of a name exists once per meter, so every
+    `Handles` instance of the process shares them, and the gauges read every live runtime."""
+    meter = metrics.get_meter(SCOPE)
+    sources = _Sources()
+
+    def gauge(values: Callable[[], dict[str, int]]) -> Callable[[Any], Iterable[metrics.Observation]]:
+        def callback(_options: Any) -> Iterable[metrics.Observation]:
+            try:
+                return [metrics.Observation(count, {KIND: kind}) for kind, count in values().items()]
+            except Exception:  # a database away: no observation this time, never an exporter crash
+                return []
+
+        return callback
+
+    meter.create_observable_gauge(
+        "handles.jobs.running", [gauge(sources.running_by_kind)], description="Jobs running on this node."
+    )
+    meter.create_observable_gauge(
+        "handles.jobs.queued",
+        [gauge(lambda: sources.stored("queued"))],
+        description="Jobs waiting for a worker.",
+    )
+    meter.create_observable_gauge(
+        "handles.jobs.parked",
+        [gauge(lambda: sources.stored("parked"))],
+        description="Jobs waiting for an answer.",
+    )
+    instruments: dict[str, Any] = {
+        "started": meter.create_counter("handles.jobs.started", description="Jobs started."),
+        **{
             status: meter.create_counter(f"handles.jobs.{status}", description=f"Jobs {status}.")
             for status in ("completed", "failed", "cancelled")
-        }
-        self._recovered = meter.create_counter(
+        },
+        "recovered": meter.create_counter(
             "handles.jobs.recovered", description="Jobs whose node died, settled or retried by another."
-        )
-        self._queue_wait = meter.create_histogram(
+        ),
+        "queue_wait": meter.create_histogram(
             "handles.job.queue_wait", unit="s", description="From a job's start to its first claim."
-        )
-        self._run_time = meter.create_histogram(
+        ),
+        "run_time": meter.create_histogram(
             "handles.job.run_time",
             unit="s",
             description="One attempt of a job, from claim to outcome or park.",
-        )
-        self._parked_time = meter.create_histogram(
+        ),
+        "parked_time": meter.create_histogram(
             "handles.job.parked_time", unit="s", description="From a question to its answer."
-        )
-        self._meter = meter
+        ),
+    }
+    return instruments, sources
 
-    def observe(
-        self,
-        running: Callable[[], dict[str, int]],
-        stored: Callable[[], dict[tuple[str, str], int]],
-    ) -> None:
-        """Register the gauges: `running()` counts this node's jobs per kind; `stored()` counts the
-        store's jobs per (kind, status) for the queued and parked states."""
 
-        def gauge(
-            values: Callable[[], Iterable[tuple[str, int]]],
-        ) -> Callable[[Any], Iterable[metrics.Observation]]:
-            def callback(_options: Any) -> Iterable[metrics.Observation]:
-                try:
-                    return [metrics.Observation(count, {KIND: kind}) for kind, count in values()]
-                except Exception:  # a database away: no observation this time, never an exporter crash
-                    return []
+class Telemetry:
+    """The instruments, as one runtime uses them. Cheap when no SDK is installed: every call is a no-op."""
 
-            return callback
+    def __init__(self) -> None:
+        self.tracer = trace.get_tracer(SCOPE)
+        instruments, self._sources = _instruments()
+        self._started = instruments["started"]
+        self._ended = {status: instruments[status] for status in ("completed", "failed", "cancelled")}
+        self._recovered = instruments["recovered"]
+        self._queue_wait = instruments["queue_wait"]
+        self._run_time = instruments["run_time"]
+        self._parked_time = instruments["parked_time"]
 
-        def of_status(status: str) -> Callable[[], Iterable[tuple[str, int]]]:
-            return lambda: [(kind, n) for (kind, state), n in stored().items() if state == status]
+    def observe(self, runtime: Any) -> None:
+        """Count `runtime` in the gauges (it has `running_by_kind()` and `store.repo.waiting_counts()`)
+        for as long as it lives."""
+        self._sources.running.add(runtime)
 
-        self._meter.create_observable_gauge(
-            "handles.jobs.running",
-            [gauge(lambda: running().items())],
-            description="Jobs running on this node.",
-        )
-        self._meter.create_observable_gauge(
-            "handles.jobs.queued", [gauge(of_status("queued"))], description="Jobs waiting for a worker."
-        )
-        self._meter.create_observable_gauge(
-            "handles.jobs.parked", [gauge(of_status("parked"))], description="Jobs waiting for an answer."
-        )
+    def forget(self, runtime: Any) -> None:
+        """`runtime` stopped: the gauges no longer read it."""
+        self._sources.running.discard(runtime)
 
     def started(self, kind: str) -> None:
         self._started.add(1, {KIND: kind})

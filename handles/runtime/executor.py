@@ -68,7 +68,6 @@ class Runtime:
         self.store = store
         self.sealer = sealer
         self.telemetry = Telemetry()
-        self.telemetry.observe(running=self._running_by_kind, stored=store.repo.waiting_counts)
         self.config = config
         self.specs = specs
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
@@ -133,6 +132,7 @@ class Runtime:
         if self._started or self.closed:
             return
         self._started = True
+        self.telemetry.observe(self)
         self._wake = asyncio.Event()
         self._leases.wake = asyncio.Event()
         self._loops = [
@@ -230,6 +230,7 @@ class Runtime:
         self._loops = []
         self._started = False
         self._closed = True
+        self.telemetry.forget(self)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Run a short background task that `stop` waits for."""
@@ -397,7 +398,8 @@ class Runtime:
             if self._backlog and not self.closed:
                 self._wake.set()  # a slot is free and jobs may be waiting for one
 
-    def _running_by_kind(self) -> dict[str, int]:
+    def running_by_kind(self) -> dict[str, int]:
+        """How many jobs of each kind run here now (the `handles.jobs.running` gauge)."""
         counts: dict[str, int] = {}
         for entry in list(self._running.values()):
             counts[entry.spec.name] = counts.get(entry.spec.name, 0) + 1

@@ -184,26 +184,34 @@ async def test_a_task_followed_by_the_sdk_client_is_resumed_after_the_poll_is_cu
     assert len(faults.effects_of(job_id(created.task_id))) == 1
 
 
-@pytest.mark.parametrize("prefer", ["tasks", "handles"])
+@pytest.mark.parametrize("face", ["tasks", "tasks-pushed", "handles"])
 async def test_the_handles_client_rides_out_cuts_of_its_start_its_polls_and_its_answer(
-    faults: Deployment, tmp_path: Path, prefer: str
+    faults: Deployment, tmp_path: Path, face: str
 ) -> None:
-    """`handles.client.follow`, given a factory of connections, over the cutting relay: one job, one effect."""
+    """`handles.client.follow`, given a factory of connections, over the cutting relay: one job, one effect.
+
+    On the Tasks face it either polls (`tasks/get` is cut) or takes pushed states (the
+    `subscriptions/listen` stream is cut, and it falls back to polling)."""
     from handles.client import follow
 
-    version = f"follow-{prefer}-{secrets.token_hex(3)}"
+    version = f"follow-{face}-{secrets.token_hex(3)}"
+    prefer = "handles" if face == "handles" else "tasks"
+    tasks = prefer == "tasks"
+    observe = {
+        "tasks": "mcp-method: tasks/get",
+        "tasks-pushed": "mcp-method: subscriptions/listen",
+        "handles": "mcp-name: approve_progress",
+    }[face]
 
     @asynccontextmanager
     async def connect() -> AsyncIterator[Any]:
-        async with faults.client(extensions=[TasksClientExtension()]) as tool_client:
+        extension = TasksClientExtension(push=face == "tasks-pushed")
+        async with faults.client(extensions=[extension]) as tool_client:
             yield tool_client.client
 
-    tasks = prefer == "tasks"
     cuts = [
         faults.relay.fault("mcp-name: approve_start", "cut_after_reply"),
-        faults.relay.fault(
-            "mcp-method: tasks/get" if tasks else "mcp-name: approve_progress", "cut_at_first_byte"
-        ),
+        faults.relay.fault(observe, "cut_at_first_byte"),
         faults.relay.fault(
             "mcp-method: tasks/update" if tasks else "mcp-name: approve_respond", "cut_after_reply"
         ),
