@@ -9,6 +9,7 @@ the `CallToolResult` the plain tool would have returned.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import re
 import typing
@@ -183,9 +184,10 @@ class JobSpec:
         """JSON Schema of the job's parameters (the start tool's arguments, without `idempotency_key`)."""
         return self.metadata.arg_model.model_json_schema(by_alias=True)
 
-    @property
+    @functools.cached_property
     def sensitive_arguments(self) -> frozenset[str]:
-        """The parameters typed `SecretStr`: sealed in the store, never shown (see handles.sealing)."""
+        """The parameters typed `SecretStr`: sealed in the store, never shown (see handles.sealing).
+        Cached: building the schema costs far more than a start."""
         return sensitive_fields(self.parameters_schema)
 
     @property
