@@ -7,7 +7,8 @@
 - `handles watch HANDLE|ID`: a live progress bar until the job ends;
 - `handles keygen`: a new signing key (prepend it to HANDLES_SECRET_KEYS to rotate);
 - `handles db upgrade`: apply the schema migrations to HANDLES_DATABASE_URL;
-- `handles worker --app module:attribute`: run jobs without serving MCP.
+- `handles worker --app module:attribute`: run jobs without serving MCP;
+- `handles console --port N`: the operator web console (docs/console.md), behind HANDLES_CONSOLE_TOKEN.
 
 It reads the same `HANDLES_*` environment as the servers.
 """
@@ -554,6 +555,29 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
+CONSOLE_TOKEN_ENV = "HANDLES_CONSOLE_TOKEN"
+
+
+def console(args: argparse.Namespace) -> int:
+    """Serve the operator console alone, on the configured database; never without a token."""
+    import uvicorn
+
+    from handles.console import console_app
+
+    token = os.environ.get(CONSOLE_TOKEN_ENV, "")
+    if len(token) < 16:
+        raise ConfigurationError(
+            f"Set {CONSOLE_TOKEN_ENV} to a secret of at least 16 characters (`handles keygen` makes one): "
+            "the console shows and steers every job, so it never starts open."
+        )
+    url = args.database_url or HandlesConfig.from_env().resolved_database_url()
+    open_repository(url).dispose()  # reachable and current, or a clear error now
+    app = console_app(url, token=token)
+    logging.getLogger("handles").info("operator console on http://%s:%d/", args.host, args.port)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="handles", description="Operate a handles deployment.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -695,6 +719,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     work.add_argument("--app", help="module:attribute of your Handles instance (default: HANDLES_APP)")
     work.set_defaults(run=worker)
+
+    serve = commands.add_parser(
+        "console",
+        help="serve the operator web console",
+        description="Serve the operator web console (see and steer every job from a browser) on the "
+        f"configured database. It requires {CONSOLE_TOKEN_ENV} (at least 16 characters) and refuses to "
+        "start without it; operators sign in with that token.",
+    )
+    serve.add_argument("--port", type=int, default=8700)
+    serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
+    serve.add_argument("--database-url", help="SQLAlchemy URL (default: HANDLES_DATABASE_URL)")
+    serve.set_defaults(run=console)
     return parser
 
 
