@@ -46,7 +46,7 @@ form.filters{display:flex;gap:8px;flex-wrap:wrap;margin-bottom:12px}input,select
 .facts th{width:200px;background:#fff}.danger{background:#c7332b;color:#fff;border:0;border-radius:4px;padding:6px 12px}
 .primary{background:#2456c7;color:#fff;border:0;border-radius:4px;padding:6px 12px}pre{white-space:pre-wrap;margin:0}
 ol.timeline{list-style:none;padding:0;margin:0}ol.timeline li{border-left:3px solid #c4cbd8;padding:4px 10px;margin-left:6px}
-ol.timeline li.completed{border-color:#2f9e5b}ol.timeline li.failed{border-color:#c7332b}ol.timeline li.started{border-color:#e0a800}
+ol.timeline li.step-completed{border-color:#2f9e5b}ol.timeline li.step-failed{border-color:#c7332b}ol.timeline li.step-started{border-color:#e0a800}
 label{display:block;margin:6px 0 2px;font-weight:600}
 """
 
@@ -401,7 +401,7 @@ def job_page(
         actions = f'<p><a class="danger" style="text-decoration:none" href="{esc(base)}/jobs/{esc(job.id)}/cancel">Cancel this job…</a></p>'
     timeline = (
         "".join(
-            f'<li class="{esc(s.status)}"><strong>{esc(s.name)}</strong> <span class="badge">{esc(s.status)}</span> '
+            f'<li class="step-{esc(s.status)}"><strong>{esc(s.name)}</strong> <span class="badge">{esc(s.status)}</span> '
             f'<span class="muted">attempt {s.attempt}, started {_when(s.started_at)}'
             + (f", finished {_when(s.finished_at)}" if s.finished_at else ", outcome not recorded yet")
             + "</span>"

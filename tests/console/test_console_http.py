@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 from itertools import count
+from pathlib import Path
 
 import pytest
 
@@ -306,3 +307,27 @@ def test_the_console_refuses_a_missing_or_short_token(url: str, token: str) -> N
 
     with pytest.raises(ValueError, match="at least 16 characters"):
         console_app(url, token=token)
+
+
+def test_mounted_beside_mcp_it_serves_under_its_prefix_on_the_servers_store(
+    tmp_path: Path, signing_key: str
+) -> None:
+    from starlette.testclient import TestClient
+
+    from example_server.server import build_server, create_jobs
+    from handles.console import console_app
+    from handles.mcp import streamable_http_app
+    from tests.support import handles_config
+
+    jobs = create_jobs(handles_config(tmp_path, [signing_key]))
+    app = streamable_http_app(build_server(jobs), jobs)
+    app.mount("/console", console_app(jobs, token=TOKEN))
+    with TestClient(app, follow_redirects=False) as client:
+        job = new_job(jobs.service.store.repo, kind="generate_report")
+        assert client.get("/console/").status_code == 401
+        signed_in = client.post("/console/login", data={"token": TOKEN, "name": "ivy", "next": "/console/"})
+        assert signed_in.status_code == 303 and signed_in.headers["location"] == "/console/"
+        assert "path=/console" in signed_in.headers["set-cookie"].lower()
+        page = client.get("/console/").text
+        assert f'href="/console/jobs/{job.id}"' in page and 'data-feed="/console/api/jobs"' in page
+        assert client.get("/healthz").status_code == 200, "the server's own routes are untouched"
