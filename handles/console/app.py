@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from starlette.applications import Starlette
-from starlette.datastructures import FormData
+from starlette.datastructures import FormData, MutableHeaders
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from handles.config import HandlesConfig
 from handles.console import pages
@@ -31,6 +32,17 @@ if TYPE_CHECKING:
     from handles.app import Handles
 
 Handler = Callable[[Request, Operator], Awaitable[Response]]
+
+SECURITY_HEADERS = {
+    # No inline script may run (an escaped status message cannot become one anyway), nothing is
+    # fetched from elsewhere, and no other site may frame the console (its cancel button).
+    "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; "
+    "img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "same-origin",
+    "cache-control": "no-store",
+}
 
 REFUSED = "Sign in to the handles console first (operator token required)."
 
@@ -71,6 +83,27 @@ def form_answer(schema: dict[str, Any], form: FormData) -> dict[str, Any]:
     return answer
 
 
+class _SecurityHeaders:
+    """Adds `SECURITY_HEADERS` to every response of the console (pages, feed, refusals alike)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_secured(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    headers.setdefault(name, value)
+            await send(message)
+
+        await self.app(scope, receive, send_secured)
+
+
 class Console:
     """The console over one store; `handles` when mounted in that server (its runtime hears at once)."""
 
@@ -92,9 +125,7 @@ class Console:
                         "Reload the page and send it again.",
                         status_code=403,
                     )
-            response = await handler(request, operator)
-            response.headers.setdefault("cache-control", "no-store")
-            return response
+            return await handler(request, operator)
 
         return endpoint
 
@@ -105,6 +136,10 @@ class Console:
         return HTMLResponse(pages.login(_base(request), target), status_code=401)
 
     # -- sign in and out ------------------------------------------------------------------
+
+    async def live_script(self, _request: Request) -> Response:
+        """The jobs list's update script: no secret in it, so served without a credential."""
+        return Response(pages.LIVE_SCRIPT, media_type="text/javascript")
 
     async def login_page(self, request: Request) -> Response:
         return HTMLResponse(pages.login(_base(request), _base(request) + "/"))
@@ -254,6 +289,7 @@ class Console:
             Route("/jobs/{job_id}/answer/{key}", g(self.answer, post=True), methods=["POST"]),
             Route("/jobs/{job_id}/cancel", g(self.cancel_page), methods=["GET"]),
             Route("/jobs/{job_id}/cancel", g(self.cancel, post=True), methods=["POST"]),
+            Route("/live.js", self.live_script, methods=["GET"]),
             Route("/login", self.login_page, methods=["GET"]),
             Route("/login", self.login, methods=["POST"]),
             Route("/logout", g(self.logout, post=True), methods=["POST"]),
@@ -287,4 +323,6 @@ def console_app(handles_or_database_url: Handles | str, *, token: str) -> Starle
             if repository is not None:
                 repository.dispose()
 
-    return Starlette(routes=console.routes(), lifespan=lifespan)
+    app = Starlette(routes=console.routes(), lifespan=lifespan)
+    app.add_middleware(_SecurityHeaders)
+    return app

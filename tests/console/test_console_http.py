@@ -331,3 +331,26 @@ def test_mounted_beside_mcp_it_serves_under_its_prefix_on_the_servers_store(
         page = client.get("/console/").text
         assert f'href="/console/jobs/{job.id}"' in page and 'data-feed="/console/api/jobs"' in page
         assert client.get("/healthz").status_code == 200, "the server's own routes are untouched"
+
+
+def test_every_reply_forbids_inline_scripts_and_framing(repo: JobRepository, url: str) -> None:
+    job = asking_job(repo)
+    with console(url, signed_in_as=None) as anonymous:
+        replies = [anonymous.get("/"), anonymous.get("/api/jobs"), anonymous.get("/live.js")]
+    with console(url) as client:
+        replies += [
+            client.get("/"),
+            client.get(f"/jobs/{job.id}"),
+            client.get("/overview"),
+            client.get("/api/jobs"),
+        ]
+        pages = [reply.text for reply in replies[3:6]]
+    for reply in replies:
+        policy = reply.headers["content-security-policy"]
+        assert "script-src 'self';" in policy and "frame-ancestors 'none'" in policy, reply.url
+        assert reply.headers["x-frame-options"] == "DENY" and reply.headers["cache-control"] == "no-store"
+    assert all("<script>" not in text for text in pages), "no inline script: the policy would block it"
+    assert '<script src="/live.js" defer></script>' in pages[0]
+    assert "textContent" in replies[2].text and replies[2].headers["content-type"].startswith(
+        "text/javascript"
+    )
