@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from handles.store import JobRepository
+from tests.multinode.conftest import pg_url  # noqa: F401 (a fresh PostgreSQL schema at the head revision, for two nodes)
 
 
 @pytest.fixture(autouse=True)

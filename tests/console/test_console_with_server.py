@@ -87,3 +87,42 @@ async def test_a_cancel_from_the_console_stops_a_running_job(
         assert job is not None and job.cancel_requested_by == "operator:erin"
     finally:
         repo.dispose()
+
+
+async def test_the_console_sees_both_nodes_of_a_deployment_and_steers_either(
+    tmp_path: Path, pg_url: str, signing_key: str
+) -> None:
+    nodes = [
+        HttpExampleServer(
+            tmp_path / name, [signing_key], env={"HANDLES_DATABASE_URL": pg_url, "EXAMPLE_JOB_SECONDS": "60"}
+        ).start()
+        for name in ("a", "b")
+    ]
+    try:
+        handles: list[str] = []
+        for node in nodes:
+            async with connect(node.url) as client:
+                handle = str((await client.call("export_dataset_start", {"rows": 1000}))["handle"])
+                await client.wait_status("export_dataset", handle, "working")
+                handles.append(handle)
+        ids = [job_id_of(handle, signing_key) for handle in handles]
+        with console(pg_url, signed_in_as="hal") as operator:
+            rows = {row["id"]: row for row in operator.get("/api/jobs").json()["jobs"]}
+            assert set(rows) == set(ids)
+            running_on = {rows[job_id]["node"] for job_id in ids}
+            assert len(running_on) == 2, "each job shows the node that runs it"
+            overview = operator.get("/overview").text
+            assert all(
+                f'<td class="mono">{node}</td><td class="num">1</td>' in overview for node in running_on
+            )
+            confirm = operator.get(f"/jobs/{ids[1]}/cancel").text
+            operator.post(f"/jobs/{ids[1]}/cancel", data={"csrf": csrf_of(confirm), "confirm": "yes"})
+        async with connect(nodes[1].url) as client:
+            ended = await client.wait_status("export_dataset", handles[1], "cancelled", timeout=30)
+            assert ended["status"] == "cancelled"
+        async with connect(nodes[0].url) as client:
+            other = await client.call("export_dataset_progress", {"handle": handles[0]})
+            assert other["status"] == "working", "the other node's job goes on"
+    finally:
+        for node in nodes:
+            node.stop()
