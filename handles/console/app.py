@@ -52,9 +52,8 @@ def _base(request: Request) -> str:
 
 
 def _wants_json(request: Request) -> bool:
-    return request.url.path.rstrip("/").endswith(("/api/jobs",)) or "application/json" in request.headers.get(
-        "accept", ""
-    )
+    """A script's request (the feed, or one that asks for JSON): refused with JSON, not the login page."""
+    return "/api/" in request.url.path or "application/json" in request.headers.get("accept", "")
 
 
 def form_answer(schema: dict[str, Any], form: FormData) -> dict[str, Any]:
@@ -203,7 +202,16 @@ class Console:
         rows, _filters, next_cursor = await self._listing(request)
         return JSONResponse({"jobs": rows, "next": next_cursor})
 
-    async def job(self, request: Request, operator: Operator, **shown: Any) -> Response:
+    async def job(
+        self,
+        request: Request,
+        operator: Operator,
+        *,
+        notice: str | None = None,
+        problem: tuple[str, str] | None = None,
+        status: int = 200,
+    ) -> Response:
+        """The job page; after a refused form, with its `notice` or the `(question key, problem)` shown."""
         job, questions, steps = await self.ops.job(request.path_params["job_id"])
         if job is None:
             return HTMLResponse(
@@ -215,7 +223,6 @@ class Console:
                 ),
                 status_code=404,
             )
-        status = shown.pop("status", 200)
         return HTMLResponse(
             pages.job_page(
                 job,
@@ -225,7 +232,8 @@ class Console:
                 reveal=request.query_params.get("reveal") == "1",
                 base=_base(request),
                 operator=operator,
-                **shown,
+                problem=problem,
+                notice=notice,
             ),
             status_code=status,
         )
