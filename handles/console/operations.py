@@ -133,6 +133,9 @@ class Operations:
         outcome = await self.store.write(job.id, self.store.repo.answer_inputs, job.id, sealed, by)
         if outcome is None or key not in outcome.accepted:
             return False
+        if self.runtime is not None:
+            waited = self.store.repo.clock() - pending[key].created_at
+            self.runtime.telemetry.parked_time(job.kind, waited.total_seconds())
         if outcome.job.status == Status.WORKING and outcome.job.lease_owner is None:
             # parked (or its question came before the start): a worker on any node may take it now
             if self.runtime is not None:

@@ -10,11 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx2
 import pytest
 
+from handles.console import console_app
 from handles.store import JobRepository
-from tests.console.support import console, csrf_of
-from tests.support import HttpExampleServer, connect, job_id_of
+from tests.console.support import TOKEN, console, csrf_of
+from tests.support import HttpExampleServer, InProcessExample, connect, job_id_of
 
 
 @pytest.fixture
@@ -126,3 +128,27 @@ async def test_the_console_sees_both_nodes_of_a_deployment_and_steers_either(
     finally:
         for node in nodes:
             node.stop()
+
+
+async def test_mounted_in_the_server_an_answer_resumes_the_job_on_this_node(
+    inprocess_example: InProcessExample,
+) -> None:
+    """Mounted with the server's `Handles`, the console hands the answered job to this node's runtime."""
+    jobs = inprocess_example.jobs
+    async with connect(inprocess_example.server) as client:
+        handle = str((await client.call("deploy_release_start", {"version": "3.0.0"}))["handle"])
+        job_id = job_id_of(handle, inprocess_example.key)
+        await client.wait_status("deploy_release", handle, "input_required", timeout=60)
+        transport = httpx2.ASGITransport(app=console_app(jobs, token=TOKEN))
+        headers = {"Authorization": f"Bearer {TOKEN}", "X-Handles-Operator": "ops-bot"}
+        async with httpx2.AsyncClient(
+            transport=transport, base_url="http://console", headers=headers
+        ) as http:
+            reply = await http.post(
+                f"/jobs/{job_id}/answer/q1", data={"approve": "true", "environment": "production"}
+            )
+            assert reply.status_code == 303, reply.text
+        done = await client.wait_status("deploy_release", handle, "completed", timeout=60)
+        assert done["status"] == "completed"
+    question = jobs.service.store.repo.get_input(job_id, "q1")
+    assert question is not None and question.answered_by == "operator:ops-bot"
