@@ -10,6 +10,7 @@
 - `handles worker --app module:attribute`: run jobs without serving MCP;
 - `handles manifest URL`: what a server offers a client (protocol, Tasks, jobs and their modes), and
   whether it meets a workflow's requirements (`--modes`, `--job`).
+- `handles console --port N`: the operator web console (docs/console.md), behind HANDLES_CONSOLE_TOKEN.
 
 It reads the same `HANDLES_*` environment as the servers (`handles manifest` only needs the URL).
 """
@@ -639,6 +640,29 @@ def manifest(args: argparse.Namespace) -> int:
     return 0
 
 
+CONSOLE_TOKEN_ENV = "HANDLES_CONSOLE_TOKEN"
+
+
+def console(args: argparse.Namespace) -> int:
+    """Serve the operator console alone, on the configured database; never without a token."""
+    import uvicorn
+
+    from handles.console import console_app
+
+    token = os.environ.get(CONSOLE_TOKEN_ENV, "")
+    if len(token) < 16:
+        raise ConfigurationError(
+            f"Set {CONSOLE_TOKEN_ENV} to a secret of at least 16 characters (`handles keygen` makes one): "
+            "the console shows and steers every job, so it never starts open."
+        )
+    url = args.database_url or HandlesConfig.from_env().resolved_database_url()
+    open_repository(url).dispose()  # reachable and current, or a clear error now
+    app = console_app(url, token=token)
+    logging.getLogger("handles").info("operator console on http://%s:%d/", args.host, args.port)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="handles", description="Operate a handles deployment.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -809,6 +833,19 @@ def build_parser() -> argparse.ArgumentParser:
         "repeatable",
     )
     show_manifest.set_defaults(run=manifest)
+
+
+    serve = commands.add_parser(
+        "console",
+        help="serve the operator web console",
+        description="Serve the operator web console (see and steer every job from a browser) on the "
+        f"configured database. It requires {CONSOLE_TOKEN_ENV} (at least 16 characters) and refuses to "
+        "start without it; operators sign in with that token.",
+    )
+    serve.add_argument("--port", type=int, default=8700)
+    serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
+    serve.add_argument("--database-url", help="SQLAlchemy URL (default: HANDLES_DATABASE_URL)")
+    serve.set_defaults(run=console)
     return parser
 
 

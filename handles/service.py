@@ -84,6 +84,39 @@ def _seconds(delta: timedelta | None) -> float | None:
     return None if delta is None else delta.total_seconds()
 
 
+def checked_answers(
+    sealer: Sealer, pending: Mapping[str, InputRequestRecord], responses: dict[str, Any], retry: str
+) -> dict[str, Any]:
+    """`responses` checked against the schemas of the `pending` questions they answer, sensitive fields
+    sealed, ready for `answer_inputs`; `InvalidArguments` naming every misfit (and what to do: `retry`)
+    otherwise. The one check of an answer, whoever sends it (a `*_respond` tool, `tasks/update`, the
+    operator console)."""
+    problems: list[str] = []
+    expected: list[str] = []
+    for key, answer in responses.items():
+        request = pending.get(key)
+        if request is None:
+            continue
+        found = validate_answer(request.requested_schema, answer)
+        problems.extend(f"{key}.{p}" for p in found)
+        if found:
+            expected.append(f"{key} expects {describe_fields(request.requested_schema)}.")
+    if problems:
+        raise InvalidArguments(
+            "Some answers do not fit the requested schema: "
+            + "; ".join(problems)
+            + ". "
+            + " ".join(expected),
+            f"Fix those fields and {retry}; nothing was stored.",
+        )
+    return {
+        key: sealer.seal(answer, sensitive_fields(pending[key].requested_schema))
+        if key in pending and isinstance(answer, dict)
+        else answer
+        for key, answer in responses.items()
+    }
+
+
 class JobService:
     """Start, find and steer stored jobs on behalf of a principal."""
 
@@ -482,30 +515,9 @@ class JobService:
             "Send each answer as an object of the requested fields, in valid Unicode and within the size limit.",
         )
         pending = {r.key: r for r in await self.store.read(self.store.repo.pending_inputs, record.id)}
-        problems: list[str] = []
-        expected: list[str] = []
-        for key, answer in responses.items():
-            request = pending.get(key)
-            if request is None:
-                continue
-            found = validate_answer(request.requested_schema, answer)
-            problems.extend(f"{key}.{p}" for p in found)
-            if found:
-                expected.append(f"{key} expects {describe_fields(request.requested_schema)}.")
-        if problems:
-            raise InvalidArguments(
-                "Some answers do not fit the requested schema: "
-                + "; ".join(problems)
-                + ". "
-                + " ".join(expected),
-                f"Fix those fields and call {again or spec.name + '_respond'} again; nothing was stored.",
-            )
-        sealed = {
-            key: self.sealer.seal(answer, sensitive_fields(pending[key].requested_schema))
-            if key in pending and isinstance(answer, dict)
-            else answer
-            for key, answer in responses.items()
-        }
+        sealed = checked_answers(
+            self.sealer, pending, responses, f"call {again or spec.name + '_respond'} again"
+        )
         outcome = await self.store.write(
             record.id, self.store.repo.answer_inputs, record.id, sealed, record.principal
         )

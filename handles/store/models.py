@@ -93,6 +93,10 @@ class JobRecord(SQLModel, table=True):
         UniqueConstraint("principal_key", "kind", "idempotency_key", name="uq_handles_jobs_idempotency"),
         Index("ix_handles_jobs_claim", "status", "lease_owner", "run_after"),
         Index("ix_handles_jobs_principal_key_status", "principal_key", "status"),
+        # the operator console's keyset listing, newest first (revision 0010)
+        Index("ix_handles_jobs_created", "created_at", "id"),
+        Index("ix_handles_jobs_kind_created", "kind", "created_at", "id"),
+        Index("ix_handles_jobs_status_created", "status", "created_at", "id"),
     )
 
     id: str = Field(primary_key=True, max_length=64)

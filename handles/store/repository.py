@@ -367,12 +367,14 @@ class JobRepository:
         principal_matching: PrincipalMatch | None = None,
         created_before: datetime | None = None,
         created_after: datetime | None = None,
+        before: tuple[datetime, str] | None = None,
         limit: int = 50,
     ) -> list[JobRecord]:
         """Jobs matching every given filter, newest first (operator listings).
 
         `principal` is one stored principal; `principal_matching` what an operator's `--principal`
-        means (see `handles.principal.principal_match`).
+        means (see `handles.principal.principal_match`). `before` is a keyset cursor, the
+        `(created_at, id)` of the last job of the previous page: a page costs the same at any depth.
         """
         query = select(JobRecord)
         if statuses:
@@ -387,8 +389,17 @@ class JobRepository:
             query = query.where(col(JobRecord.created_at) < created_before)
         if created_after is not None:
             query = query.where(col(JobRecord.created_at) >= created_after)
+        if before is not None:
+            created, job_id = before
+            query = query.where(
+                or_(
+                    col(JobRecord.created_at) < created,
+                    and_(col(JobRecord.created_at) == created, col(JobRecord.id) < job_id),
+                )
+            )
+        newest_first = (col(JobRecord.created_at).desc(), col(JobRecord.id).desc())
         with self._reading() as session:
-            return list(session.exec(query.order_by(col(JobRecord.created_at).desc()).limit(limit)))
+            return list(session.exec(query.order_by(*newest_first).limit(limit)))
 
     def _principal_matches(self, match: PrincipalMatch) -> Any:
         """SQL for `match`: its exact forms by key, its patterns whole and case-sensitive (GLOB on SQLite,
@@ -1105,6 +1116,19 @@ class JobRepository:
             for kind, status, n in rows
         }
 
+    def active_counts(self) -> list[tuple[str, str, str | None, int, datetime]]:
+        """Every unfinished job counted by `(kind, status, lease owner)`, with the oldest one's creation
+        time: what the operator console's overview adds up (queued is `working` with no lease owner)."""
+        with self._fast_reading() as connection:
+            rows = connection.execute(_ACTIVE_COUNTS).all()
+        return [(kind, status, owner, n, oldest) for kind, status, owner, n, oldest in rows]
+
+    def failed_counts(self, since: datetime) -> dict[str, int]:
+        """Jobs of each kind that failed at or after `since`."""
+        with self._fast_reading() as connection:
+            rows = connection.execute(_FAILED_COUNTS, {"since": since}).all()
+        return {kind: n for kind, n in rows}
+
     # -- audit evidence --------------------------------------------------------
 
     def delete_old_evidence(self, limit: int) -> int:
@@ -1257,6 +1281,16 @@ _WAITING_COUNTS = (
         )
     )
     .group_by(_JOBS.c.kind, _JOBS.c.status)
+)
+_ACTIVE_COUNTS = (
+    sa_select(_JOBS.c.kind, _JOBS.c.status, _JOBS.c.lease_owner, func.count(), func.min(_JOBS.c.created_at))
+    .where(_JOBS.c.status.in_([s.value for s in ACTIVE]))
+    .group_by(_JOBS.c.kind, _JOBS.c.status, _JOBS.c.lease_owner)
+)
+_FAILED_COUNTS = (
+    sa_select(_JOBS.c.kind, func.count())
+    .where(_JOBS.c.status == Status.FAILED.value, _JOBS.c.finished_at >= bindparam("since"))
+    .group_by(_JOBS.c.kind)
 )
 _PART_BY_KEY = sa_select(_PARTS.c.data).where(
     _PARTS.c.job_id == bindparam("job_id"),

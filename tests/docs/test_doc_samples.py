@@ -39,6 +39,7 @@ def test_page_samples_run(page: Path, tmp_path: Path) -> None:
         os.environ,
         HANDLES_DATA_DIR=str(tmp_path / "data"),
         HANDLES_SECRET_KEYS="docs-sample-key-" + "d" * 32,
+        HANDLES_CONSOLE_TOKEN="docs-console-token-" + "c" * 16,  # as a deployment with the console sets it
         PYTHONPATH=str(ROOT),
     )
     env.pop("HANDLES_DATABASE_URL", None)

@@ -1,0 +1,154 @@
+"""What the console reads and changes: pages of jobs, one job, the overview, answers and cancels.
+
+Everything goes through the store and the checks the MCP faces use: an answer is checked by
+`handles.service.checked_answers` (as `*_respond` and `tasks/update` check it), a cancel is the
+repository's `request_cancel`, each recorded `by` the operator. Mounted in a server, the console
+also tells that node's runtime at once; standalone, other nodes hear of the change on PostgreSQL
+by its notice, on SQLite at their next poll or heartbeat.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from handles.principal import principal_match
+from handles.runtime import Runtime
+from handles.sealing import Sealer
+from handles.service import checked_answers
+from handles.states import Status
+from handles.store import CancelOutcome, InputRequestRecord, JobRecord, StepRecord, Store
+
+PAGE_SIZE = 50
+RECENT_FAILURES = timedelta(hours=1)
+
+
+@dataclass(frozen=True)
+class Filters:
+    status: str | None = None
+    kind: str | None = None
+    principal: str | None = None
+
+    @classmethod
+    def of(cls, query: dict[str, str]) -> Filters:
+        status = query.get("status") or None
+        if status is not None and status not in {s.value for s in Status}:
+            status = None
+        return cls(
+            status, (query.get("kind") or "").strip() or None, (query.get("principal") or "").strip() or None
+        )
+
+    def query(self) -> dict[str, str]:
+        return {
+            k: v
+            for k, v in (("status", self.status), ("kind", self.kind), ("principal", self.principal))
+            if v
+        }
+
+
+def cursor_of(job: JobRecord) -> str:
+    """The keyset cursor after `job`: its creation time and id."""
+    return f"{job.created_at.isoformat()}|{job.id}"
+
+
+def parse_cursor(text: str | None) -> tuple[datetime, str] | None:
+    if not text:
+        return None
+    created, _, job_id = text.partition("|")
+    try:
+        when = datetime.fromisoformat(created)
+    except ValueError:
+        return None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)), job_id
+
+
+@dataclass
+class Overview:
+    """Counts of unfinished jobs per kind and per node, failures of the last hour, the oldest queued job."""
+
+    by_kind: dict[str, dict[str, int]] = field(default_factory=dict)
+    by_node: dict[str, int] = field(default_factory=dict)
+    oldest_queued: datetime | None = None
+
+
+STATES = ("running", "queued", "parked", "failed (1 h)")
+
+
+class Operations:
+    """The console's reads and writes on one store (and, mounted in a server, its runtime)."""
+
+    def __init__(self, store: Store, sealer: Sealer, runtime: Runtime | None = None) -> None:
+        self.store = store
+        self.sealer = sealer
+        self.runtime = runtime
+
+    async def page(self, filters: Filters, after: tuple[datetime, str] | None) -> list[JobRecord]:
+        """Up to `PAGE_SIZE` + 1 jobs (the extra one says there is a next page), newest first."""
+        return await self.store.read(
+            self.store.repo.list_jobs,
+            statuses=(filters.status,) if filters.status else (),
+            kind=filters.kind,
+            principal_matching=None if filters.principal is None else principal_match(filters.principal),
+            before=after,
+            limit=PAGE_SIZE + 1,
+        )
+
+    async def job(self, job_id: str) -> tuple[JobRecord | None, list[InputRequestRecord], list[StepRecord]]:
+        repo = self.store.repo
+        job = await self.store.read(repo.get, job_id)
+        if job is None:
+            return None, [], []
+        return job, await self.store.read(repo.questions, job_id), await self.store.read(repo.steps, job_id)
+
+    async def overview(self, now: datetime) -> Overview:
+        result = Overview()
+        for kind, status, owner, count, oldest in await self.store.read(self.store.repo.active_counts):
+            if status == Status.INPUT_REQUIRED:
+                state = "parked"
+            elif owner is None:
+                state = "queued"
+                if result.oldest_queued is None or oldest < result.oldest_queued:
+                    result.oldest_queued = oldest
+            else:
+                state = "running"
+                result.by_node[owner] = result.by_node.get(owner, 0) + count
+            counts = result.by_kind.setdefault(kind, dict.fromkeys(STATES, 0))
+            counts[state] += count
+        for kind, count in (
+            await self.store.read(self.store.repo.failed_counts, now - RECENT_FAILURES)
+        ).items():
+            result.by_kind.setdefault(kind, dict.fromkeys(STATES, 0))["failed (1 h)"] = count
+        return result
+
+    async def answer(self, job: JobRecord, key: str, answer: dict[str, Any], by: str) -> bool:
+        """Check and store `answer` to question `key` as `by`; False when it was no longer pending.
+
+        Raises `InvalidArguments` (nothing stored) when the answer does not fit the question's schema.
+        """
+        pending = {r.key: r for r in await self.store.read(self.store.repo.pending_inputs, job.id)}
+        if key not in pending:
+            return False
+        sealed = checked_answers(self.sealer, pending, {key: answer}, "send the form again")
+        outcome = await self.store.write(job.id, self.store.repo.answer_inputs, job.id, sealed, by)
+        if outcome is None or key not in outcome.accepted:
+            return False
+        if self.runtime is not None:
+            waited = self.store.repo.clock() - pending[key].created_at
+            self.runtime.telemetry.parked_time(job.kind, waited.total_seconds())
+        if outcome.job.status == Status.WORKING and outcome.job.lease_owner is None:
+            # parked (or its question came before the start): a worker on any node may take it now
+            if self.runtime is not None:
+                self.runtime.submit(job.id)
+            await self.store.announce(job.id, queued=True)
+        return True
+
+    async def cancel(self, job: JobRecord, by: str) -> CancelOutcome | None:
+        """Request the job's cancellation as `by`; the node running it stops it at its next safe point."""
+        outcome = await self.store.write(job.id, self.store.repo.request_cancel, job.id, by)
+        if outcome is not None and self.runtime is not None:
+            if outcome.ended_now:
+                self.runtime.telemetry.ended(job.kind, Status.CANCELLED.value)
+            elif not Status(outcome.job.status).is_terminal:
+                self.runtime.signal_cancel(job.id)
+        return outcome
