@@ -58,6 +58,16 @@ TOKENS = {"token-alice-7Hq2c9": "alice", "token-bob-3Vn8x1": "bob"}
 TRANSPORTS = ["inprocess", "stdio", "http"]
 
 
+class MovableClock:
+    """A clock a test moves forward (`offset`), for `Handles(config, clock=...)`."""
+
+    def __init__(self) -> None:
+        self.offset = timedelta(0)
+
+    def __call__(self) -> datetime:
+        return datetime.now(UTC) + self.offset
+
+
 def new_key() -> str:
     """A fresh handle signing key (at least 32 characters)."""
     return secrets.token_urlsafe(48)

@@ -16,7 +16,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from pydantic import BaseModel, SecretStr
 
 from handles import Handles, HandlesConfig, JobContext
 from handles.store.audit import receipt
-from tests.support import LOCAL_PRINCIPAL, connect, handles_config
+from tests.support import LOCAL_PRINCIPAL, MovableClock, connect, handles_config
 
 PIN = "pin-8841-secret"
 HANDLES = Path(sys.executable).parent / "handles"
@@ -35,14 +35,6 @@ DAY = timedelta(days=1)
 class Approval(BaseModel):
     approve: bool
     pin: SecretStr
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.offset = timedelta(0)
-
-    def __call__(self) -> datetime:
-        return datetime.now(UTC) + self.offset
 
 
 def declare(jobs: Handles) -> None:
@@ -63,7 +55,7 @@ def declare(jobs: Handles) -> None:
 async def test_evidence_is_archived_with_the_deletion_exported_and_swept(
     tmp_path: Path, signing_key: str, database_url: str
 ) -> None:
-    clock = Clock()
+    clock = MovableClock()
     config = handles_config(
         tmp_path / "data",
         [signing_key],

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from example_server.server import build_server, create_jobs
 from handles import Handles, JobContext, JobFailed, ToolError
 from handles.layout import LAYOUTS, ToolLayout, ToolNames
-from tests.support import ToolClient, connect, handles_config, job_id_of
+from tests.support import MovableClock, ToolClient, connect, handles_config, job_id_of
 
 SECRET = "hunter2-db-password"
 GATES: dict[str, asyncio.Event] = {}
@@ -33,14 +33,6 @@ GATES: dict[str, asyncio.Event] = {}
 class Answer(BaseModel):
     value: int
     note: str
-
-
-class MovableClock:
-    def __init__(self) -> None:
-        self.offset = timedelta(0)
-
-    def __call__(self) -> datetime:
-        return datetime.now(UTC) + self.offset
 
 
 def declare_jobs(jobs: Handles) -> None:
