@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,32 +50,42 @@ SECTION = "peer"
 PEER_VENV = BENCH_DIR / ".peer-venv"
 PEER_PYTHON = PEER_VENV / "bin" / "python"
 PEER_REQUIREMENT = "fastmcp-tasks==4.1.4"
+PEER_PROBE = "import fastmcp, fastmcp_tasks, uvicorn"
 
 
 def peer_ready() -> bool:
-    if not PEER_PYTHON.exists():
+    return venv_ready(PEER_VENV, PEER_PROBE)
+
+
+def venv_ready(venv: Path, probe: str) -> bool:
+    """Whether `venv` exists and `python -c probe` succeeds in it."""
+    python = venv / "bin" / "python"
+    if not python.exists():
         return False
-    check = subprocess.run(
-        [str(PEER_PYTHON), "-c", "import fastmcp, fastmcp_tasks, uvicorn"], capture_output=True, timeout=60
-    )
-    return check.returncode == 0
+    return subprocess.run([str(python), "-c", probe], capture_output=True, timeout=60).returncode == 0
+
+
+def ensure_venv(venv: Path, requirements: Sequence[str], probe: str, timeout: float = 600) -> str | None:
+    """A virtual environment at `venv` in which `python -c probe` succeeds: created when missing, and
+    `requirements` (pip arguments) installed into it when the probe fails; None on success, else why not."""
+    if venv_ready(venv, probe):
+        return None
+    python = venv / "bin" / "python"
+    log(f"preparing {venv}: pip install {' '.join(requirements)}")
+    try:
+        if not python.exists():
+            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=120)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", *requirements], check=True, timeout=timeout
+        )
+    except (subprocess.SubprocessError, OSError) as exc:
+        return f"could not prepare the virtual environment {venv}: {exc}"
+    return None if venv_ready(venv, probe) else f"the virtual environment {venv} fails `{probe}`"
 
 
 def ensure_peer_venv(timeout: float = 600) -> str | None:
     """Create bench/.peer-venv with the peer installed; None on success, else why not."""
-    if peer_ready():
-        return None
-    log(f"peer: creating {PEER_VENV} and installing {PEER_REQUIREMENT}")
-    try:
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(PEER_VENV)], check=True, timeout=120)
-        subprocess.run(
-            [str(PEER_PYTHON), "-m", "pip", "install", "-q", PEER_REQUIREMENT, "uvicorn"],
-            check=True,
-            timeout=timeout,
-        )
-    except (subprocess.SubprocessError, OSError) as exc:
-        return f"could not create the peer's virtual environment: {exc}"
-    return None if peer_ready() else "the peer's virtual environment does not import fastmcp_tasks"
+    return ensure_venv(PEER_VENV, [PEER_REQUIREMENT, "uvicorn"], PEER_PROBE, timeout)
 
 
 def peer_server(work: Path) -> ServerProcess:

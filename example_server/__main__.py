@@ -1,5 +1,6 @@
 """Run the example server: `python -m example_server` (stdio) or `--http --port N [--tokens FILE]`,
-with `--layout compact` for the shared follow tools."""
+with `--layout compact` for the shared follow tools, and `--fastmcp` to serve the same jobs from a
+FastMCP 4 server instead of the SDK's `MCPServer` (`pip install 'mcp-handles[fastmcp]'`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 
-from example_server.server import build_server, create_jobs
+from example_server.server import build_fastmcp_server, build_server, create_jobs
 from handles.errors import ConfigurationError
 from handles.layout import LAYOUTS
 from handles.mcp import serve_http, serve_stdio
@@ -56,12 +57,20 @@ def serve(argv: list[str] | None) -> None:
         help="per_job: <job>_progress/_fetch/_cancel/_respond per job (default); "
         "compact: one shared jobs_progress/_fetch/_cancel/_respond",
     )
+    parser.add_argument(
+        "--fastmcp",
+        action="store_true",
+        help="serve the same jobs from a FastMCP 4 server (needs mcp-handles[fastmcp])",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
 
     jobs = create_jobs()
+    if args.fastmcp:
+        serve_fastmcp(jobs, args)
+        return
     if not args.http:
         asyncio.run(serve_stdio(build_server(jobs, layout=args.layout), jobs))
         return
@@ -75,6 +84,37 @@ def serve(argv: list[str] | None) -> None:
             issuer_url=base, resource_server_url=f"{base}/mcp", validate_token_resource=False
         )
     server = build_server(jobs, layout=args.layout, **options)
+    asyncio.run(serve_http(server, jobs, host="127.0.0.1", port=args.port))
+
+
+def serve_fastmcp(jobs: Any, args: argparse.Namespace) -> None:
+    """The same example on FastMCP 4, with the same options; tokens through a FastMCP `TokenVerifier`."""
+    try:
+        from fastmcp.server.auth import AccessToken as FastMCPAccessToken
+        from fastmcp.server.auth import TokenVerifier
+    except ImportError:
+        raise ConfigurationError("--fastmcp needs FastMCP 4: pip install 'mcp-handles[fastmcp]'") from None
+
+    class FastMCPFileTokens(TokenVerifier):
+        """The same JSON token file, verified by FastMCP's authentication."""
+
+        def __init__(self, tokens: dict[str, str], base_url: str) -> None:
+            super().__init__(base_url=base_url)
+            self._tokens = tokens
+
+        async def verify_token(self, token: str) -> FastMCPAccessToken | None:
+            principal = self._tokens.get(token)
+            if principal is None:
+                return None
+            return FastMCPAccessToken(token=token, client_id=principal, subject=principal, scopes=[])
+
+    if not args.http:
+        asyncio.run(serve_stdio(build_fastmcp_server(jobs, layout=args.layout), jobs))
+        return
+    auth = None
+    if args.tokens:
+        auth = FastMCPFileTokens(json.loads(args.tokens.read_text()), f"http://127.0.0.1:{args.port}")
+    server = build_fastmcp_server(jobs, layout=args.layout, auth=auth)
     asyncio.run(serve_http(server, jobs, host="127.0.0.1", port=args.port))
 
 

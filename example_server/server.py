@@ -177,25 +177,46 @@ def create_jobs(config: HandlesConfig | None = None) -> Handles:
     return jobs
 
 
+def instructions(layout: ToolLayout) -> str:
+    """What the example tells a model about its tools (the same on both frameworks)."""
+    names = ToolNames.of(layout)
+    follow = ", ".join(names.name("<job>", verb) for verb in ("progress", "fetch", "respond", "cancel"))
+    return (
+        "Each long job is a tool of its own name, which answers its result when the job is quick and "
+        "a handle otherwise; clients that declare the io.modelcontextprotocol/tasks extension get a task. "
+        f"The handle works with {follow} (respond answers its questions); <job>_start starts a job and "
+        "returns its handle at once. Each reply's `next` field says what to do next."
+    )
+
+
 def build_server(
     jobs: Handles, *, layout: ToolLayout = "per_job", token_verifier: Any = None, auth: Any = None
 ) -> MCPServer[Any]:
     """The example MCPServer: every job's tools (plain, handle and Tasks) in `layout`, and the quick tool."""
-    names = ToolNames.of(layout)
-    follow = ", ".join(names.name("<job>", verb) for verb in ("progress", "fetch", "respond", "cancel"))
     server: MCPServer[Any] = MCPServer(
         "handles-example",
         version=version("mcp-handles"),
-        instructions=(
-            "Each long job is a tool of its own name, which answers its result when the job is quick and "
-            "a handle otherwise; clients that declare the io.modelcontextprotocol/tasks extension get a task. "
-            f"The handle works with {follow} (respond answers its questions); <job>_start starts a job and "
-            "returns its handle at once. Each reply's `next` field says what to do next."
-        ),
+        instructions=instructions(layout),
         token_verifier=token_verifier,
         auth=auth,
         extensions=[jobs.tasks_extension()],
     )
     server.add_tool(lookup_account, structured_output=True)
+    jobs.bind(server, layout=layout)
+    return server
+
+
+def build_fastmcp_server(jobs: Handles, *, layout: ToolLayout = "per_job", auth: Any = None) -> Any:
+    """The same example on FastMCP 4 (`mcp-handles[fastmcp]`): the same tools, from the same `jobs`.
+
+    `auth` is a FastMCP authentication provider (a `TokenVerifier`, say); the principal of every call
+    is derived from its verified token, as on `MCPServer`.
+    """
+    from fastmcp import FastMCP
+
+    server = FastMCP(
+        "handles-example", version=version("mcp-handles"), instructions=instructions(layout), auth=auth
+    )
+    server.tool(lookup_account)
     jobs.bind(server, layout=layout)
     return server

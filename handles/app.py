@@ -12,18 +12,17 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar, Unpack, overload
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack, cast, overload
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, InputRequiredResult
 
 from handles.config import HandlesConfig
 from handles.errors import ConfigurationError
-from handles.first import asks_in_band, first_round
 from handles.handle import HandleCodec
 from handles.jobs import JobOptions, JobSpec
 from handles.layout import PlainCall, ToolLayout, ToolNames
-from handles.mcp import add_plain_tool, add_tools
+from handles.mcp import add_plain_tool, add_tools, is_fastmcp
 from handles.plain import PlainCallPolicy, PlainTool
 from handles.principal import PrincipalResolver, default_resolver
 from handles.result_links import ResultLinks
@@ -33,8 +32,11 @@ from handles.service import JobService
 from handles.store import Clock, JobRepository, Store, utc_now
 from handles.store.reach import database_errors
 from handles.store.schema import SchemaGate
-from handles.tasks import TasksExtension, declares_tasks
+from handles.tasks import TasksExtension
 from handles.tools import JobTools, SharedTools, ToolDefinition
+
+if TYPE_CHECKING:
+    from fastmcp import FastMCP
 
 logger = logging.getLogger("handles")
 
@@ -202,7 +204,9 @@ class Handles:
             self._tasks = TasksExtension(self)
         return self._tasks
 
-    def bind(self, server: MCPServer[Any], *, layout: ToolLayout = "per_job") -> None:
+    def bind(
+        self, server: MCPServer[Any] | FastMCP[Any], *, layout: ToolLayout = "per_job", tasks: bool = True
+    ) -> None:
         """Add every declared job's handle tools and its plain tool `<job>` to `server`.
 
         `layout="per_job"` (the default) gives each job `<job>_start`, `<job>_progress`,
@@ -214,6 +218,12 @@ class Handles:
         Build the server with `extensions=[jobs.tasks_extension()]` so that a `tools/call <job>`
         declaring the Tasks extension becomes a task; `bind` then also serves the extension's pushed
         status (`notifications/tasks` on a `subscriptions/listen` stream that names `taskIds`).
+
+        `server` may also be a FastMCP 4 server (`pip install 'mcp-handles[fastmcp]'`): the same tools
+        are added as FastMCP tools, and with `tasks=True` (the default) the Tasks face is added as its
+        extension. A FastMCP server that already serves the Tasks extension (`fastmcp-tasks`) is refused
+        unless `tasks=False` (docs/fastmcp.md). On an `MCPServer`, `tasks` is not used: the extension
+        is passed at construction.
         """
         if not self._specs:
             raise ConfigurationError(
@@ -226,6 +236,22 @@ class Handles:
         if clashes:
             raise ConfigurationError(
                 f"Two tools would be named {', '.join(clashes)}; rename the job that causes it."
+            )
+        if is_fastmcp(server):
+            from handles.fastmcp_binding import bind_fastmcp
+
+            bind_fastmcp(
+                self,
+                cast("FastMCP[Any]", server),
+                definitions=definitions,
+                plain=plain,
+                plain_handler=_plain_handler,
+                tasks=tasks,
+            )
+            return
+        if not isinstance(server, MCPServer):
+            raise ConfigurationError(
+                f"bind() takes the SDK's MCPServer or a FastMCP 4 server, not {type(server).__name__}."
             )
         add_tools(server, definitions, self.principal_resolver)
         ResultLinks.install(server, self._machinery(), self.principal_resolver)
@@ -316,19 +342,12 @@ def _plain_handler(
     async def handle(
         principal: str, arguments: dict[str, Any], context: Context[Any, Any]
     ) -> CallToolResult | InputRequiredResult:
-        refused = await tool.refusal(declared_tasks=declares_tasks(context.request_context))
-        if refused is not None:
-            return refused
-        first = first_round(
-            tool.spec,
+        return await tool.answer(
+            principal,
             arguments,
-            in_band=asks_in_band(context.request_context.protocol_version, context.client_capabilities),
-            responses=context.input_responses,
+            context.request_context,
+            input_responses=context.input_responses,
+            report=context.report_progress,
         )
-        if first.ask is not None:
-            return first.ask
-        if first.declined is not None:
-            return first.declined
-        return await tool.call(principal, arguments, context.report_progress, first_answer=first.answer)
 
     return handle

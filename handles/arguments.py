@@ -23,12 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
-from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata, func_metadata
 from mcp_types import ListToolsResult
 from pydantic import ValidationError
 
-from handles.envelope import enveloped, server_info
+from handles.envelope import SdkServer, enveloped, server_info
 from handles.errors import CallerError, InvalidArguments
 from handles.limits import clean_message
 
@@ -168,7 +167,7 @@ class ArgumentGate:
         self._server_info = info
 
     @classmethod
-    def of(cls, server: MCPServer[Any], refusal: ToolResultFactory) -> ArgumentGate:
+    def of(cls, server: SdkServer, refusal: ToolResultFactory) -> ArgumentGate:
         """The gate installed on `server`, installing one (innermost of its middleware) if there is none."""
         for middleware in server.middleware:
             if isinstance(middleware, cls):

@@ -834,7 +834,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     show_manifest.set_defaults(run=manifest)
 
-
     serve = commands.add_parser(
         "console",
         help="serve the operator web console",

@@ -8,16 +8,27 @@ stamp in `_meta`, as the SDK puts them on every other result (mcp/server/runner.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Protocol
 
-from mcp.server.context import ServerRequestContext
+from mcp.server.context import ServerMiddleware, ServerRequestContext
 from mcp.server.mcpserver import MCPServer
 from mcp_types import SERVER_INFO_META_KEY, Implementation
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 
-def server_info(server: MCPServer[Any]) -> dict[str, Any]:
+class SdkServer(Protocol):
+    """What the SDK middleware here needs of a server: the SDK's `MCPServer`, or FastMCP's low-level
+    server (the SDK's own `Server`); both hold the one middleware list of the SDK's runner."""
+
+    @property
+    def middleware(self) -> list[ServerMiddleware[Any]]: ...
+
+
+def server_info(server: SdkServer) -> dict[str, Any]:
     """The `serverInfo` stamp of `server`, as the SDK writes it."""
+    if not isinstance(server, MCPServer):  # the low-level server keeps the stamp it writes
+        stamp: dict[str, Any] = copy.deepcopy(getattr(server, "server_info_stamp", {}))
+        return stamp
     info = Implementation(
         name=server.name,
         title=server.title,

@@ -16,9 +16,10 @@ import contextlib
 import inspect
 import logging
 import signal
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, ContentBlock, InputRequiredResult, TextContent, ToolAnnotations
@@ -35,6 +36,8 @@ from handles.startup import BackgroundStart
 from handles.tools import ToolDefinition, ToolReply, error_reply
 
 if TYPE_CHECKING:
+    from fastmcp import FastMCP
+
     from handles.app import Handles
 
 logger = logging.getLogger("handles")
@@ -45,6 +48,12 @@ PlainHandler = Callable[
     [str, dict[str, Any], "Context[Any, Any]"], Awaitable[CallToolResult | InputRequiredResult]
 ]
 """`(principal, arguments, request context) -> result` of a tool that builds its own result (or asks first)."""
+
+
+def is_fastmcp(server: object) -> bool:
+    """Whether `server` is a FastMCP server (told without importing FastMCP where it is not installed)."""
+    module = sys.modules.get("fastmcp")
+    return module is not None and isinstance(server, module.FastMCP)
 
 
 def to_call_tool_result(reply: ToolReply) -> CallToolResult:
@@ -101,7 +110,7 @@ def _sdk_function(
                 f"The arguments of {name} contain text that is not valid Unicode (a lone surrogate).",
                 f"Fix the arguments and call {name} again.",
             )
-            return _refusal(error)
+            return refusal(error)
         return await handler(principal, arguments, context)
 
     parameters = [_parameter(key, field) for key, field in model.model_fields.items()]
@@ -128,13 +137,14 @@ def _parameter(name: str, field: Any) -> inspect.Parameter:
     )
 
 
-def _refusal(error: CallerError) -> CallToolResult:
+def refusal(error: CallerError) -> CallToolResult:
+    """A caller error as the tool result every generated tool answers it with."""
     return to_call_tool_result(error_reply(error))
 
 
 def _gated(server: MCPServer[Any], name: str, function: Callable[..., Any]) -> Callable[..., Any]:
     """`function`, its arguments now checked by the server's argument gate before the SDK's validation."""
-    ArgumentGate.of(server, _refusal).register(ArgumentRules.of(name, function, CONTEXT_PARAM))
+    ArgumentGate.of(server, refusal).register(ArgumentRules.of(name, function, CONTEXT_PARAM))
     return function
 
 
@@ -185,14 +195,19 @@ def add_plain_tool(
     )
 
 
-async def serve_stdio(server: MCPServer[Any], handles: Handles) -> None:
+async def serve_stdio(server: MCPServer[Any] | FastMCP[Any], handles: Handles) -> None:
     """Serve `server` over stdio with the job runtime running.
 
     On SIGTERM or SIGINT (or when stdin closes) the runtime drains: no new work, running
     jobs may finish for `drain_seconds`, the rest is handed over (see `Handles.aclose`).
     """
     async with handles.running():
-        serving = asyncio.create_task(server.run_stdio_async(), name="handles-stdio")
+        running = (
+            cast("FastMCP[Any]", server).run_stdio_async(show_banner=False)
+            if is_fastmcp(server)
+            else cast("MCPServer[Any]", server).run_stdio_async()
+        )
+        serving = asyncio.create_task(running, name="handles-stdio")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -214,7 +229,7 @@ async def serve_stdio(server: MCPServer[Any], handles: Handles) -> None:
 
 
 def streamable_http_app(
-    server: MCPServer[Any],
+    server: MCPServer[Any] | FastMCP[Any],
     handles: Handles,
     *,
     liveness_path: str | None = "/healthz",
@@ -230,10 +245,15 @@ def streamable_http_app(
     `GET liveness_path` answers 200 while the process serves; `GET readiness_path` answers 200
     only when the runtime runs, is not draining and the database answers, else 503 with the
     reason (see `handles.health`). Either path may be None to leave it out; neither needs a token.
-    Other options are passed to `MCPServer.streamable_http_app` (`stateless_http=True` by default).
+    Other options are passed to `MCPServer.streamable_http_app`, or to `FastMCP.http_app` for a
+    FastMCP server (`stateless_http=True` by default on both).
     """
     options.setdefault("stateless_http", True)
-    app = server.streamable_http_app(**options)
+    app = (
+        cast("FastMCP[Any]", server).http_app(**options)
+        if is_fastmcp(server)
+        else cast("MCPServer[Any]", server).streamable_http_app(**options)
+    )
     starter = BackgroundStart(handles)
     app.router.routes[:0] = health_routes(
         handles, liveness_path=liveness_path, readiness_path=readiness_path, startup_problem=starter.problem
@@ -257,7 +277,7 @@ def streamable_http_app(
 
 
 async def serve_http(
-    server: MCPServer[Any],
+    server: MCPServer[Any] | FastMCP[Any],
     handles: Handles,
     *,
     host: str = "127.0.0.1",

@@ -28,18 +28,20 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
+from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
-from mcp_types import INTERNAL_ERROR, CallToolResult, TextContent
+from mcp_types import INTERNAL_ERROR, CallToolResult, InputRequiredResult, TextContent
 from pydantic import BaseModel, Field
 
 from handles.errors import CallerError
+from handles.first import asks_in_band, first_round
 from handles.jobs import JobSpec, describe_duration
 from handles.layout import PlainCall, ToolNames, job_meta
 from handles.mcp import to_call_tool_result
 from handles.service import JobService
 from handles.states import Status
 from handles.store import JobRecord
-from handles.tasks import missing_tasks_capability
+from handles.tasks import declares_tasks, missing_tasks_capability
 from handles.tasks_client import TASKS_EXTENSION
 from handles.tools import InputRequestView, JobTools, ToolReply, error_reply
 
@@ -135,6 +137,32 @@ class PlainTool:
         except CallerError as error:
             return to_call_tool_result(error_reply(error))
         return None
+
+    async def answer(
+        self,
+        principal: str,
+        arguments: dict[str, Any],
+        ctx: ServerRequestContext[Any, Any],
+        *,
+        input_responses: Any,
+        report: ProgressReporter,
+    ) -> CallToolResult | InputRequiredResult:
+        """The whole plain call, the same on every framework: the refusals, a question asked before the
+        job (in-band when the request can take it), then `call`."""
+        refused = await self.refusal(declared_tasks=declares_tasks(ctx))
+        if refused is not None:
+            return refused
+        first = first_round(
+            self.spec,
+            arguments,
+            in_band=asks_in_band(ctx.protocol_version, ctx.session.client_capabilities),
+            responses=input_responses,
+        )
+        if first.ask is not None:
+            return first.ask
+        if first.declined is not None:
+            return first.declined
+        return await self.call(principal, arguments, report, first_answer=first.answer)
 
     async def call(
         self,

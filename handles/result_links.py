@@ -20,7 +20,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, BlobResourceContents, ReadResourceResult, TextResourceContents
 
-from handles.envelope import enveloped, server_info
+from handles.envelope import SdkServer, enveloped, server_info
 from handles.errors import CallerError, UnknownResultLink
 from handles.mcp import resolve_principal
 from handles.principal import PrincipalResolver
@@ -108,14 +108,14 @@ def contents(
 class ResultLinks:
     """Server middleware answering `resources/read` of result links; every other request passes on."""
 
-    def __init__(self, server: MCPServer[Any], service: JobService, resolver: PrincipalResolver) -> None:
+    def __init__(self, server: SdkServer, service: JobService, resolver: PrincipalResolver) -> None:
         self.server = server
         self.service = service
         self.resolver = resolver
         self._info = server_info(server)
 
     @classmethod
-    def install(cls, server: MCPServer[Any], service: JobService, resolver: PrincipalResolver) -> None:
+    def install(cls, server: SdkServer, service: JobService, resolver: PrincipalResolver) -> None:
         if not any(isinstance(middleware, cls) for middleware in server.middleware):
             server.middleware.append(cls(server, service, resolver))
 
@@ -126,7 +126,10 @@ class ResultLinks:
         if not isinstance(uri, str) or uri[: len(URI_SCHEME) + 3].lower() != f"{URI_SCHEME}://":
             return await call_next(ctx)
         principal = await resolve_principal(
-            self.resolver, Context(request_context=ctx, mcp_server=self.server)
+            self.resolver,
+            Context(
+                request_context=ctx, mcp_server=self.server if isinstance(self.server, MCPServer) else None
+            ),
         )
         try:
             link, part, data = await read_part(self.service, principal, uri)

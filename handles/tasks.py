@@ -32,7 +32,9 @@ from mcp_types import (
     INVALID_PARAMS,
     MISSING_REQUIRED_CLIENT_CAPABILITY,
     CallToolRequestParams,
+    CallToolResult,
     ClientCapabilities,
+    InputRequiredResult,
     MissingRequiredClientCapabilityErrorData,
     Notification,
     RequestParams,
@@ -265,34 +267,51 @@ class TasksExtension(Extension):
 
         A legacy `params.task` is ignored either way: the server alone decides.
         """
-        spec = self._handles.specs.get(params.name)
+        outcome = await self.task_for_call(params.name, params.arguments, params.input_responses, ctx)
+        return await call_next(ctx) if outcome is None else outcome
+
+    async def task_for_call(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None,
+        input_responses: Any,
+        ctx: ServerRequestContext[Any, Any],
+    ) -> dict[str, Any] | CallToolResult | InputRequiredResult | None:
+        """What a `tools/call` of `name` answers on the Tasks face, or None when it is not for the face.
+
+        The one decision every framework binding makes (the SDK's `Extension` and FastMCP's
+        `ServerExtension` each wrap it): None for a tool that is not a job's plain tool, a request
+        that does not declare the extension, or the kill switch on (the plain tool then answers);
+        else the `CreateTaskResult` body, an in-band question asked before the job, or a refusal.
+        """
+        spec = self._handles.specs.get(name)
         if spec is None or not declares_tasks(ctx):
-            return await call_next(ctx)
+            return None
         try:
             if await self.service.tasks_stopped():
                 # The kill switch: no new task. The plain tool answers it as a call that does not
                 # declare the extension (the result inline, or the job's handle); existing tasks are
                 # still served by tasks/get, tasks/update and tasks/cancel.
-                return await call_next(ctx)
+                return None
         except CallerError as error:
             return to_call_tool_result(error_reply(error))
         principal = await resolve_principal(self._handles.principal_resolver, Context(request_context=ctx))
-        arguments = dict(params.arguments or {})
+        given = dict(arguments or {})
         try:
             # A paused job kind is refused before any question is asked about it.
             await self.service.check_accepting(spec)
             # A question before the job: asked in-band (no task yet) when the request can take it.
             first = first_round(
                 spec,
-                arguments,
+                given,
                 in_band=asks_in_band(ctx.protocol_version, ctx.session.client_capabilities),
-                responses=params.input_responses,
+                responses=input_responses,
             )
             if first.ask is not None:
                 return first.ask
             if first.declined is not None:
                 return first.declined
-            started = await self.service.start(spec, principal, arguments, None, first_answer=first.answer)
+            started = await self.service.start(spec, principal, given, None, first_answer=first.answer)
         except CallerError as error:
             return to_call_tool_result(error_reply(error))
         return create_task_result(spec, started.job, started.handle)

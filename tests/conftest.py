@@ -23,6 +23,7 @@ from example_server.server import build_server, create_jobs
 from handles.layout import ToolLayout
 from tests.support import (
     DRAIN_SECONDS,
+    FRAMEWORKS,
     JOB_SECONDS,
     LOCAL_PRINCIPAL,
     TOKENS,
@@ -160,6 +161,48 @@ def http_auth_example(
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def fastmcp_http_auth_example(
+    tmp_path_factory: pytest.TempPathFactory, signing_key: str
+) -> Iterator[HttpExampleServer]:
+    """The same, served by FastMCP 4 (`--fastmcp`), its tokens verified by FastMCP's authentication."""
+    server = HttpExampleServer(
+        tmp_path_factory.mktemp("fastmcp-auth-example"), [signing_key], TOKENS, framework="fastmcp"
+    ).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def fastmcp_http_example(
+    tmp_path_factory: pytest.TempPathFactory, signing_key: str
+) -> Iterator[HttpExampleServer]:
+    """Unauthenticated Streamable HTTP example server on FastMCP 4 (`--fastmcp`)."""
+    server = HttpExampleServer(
+        tmp_path_factory.mktemp("fastmcp-example"), [signing_key], framework="fastmcp"
+    ).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def fastmcp_http_compact_example(
+    tmp_path_factory: pytest.TempPathFactory, signing_key: str
+) -> Iterator[HttpExampleServer]:
+    """Unauthenticated Streamable HTTP example server on FastMCP 4, in the compact tool layout."""
+    server = HttpExampleServer(
+        tmp_path_factory.mktemp("fastmcp-compact"), [signing_key], layout="compact", framework="fastmcp"
+    ).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 # -- one client fixture, three transports ------------------------------------------------------
 
 
@@ -212,7 +255,8 @@ async def example(
     stdio_example: ToolClient,
     stdio_compact_example: ToolClient,
 ) -> AsyncIterator[Connected]:
-    """The example server in `layout` through the official client: in-process, over stdio, over Streamable HTTP."""
+    """The example server in `layout` through the official client: in-process, over stdio, over Streamable
+    HTTP, and served by FastMCP 4 over Streamable HTTP (`fastmcp-http`)."""
     transport: str = request.param
     compact = layout == "compact"
     if transport == "inprocess":
@@ -227,18 +271,23 @@ async def example(
         stdio = stdio_compact_example if compact else stdio_example
         yield Connected(stdio, transport, signing_key, LOCAL_PRINCIPAL, layout)
     else:
+        prefix = "fastmcp_" if transport == "fastmcp-http" else ""
         http: HttpExampleServer = request.getfixturevalue(
-            "http_compact_example" if compact else "http_example"
+            prefix + ("http_compact_example" if compact else "http_example")
         )
         async with connect(http.url, forbidden=[signing_key]) as client:
             yield Connected(client, transport, signing_key, LOCAL_PRINCIPAL, layout)
 
 
-@pytest.fixture
-def as_principal(http_auth_example: HttpExampleServer, signing_key: str) -> Callable[[str], Any]:
-    """`async with as_principal("alice") as client:` connects to the authenticated HTTP server with a token."""
+@pytest.fixture(params=FRAMEWORKS)
+def as_principal(request: pytest.FixtureRequest, signing_key: str) -> Callable[[str], Any]:
+    """`async with as_principal("alice") as client:` connects to the authenticated HTTP server with a token
+    (the example on `MCPServer`, then on FastMCP 4 with FastMCP's authentication)."""
+    server: HttpExampleServer = request.getfixturevalue(
+        "fastmcp_http_auth_example" if request.param == "fastmcp" else "http_auth_example"
+    )
 
     def open_as(name: str) -> Any:
-        return connect(http_auth_example.url, token=token_of(name), forbidden=[signing_key, *TOKENS])
+        return connect(server.url, token=token_of(name), forbidden=[signing_key, *TOKENS])
 
     return open_as

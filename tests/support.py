@@ -55,7 +55,8 @@ LOCAL_PRINCIPAL = "local:local"
 TOKENS = {"token-alice-7Hq2c9": "alice", "token-bob-3Vn8x1": "bob"}
 """Bearer tokens of the authenticated HTTP example server: token -> principal name."""
 
-TRANSPORTS = ["inprocess", "stdio", "http"]
+TRANSPORTS = ["inprocess", "stdio", "http", "fastmcp-http"]
+"""How the shared `example` fixture reaches the example: the last is the example served by FastMCP 4."""
 
 
 class MovableClock:
@@ -106,10 +107,25 @@ def example_env(data_dir: Path, keys: Sequence[str], **extra: str) -> dict[str, 
     return env
 
 
-def stdio_params(env: dict[str, str], layout: ToolLayout = "per_job") -> StdioServerParameters:
+FRAMEWORKS = ("mcpserver", "fastmcp")
+"""The frameworks the example server runs on: the SDK's `MCPServer`, and FastMCP 4 (`--fastmcp`)."""
+
+
+def framework_args(framework: str) -> list[str]:
+    """The example server's command-line switch for `framework`."""
+    assert framework in FRAMEWORKS, framework
+    return ["--fastmcp"] if framework == "fastmcp" else []
+
+
+def stdio_params(
+    env: dict[str, str], layout: ToolLayout = "per_job", framework: str = "mcpserver"
+) -> StdioServerParameters:
     """Launch `python -m example_server --layout <layout>` over stdio with `env`."""
     return StdioServerParameters(
-        command=sys.executable, args=["-m", "example_server", "--layout", layout], env=env, cwd=REPO_ROOT
+        command=sys.executable,
+        args=["-m", "example_server", "--layout", layout, *framework_args(framework)],
+        env=env,
+        cwd=REPO_ROOT,
     )
 
 
@@ -359,6 +375,7 @@ class HttpExampleServer:
     layout: ToolLayout | None = None
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment of the server process (`HANDLES_*` settings), over `example_env`'s."""
+    framework: str = "mcpserver"
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
@@ -372,6 +389,7 @@ class HttpExampleServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         args = [sys.executable, "-m", "example_server", "--http", "--port", str(self.port)]
+        args += framework_args(self.framework)
         if self.tokens is not None:
             tokens_file = self.data_dir / "tokens.json"
             tokens_file.write_text(json.dumps(self.tokens))

@@ -96,14 +96,15 @@ async def rig(jobs: Handles, declare: Callable[[Handles], None] | None = None) -
 
 
 class ServerProcess:
-    """`python -m example_server --http` in a subprocess, which tests can kill -9 and restart."""
+    """`python -m example_server --http` in a subprocess (on `framework`), which tests can kill -9 and restart."""
 
-    def __init__(self, data_dir: Path, **env: str) -> None:
+    def __init__(self, data_dir: Path, framework: str = "mcpserver", **env: str) -> None:
         import os
 
-        from tests.support import free_port
+        from tests.support import framework_args, free_port
 
         self.port = free_port()
+        self.framework_args = framework_args(framework)
         self.env = dict(os.environ)
         self.env.update(
             {
@@ -131,7 +132,15 @@ class ServerProcess:
 
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "example_server", "--http", "--port", str(self.port)],
+                [
+                    sys.executable,
+                    "-m",
+                    "example_server",
+                    "--http",
+                    "--port",
+                    str(self.port),
+                    *self.framework_args,
+                ],
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -10,13 +10,18 @@ from typing import Any
 import pytest
 from mcp import Client
 
+from tests.support import FRAMEWORKS
+
 from .harness import ServerProcess
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[ServerProcess]:
+@pytest.fixture(params=FRAMEWORKS)
+def server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    """The example server on each framework (the SDK's `MCPServer`, FastMCP 4)."""
     effects = tmp_path / "effects.log"
-    process = ServerProcess(tmp_path, EXAMPLE_JOB_SECONDS="3", EXAMPLE_EFFECTS_FILE=str(effects))
+    process = ServerProcess(
+        tmp_path, request.param, EXAMPLE_JOB_SECONDS="3", EXAMPLE_EFFECTS_FILE=str(effects)
+    )
     process.start()
     yield process
     process.stop()

@@ -7,10 +7,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from mcp import Client
 
 from handles.store import JobRepository
 from tests.runtime.support import job_id_of
+from tests.support import FRAMEWORKS
 
 from .harness import ServerProcess
 
@@ -22,9 +24,10 @@ async def _start(url: str, tool: str, **arguments: Any) -> str:
     return str(result.structured_content["handle"])
 
 
-def test_sigterm_lets_in_flight_jobs_finish_before_the_process_exits(tmp_path: Path) -> None:
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_sigterm_lets_in_flight_jobs_finish_before_the_process_exits(tmp_path: Path, framework: str) -> None:
     server = ServerProcess(
-        tmp_path, EXAMPLE_JOB_SECONDS="2", HANDLES_LEASE_SECONDS="5", HANDLES_DRAIN_SECONDS="25"
+        tmp_path, framework, EXAMPLE_JOB_SECONDS="2", HANDLES_LEASE_SECONDS="5", HANDLES_DRAIN_SECONDS="25"
     )
     server.start()
     try:
@@ -53,11 +56,14 @@ async def _start_all(url: str) -> list[str]:
     return reports + exports
 
 
-def test_sigterm_answers_open_long_polls_at_once_and_refuses_new_work_retryably(tmp_path: Path) -> None:
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_sigterm_answers_open_long_polls_at_once_and_refuses_new_work_retryably(
+    tmp_path: Path, framework: str
+) -> None:
     """A client waiting on a long job gets its answer (still working) at the signal, not a dropped
     connection after the drain; it then follows the job elsewhere (here: after the restart)."""
     server = ServerProcess(
-        tmp_path, EXAMPLE_JOB_SECONDS="6", HANDLES_LEASE_SECONDS="5", HANDLES_DRAIN_SECONDS="25"
+        tmp_path, framework, EXAMPLE_JOB_SECONDS="6", HANDLES_LEASE_SECONDS="5", HANDLES_DRAIN_SECONDS="25"
     )
     server.start()
 

@@ -1,4 +1,5 @@
-"""FastMCP 4.1.4, with `fastmcp-tasks` 4.1.4 and without it, drives the example server over Streamable HTTP.
+"""FastMCP 4.1.4, with `fastmcp-tasks` 4.1.4 and without it, drives the example server over Streamable HTTP,
+served by the SDK's `MCPServer` and by FastMCP 4 (`--fastmcp`).
 
 `fastmcp-tasks` pins its own FastMCP and `mcp`, so the client runs in its own virtual environment
 (bench/.peer-venv, created once by `bench.peer.ensure_peer_venv` and then reused) as a subprocess
@@ -20,6 +21,7 @@ import pytest
 
 from bench.peer import PEER_PYTHON, ensure_peer_venv
 from handles.config import HandlesConfig
+from tests.support import FRAMEWORKS
 from tests.tasks.wire import ExampleProcess, example_process
 
 pytestmark = pytest.mark.timeout(420)  # the first run creates the client's virtual environment (~40 s)
@@ -40,9 +42,14 @@ def peer_python() -> str:
     return str(PEER_PYTHON)
 
 
-@pytest.fixture(scope="module")
-def example(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExampleProcess]:
-    with example_process(tmp_path_factory.mktemp("example-fastmcp"), {TOKEN: "fastmcp-user"}) as process:
+@pytest.fixture(scope="module", params=FRAMEWORKS)
+def example(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[ExampleProcess]:
+    """The example on the SDK's `MCPServer`, then on FastMCP 4 (`--fastmcp`, the project's FastMCP)."""
+    with example_process(
+        tmp_path_factory.mktemp("example-fastmcp"), {TOKEN: "fastmcp-user"}, request.param
+    ) as process:
         yield process
 
 

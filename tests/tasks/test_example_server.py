@@ -1,5 +1,5 @@
-"""The example server as shipped (`python -m example_server --http --tokens FILE`) serves all three kinds
-of client: one declaring the Tasks extension, a 2026 client without it, and a 2025-era handshake client."""
+"""The example server as shipped (`python -m example_server --http --tokens FILE`, on `MCPServer` and
+with `--fastmcp` on FastMCP 4) serves all three kinds of client: one declaring the Tasks extension, a 2026 client without it, and a 2025-era handshake client."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import ElicitRequestParams, ElicitResult
 
 from handles.tasks_client import TasksClientExtension
+from tests.support import FRAMEWORKS
 from tests.tasks.wire import TASKS, ExampleProcess, Wire, example_process
 
 pytestmark = pytest.mark.timeout(120)
@@ -23,9 +24,12 @@ TOKENS = {"example-alice-token-51b2": "alice", "example-bob-token-0c7d": "bob"}
 ALICE, BOB = list(TOKENS)
 
 
-@pytest.fixture(scope="module")
-def example(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExampleProcess]:
-    with example_process(tmp_path_factory.mktemp("example-tasks"), TOKENS) as process:
+@pytest.fixture(scope="module", params=FRAMEWORKS)
+def example(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[ExampleProcess]:
+    """The example on each framework: the SDK's `MCPServer`, and FastMCP 4 (`--fastmcp`)."""
+    with example_process(tmp_path_factory.mktemp("example-tasks"), TOKENS, request.param) as process:
         yield process
 
 

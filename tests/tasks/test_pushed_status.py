@@ -22,7 +22,7 @@ from handles import Handles
 from handles.client import follow
 from handles.mcp import streamable_http_app
 from handles.tasks_client import TasksClientExtension
-from tests.support import free_port
+from tests.support import FRAMEWORKS, free_port
 from tests.tasks.app import build_test_server
 from tests.tasks.wire import ExampleProcess, ThreadedServer, Wire, example_process
 
@@ -34,9 +34,12 @@ SUBSCRIPTION = "io.modelcontextprotocol/subscriptionId"
 MADE_UP = "WzEsIm5vdC1hLWpvYiIsImV4cG9ydF9kYXRhc2V0IiwxNzk2MTkxOTE2LCJ4Il0.bm90LWEtc2lnbmF0dXJl"
 
 
-@pytest.fixture(scope="module")
-def example(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExampleProcess]:
-    with example_process(tmp_path_factory.mktemp("example-push"), TOKENS) as process:
+@pytest.fixture(scope="module", params=FRAMEWORKS)
+def example(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[ExampleProcess]:
+    """The example on the SDK's `MCPServer`, then on FastMCP 4 (`--fastmcp`)."""
+    with example_process(tmp_path_factory.mktemp("example-push"), TOKENS, request.param) as process:
         yield process
 
 

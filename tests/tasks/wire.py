@@ -30,7 +30,7 @@ import httpx2
 import uvicorn
 from starlette.types import ASGIApp
 
-from tests.support import free_port
+from tests.support import framework_args, free_port
 
 PROTOCOL = "2026-07-28"
 TASKS = "io.modelcontextprotocol/tasks"
@@ -224,7 +224,9 @@ class ThreadedServer:
 class ExampleProcess:
     """`python -m example_server --http --port N --tokens FILE` as a subprocess."""
 
-    def __init__(self, data_dir: Path, env: dict[str, str], tokens: dict[str, str]) -> None:
+    def __init__(
+        self, data_dir: Path, env: dict[str, str], tokens: dict[str, str], framework: str = "mcpserver"
+    ) -> None:
         self.data_dir = data_dir
         self.port = free_port()
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -240,6 +242,7 @@ class ExampleProcess:
             str(self.port),
             "--tokens",
             str(tokens_file),
+            *framework_args(framework),
         ]
         self._env = env
         self.process: subprocess.Popen[bytes] | None = None
@@ -278,7 +281,9 @@ class ExampleProcess:
 
 
 @contextmanager
-def example_process(data_dir: Path, tokens: dict[str, str]) -> Iterator[ExampleProcess]:
+def example_process(
+    data_dir: Path, tokens: dict[str, str], framework: str = "mcpserver"
+) -> Iterator[ExampleProcess]:
     """The example server on an SQLite file of its own, with a fresh key and 1 s jobs; stopped afterwards."""
     env = dict(os.environ)
     env.update(
@@ -288,7 +293,7 @@ def example_process(data_dir: Path, tokens: dict[str, str]) -> Iterator[ExampleP
         EXAMPLE_JOB_SECONDS="1",
     )
     env.pop("HANDLES_DATABASE_URL", None)
-    process = ExampleProcess(data_dir, env, tokens).start()
+    process = ExampleProcess(data_dir, env, tokens, framework).start()
     try:
         yield process
     finally:

@@ -1,0 +1,272 @@
+"""Binding the same jobs to a FastMCP 4 server (install `mcp-handles[fastmcp]`).
+
+`Handles.bind(server)` comes here when `server` is a `fastmcp.FastMCP`. Nothing about a job
+depends on the framework: the tools run the very functions the `MCPServer` binding registers
+(handles/mcp.py), with the SDK's request context that FastMCP keeps for every request, and the
+SDK middleware the `MCPServer` binding installs (the argument gate, result links, pushed task
+status) goes on FastMCP's low-level server, which is the SDK's own `Server`. So on both
+frameworks a caller sees the same tools, schemas, answers and errors.
+
+- The handle tools and the plain tool `<job>` are FastMCP `Tool`s whose `run` validates the
+  arguments with the SDK's argument model and calls the shared function.
+- The Tasks face is a FastMCP `ServerExtension` (FastMCP's own extension seam, the one
+  `fastmcp-tasks` uses) that wraps the same `TasksExtension`: `tasks/get`, `tasks/update`,
+  `tasks/cancel`, and the interception of a declaring `tools/call <job>`. A server that already
+  serves the Tasks extension (`fastmcp-tasks`) is refused with a `ConfigurationError`: two
+  implementations cannot share `tasks/get`. Bind with `tasks=False` there: the jobs keep their
+  plain and handle tools, and `fastmcp-tasks` keeps its `task=True` tools.
+- The principal comes from the verified access token of FastMCP's authentication (its providers
+  put the SDK's `AuthenticatedUser` on the request), exactly as on `MCPServer`.
+
+FastMCP keeps the SDK's request context on its `FastMCPRequestContext._srctx` (documented there
+as the escape hatch to it); this module reads it in one place, `sdk_request_context`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from fastmcp import FastMCP
+from fastmcp.server.dependencies import fastmcp_request_ctx, get_context
+from fastmcp.server.extensions import MethodBinding, ServerExtension, ToolCallContinuation, ToolCallOutcome
+from fastmcp.tools.base import InputRequiredToolResult, Tool, ToolResult
+from mcp.server.context import ServerRequestContext
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.utilities.func_metadata import func_metadata
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
+from mcp_types import (
+    CallToolRequestParams,
+    CallToolResult,
+    InputRequiredResult,
+    SubscriptionsListenRequestParams,
+    ToolAnnotations,
+)
+from pydantic import ConfigDict, PrivateAttr, ValidationError
+
+from handles.arguments import ArgumentGate, ArgumentRules
+from handles.errors import ConfigurationError
+from handles.mcp import CONTEXT_PARAM, plain_tool_function, refusal, tool_function
+from handles.principal import PrincipalResolver
+from handles.result_links import ResultLinks
+from handles.tasks import TasksExtension
+from handles.tasks_client import TASKS_EXTENSION
+
+if TYPE_CHECKING:
+    from fastmcp.server.context import Context as FastMCPContext
+    from mcp.server.lowlevel.server import Server as LowLevelServer
+
+    from handles.app import Handles
+    from handles.plain import PlainTool
+    from handles.tools import ToolDefinition
+
+SharedFunction = Callable[..., Awaitable[CallToolResult | InputRequiredResult]]
+
+
+def sdk_request_context() -> ServerRequestContext[Any, Any]:
+    """The SDK's request context of the FastMCP request being served."""
+    current = fastmcp_request_ctx.get()
+    if current is None:
+        raise ConfigurationError("A handles tool ran outside a FastMCP request; call it through the server.")
+    return current._srctx
+
+
+def low_level(server: FastMCP[Any]) -> LowLevelServer[Any]:
+    """FastMCP's low-level server: the SDK's `Server`, whose middleware list the SDK middleware joins."""
+    return cast("LowLevelServer[Any]", server._mcp_server)
+
+
+class JobTool(Tool):
+    """A generated tool on FastMCP: validated by the SDK's argument model, run by the shared function."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    _function: SharedFunction = PrivateAttr()
+    _rules: ArgumentRules = PrivateAttr()
+
+    @classmethod
+    def of(
+        cls,
+        function: SharedFunction,
+        *,
+        name: str,
+        title: str,
+        description: str,
+        annotations: ToolAnnotations,
+        output_schema: dict[str, Any] | None,
+        meta: dict[str, Any] | None = None,
+    ) -> JobTool:
+        rules = ArgumentRules.of(name, function, CONTEXT_PARAM)
+        tool = cls(
+            name=name,
+            title=title,
+            description=description,
+            parameters=rules.schema,
+            output_schema=output_schema,
+            annotations=annotations,
+            meta=meta,
+        )
+        tool._function = function
+        tool._rules = rules
+        return tool
+
+    @property
+    def rules(self) -> ArgumentRules:
+        """What the tool accepts, for the server's argument gate (the same rules `run` validates with)."""
+        return self._rules
+
+    async def run(self, arguments: dict[str, Any]) -> ToolResult:
+        try:
+            validated = self._rules.metadata.validate_arguments(arguments)
+        except ValidationError:
+            # The argument gate refuses these before FastMCP reaches the tool; should one get here
+            # anyway, it gets the gate's answer, not pydantic's.
+            error = self._rules.check(arguments)
+            assert error is not None
+            return as_tool_result(refusal(error))
+        params = CallToolRequestParams(
+            name=self.name, arguments=arguments, input_responses=get_context().input_responses
+        )
+        context: Context[Any, Any] = Context(request_context=sdk_request_context(), input_params=params)
+        result = await self._rules.metadata.call_fn(self._function, True, validated, {CONTEXT_PARAM: context})
+        return as_tool_result(result)
+
+
+def as_tool_result(result: CallToolResult | InputRequiredResult) -> ToolResult:
+    """The SDK result as FastMCP's `ToolResult` (an in-band question as its `InputRequiredToolResult`)."""
+    if isinstance(result, InputRequiredResult):
+        return InputRequiredToolResult(result)
+    return ToolResult(
+        content=list(result.content),
+        structured_content=result.structured_content,
+        meta=result.meta,
+        is_error=bool(result.is_error),
+    )
+
+
+def handle_tool(definition: ToolDefinition, resolver: PrincipalResolver) -> JobTool:
+    function = tool_function(definition, resolver)
+    output = func_metadata(function, skip_names=[CONTEXT_PARAM], structured_output=True)
+    return JobTool.of(
+        function,
+        name=definition.name,
+        title=definition.title,
+        description=definition.description,
+        output_schema=output.output_schema,
+        annotations=ToolAnnotations(
+            title=definition.title,
+            read_only_hint=definition.read_only,
+            destructive_hint=definition.destructive,
+            idempotent_hint=definition.idempotent,
+            open_world_hint=False,
+        ),
+    )
+
+
+def plain_job_tool(tool: PlainTool, handler: Any, resolver: PrincipalResolver) -> JobTool:
+    function = plain_tool_function(tool.name, tool.spec.metadata.arg_model, resolver, handler)
+    return JobTool.of(
+        function,
+        name=tool.name,
+        title=tool.spec.name,
+        description=tool.description,
+        output_schema=None,
+        meta=tool.meta,
+        annotations=ToolAnnotations(
+            title=tool.spec.name,
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=False,
+            open_world_hint=False,
+        ),
+    )
+
+
+class FastMCPTasks(ServerExtension):
+    """The Tasks extension on FastMCP's extension seam, served by the same `TasksExtension`."""
+
+    identifier = TASKS_EXTENSION
+
+    def __init__(self, tasks: TasksExtension) -> None:
+        self.tasks = tasks
+
+    def clone(self) -> FastMCPTasks:
+        return FastMCPTasks(self.tasks)  # the jobs and their store are shared, never copied
+
+    def methods(self) -> Sequence[MethodBinding]:
+        return [
+            MethodBinding(method=binding.method, params_type=binding.params_type, handler=binding.handler)
+            for binding in self.tasks.methods()
+        ]
+
+    async def intercept_tool_call(
+        self, params: CallToolRequestParams, context: FastMCPContext, call_next: ToolCallContinuation
+    ) -> ToolCallOutcome:
+        outcome = await self.tasks.task_for_call(
+            params.name, params.arguments, params.input_responses, sdk_request_context()
+        )
+        if outcome is None:
+            return await call_next()
+        # Not a ToolResult: FastMCP hands an extension's own result to the SDK's runner as it is,
+        # which serialises it for the negotiated version exactly as on MCPServer.
+        return cast("ToolCallOutcome", outcome)
+
+
+def bind_fastmcp(
+    handles: Handles,
+    server: FastMCP[Any],
+    *,
+    definitions: list[ToolDefinition],
+    plain: list[PlainTool],
+    plain_handler: Callable[[PlainTool], Any],
+    tasks: bool,
+) -> None:
+    """Add the jobs' tools to a FastMCP server and, with `tasks`, its Tasks face."""
+    resolver = handles.principal_resolver
+    if tasks:
+        _refuse_second_tasks_face(server)
+    sdk_server = low_level(server)
+    gate = ArgumentGate.of(sdk_server, refusal)
+    for definition in definitions:
+        job_tool = handle_tool(definition, resolver)
+        gate.register(job_tool.rules)
+        server.add_tool(job_tool)
+    for tool in plain:
+        job_tool = plain_job_tool(tool, plain_handler(tool), resolver)
+        gate.register(job_tool.rules)
+        server.add_tool(job_tool)
+    ResultLinks.install(sdk_server, handles._machinery(), resolver)
+    if tasks:
+        extension = handles.tasks_extension()
+        server.add_extension(FastMCPTasks(extension))
+        _serve_listen(sdk_server)
+        if extension.status_push not in sdk_server.middleware:
+            sdk_server.middleware.append(extension.status_push)
+
+
+def _serve_listen(sdk_server: LowLevelServer[Any]) -> None:
+    """`subscriptions/listen`, which the pushed task status rides on, served by the SDK's own handler.
+
+    FastMCP 4 leaves the method unserved (-32601). The SDK's `ListenHandler` is what `MCPServer` serves
+    it with: the acknowledgement and the stream's graceful close; nothing on this server publishes
+    list changes to its bus, so a list-change subscription is acknowledged and then quiet. A handler
+    FastMCP (or the server's author) registered is left alone.
+    """
+    if "subscriptions/listen" in sdk_server._request_handlers:
+        return
+    sdk_server.add_request_handler(
+        "subscriptions/listen", SubscriptionsListenRequestParams, ListenHandler(InMemorySubscriptionBus())
+    )
+
+
+def _refuse_second_tasks_face(server: FastMCP[Any]) -> None:
+    existing = getattr(server, "_extensions", {}).get(TASKS_EXTENSION)
+    if existing is None or isinstance(existing, FastMCPTasks):
+        return
+    raise ConfigurationError(
+        f"This FastMCP server already serves the {TASKS_EXTENSION} extension "
+        f"({type(existing).__module__}.{type(existing).__name__}, e.g. from fastmcp-tasks), and two "
+        "implementations cannot share tasks/get. Bind the jobs with jobs.bind(server, tasks=False): they "
+        "keep their plain and handle tools and the other extension keeps its own task tools; or turn those "
+        "tools into @jobs.job functions and drop the other extension."
+    )
