@@ -10,6 +10,7 @@ Run it as a server process:
 
     python -m bench.app --stdio
     python -m bench.app --http --port 8123 [--tokens tokens.json]
+    python -m bench.app --fastmcp [--http --port 8123]   (the same server on FastMCP 4)
 
 Configuration comes from `HANDLES_*` (HANDLES_DATABASE_URL, HANDLES_DATA_DIR, HANDLES_SECRET_KEYS, ...).
 """
@@ -98,12 +99,23 @@ def build_server(jobs: Handles, *, token_verifier: Any = None, auth: Any = None)
     return server
 
 
+def build_fastmcp_server(jobs: Handles, *, auth: Any = None) -> Any:
+    """The same server on FastMCP 4: `noop` as a FastMCP tool, `work` bound by `jobs.bind`."""
+    from fastmcp import FastMCP
+
+    server = FastMCP("handles-bench", auth=auth)
+    server.tool(noop)
+    jobs.bind(server)
+    return server
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.app", description=__doc__)
     parser.add_argument("--stdio", action="store_true")
     parser.add_argument("--http", action="store_true")
     parser.add_argument("--port", type=int, default=8123)
     parser.add_argument("--tokens", type=Path, help="JSON file {token: principal}; requires bearer tokens")
+    parser.add_argument("--fastmcp", action="store_true", help="serve from FastMCP 4 instead of MCPServer")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     switch = os.environ.get("BENCH_SWITCH_INTERVAL")
@@ -114,6 +126,15 @@ def main(argv: list[str] | None = None) -> None:
         import contextlib
 
         jobs.service.store.repo._write_lock = contextlib.nullcontext()
+    if args.fastmcp:
+        if args.tokens:
+            raise SystemExit("--fastmcp serves without tokens")
+        fastmcp_server = build_fastmcp_server(jobs)
+        if not args.http:
+            asyncio.run(serve_stdio(fastmcp_server, jobs))
+            return
+        _serve_uvicorn(streamable_http_app(fastmcp_server, jobs), args.port)
+        return
     if not args.http:
         asyncio.run(serve_stdio(build_server(jobs), jobs))
         return
@@ -122,16 +143,13 @@ def main(argv: list[str] | None = None) -> None:
         base = f"http://127.0.0.1:{args.port}"
         options["token_verifier"] = FileTokenVerifier(json.loads(args.tokens.read_text()))
         options["auth"] = AuthSettings(issuer_url=base, resource_server_url=f"{base}/mcp")
-    server = build_server(jobs, **options)
+    _serve_uvicorn(streamable_http_app(build_server(jobs, **options), jobs), args.port)
+
+
+def _serve_uvicorn(app: Any, port: int) -> None:
     import uvicorn
 
-    uvicorn.run(
-        streamable_http_app(server, jobs),
-        host="127.0.0.1",
-        port=args.port,
-        log_level="warning",
-        access_log=False,
-    )
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
 if __name__ == "__main__":

@@ -365,10 +365,18 @@ class ServerProcess:
 
 
 def handles_http_server(
-    data_dir: Path, *, database_url: str = "", tokens: Path | None = None, **env: str
+    data_dir: Path, *, database_url: str = "", tokens: Path | None = None, fastmcp: bool = False, **env: str
 ) -> ServerProcess:
     port = free_port()
-    args = [sys.executable, "-m", "bench.app", "--http", "--port", str(port)]
+    args = [
+        sys.executable,
+        "-m",
+        "bench.app",
+        "--http",
+        "--port",
+        str(port),
+        *(["--fastmcp"] if fastmcp else []),
+    ]
     if tokens is not None:
         args += ["--tokens", str(tokens)]
     return ServerProcess(

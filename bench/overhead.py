@@ -36,7 +36,8 @@ from bench.common import (
 
 SECTION = "overhead"
 TARGETS = {"work_progress": 1.3, "work_start": 2.0}
-TRANSPORTS = ("inprocess", "stdio", "http")
+TRANSPORTS = ("inprocess", "stdio", "http", "fastmcp-stdio", "fastmcp-http")
+"""The last two: the same server on FastMCP 4 (`python -m bench.app --fastmcp`), its no-op a FastMCP tool."""
 
 
 async def _structured(c: Any, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -109,16 +110,17 @@ async def run_transport(transport: str, rounds: int, warmup: int, work: Path) ->
         server = build_server(jobs)
         async with jobs.running(), client(server) as c:
             return await measure_client(c, rounds, warmup)
-    if transport == "stdio":
+    fastmcp = transport.startswith("fastmcp-")
+    if transport.endswith("stdio"):
         params = StdioServerParameters(
             command=sys.executable,
-            args=["-m", "bench.app", "--stdio"],
+            args=["-m", "bench.app", "--stdio", *(["--fastmcp"] if fastmcp else [])],
             env=handles_env(data_dir),
             cwd=REPO_ROOT,
         )
         async with client(params) as c:
             return await measure_client(c, rounds, warmup)
-    server_process = handles_http_server(data_dir).start()
+    server_process = handles_http_server(data_dir, fastmcp=fastmcp).start()
     try:
         async with client(server_process.url) as c:
             return await measure_client(c, rounds, warmup)
@@ -167,6 +169,8 @@ async def run(options: Options) -> list[Table]:
         "`work_start` stores a 0 s job (its execution is awaited, untimed, before the next round).",
         "in-process: `Client(server)` (no transport, no JSON-RPC framing); stdio and http: the server is a "
         "separate process (`python -m bench.app`), http is stateless Streamable HTTP (uvicorn, SSE replies).",
+        "fastmcp-stdio and fastmcp-http: the same jobs bound to a FastMCP 4 server (`python -m bench.app "
+        "--fastmcp`), the no-op a FastMCP tool on the same server, so each ratio compares calls on FastMCP.",
         "Targets (issue 7) are judged on the p50 ratio.",
     ]
     return [table]
