@@ -46,7 +46,14 @@ from pydantic import ConfigDict, PrivateAttr, ValidationError
 
 from handles.arguments import ArgumentGate, ArgumentRules
 from handles.errors import ConfigurationError
-from handles.mcp import CONTEXT_PARAM, plain_tool_function, refusal, tool_function
+from handles.mcp import (
+    CONTEXT_PARAM,
+    handle_tool_annotations,
+    plain_tool_annotations,
+    plain_tool_function,
+    refusal,
+    tool_function,
+)
 from handles.principal import PrincipalResolver
 from handles.result_links import ResultLinks
 from handles.tasks import TasksExtension
@@ -153,13 +160,7 @@ def handle_tool(definition: ToolDefinition, resolver: PrincipalResolver) -> JobT
         title=definition.title,
         description=definition.description,
         output_schema=output.output_schema,
-        annotations=ToolAnnotations(
-            title=definition.title,
-            read_only_hint=definition.read_only,
-            destructive_hint=definition.destructive,
-            idempotent_hint=definition.idempotent,
-            open_world_hint=False,
-        ),
+        annotations=handle_tool_annotations(definition),
     )
 
 
@@ -172,13 +173,7 @@ def plain_job_tool(tool: PlainTool, handler: Any, resolver: PrincipalResolver) -
         description=tool.description,
         output_schema=None,
         meta=tool.meta,
-        annotations=ToolAnnotations(
-            title=tool.spec.name,
-            read_only_hint=False,
-            destructive_hint=False,
-            idempotent_hint=False,
-            open_world_hint=False,
-        ),
+        annotations=plain_tool_annotations(tool.spec.name),
     )
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from mcp.server.context import ServerRequestContext
 from mcp_types import (
     CallToolResult,
     ClientCapabilities,
@@ -84,11 +85,22 @@ class FirstRound:
     declined: CallToolResult | None = None
     answer: dict[str, Any] | None = None
 
+    @property
+    def reply(self) -> InputRequiredResult | CallToolResult | None:
+        """What the call answers before any job exists (the question, or the refusal), or None."""
+        return self.ask or self.declined
+
 
 def first_round(
-    spec: JobSpec, arguments: dict[str, Any], *, in_band: bool, responses: Mapping[str, Any] | None
+    spec: JobSpec,
+    arguments: dict[str, Any],
+    ctx: ServerRequestContext[Any, Any],
+    responses: Mapping[str, Any] | None,
 ) -> FirstRound:
-    """Decide what a plain `<job>` call does before the job exists (arguments are validated here)."""
+    """Decide what a plain `<job>` call does before the job exists (arguments are validated here).
+
+    The question goes in-band (no job yet) only when this request can take it (`asks_in_band`)."""
+    in_band = asks_in_band(ctx.protocol_version, ctx.session.client_capabilities)
     if spec.ask_first is None or not in_band:
         return FirstRound()
     response = (responses or {}).get(FIRST_KEY)

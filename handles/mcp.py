@@ -148,6 +148,28 @@ def _gated(server: MCPServer[Any], name: str, function: Callable[..., Any]) -> C
     return function
 
 
+def handle_tool_annotations(definition: ToolDefinition) -> ToolAnnotations:
+    """The annotations of a generated handle tool (the same on every framework)."""
+    return ToolAnnotations(
+        title=definition.title,
+        read_only_hint=definition.read_only,
+        destructive_hint=definition.destructive,
+        idempotent_hint=definition.idempotent,
+        open_world_hint=False,
+    )
+
+
+def plain_tool_annotations(title: str) -> ToolAnnotations:
+    """The annotations of a job's plain tool `<job>`: it starts work, never destructive by itself."""
+    return ToolAnnotations(
+        title=title,
+        read_only_hint=False,
+        destructive_hint=False,
+        idempotent_hint=False,
+        open_world_hint=False,
+    )
+
+
 def add_tools(server: MCPServer[Any], definitions: list[ToolDefinition], resolver: PrincipalResolver) -> None:
     """Register every definition on `server` as an ordinary tool."""
     for definition in definitions:
@@ -156,13 +178,7 @@ def add_tools(server: MCPServer[Any], definitions: list[ToolDefinition], resolve
             name=definition.name,
             title=definition.title,
             description=definition.description,
-            annotations=ToolAnnotations(
-                title=definition.title,
-                read_only_hint=definition.read_only,
-                destructive_hint=definition.destructive,
-                idempotent_hint=definition.idempotent,
-                open_world_hint=False,
-            ),
+            annotations=handle_tool_annotations(definition),
             structured_output=True,
         )
 
@@ -185,13 +201,7 @@ def add_plain_tool(
         title=title,
         description=description,
         meta=meta,
-        annotations=ToolAnnotations(
-            title=title,
-            read_only_hint=False,
-            destructive_hint=False,
-            idempotent_hint=False,
-            open_world_hint=False,
-        ),
+        annotations=plain_tool_annotations(title),
     )
 
 

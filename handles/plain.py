@@ -34,7 +34,7 @@ from mcp_types import INTERNAL_ERROR, CallToolResult, InputRequiredResult, TextC
 from pydantic import BaseModel, Field
 
 from handles.errors import CallerError
-from handles.first import asks_in_band, first_round
+from handles.first import first_round
 from handles.jobs import JobSpec, describe_duration
 from handles.layout import PlainCall, ToolNames, job_meta
 from handles.mcp import to_call_tool_result
@@ -152,16 +152,9 @@ class PlainTool:
         refused = await self.refusal(declared_tasks=declares_tasks(ctx))
         if refused is not None:
             return refused
-        first = first_round(
-            self.spec,
-            arguments,
-            in_band=asks_in_band(ctx.protocol_version, ctx.session.client_capabilities),
-            responses=input_responses,
-        )
-        if first.ask is not None:
-            return first.ask
-        if first.declined is not None:
-            return first.declined
+        first = first_round(self.spec, arguments, ctx, input_responses)
+        if first.reply is not None:
+            return first.reply
         return await self.call(principal, arguments, report, first_answer=first.answer)
 
     async def call(

@@ -53,7 +53,7 @@ from handles.errors import (
     UnknownHandle,
     WrongJobKind,
 )
-from handles.first import asks_in_band, first_round
+from handles.first import first_round
 from handles.jobs import JobSpec
 from handles.mcp import resolve_principal, to_call_tool_result
 from handles.states import Status
@@ -301,16 +301,9 @@ class TasksExtension(Extension):
             # A paused job kind is refused before any question is asked about it.
             await self.service.check_accepting(spec)
             # A question before the job: asked in-band (no task yet) when the request can take it.
-            first = first_round(
-                spec,
-                given,
-                in_band=asks_in_band(ctx.protocol_version, ctx.session.client_capabilities),
-                responses=input_responses,
-            )
-            if first.ask is not None:
-                return first.ask
-            if first.declined is not None:
-                return first.declined
+            first = first_round(spec, given, ctx, input_responses)
+            if first.reply is not None:
+                return first.reply
             started = await self.service.start(spec, principal, given, None, first_answer=first.answer)
         except CallerError as error:
             return to_call_tool_result(error_reply(error))

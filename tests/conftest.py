@@ -142,11 +142,8 @@ async def inprocess_example(tmp_path: Path, signing_key: str) -> AsyncIterator[I
 @pytest.fixture(scope="session")
 def http_example(tmp_path_factory: pytest.TempPathFactory, signing_key: str) -> Iterator[HttpExampleServer]:
     """Unauthenticated Streamable HTTP example server: every request is the local principal."""
-    server = HttpExampleServer(tmp_path_factory.mktemp("http-example"), [signing_key]).start()
-    try:
+    with HttpExampleServer(tmp_path_factory.mktemp("http-example"), [signing_key]).running() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -154,11 +151,10 @@ def http_auth_example(
     tmp_path_factory: pytest.TempPathFactory, signing_key: str
 ) -> Iterator[HttpExampleServer]:
     """Streamable HTTP example server that requires one of `TOKENS` as a bearer token."""
-    server = HttpExampleServer(tmp_path_factory.mktemp("http-auth-example"), [signing_key], TOKENS).start()
-    try:
+    with HttpExampleServer(
+        tmp_path_factory.mktemp("http-auth-example"), [signing_key], TOKENS
+    ).running() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -166,13 +162,10 @@ def fastmcp_http_auth_example(
     tmp_path_factory: pytest.TempPathFactory, signing_key: str
 ) -> Iterator[HttpExampleServer]:
     """The same, served by FastMCP 4 (`--fastmcp`), its tokens verified by FastMCP's authentication."""
-    server = HttpExampleServer(
+    with HttpExampleServer(
         tmp_path_factory.mktemp("fastmcp-auth-example"), [signing_key], TOKENS, framework="fastmcp"
-    ).start()
-    try:
+    ).running() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -180,13 +173,10 @@ def fastmcp_http_example(
     tmp_path_factory: pytest.TempPathFactory, signing_key: str
 ) -> Iterator[HttpExampleServer]:
     """Unauthenticated Streamable HTTP example server on FastMCP 4 (`--fastmcp`)."""
-    server = HttpExampleServer(
+    with HttpExampleServer(
         tmp_path_factory.mktemp("fastmcp-example"), [signing_key], framework="fastmcp"
-    ).start()
-    try:
+    ).running() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -194,13 +184,10 @@ def fastmcp_http_compact_example(
     tmp_path_factory: pytest.TempPathFactory, signing_key: str
 ) -> Iterator[HttpExampleServer]:
     """Unauthenticated Streamable HTTP example server on FastMCP 4, in the compact tool layout."""
-    server = HttpExampleServer(
+    with HttpExampleServer(
         tmp_path_factory.mktemp("fastmcp-compact"), [signing_key], layout="compact", framework="fastmcp"
-    ).start()
-    try:
+    ).running() as server:
         yield server
-    finally:
-        server.stop()
 
 
 # -- one client fixture, three transports ------------------------------------------------------
@@ -231,13 +218,10 @@ def http_compact_example(
     tmp_path_factory: pytest.TempPathFactory, signing_key: str
 ) -> Iterator[HttpExampleServer]:
     """Unauthenticated Streamable HTTP example server in the compact tool layout."""
-    server = HttpExampleServer(
+    with HttpExampleServer(
         tmp_path_factory.mktemp("http-compact"), [signing_key], layout="compact"
-    ).start()
-    try:
+    ).running() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

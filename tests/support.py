@@ -16,8 +16,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -428,6 +428,15 @@ class HttpExampleServer:
             self.process.kill()
             self.process.wait(timeout=5)
         self.process = None
+
+    @contextmanager
+    def running(self) -> Iterator[HttpExampleServer]:
+        """Started for the `with` block, stopped after it."""
+        self.start()
+        try:
+            yield self
+        finally:
+            self.stop()
 
     def restart(self, keys: list[str] | None = None) -> HttpExampleServer:
         self.stop()
