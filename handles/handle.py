@@ -38,8 +38,12 @@ _PLACEHOLDER = ("p" * 24, "placeholder", 0, "p" * 22)
 
 
 def new_job_id() -> str:
-    """A fresh job id with 144 bits of entropy, URL-safe."""
-    return secrets.token_urlsafe(JOB_ID_BYTES)
+    """A fresh job id with 144 bits of entropy, URL-safe, never beginning with `-` (so that a command
+    line never reads one as an option; dropping those draws costs a fraction of a bit)."""
+    while True:
+        job_id = secrets.token_urlsafe(JOB_ID_BYTES)
+        if not job_id.startswith("-"):
+            return job_id
 
 
 @dataclass(frozen=True)

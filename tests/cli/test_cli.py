@@ -11,6 +11,7 @@ import json
 import os
 import pty
 import select
+import sqlite3
 import struct
 import subprocess
 import sys
@@ -25,6 +26,7 @@ import pytest
 from example_server.server import create_jobs
 from handles import HandlesConfig
 from handles.client import Manifest
+from handles.handle import new_job_id
 from handles.principal import token_form
 from handles.states import Status
 from handles.store import JobRecord, JobRepository, migrate
@@ -521,3 +523,25 @@ def test_manifest_of_a_server_it_cannot_read_exits_3(
     down = run(tmp_path, "manifest", f"http://127.0.0.1:{free_port()}/mcp")
     assert down.returncode == 3 and "could not read the manifest" in down.stderr
     assert len(down.stderr.strip().splitlines()) == 1, down.stderr
+
+
+def test_a_stored_id_that_begins_with_a_dash_is_taken_as_the_id_it_is(
+    tmp_path: Path, populated: dict[str, str]
+) -> None:
+    """Ids were once drawn with a leading `-` now and then (1 in 64): the CLI still takes them as ids."""
+    dashed = "-" + populated["queued"][1:]
+    with sqlite3.connect(tmp_path / "handles.db") as db:
+        db.execute("UPDATE handles_jobs SET id = ? WHERE id = ?", (dashed, populated["queued"]))
+    shown = run_json(tmp_path, "jobs", "show", dashed, "--json")
+    assert shown["id"] == dashed and shown["status"] == "working"
+    assert run_json(tmp_path, "jobs", "show", "--json", dashed)["id"] == dashed
+    cancelled = run(tmp_path, "jobs", "cancel", dashed)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert run_json(tmp_path, "jobs", "show", dashed, "--json")["status"] == "cancelled"
+    evidence = run(tmp_path, "audit", "export", "--live", "--job", dashed)
+    assert evidence.returncode == 0, evidence.stderr
+    assert [json.loads(line)["job_id"] for line in evidence.stdout.splitlines()] == [dashed]
+
+
+def test_new_job_ids_never_begin_with_a_dash() -> None:
+    assert not any(new_job_id().startswith("-") for _ in range(5000))
