@@ -62,7 +62,10 @@ def venv_ready(venv: Path, probe: str) -> bool:
     python = venv / "bin" / "python"
     if not python.exists():
         return False
-    return subprocess.run([str(python), "-c", probe], capture_output=True, timeout=60).returncode == 0
+    # From the venv's own directory: a probe run from a checkout would import the checkout's packages.
+    return (
+        subprocess.run([str(python), "-c", probe], capture_output=True, timeout=60, cwd=venv).returncode == 0
+    )
 
 
 def ensure_venv(venv: Path, requirements: Sequence[str], probe: str, timeout: float = 600) -> str | None:
