@@ -19,7 +19,7 @@ from urllib.parse import quote
 import pytest
 from sqlalchemy import create_engine, text
 
-from example_server.server import build_server, create_jobs
+from example_server.server import build_fastmcp_server, build_server, create_jobs
 from handles.layout import ToolLayout
 from tests.support import (
     DRAIN_SECONDS,
@@ -36,6 +36,7 @@ from tests.support import (
     example_env,
     handles_config,
     new_key,
+    sdk_server_of,
     stdio_params,
     token_of,
 )
@@ -240,13 +241,18 @@ async def example(
     stdio_compact_example: ToolClient,
 ) -> AsyncIterator[Connected]:
     """The example server in `layout` through the official client: in-process, over stdio, over Streamable
-    HTTP, and served by FastMCP 4 over Streamable HTTP (`fastmcp-http`)."""
+    HTTP, and served by FastMCP 4 in-process and over Streamable HTTP (`fastmcp-inprocess`, `fastmcp-http`)."""
     transport: str = request.param
     compact = layout == "compact"
-    if transport == "inprocess":
+    if transport in ("inprocess", "fastmcp-inprocess"):
         jobs = create_jobs(handles_config(tmp_path / "data", [signing_key]))
+        server = (
+            build_server(jobs, layout=layout)
+            if transport == "inprocess"
+            else sdk_server_of(build_fastmcp_server(jobs, layout=layout))
+        )
         try:
-            async with connect(build_server(jobs, layout=layout), forbidden=[signing_key]) as client:
+            async with connect(server, forbidden=[signing_key]) as client:
                 yield Connected(client, transport, signing_key, LOCAL_PRINCIPAL, layout)
         finally:
             await jobs.aclose()

@@ -55,8 +55,14 @@ LOCAL_PRINCIPAL = "local:local"
 TOKENS = {"token-alice-7Hq2c9": "alice", "token-bob-3Vn8x1": "bob"}
 """Bearer tokens of the authenticated HTTP example server: token -> principal name."""
 
-TRANSPORTS = ["inprocess", "stdio", "http", "fastmcp-http"]
-"""How the shared `example` fixture reaches the example: the last is the example served by FastMCP 4."""
+TRANSPORTS = ["inprocess", "stdio", "http", "fastmcp-inprocess", "fastmcp-http"]
+"""How the shared `example` fixture reaches the example: the last two, the example served by FastMCP 4."""
+
+
+def sdk_server_of(fastmcp_server: Any) -> Any:
+    """What the official client connects to in-process for a FastMCP server: its low-level server, which
+    is the SDK's own `Server` (FastMCP's in-process client transport connects to the same object)."""
+    return fastmcp_server._mcp_server
 
 
 class MovableClock:
