@@ -37,12 +37,14 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
+    literal_column,
     or_,
     text,
     update,
 )
 from sqlalchemy import insert as sa_insert
 from sqlalchemy import select as sa_select
+from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import configure_mappers
 from sqlmodel import Session, col, delete, select
@@ -344,6 +346,8 @@ class JobRepository:
     def snapshot(self, job_id: str) -> tuple[JobRecord | None, list[InputRequestRecord], list[StepRecord]]:
         """The job, its open questions (when it waits for answers) and its steps, read in one go."""
         with self._fast_reading() as connection:
+            if self.dialect == "postgresql":
+                return _snapshot_in_one(connection, job_id)
             job = _one(connection, JobRecord, _JOB_BY_ID, job_id)
             if job is None:
                 return None, [], []
@@ -1387,6 +1391,41 @@ _COUNT_ACTIVE = (
     .select_from(_JOBS)
     .where(_JOBS.c.principal_key == bindparam("key"), _JOBS.c.status.in_(list(ACTIVE)))
 )
+
+
+# The progress snapshot on PostgreSQL in one statement (one round trip): the job's row, with its open
+# questions (only while it waits for answers) and its steps as JSON arrays in the same order as
+# `_OPEN_QUESTIONS_OF_JOB` and `_STEPS_OF_JOB` read them.
+_Q = _INPUTS.alias("q")
+_S = _STEPS.alias("s")
+_SNAPSHOT_IN_ONE = sa_select(
+    _JOBS,
+    case(
+        (
+            _JOBS.c.status == Status.INPUT_REQUIRED.value,
+            sa_select(func.json_agg(aggregate_order_by(literal_column("q"), _Q.c.created_at, _Q.c.key)))
+            .where(_Q.c.job_id == _JOBS.c.id, _Q.c.answered_at.is_(None))
+            .scalar_subquery(),
+        ),
+        else_=None,
+    ).label("handles_open_questions"),
+    sa_select(func.json_agg(aggregate_order_by(literal_column("s"), _S.c.started_at)))
+    .where(_S.c.job_id == _JOBS.c.id)
+    .scalar_subquery()
+    .label("handles_steps"),
+).where(_JOBS.c.id == bindparam("job_id"))
+_JOB_COLUMNS = tuple(c.name for c in _JOBS.columns)
+
+
+def _snapshot_in_one(
+    connection: Connection, job_id: str
+) -> tuple[JobRecord | None, list[InputRequestRecord], list[StepRecord]]:
+    row = connection.execute(_SNAPSHOT_IN_ONE, {"job_id": job_id}).mappings().first()
+    if row is None:
+        return None, [], []
+    job = JobRecord.model_construct(**{name: row[name] for name in _JOB_COLUMNS})
+    pending = [_from_json(_INPUTS, InputRequestRecord, q) for q in row["handles_open_questions"] or ()]
+    return job, pending, [_from_json(_STEPS, StepRecord, step) for step in row["handles_steps"] or ()]
 
 
 # The start on PostgreSQL: one call of the function of migration 0011.

@@ -1,7 +1,8 @@
 """A start on PostgreSQL is one call of `handles_start` (migration 0011), one round trip (issue 14),
 and keeps every meaning of `JobRepository.insert`: the per-principal limit, the idempotency key, the
 claim at insert with its lease by the database clock, the questions asked first, and the change
-notice that wakes another connection. Counted with bench/round_trips.py's libpq protocol tracer."""
+notice that wakes another connection. A progress poll's snapshot (the job, its open questions, its
+steps) is one statement too. Counted with bench/round_trips.py's libpq protocol tracer."""
 
 from __future__ import annotations
 
@@ -91,11 +92,9 @@ def test_the_start_function_exists_after_the_migration(repo: JobRepository, post
 
 def test_a_start_is_one_round_trip(repo: JobRepository) -> None:
     principal = _principal()
-    ids: list[str] = []
 
     def start() -> None:
         job = job_row(_id(), principal=principal, lease_owner="node-a", attempts=1)
-        ids.append(job.id)
         repo.publishing(job.id, "node-a", False, repo.insert, job, active_limit=50, lease_seconds=30)
 
     trips, sent = _round_trips(repo, start)
@@ -215,3 +214,36 @@ def test_a_start_on_a_connection_the_server_dropped_is_made_once_more_on_a_fresh
     finally:
         admin.dispose()
         repo.dispose()
+
+
+def test_a_progress_poll_is_one_round_trip_and_reads_what_three_reads_read(repo: JobRepository) -> None:
+    job = job_row(_id(), principal=_principal(), lease_owner="node-a", attempts=1)
+    repo.insert(job)
+    for name, result, error in (
+        ("fetch", {"rows": 3, "at": "é"}, None),
+        ("bill", None, "refused"),
+        ("send", None, None),
+    ):
+        repo.begin_step(job.id, "node-a", name, 1)
+        if name != "send":
+            repo.finish_step(job.id, "node-a", name, result=result, error=error)
+    repo.open_input(job.id, "node-a", "q2", "Second?", {"type": "object"})
+    repo.open_input(
+        job.id, "node-a", "q1", "First?", {"type": "object", "properties": {"ok": {"type": "boolean"}}}
+    )
+    repo.answer_inputs(job.id, {"q2": {"ok": True}})
+
+    stored, pending, steps = repo.snapshot(job.id)
+    assert stored == repo.get(job.id) and stored is not None and stored.status == "input_required"
+    assert pending == repo.pending_inputs(job.id) and [q.key for q in pending] == ["q1"]
+    assert steps == repo.steps(job.id) and [s.name for s in steps] == ["fetch", "bill", "send"]
+    assert steps[0].result == {"rows": 3, "at": "é"} and steps[1].error == "refused"
+    assert all(s.started_at.tzinfo is not None for s in steps) and pending[0].created_at.tzinfo is not None
+
+    trips, sent = _round_trips(repo, lambda: repo.snapshot(job.id))
+    assert trips == 1, sent
+
+    repo.answer_inputs(job.id, {"q1": {"ok": False}})  # working again: no open questions to read
+    stored, pending, steps = repo.snapshot(job.id)
+    assert stored is not None and stored.status == "working" and pending == [] and len(steps) == 3
+    assert repo.snapshot("no-such-job") == (None, [], [])
