@@ -75,6 +75,7 @@ Clock = Callable[[], datetime]
 P = ParamSpec("P")
 T = TypeVar("T")
 _INLINE: ContextVar[bool] = ContextVar("handles_inline_read", default=False)
+_INLINE_WRITE: ContextVar[bool] = ContextVar("handles_inline_write", default=False)
 _NOTICE: ContextVar[str | None] = ContextVar("handles_change_notice", default=None)
 """The change notice that write transactions in this context publish as they commit (see `publishing`)."""
 NOTIFY_CHANNEL = "handles_jobs"
@@ -86,6 +87,10 @@ _VERSIONS_BATCH = 500  # ids per query when reading the versions of watched jobs
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+class WriterBusy(Exception):
+    """An inline write found the writer lock taken (in this process or another): nothing was written."""
 
 
 class ActiveLimitReached(Exception):
@@ -123,15 +128,17 @@ def _is_memory_sqlite(url: str) -> bool:
     return _is_sqlite(url) and (path.endswith("://") or path.endswith(":memory:") or "mode=memory" in url)
 
 
-def _make_engines(url: str) -> tuple[Engine, Engine, Engine | None]:
-    """(read engine, write engine, inline-read engine or None).
+def _make_engines(url: str) -> tuple[Engine, Engine, Engine | None, Engine | None]:
+    """(read engine, write engine, inline-read engine or None, inline-write engine or None).
 
     On PostgreSQL reads and writes have engines of their own (see below). On SQLite the
     write engine begins with BEGIN IMMEDIATE, and a file database gets a
     third engine for reads made on the event loop itself: in WAL mode a read never waits
     for a writer, so it costs microseconds, less than the hop to a worker thread. Its
     connections give up after 50 ms instead of waiting on a lock (the caller then falls
-    back to a worker thread).
+    back to a worker thread). A fourth engine, for short writes made on the event loop, begins with
+    BEGIN IMMEDIATE and never waits for SQLite's write lock (a busy timeout of 0): a writer at work
+    in another process sends the write to a worker thread instead.
     """
     if not _is_sqlite(url):
         # A database host that never answers (packets dropped, not refused) must not hang a start or a
@@ -145,7 +152,7 @@ def _make_engines(url: str) -> tuple[Engine, Engine, Engine | None]:
         # and invalidates the pool; `Store.read` retries it once on a fresh connection. Under READ
         # COMMITTED each statement took its own snapshot anyway, so no read loses consistency.
         read = create_engine(url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=10, **connect)
-        return read, write, None
+        return read, write, None, None
 
     if _is_memory_sqlite(url):
         raise ConfigurationError(
@@ -179,7 +186,8 @@ def _make_engines(url: str) -> tuple[Engine, Engine, Engine | None]:
     read = configure(create_engine(url, **kwargs), "BEGIN")
     # No BEGIN: each read statement is its own snapshot, with nothing to end afterwards.
     inline = configure(create_engine(url, **kwargs), None, busy_ms=50)
-    return read, write, inline
+    inline_write = configure(create_engine(url, **kwargs), "BEGIN IMMEDIATE", busy_ms=0)
+    return read, write, inline, inline_write
 
 
 class JobRepository:
@@ -196,8 +204,11 @@ class JobRepository:
         if lease_clock not in ("database", "local"):
             raise ValueError("lease_clock must be 'database' or 'local'")
         self._database_leases = lease_clock == "database"
-        self._read_engine, self._write_engine, self._inline_engine = _make_engines(url)
+        self._read_engine, self._write_engine, self._inline_engine, self._inline_write_engine = _make_engines(
+            url
+        )
         self._inline_connection: Connection | None = None
+        self._inline_write_connection: Connection | None = None
         self._inline_lock = threading.Lock()
         # Models built from Core rows (the hot reads) need their ORM mappers ready.
         configure_mappers()
@@ -256,6 +267,11 @@ class JobRepository:
         if self._inline_connection is not None:
             self._inline_connection.close()
             self._inline_connection = None
+        if self._inline_write_connection is not None:
+            self._inline_write_connection.close()
+            self._inline_write_connection = None
+        if self._inline_write_engine is not None:
+            self._inline_write_engine.dispose()
         self._read_engine.dispose()
         if self._inline_engine is not None:
             self._inline_engine.dispose()
@@ -274,6 +290,47 @@ class JobRepository:
             return fn(*args, **kwargs)
         finally:
             _INLINE.reset(token)
+
+    @property
+    def writes_inline(self) -> bool:
+        """Whether short writes may be tried on the calling (event loop) thread: SQLite files only."""
+        return self._inline_write_engine is not None
+
+    def write_inline(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run the short write method `fn` here, if it can have the writer lock without waiting.
+
+        Raises `WriterBusy` (nothing written) when this process's writer lock is held, and SQLite's
+        "database is locked" (`OperationalError`, nothing written) when another process writes: the
+        caller then runs `fn` on a worker thread. Its reads, too, are the inline reads that fail fast.
+        """
+        tokens = (_INLINE_WRITE.set(True), _INLINE.set(True))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _INLINE.reset(tokens[1])
+            _INLINE_WRITE.reset(tokens[0])
+
+    @contextmanager
+    def _inline_writing(self) -> Iterator[Session]:
+        """A write transaction on the long-lived inline-write connection (see `write_inline`)."""
+        acquire = getattr(self._write_lock, "acquire", None)
+        if acquire is not None and not acquire(blocking=False):
+            raise WriterBusy
+        try:
+            assert self._inline_write_engine is not None
+            if self._inline_write_connection is None or self._inline_write_connection.closed:
+                self._inline_write_connection = self._inline_write_engine.connect()
+            connection = self._inline_write_connection
+            try:
+                with Session(bind=connection, expire_on_commit=False) as session, session.begin():
+                    yield session
+            except DBAPIError:
+                connection.invalidate()  # a fresh connection next time, in a known state
+                self._inline_write_connection = None
+                raise
+        finally:
+            if acquire is not None:
+                self._write_lock.__exit__(None, None, None)
 
     @contextmanager
     def _reading(self) -> Iterator[Session]:
@@ -307,6 +364,10 @@ class JobRepository:
 
     @contextmanager
     def _writing(self) -> Iterator[Session]:
+        if _INLINE_WRITE.get() and self._inline_write_engine is not None:
+            with self._inline_writing() as session:
+                yield session
+            return
         with (
             self._write_lock,
             Session(self._write_engine, expire_on_commit=False) as session,
@@ -561,15 +622,9 @@ class JobRepository:
 
     def _find_idempotent(self, job: Mapping[str, Any]) -> JobRecord | None:
         """The job that `job`'s principal already started with its kind and idempotency key."""
-        with self._reading() as session:
-            return session.exec(
-                select(JobRecord).where(
-                    JobRecord.principal_key == job["principal_key"],
-                    JobRecord.principal == job["principal"],
-                    JobRecord.kind == job["kind"],
-                    JobRecord.idempotency_key == job["idempotency_key"],
-                )
-            ).first()
+        with self._fast_reading() as connection:
+            row = connection.execute(_JOB_BY_IDEMPOTENCY_KEY, dict(job)).mappings().first()
+        return None if row is None else JobRecord.model_construct(**row)
 
     # -- claiming and leases ----------------------------------------------
 
@@ -1385,6 +1440,12 @@ _ALL_SWITCHES = sa_select(SwitchRecord.__table__)  # type: ignore[attr-defined]
 
 # The start's statements, built once (building a statement costs more than SQLite runs it).
 _INSERT_JOB = sa_insert(_JOBS)
+_JOB_BY_IDEMPOTENCY_KEY = sa_select(_JOBS).where(
+    _JOBS.c.principal_key == bindparam("principal_key"),
+    _JOBS.c.principal == bindparam("principal"),
+    _JOBS.c.kind == bindparam("kind"),
+    _JOBS.c.idempotency_key == bindparam("idempotency_key"),
+)
 _INSERT_INPUT = sa_insert(_INPUTS)
 _COUNT_ACTIVE = (
     sa_select(func.count())
