@@ -567,15 +567,23 @@ class JobRepository:
         never ran stored nothing, so the second is the first.
         """
         lease = lease_seconds if values["lease_owner"] is not None and self._database_leases else None
-        params = {
-            "job": _json_document(values),
-            "questions": _json_document([_column_values(_INPUTS, q) for q in questions])
-            if questions
-            else None,
+        params: dict[str, Any] = {
+            "job": _json_document({k: v for k, v in values.items() if k not in _JOB_JSON}),
+            **{name: json.dumps(values[name]) for name in _JOB_JSON},
+            "questions": None,
+            "schemas": None,
+            "answers": None,
             "limit": active_limit,
             "lease": lease,
             "notice": _NOTICE.get(),
         }
+        if questions:
+            rows = [_column_values(_INPUTS, q) for q in questions]
+            params["questions"] = _json_document(
+                [{k: v for k, v in r.items() if k not in _INPUT_JSON} for r in rows]
+            )
+            params["schemas"] = [json.dumps(r["requested_schema"]) for r in rows]
+            params["answers"] = [json.dumps(r["answer"]) for r in rows]
         for attempt in (1, 2):
             try:
                 with self._read_engine.connect() as connection:  # autocommit, no ping
@@ -1490,9 +1498,14 @@ def _snapshot_in_one(
 
 
 # The start on PostgreSQL: one call of the function of migration 0011.
+# Its JSON columns travel as `json` parameters of their own (see the migration), as SQLAlchemy's JSON
+# type writes them (None as JSON null).
+_JOB_JSON = ("arguments", "result", "error", "trace_context")
+_INPUT_JSON = ("requested_schema", "answer")
 _START = text(
-    "SELECT outcome, active, lease_expires_at, stored FROM "
-    "handles_start(CAST(:job AS json), CAST(:questions AS json), :limit, :lease, :notice)"
+    "SELECT outcome, active, lease_expires_at, stored FROM handles_start(CAST(:job AS json), "
+    "CAST(:arguments AS json), CAST(:result AS json), CAST(:error AS json), CAST(:trace_context AS json), "
+    "CAST(:questions AS json), CAST(:schemas AS json[]), CAST(:answers AS json[]), :limit, :lease, :notice)"
 ).columns(
     column("outcome", Text()),
     column("active", Integer()),

@@ -247,3 +247,45 @@ def test_a_progress_poll_is_one_round_trip_and_reads_what_three_reads_read(repo:
     stored, pending, steps = repo.snapshot(job.id)
     assert stored is not None and stored.status == "working" and pending == [] and len(steps) == 3
     assert repo.snapshot("no-such-job") == (None, [], [])
+
+
+def test_json_values_with_nul_travel_apart_from_the_row(repo: JobRepository) -> None:
+    """PostgreSQL's JSON functions refuse a document with a \\u0000 escape anywhere in it, while a `json`
+    column stores one: a job's arguments, a first question's schema and answer, and a step's result may
+    hold NUL, so they travel as `json` parameters of their own, and come back through the snapshot."""
+    from sqlalchemy import JSON
+
+    from handles.store.repository import _INPUT_JSON, _INPUTS, _JOB_JSON, _JOBS
+
+    assert set(_JOB_JSON) == {c.name for c in _JOBS.columns if isinstance(c.type, JSON)}
+    assert set(_INPUT_JSON) == {c.name for c in _INPUTS.columns if isinstance(c.type, JSON)}
+
+    now = utc_now()
+    principal = _principal()
+    job = job_row(
+        _id(),
+        principal=principal,
+        idempotency_key="nul",
+        arguments={"text": "ok \x00 nul"},
+        status="input_required",
+    )
+    question = InputRequestRecord(
+        job_id=job.id,
+        key="first",
+        message="Go?",
+        requested_schema={"title": "a\x00b"},
+        created_at=now,
+    )
+    assert repo.insert(job, active_limit=5, questions=[question])[1]
+    stored = repo.get(job.id)
+    assert stored is not None and stored.arguments == {"text": "ok \x00 nul"} and stored.result is None
+    again, created = repo.insert(job_row(_id(), principal=principal, idempotency_key="nul"), active_limit=5)
+    assert not created and again == stored
+    _, pending, _ = repo.snapshot(job.id)
+    assert [q.requested_schema for q in pending] == [{"title": "a\x00b"}]
+    repo.answer_inputs(job.id, {"first": {"note": "x\x00y"}})
+    assert [q.answer for q in repo.questions(job.id)] == [{"note": "x\x00y"}]
+    repo.claim(job.id, "node-a", 30)
+    repo.begin_step(job.id, "node-a", "s", 1)
+    repo.finish_step(job.id, "node-a", "s", result={"r": "\x00"})
+    assert [s.result for s in repo.snapshot(job.id)[2]] == [{"r": "\x00"}]

@@ -5,11 +5,15 @@ with `now()`, the per-principal count, the INSERT, the NOTIFY and COMMIT). `hand
 all of it in one statement, called in autocommit, so the statement is its own transaction: it
 commits (and its NOTIFY goes out) before the reply reaches the caller, exactly as the COMMIT did.
 
-`handles_start(job, questions, active_limit, lease_seconds, notice)`:
+`handles_start(job, arguments, result, error, trace_context, questions, question_schemas,
+question_answers, active_limit, lease_seconds, notice)`:
 
 - `job` is the row as JSON (its columns by name, times in ISO 8601 with an offset), read into the
-  table's row type with `json_populate_record`, so a column added later flows through unchanged;
-  `questions` the `handles_input_requests` rows asked before the job starts (JSON array, or NULL).
+  table's row type with `json_populate_record`, so a plain column added later flows through
+  unchanged. Its JSON columns come as `json` parameters of their own: PostgreSQL's JSON functions
+  refuse a document with a `\u0000` escape anywhere in it, which a `json` column stores (a NUL in a
+  job's arguments is allowed). `questions` are the `handles_input_requests` rows asked before the
+  job starts (JSON array, or NULL), their JSON columns in the two arrays, in the same order.
 - A row that already has the job's own id, principal, kind and creation time is this same start,
   tried again after its connection died with the reply on its way: it is answered as created and
   nothing else happens (job ids are fresh random ids, so no other start can name it).
@@ -42,14 +46,21 @@ depends_on = None
 # that changes them must replace the function too.
 CREATE = """
 CREATE OR REPLACE FUNCTION handles_start(
-    job json, questions json, active_limit integer, lease_seconds double precision, notice text
+    job json, arguments json, result json, error json, trace_context json,
+    questions json, question_schemas json[], question_answers json[],
+    active_limit integer, lease_seconds double precision, notice text
 ) RETURNS TABLE (outcome text, active bigint, lease_expires_at timestamptz, stored json)
 LANGUAGE plpgsql VOLATILE AS $function$
 DECLARE
     new_job handles_jobs := json_populate_record(NULL::handles_jobs, job);
+    question handles_input_requests;
     earlier handles_jobs;
     counted bigint;
 BEGIN
+    new_job.arguments := arguments;
+    new_job.result := result;
+    new_job.error := error;
+    new_job.trace_context := trace_context;
     SELECT * INTO earlier FROM handles_jobs AS j WHERE j.id = new_job.id;
     IF FOUND AND earlier.principal_key = new_job.principal_key AND earlier.kind = new_job.kind
             AND earlier.created_at = new_job.created_at THEN
@@ -90,8 +101,12 @@ BEGIN
         RETURN;
     END IF;
     IF questions IS NOT NULL THEN
-        INSERT INTO handles_input_requests
-            SELECT * FROM json_populate_recordset(NULL::handles_input_requests, questions);
+        FOR i IN 1 .. json_array_length(questions) LOOP
+            question := json_populate_record(NULL::handles_input_requests, questions -> (i - 1));
+            question.requested_schema := question_schemas[i];
+            question.answer := question_answers[i];
+            INSERT INTO handles_input_requests SELECT (question).*;
+        END LOOP;
     END IF;
     IF notice IS NOT NULL THEN
         PERFORM pg_notify('handles_jobs', notice);
@@ -109,4 +124,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
-        op.execute("DROP FUNCTION IF EXISTS handles_start(json, json, integer, double precision, text)")
+        op.execute(
+            "DROP FUNCTION IF EXISTS handles_start(json, json, json, json, json, json, json[], json[], integer, "
+            "double precision, text)"
+        )
