@@ -108,7 +108,7 @@ def _gist(body: str) -> str:
     if not words:
         return "?"
     head = words[0].upper()
-    for keyword in ("pg_advisory_xact_lock", "pg_notify", "count("):
+    for keyword in ("pg_advisory_xact_lock", "pg_notify", "count(", "handles_start("):
         if keyword in text:
             return f"{head} {keyword.rstrip('(')}"
     if head in ("INSERT", "UPDATE", "DELETE", "SELECT"):

@@ -286,12 +286,10 @@ class JobService:
     ) -> tuple[JobRecord, bool]:
         """Insert the job, then run it here (claimed at insert) or queue it for any worker."""
         queued = not claimed and not waiting
-        write = self.store.write_queued if queued else self.store.write
         try:
-            stored, created = await write(
-                record.id,
-                self.store.repo.insert,
+            stored, created = await self.store.insert(
                 record,
+                queued=queued,
                 active_limit=self.config.max_active_per_principal,
                 questions=[question] if question is not None else [],
                 lease_seconds=self.config.lease_seconds,

@@ -14,7 +14,7 @@ import functools
 import logging
 import weakref
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -22,7 +22,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from handles.errors import StoreUnavailable
 from handles.store.models import InputRequestRecord, JobRecord, StepRecord, SwitchRecord
-from handles.store.repository import AnswerOutcome, CancelOutcome, Clock, JobRepository, utc_now
+from handles.store.repository import AnswerOutcome, CancelOutcome, Clock, JobRepository, WriterBusy, utc_now
 
 __all__ = [
     "AnswerOutcome",
@@ -131,6 +131,26 @@ class Store:
         """Like `write`, for a change that leaves `job_id` waiting for a worker: idle workers on other
         nodes look for it at once."""
         return await self._write(job_id, True, functools.partial(fn, *args, **kwargs))
+
+    async def insert(self, job: JobRecord, *, queued: bool, **options: Any) -> tuple[JobRecord, bool]:
+        """Store a new job (`JobRepository.insert` with `options`), as `write` (`write_queued` when it
+        waits for a worker) would.
+
+        On an SQLite file the short insert transaction runs here, on the event loop, when the writer
+        lock is free in this process and in SQLite (no waiting for either): no hop to a worker thread.
+        When a writer is at work it runs on a worker thread like any write. Falling back is safe: an
+        inline try that failed stored nothing (its BEGIN IMMEDIATE never took the lock, or the
+        transaction rolled back), so the second try is the first.
+        """
+        call = functools.partial(self.repo.insert, job, **options)
+        if self.repo.writes_inline:
+            try:
+                return self.repo.write_inline(call)
+            except (WriterBusy, OperationalError):
+                pass
+            finally:
+                self.notifier.notify(job.id)
+        return await self._write(job.id, queued, call)
 
     async def _write(self, job_id: str, queued: bool, call: Callable[[], T]) -> T:
         try:

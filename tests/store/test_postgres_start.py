@@ -1,0 +1,291 @@
+"""A start on PostgreSQL is one call of `handles_start` (migration 0011), one round trip (issue 14),
+and keeps every meaning of `JobRepository.insert`: the per-principal limit, the idempotency key, the
+claim at insert with its lease by the database clock, the questions asked first, and the change
+notice that wakes another connection. A progress poll's snapshot (the job, its open questions, its
+steps) is one statement too. Counted with bench/round_trips.py's libpq protocol tracer."""
+
+from __future__ import annotations
+
+import secrets
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import create_engine, text
+
+from bench.round_trips import Tracer
+from handles.store import InputRequestRecord, JobRepository, utc_now
+from handles.store.listen import libpq_url
+from handles.store.repository import NOTIFY_CHANNEL, ActiveLimitReached
+from tests.runtime.support import job_row
+
+
+def _principal() -> str:
+    return f"local:p-{secrets.token_hex(4)}"  # the schema is shared by this file's tests: one principal each
+
+
+def _id() -> str:
+    return f"s-{secrets.token_hex(6)}"
+
+
+@pytest.fixture
+def repo(postgres_url: str) -> Iterator[JobRepository]:
+    repository = JobRepository(postgres_url)
+    repository.create_schema()
+    try:
+        yield repository
+    finally:
+        repository.dispose()
+
+
+@pytest.fixture
+def listener(postgres_url: str) -> Iterator[psycopg.Connection]:
+    connection = psycopg.connect(libpq_url(postgres_url), autocommit=True)
+    connection.execute(f"LISTEN {NOTIFY_CHANNEL}")
+    try:
+        yield connection
+    finally:
+        connection.close()
+
+
+def _notices(listener: psycopg.Connection, job_id: str, seconds: float = 0.5) -> list[str]:
+    payloads = []
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        payloads += [notice.payload for notice in listener.notifies(timeout=left, stop_after=1)]
+    return [payload for payload in payloads if payload.split(" ")[0] == job_id]
+
+
+def _round_trips(repo: JobRepository, operation: Callable[[], Any]) -> tuple[int, list[str]]:
+    tracer = Tracer(Path(tempfile.mkdtemp(prefix="trips-")))
+    for engine in {repo._write_engine, repo._read_engine}:
+        tracer.attach(engine)
+    repo._read_engine.dispose()  # fresh connections, so that each one is traced from its checkout
+    repo._write_engine.dispose()
+    try:
+        operation()  # the first use of a connection looks up types; count a warm one
+        mark = tracer.mark()
+        operation()
+        return tracer.since(mark)
+    finally:
+        tracer.close()
+
+
+def test_the_start_function_exists_after_the_migration(repo: JobRepository, postgres_url: str) -> None:
+    engine = create_engine(postgres_url)
+    try:
+        with engine.connect() as connection:
+            found = connection.execute(
+                text(
+                    "select count(*) from pg_proc p join pg_namespace n on n.oid = p.pronamespace "
+                    "where p.proname = 'handles_start' and n.nspname = current_schema()"
+                )
+            ).scalar_one()
+        assert found == 1
+    finally:
+        engine.dispose()
+
+
+def test_a_start_is_one_round_trip(repo: JobRepository) -> None:
+    principal = _principal()
+
+    def start() -> None:
+        job = job_row(_id(), principal=principal, lease_owner="node-a", attempts=1)
+        repo.publishing(job.id, "node-a", False, repo.insert, job, active_limit=50, lease_seconds=30)
+
+    trips, sent = _round_trips(repo, start)
+    assert trips == 1, sent
+    assert sent == ["SELECT handles_start"]
+
+
+def test_a_start_over_the_limit_stores_nothing_and_announces_nothing(
+    repo: JobRepository, listener: psycopg.Connection
+) -> None:
+    principal = _principal()
+    first = job_row(_id(), principal=principal)
+    stored, created = repo.publishing(first.id, "node-a", True, repo.insert, first, active_limit=1)
+    assert created and stored.id == first.id
+    assert _notices(listener, first.id) == [f"{first.id} node-a queued"], (
+        "the notice wakes another connection"
+    )
+
+    refused = job_row(_id(), principal=principal)
+    with pytest.raises(ActiveLimitReached) as caught:
+        repo.publishing(refused.id, "node-a", True, repo.insert, refused, active_limit=1)
+    assert (caught.value.active, caught.value.limit) == (1, 1)
+    assert repo.get(refused.id) is None
+    assert _notices(listener, refused.id) == []
+
+    other = job_row(_id(), principal=_principal())  # another principal's count is its own
+    assert repo.insert(other, active_limit=1)[1]
+
+
+def test_an_idempotency_key_returns_the_stored_job_exactly_as_stored(
+    repo: JobRepository, listener: psycopg.Connection
+) -> None:
+    principal = _principal()
+    first = job_row(
+        _id(),
+        principal=principal,
+        idempotency_key="key-1",
+        arguments={"name": "é", "n": [1, 2.5, None]},
+        progress_done=3.0,
+        progress_total=7.0,
+        keep_result_seconds=60.0,
+    )
+    assert repo.insert(first, active_limit=1)[1]
+    _notices(listener, first.id, 0.2)
+    again = job_row(_id(), principal=principal, idempotency_key="key-1", arguments={"other": True})
+    # At the limit already: the key's job comes back rather than a refusal, and nothing is announced.
+    returned, created = repo.publishing(again.id, "node-a", False, repo.insert, again, active_limit=1)
+    assert not created
+    assert returned == repo.get(first.id)
+    assert isinstance(returned.progress_done, float) and returned.created_at.tzinfo is not None
+    assert repo.get(again.id) is None
+    assert _notices(listener, again.id) == []
+    assert repo.insert(job_row(_id(), principal=principal, idempotency_key="key-1", kind="other"))[1]
+
+
+def test_a_claimed_start_stores_its_questions_and_its_lease_by_the_database_clock(
+    repo: JobRepository,
+) -> None:
+    now = utc_now()
+    job = job_row(_id(), principal=_principal(), lease_owner="node-a", attempts=1, started_at=now)
+    question = InputRequestRecord(
+        job_id=job.id, key="first", message="Go?", requested_schema={"type": "object"}, created_at=now
+    )
+    returned, created = repo.insert(job, active_limit=5, questions=[question], lease_seconds=30)
+    assert created
+    stored = repo.get(job.id)
+    assert stored is not None and stored.lease_owner == "node-a" and stored.lease_expires_at is not None
+    assert returned.lease_expires_at == stored.lease_expires_at
+    assert 25 < (stored.lease_expires_at - utc_now()).total_seconds() <= 31
+    assert [(q.key, q.message, q.requested_schema, q.created_at) for q in repo.questions(job.id)] == [
+        ("first", "Go?", {"type": "object"}, now)
+    ]
+
+
+def test_a_start_tried_again_after_its_reply_was_lost_is_stored_once_and_answered_as_created(
+    repo: JobRepository, listener: psycopg.Connection
+) -> None:
+    """The second try of one start (same id) finds the first one's row: created, not refused by the
+    limit it now fills itself, not stored or announced twice."""
+    job = job_row(_id(), principal=_principal(), lease_owner="node-a", attempts=1)
+    first, created = repo.publishing(
+        job.id, "node-a", False, repo.insert, job, active_limit=1, lease_seconds=30
+    )
+    assert created
+    assert _notices(listener, job.id) == [f"{job.id} node-a changed"]
+    second, created = repo.publishing(
+        job.id, "node-a", False, repo.insert, job, active_limit=1, lease_seconds=30
+    )
+    assert created and second == repo.get(job.id) and second.lease_expires_at == first.lease_expires_at
+    assert _notices(listener, job.id) == []
+    assert repo.count_active(principal=job.principal) == 1
+
+
+def test_a_start_on_a_connection_the_server_dropped_is_made_once_more_on_a_fresh_one(
+    postgres_url: str,
+) -> None:
+    name = f"handles_start_drop_{secrets.token_hex(4)}"
+    repo = JobRepository(f"{postgres_url}&application_name={name}")
+    repo.create_schema()
+    admin = create_engine(postgres_url)
+    principal = _principal()
+    try:
+        assert repo.insert(job_row(_id(), principal=principal), active_limit=5)[1]  # a pooled connection now
+        with admin.begin() as connection:
+            dropped = connection.execute(
+                text(
+                    "select count(pg_terminate_backend(pid)) from pg_stat_activity where application_name = :n"
+                ),
+                {"n": name},
+            ).scalar_one()
+        assert dropped >= 1
+        job = job_row(_id(), principal=principal)
+        stored, created = repo.insert(job, active_limit=5)
+        assert created and stored.id == job.id
+        assert repo.get(job.id) is not None
+        assert repo.count_active(principal=principal) == 2
+    finally:
+        admin.dispose()
+        repo.dispose()
+
+
+def test_a_progress_poll_is_one_round_trip_and_reads_what_three_reads_read(repo: JobRepository) -> None:
+    job = job_row(_id(), principal=_principal(), lease_owner="node-a", attempts=1)
+    repo.insert(job)
+    for name, result, error in (
+        ("fetch", {"rows": 3, "at": "é"}, None),
+        ("bill", None, "refused"),
+        ("send", None, None),
+    ):
+        repo.begin_step(job.id, "node-a", name, 1)
+        if name != "send":
+            repo.finish_step(job.id, "node-a", name, result=result, error=error)
+    repo.open_input(job.id, "node-a", "q2", "Second?", {"type": "object"})
+    repo.open_input(
+        job.id, "node-a", "q1", "First?", {"type": "object", "properties": {"ok": {"type": "boolean"}}}
+    )
+    repo.answer_inputs(job.id, {"q2": {"ok": True}})
+
+    stored, pending, steps = repo.snapshot(job.id)
+    assert stored == repo.get(job.id) and stored is not None and stored.status == "input_required"
+    assert pending == repo.pending_inputs(job.id) and [q.key for q in pending] == ["q1"]
+    assert steps == repo.steps(job.id) and [s.name for s in steps] == ["fetch", "bill", "send"]
+    assert steps[0].result == {"rows": 3, "at": "é"} and steps[1].error == "refused"
+    assert all(s.started_at.tzinfo is not None for s in steps) and pending[0].created_at.tzinfo is not None
+
+    trips, sent = _round_trips(repo, lambda: repo.snapshot(job.id))
+    assert trips == 1, sent
+
+    repo.answer_inputs(job.id, {"q1": {"ok": False}})  # working again: no open questions to read
+    stored, pending, steps = repo.snapshot(job.id)
+    assert stored is not None and stored.status == "working" and pending == [] and len(steps) == 3
+    assert repo.snapshot("no-such-job") == (None, [], [])
+
+
+def test_json_values_with_nul_travel_apart_from_the_row(repo: JobRepository) -> None:
+    """PostgreSQL's JSON functions refuse a document with a \\u0000 escape anywhere in it, while a `json`
+    column stores one: a job's arguments, a first question's schema and answer, and a step's result may
+    hold NUL, so they travel as `json` parameters of their own, and come back through the snapshot."""
+    from sqlalchemy import JSON
+
+    from handles.store.repository import _INPUT_JSON, _INPUTS, _JOB_JSON, _JOBS
+
+    assert set(_JOB_JSON) == {c.name for c in _JOBS.columns if isinstance(c.type, JSON)}
+    assert set(_INPUT_JSON) == {c.name for c in _INPUTS.columns if isinstance(c.type, JSON)}
+
+    now = utc_now()
+    principal = _principal()
+    job = job_row(
+        _id(),
+        principal=principal,
+        idempotency_key="nul",
+        arguments={"text": "ok \x00 nul"},
+        status="input_required",
+    )
+    question = InputRequestRecord(
+        job_id=job.id,
+        key="first",
+        message="Go?",
+        requested_schema={"title": "a\x00b"},
+        created_at=now,
+    )
+    assert repo.insert(job, active_limit=5, questions=[question])[1]
+    stored = repo.get(job.id)
+    assert stored is not None and stored.arguments == {"text": "ok \x00 nul"} and stored.result is None
+    again, created = repo.insert(job_row(_id(), principal=principal, idempotency_key="nul"), active_limit=5)
+    assert not created and again == stored
+    _, pending, _ = repo.snapshot(job.id)
+    assert [q.requested_schema for q in pending] == [{"title": "a\x00b"}]
+    repo.answer_inputs(job.id, {"first": {"note": "x\x00y"}})
+    assert [q.answer for q in repo.questions(job.id)] == [{"note": "x\x00y"}]
+    repo.claim(job.id, "node-a", 30)
+    repo.begin_step(job.id, "node-a", "s", 1)
+    repo.finish_step(job.id, "node-a", "s", result={"r": "\x00"})
+    assert [s.result for s in repo.snapshot(job.id)[2]] == [{"r": "\x00"}]

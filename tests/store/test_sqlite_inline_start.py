@@ -1,0 +1,150 @@
+"""A start on an SQLite file is written on the event loop when the writer lock is free (no worker-thread
+hop, issue 14), and on a worker thread when a writer is at work, in this process or another one; the
+limit and the idempotency key mean the same either way, and the job is committed before the start
+returns."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import event
+
+from handles.store import JobRepository, Store
+from handles.store.repository import ActiveLimitReached
+from tests.runtime.support import job_row
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "store.db"
+
+
+@pytest.fixture
+def repo(path: Path) -> Iterator[JobRepository]:
+    repository = JobRepository(f"sqlite:///{path.as_posix()}")
+    repository.create_schema()
+    try:
+        yield repository
+    finally:
+        repository.dispose()
+
+
+def _insert_threads(repo: JobRepository) -> list[int]:
+    """The threads that run each INSERT into handles_jobs, through any of the repository's engines."""
+    threads: list[int] = []
+
+    def seen(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        if statement.startswith("INSERT INTO handles_jobs"):
+            threads.append(threading.get_ident())
+
+    for engine in (repo._write_engine, repo._inline_write_engine):
+        event.listen(engine, "before_cursor_execute", seen)
+    return threads
+
+
+def _committed(path: Path, job_id: str) -> bool:
+    """Read by a connection of its own: the row is on disk, committed."""
+    connection = sqlite3.connect(path)
+    try:
+        return (
+            connection.execute("select count(*) from handles_jobs where id = ?", (job_id,)).fetchone()[0] == 1
+        )
+    finally:
+        connection.close()
+
+
+def test_a_start_is_written_on_the_event_loop_and_committed_before_it_returns(
+    repo: JobRepository, path: Path
+) -> None:
+    threads = _insert_threads(repo)
+
+    async def main() -> None:
+        store = Store(repo)
+        job = job_row(f"i-{secrets.token_hex(4)}")
+        stored, created = await store.insert(job, queued=False, active_limit=5)
+        assert created and stored.id == job.id
+        assert _committed(path, job.id)
+        assert threads == [threading.get_ident()], "written on the event loop's thread"
+
+    asyncio.run(main())
+
+
+def test_the_limit_and_the_idempotency_key_hold_on_the_event_loop(repo: JobRepository) -> None:
+    async def main() -> None:
+        store = Store(repo)
+        first = job_row(f"i-{secrets.token_hex(4)}", idempotency_key="k")
+        assert (await store.insert(first, queued=False, active_limit=1))[1]
+        again, created = await store.insert(
+            job_row(f"i-{secrets.token_hex(4)}", idempotency_key="k"), queued=False, active_limit=1
+        )
+        assert not created and again.id == first.id
+        refused = job_row(f"i-{secrets.token_hex(4)}")
+        with pytest.raises(ActiveLimitReached):
+            await store.insert(refused, queued=False, active_limit=1)
+        assert repo.get(refused.id) is None
+
+    asyncio.run(main())
+
+
+def test_a_start_goes_to_a_worker_thread_while_another_process_writes_and_the_loop_stays_free(
+    repo: JobRepository, path: Path
+) -> None:
+    threads = _insert_threads(repo)
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # another process's writer holds SQLite's write lock
+
+    async def main() -> None:
+        store = Store(repo)
+        job = job_row(f"i-{secrets.token_hex(4)}")
+        start = asyncio.create_task(store.insert(job, queued=False, active_limit=5))
+        ticks = 0
+        began = time.monotonic()
+        while time.monotonic() - began < 0.3:  # the loop keeps serving while the start waits
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert not start.done()
+        other.execute("COMMIT")
+        _, created = await asyncio.wait_for(start, 10)
+        assert created and _committed(path, job.id)
+        assert ticks >= 10
+        assert threads and threads[-1] != threading.get_ident(), "written on a worker thread"
+
+    try:
+        asyncio.run(main())
+    finally:
+        other.close()
+
+
+def test_a_start_goes_to_a_worker_thread_while_this_process_writes(repo: JobRepository, path: Path) -> None:
+    threads = _insert_threads(repo)
+    held = threading.Event()
+    release = threading.Event()
+
+    def writer() -> None:  # another write of this process, on a worker thread
+        with repo._writing():
+            held.set()
+            release.wait(5)
+
+    async def main() -> None:
+        store = Store(repo)
+        thread = threading.Thread(target=writer)
+        thread.start()
+        assert held.wait(5)
+        job = job_row(f"i-{secrets.token_hex(4)}")
+        start = asyncio.create_task(store.insert(job, queued=False))
+        await asyncio.sleep(0.2)
+        assert not start.done()
+        release.set()
+        assert (await asyncio.wait_for(start, 10))[1]
+        thread.join(5)
+        assert _committed(path, job.id)
+        assert threads == [threads[0]] and threads[0] != threading.get_ident()
+
+    asyncio.run(main())
