@@ -35,8 +35,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from handles.client.follow import connect
-from handles.client.manifest import MODES, VERBS, Manifest, Requirements, RequirementsNotMet, read_manifest
 from handles.config import MIN_KEY_LENGTH, HandlesConfig
 from handles.errors import ConfigurationError
 from handles.handle import HandleCodec
@@ -47,10 +45,13 @@ from handles.store import InputRequestRecord, JobRecord, JobRepository, SwitchRe
 from handles.store.models import claims_of
 from handles.store.reach import database_errors
 from handles.switches import PAUSED_PREFIX, TASKS, Switches, paused_switch
-from handles.transient import authentication_error, is_connection_failure, leaves
 
 if TYPE_CHECKING:
     from handles.app import Handles
+    from handles.client.manifest import Manifest
+
+# The MCP client (handles.client, handles.transient) is imported by the one command that speaks MCP,
+# `manifest`: every other command starts without it, in half the time.
 
 # -- the database ------------------------------------------------------------------------
 
@@ -570,10 +571,14 @@ def _listed(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
 
 
 def _modes(value: str) -> list[str]:
+    from handles.client.manifest import MODES
+
     return _listed(value, MODES, "a mode")
 
 
 def _required_job(value: str) -> tuple[str, list[str]]:
+    from handles.client.manifest import VERBS
+
     name, _, verbs = value.partition(":")
     return name, _listed(verbs, VERBS, "a verb")
 
@@ -611,6 +616,10 @@ def manifest_lines(found: Manifest) -> list[str]:
 
 
 def manifest(args: argparse.Namespace) -> int:
+    from handles.client.follow import connect
+    from handles.client.manifest import MODES, Requirements, RequirementsNotMet, read_manifest
+    from handles.transient import authentication_error, is_connection_failure, leaves
+
     requirements = None
     if args.modes or args.job:
         requirements = Requirements(modes=args.modes or MODES, jobs=dict(args.job or ()))

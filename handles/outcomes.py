@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from mcp_types import CallToolResult
+from typing import TYPE_CHECKING, Any
 
 from handles.limits import clean_message
 from handles.states import Status
+
+if TYPE_CHECKING:  # the store imports this module; the operator's CLI loads no MCP types through it
+    from mcp_types import CallToolResult
 
 INTERNAL_ERROR = -32603
 

@@ -15,15 +15,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mcp.server.auth.middleware.auth_context import get_access_token
-from mcp.server.auth.provider import principal_components
-
 PrincipalResolver = Callable[[Any], Awaitable[str | None] | str | None]
 """Gets the request context (the SDK's `Context`, or None outside a request) and returns a principal."""
 
 
 def token_principal() -> str | None:
     """The principal of the verified access token of the current request, if there is one."""
+    # Imported here: the operator's CLI reads principals (below) without loading the MCP SDK.
+    from mcp.server.auth.middleware.auth_context import get_access_token
+    from mcp.server.auth.provider import principal_components
+
     token = get_access_token()
     if token is None:
         return None
