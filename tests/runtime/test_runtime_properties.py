@@ -19,10 +19,11 @@ and at the end, once every node has run undisturbed, that every job is terminal 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import tempfile
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,8 @@ class World:
 
     def __init__(self, url: str) -> None:
         self.effects: Counter[str] = Counter()
-        self.executing: Counter[str] = Counter()
+        self.executing: defaultdict[str, list[tuple[str, str]]] = defaultdict(list)
+        """Per node name: (job id, runtime owner) of every job body executing there now."""
         self.violations: list[str] = []
         self.dead_owners: set[str] = set()
         self.applied: list[tuple[str, str, str]] = []  # (job, step, owner) of every applied effect
@@ -79,10 +81,13 @@ def declare(jobs: Handles, world: World, node: str) -> None:
 
     @jobs.job(asks_input=True, on_interrupt="retry", max_attempts=3)
     async def work(ctx: JobContext, steps: int, asks: bool, seconds: float) -> int:
-        world.executing[node] += 1
+        running = world.executing[node]
+        running.append((ctx.job_id, ctx._owner))
         try:
-            if world.executing[node] > MAX_RUNNING:
-                world.violations.append(f"{world.executing[node]} jobs ran at once on {node}")
+            if len(running) > MAX_RUNNING:
+                # Which runtime ran each (a node restarted gracefully keeps its name, not its owner id).
+                bodies = ", ".join(f"{job} on runtime {owner}" for job, owner in running)
+                world.violations.append(f"{len(running)} jobs ran at once on {node}: {bodies}")
             for index in range(steps):
                 await ctx.step(f"s{index}", effect, ctx.job_id, f"s{index}", seconds, ctx._owner)
                 if asks and index == 0:
@@ -91,7 +96,8 @@ def declare(jobs: Handles, world: World, node: str) -> None:
                         return -1
             return steps
         finally:
-            world.executing[node] -= 1
+            with contextlib.suppress(ValueError):  # a crash rule already cleared this node's list
+                running.remove((ctx.job_id, ctx._owner))
 
 
 class RuntimeMachine(RuleBasedStateMachine):
@@ -185,7 +191,7 @@ class RuntimeMachine(RuleBasedStateMachine):
         """The node vanishes: its tasks stop where they are and nothing more is written."""
         self.world.dead_owners.add(self.nodes[node].runtime.owner)
         self.run(crash(self.nodes[node]))
-        self.world.executing[node] = 0
+        self.world.executing[node].clear()
         self.boot(node)
 
     # -- invariants ------------------------------------------------------------------
