@@ -255,9 +255,9 @@ class Handles:
             )
         add_tools(server, definitions, self.principal_resolver)
         ResultLinks.install(server, self._machinery(), self.principal_resolver)
-        if self._tasks is not None and self._tasks.status_push not in server.middleware:
+        if self._tasks is not None:
             # The SDK's Extension seam cannot reach subscriptions/listen: a middleware adds taskIds to it.
-            server.middleware.append(self._tasks.status_push)
+            self._tasks.status_push.install(server)
         for tool in plain:
             add_plain_tool(
                 server,

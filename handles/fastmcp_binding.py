@@ -235,8 +235,7 @@ def bind_fastmcp(
         extension = handles.tasks_extension()
         server.add_extension(FastMCPTasks(extension))
         _serve_listen(sdk_server)
-        if extension.status_push not in sdk_server.middleware:
-            sdk_server.middleware.append(extension.status_push)
+        extension.status_push.install(sdk_server)
 
 
 def _serve_listen(sdk_server: LowLevelServer[Any]) -> None:

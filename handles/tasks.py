@@ -45,6 +45,7 @@ from mcp_types import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.requests import Request
 
+from handles.envelope import SdkServer
 from handles.errors import (
     CallerError,
     ExpiredHandle,
@@ -490,6 +491,11 @@ class TaskStatusPush:
 
     def __init__(self, extension: TasksExtension) -> None:
         self._extension = extension
+
+    def install(self, server: SdkServer) -> None:
+        """Join `server`'s middleware (once): the SDK's `MCPServer`, or FastMCP's low-level server."""
+        if self not in server.middleware:
+            server.middleware.append(self)
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         if ctx.method != "subscriptions/listen" or ctx.request_id is None:

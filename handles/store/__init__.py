@@ -145,11 +145,12 @@ class Store:
         call = functools.partial(self.repo.insert, job, **options)
         if self.repo.writes_inline:
             try:
-                return self.repo.write_inline(call)
+                stored = self.repo.write_inline(call)
             except (WriterBusy, OperationalError):
-                pass
-            finally:
+                pass  # nothing was stored: `_write` makes the first try (and wakes the waiters itself)
+            else:
                 self.notifier.notify(job.id)
+                return stored
         return await self._write(job.id, queued, call)
 
     async def _write(self, job_id: str, queued: bool, call: Callable[[], T]) -> T:
