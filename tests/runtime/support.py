@@ -54,9 +54,11 @@ async def start_as(jobs: Handles, principal: str, kind: str, **arguments: Any) -
 
 
 async def until_running(jobs: Handles, handle: str, seconds: float = 10.0) -> None:
-    """Wait until the job is claimed by a runtime (it holds a lease)."""
+    """Wait until the job has been claimed by a runtime: it holds a lease, or a run of it has begun
+    (a quick job can start and finish between two reads, and then holds no lease any more)."""
     for _ in range(int(seconds / 0.01)):
-        if stored(jobs, handle).lease_owner is not None:
+        record = stored(jobs, handle)
+        if record.lease_owner is not None or record.started_at is not None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"the job never started: {stored(jobs, handle).status_message}")
