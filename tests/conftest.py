@@ -10,17 +10,16 @@ they fail.
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 from sqlalchemy import create_engine, text
 
 from example_server.server import build_fastmcp_server, build_server, create_jobs
 from handles.layout import ToolLayout
+from tests.harness.postgres import fresh_schema, unreachable
 from tests.support import (
     DRAIN_SECONDS,
     FRAMEWORKS,
@@ -71,26 +70,14 @@ def signing_key() -> str:
 def postgres_url() -> Iterator[str]:
     """A PostgreSQL URL whose search_path is a schema of this run alone; dropped at the end."""
     base = os.environ.get("HANDLES_TEST_POSTGRES_URL", DEFAULT_POSTGRES_URL)
-    try:
-        engine = create_engine(base, connect_args={"connect_timeout": 3})
-        with engine.connect() as connection:
-            connection.execute(text("select 1"))
-    except Exception as exc:
+    exc = unreachable(base)
+    if exc is not None:
         message = f"PostgreSQL is unreachable at {base}: {exc.__class__.__name__}: {exc}"
         if os.environ.get("CI"):
             pytest.fail(f"{message} (CI is set, so the PostgreSQL tests must run)", pytrace=False)
         pytest.skip(message)
-    schema = f"handles_test_{os.getpid()}_{secrets.token_hex(4)}"
-    with engine.begin() as connection:
-        connection.execute(text(f'create schema "{schema}"'))
-    separator = "&" if "?" in base else "?"
-    url = f"{base}{separator}options={quote(f'-csearch_path={schema}')}"
-    try:
+    with fresh_schema(base, f"handles_test_{os.getpid()}") as url:
         yield url
-    finally:
-        with engine.begin() as connection:
-            connection.execute(text(f'drop schema if exists "{schema}" cascade'))
-        engine.dispose()
 
 
 def _truncate_postgres(url: str) -> None:

@@ -12,16 +12,14 @@ import json
 import os
 import re
 import secrets
-import socket
-import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx2
 from jsonschema.validators import validator_for
@@ -33,11 +31,10 @@ from mcp_types import CallToolResult, ResourceLink, TextContent, Tool
 from handles import Handles, HandlesConfig
 from handles.handle import HandleCodec
 from handles.layout import ToolLayout, ToolNames
+from tests.harness.process import REPO_ROOT, ServerProcess, free_port, python_module
 
 TOOL_NAME_IN_TEXT = re.compile(r"\b[a-z][a-z0-9_]*_(?:start|progress|fetch|cancel|respond)\b")
 """A generated tool's name inside a sentence (`generate_report_progress`, `jobs_fetch`)."""
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 JOB_SECONDS = 1.0
 """`EXAMPLE_JOB_SECONDS` for every example server the tests run: long enough to cancel mid-way, short to wait for."""
@@ -364,94 +361,50 @@ async def connect(
 # -- example server over HTTP ---------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+class HttpExampleServer(ServerProcess):
+    """`python -m example_server --http` as a subprocess, restartable on the same data directory
+    (each start on a fresh port)."""
 
+    def __init__(
+        self,
+        data_dir: Path,
+        keys: list[str],
+        tokens: dict[str, str] | None = None,
+        layout: ToolLayout | None = None,
+        env: dict[str, str] | None = None,
+        framework: str = "mcpserver",
+    ) -> None:
+        self.data_dir, self.keys, self.tokens, self.layout, self.framework = (
+            data_dir,
+            keys,
+            tokens,
+            layout,
+            framework,
+        )
+        self.settings = dict(env or {})
+        """Extra environment of the server process (`HANDLES_*` settings), over `example_env`'s."""
+        super().__init__([], {}, data_dir / "server.log", 0, name="the example server")
 
-@dataclass
-class HttpExampleServer:
-    """`python -m example_server --http` as a subprocess, restartable on the same data directory."""
-
-    data_dir: Path
-    keys: list[str]
-    tokens: dict[str, str] | None = None
-    layout: ToolLayout | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    """Extra environment of the server process (`HANDLES_*` settings), over `example_env`'s."""
-    framework: str = "mcpserver"
-    port: int = 0
-    process: subprocess.Popen[bytes] | None = None
-    log_path: Path | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/mcp"
-
-    def start(self, timeout: float = 30.0) -> HttpExampleServer:
-        assert self.process is None, "already running"
+    def start(self, timeout: float | None = None) -> Self:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        args = [sys.executable, "-m", "example_server", "--http", "--port", str(self.port)]
-        args += framework_args(self.framework)
+        self.args = python_module("example_server", "--http", "--port", str(self.port))
+        self.args += framework_args(self.framework)
         if self.tokens is not None:
             tokens_file = self.data_dir / "tokens.json"
             tokens_file.write_text(json.dumps(self.tokens))
-            args += ["--tokens", str(tokens_file)]
+            self.args += ["--tokens", str(tokens_file)]
         if self.layout is not None:
-            args += ["--layout", self.layout]
+            self.args += ["--layout", self.layout]
+        self.env = example_env(self.data_dir, self.keys, **self.settings)
         self.log_path = self.data_dir / f"server-{self.port}.log"
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                args,
-                env=example_env(self.data_dir, self.keys, **self.env),
-                cwd=REPO_ROOT,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the example server exited early:\n{self.log()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"the example server did not answer within {timeout} s:\n{self.log()}")
+        return super().start(timeout)
 
-    def stop(self) -> None:
-        if self.process is None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=5)
-        self.process = None
-
-    @contextmanager
-    def running(self) -> Iterator[HttpExampleServer]:
-        """Started for the `with` block, stopped after it."""
-        self.start()
-        try:
-            yield self
-        finally:
-            self.stop()
-
-    def restart(self, keys: list[str] | None = None) -> HttpExampleServer:
+    def restart(self, keys: list[str] | None = None) -> Self:
         self.stop()
         if keys is not None:
             self.keys = keys
         return self.start()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
 
 
 # -- reading answers --------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -15,6 +16,8 @@ from mcp import Client
 from mcp.server.mcpserver import MCPServer
 
 from handles import Handles, HandlesConfig
+from tests.harness.process import ServerProcess, free_port, python_module
+from tests.support import framework_args
 
 KEY = "durability-test-key-" + "k" * 32
 
@@ -95,80 +98,29 @@ async def rig(jobs: Handles, declare: Callable[[Handles], None] | None = None) -
         await jobs.aclose()
 
 
-class ServerProcess:
-    """`python -m example_server --http` in a subprocess (on `framework`), which tests can kill -9 and restart."""
-
-    def __init__(self, data_dir: Path, framework: str = "mcpserver", **env: str) -> None:
-        import os
-
-        from tests.support import framework_args, free_port
-
-        self.port = free_port()
-        self.framework_args = framework_args(framework)
-        self.env = dict(os.environ)
-        self.env.update(
-            {
-                "HANDLES_DATA_DIR": str(data_dir),
-                "HANDLES_SECRET_KEYS": KEY,
-                "HANDLES_LEASE_SECONDS": "1",
-                "HANDLES_HEARTBEAT_SECONDS": "0.2",
-                "HANDLES_SWEEP_SECONDS": "0.3",
-                "HANDLES_STORE_POLL_SECONDS": "0.1",
-            }
-        )
-        self.env.update(env)
-        self.log = data_dir / "server.log"
-        self.process: Any = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/mcp"
-
-    def start(self) -> None:
-        import subprocess
-        import sys
-        import time
-        import urllib.request
-
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "example_server",
-                    "--http",
-                    "--port",
-                    str(self.port),
-                    *self.framework_args,
-                ],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log.read_text()[-2000:]}")
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health-probe", timeout=0.5)
-            except OSError as exc:
-                if getattr(exc, "code", None) == 404:
-                    return
-                time.sleep(0.1)
-                continue
-            return
-        raise RuntimeError("server did not start listening")
-
-    def kill(self) -> None:
-        import signal
-
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except Exception:
-                self.kill()
+def example_node(data_dir: Path, framework: str = "mcpserver", **env: str) -> ServerProcess:
+    """`python -m example_server --http` (on `framework`) with short leases and sweeps, which tests can
+    kill -9 and restart on the same port; `env` adds or overrides settings."""
+    port = free_port()
+    settings = dict(os.environ)
+    settings.update(
+        {
+            "HANDLES_DATA_DIR": str(data_dir),
+            "HANDLES_SECRET_KEYS": KEY,
+            "HANDLES_LEASE_SECONDS": "1",
+            "HANDLES_HEARTBEAT_SECONDS": "0.2",
+            "HANDLES_SWEEP_SECONDS": "0.3",
+            "HANDLES_STORE_POLL_SECONDS": "0.1",
+        }
+    )
+    settings.update(env)
+    return ServerProcess(
+        python_module("example_server", "--http", "--port", str(port), *framework_args(framework)),
+        settings,
+        data_dir / "server.log",
+        port,
+        ready="http",
+        start_timeout=20,
+        stop_timeout=10,
+        append_log=True,
+    )

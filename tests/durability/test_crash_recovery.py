@@ -10,16 +10,17 @@ from typing import Any
 import pytest
 from mcp import Client
 
+from tests.harness.process import ServerProcess
 from tests.support import FRAMEWORKS
 
-from .harness import ServerProcess
+from .harness import example_node
 
 
 @pytest.fixture(params=FRAMEWORKS)
 def server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
     """The example server on each framework (the SDK's `MCPServer`, FastMCP 4)."""
     effects = tmp_path / "effects.log"
-    process = ServerProcess(
+    process = example_node(
         tmp_path, request.param, EXAMPLE_JOB_SECONDS="3", EXAMPLE_EFFECTS_FILE=str(effects)
     )
     process.start()

@@ -14,7 +14,7 @@ from handles.store import JobRepository
 from tests.runtime.support import job_id_of
 from tests.support import FRAMEWORKS
 
-from .harness import ServerProcess
+from .harness import example_node
 
 
 async def _start(url: str, tool: str, **arguments: Any) -> str:
@@ -26,7 +26,7 @@ async def _start(url: str, tool: str, **arguments: Any) -> str:
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_sigterm_lets_in_flight_jobs_finish_before_the_process_exits(tmp_path: Path, framework: str) -> None:
-    server = ServerProcess(
+    server = example_node(
         tmp_path, framework, EXAMPLE_JOB_SECONDS="2", HANDLES_LEASE_SECONDS="5", HANDLES_DRAIN_SECONDS="25"
     )
     server.start()
@@ -40,7 +40,7 @@ def test_sigterm_lets_in_flight_jobs_finish_before_the_process_exits(tmp_path: P
     finally:
         server.stop()
     # uvicorn re-raises the signal it caught once it has shut down cleanly: -SIGTERM, or 0
-    assert code in (0, -15), server.log.read_text()[-3000:]
+    assert code in (0, -15), server.log()[-3000:]
     assert took < 10, f"{took:.1f}s to stop"
     repo = JobRepository(f"sqlite:///{(tmp_path / 'handles.db').as_posix()}")
     try:
@@ -62,7 +62,7 @@ def test_sigterm_answers_open_long_polls_at_once_and_refuses_new_work_retryably(
 ) -> None:
     """A client waiting on a long job gets its answer (still working) at the signal, not a dropped
     connection after the drain; it then follows the job elsewhere (here: after the restart)."""
-    server = ServerProcess(
+    server = example_node(
         tmp_path, framework, EXAMPLE_JOB_SECONDS="6", HANDLES_LEASE_SECONDS="5", HANDLES_DRAIN_SECONDS="25"
     )
     server.start()

@@ -21,8 +21,8 @@ import pytest
 
 from bench.peer import PEER_PYTHON, ensure_peer_venv
 from handles.config import HandlesConfig
-from tests.support import FRAMEWORKS
-from tests.tasks.wire import ExampleProcess, example_process
+from tests.support import FRAMEWORKS, HttpExampleServer
+from tests.tasks.wire import example_process
 
 pytestmark = pytest.mark.timeout(420)  # the first run creates the client's virtual environment (~40 s)
 
@@ -45,7 +45,7 @@ def peer_python() -> str:
 @pytest.fixture(scope="module", params=FRAMEWORKS)
 def example(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Iterator[ExampleProcess]:
+) -> Iterator[HttpExampleServer]:
     """The example on the SDK's `MCPServer`, then on FastMCP 4 (`--fastmcp`, the project's FastMCP)."""
     with example_process(
         tmp_path_factory.mktemp("example-fastmcp"), {TOKEN: "fastmcp-user"}, request.param
@@ -64,7 +64,7 @@ def run_client(python: str, url: str, mode: str) -> dict[str, Any]:
 
 
 def test_fastmcp_with_fastmcp_tasks_follows_answers_and_cancels_through_tasks(
-    peer_python: str, example: ExampleProcess
+    peer_python: str, example: HttpExampleServer
 ) -> None:
     seen = run_client(peer_python, example.url, "tasks")
     assert seen["fastmcp_tasks"] == "4.1.4"
@@ -82,7 +82,7 @@ def test_fastmcp_with_fastmcp_tasks_follows_answers_and_cancels_through_tasks(
 
 
 def test_fastmcp_without_the_tasks_extension_uses_plain_and_handle_tools(
-    peer_python: str, example: ExampleProcess
+    peer_python: str, example: HttpExampleServer
 ) -> None:
     seen = run_client(peer_python, example.url, "plain")
     assert seen["fastmcp_tasks_imported"] is False
@@ -94,7 +94,7 @@ def test_fastmcp_without_the_tasks_extension_uses_plain_and_handle_tools(
 
 
 def test_fastmcp_with_fastmcp_tasks_gets_plain_answers_while_the_kill_switch_is_on(
-    peer_python: str, example: ExampleProcess
+    peer_python: str, example: HttpExampleServer
 ) -> None:
     """The operator's `handles tasks off`: a FastMCP client that declares the extension is answered
     as one that does not (the result inline; a job that asks a question answers its handle)."""

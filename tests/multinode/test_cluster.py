@@ -15,8 +15,9 @@ from mcp import Client
 from sqlalchemy import create_engine, text
 
 from handles.tasks_client import TasksClientExtension, get_task
+from tests.harness.relay import Relay
 
-from .conftest import Cluster, TcpProxy
+from .conftest import Cluster
 
 
 async def call(url: str, tool: str, **arguments: Any) -> tuple[dict[str, Any], bool]:
@@ -149,11 +150,10 @@ def test_killed_node_job_is_recovered_by_another_within_lease_plus_sweep(
 
 
 def test_database_outage_gives_retryable_errors_and_heals(cluster: Cluster, pg_url: str) -> None:
-    proxy = TcpProxy()
-    proxy.up()
+    proxy = Relay(5432, http=False).up()
     try:
         node = cluster.server("a", EXAMPLE_JOB_SECONDS="1")
-        node.env["HANDLES_DATABASE_URL"] = proxy.url(pg_url)
+        node.env["HANDLES_DATABASE_URL"] = proxy.database_url(pg_url)
         node.stop()
         node.start()
 

@@ -15,8 +15,9 @@ from typing import Any
 from mcp import Client
 
 from handles.store import JobRepository
+from tests.harness.process import ServerProcess
 
-from .conftest import KEY, Cluster, Node
+from .conftest import KEY, Cluster
 
 
 async def _call(url: str, tool: str, **arguments: Any) -> dict[str, Any]:
@@ -36,7 +37,7 @@ async def _call(url: str, tool: str, **arguments: Any) -> dict[str, Any]:
     raise AssertionError("unreachable")
 
 
-async def _any(nodes: list[Node], tool: str, **arguments: Any) -> dict[str, Any]:
+async def _any(nodes: list[ServerProcess], tool: str, **arguments: Any) -> dict[str, Any]:
     last: Exception | None = None
     for _ in range(20):
         for node in nodes:
@@ -50,19 +51,19 @@ async def _any(nodes: list[Node], tool: str, **arguments: Any) -> dict[str, Any]
     raise AssertionError(f"no node answered {tool}: {last!r}")
 
 
-def _graceful_restart(node: Node, budget: float) -> float:
+def _graceful_restart(node: ServerProcess, budget: float) -> float:
     assert node.process is not None
     began = time.monotonic()
     node.process.terminate()
     code = node.process.wait(timeout=budget)
     took = time.monotonic() - began
-    assert code in (0, -15), f"{node.name} exited {code}:\n{node.log.read_text()[-3000:]}"
+    assert code in (0, -15), f"{node.name} exited {code}:\n{node.log()[-3000:]}"
     node.start()
     return took
 
 
 async def _wait_status(
-    nodes: list[Node], job: str, handle: str, statuses: set[str], timeout: float
+    nodes: list[ServerProcess], job: str, handle: str, statuses: set[str], timeout: float
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     state: dict[str, Any] = {}

@@ -1,13 +1,7 @@
-"""Tools of the reliability suite: a TCP relay that cuts connections on cue and scans every byte the
-server sends, the reliability server as a subprocess, and database triggers that record every status
-change and every write.
+"""Tools of the reliability suite: the reliability server as a subprocess, database triggers that
+record every status change and every write, and a raw JSON-RPC client. (The TCP relay that cuts
+connections and scans every byte the server sends is `tests.harness.relay`.)
 
-- `Relay`: sits between the clients and a server (or between a server and PostgreSQL). `fault()` arms
-  a one-shot cut for the next request whose head matches: refuse it before the server sees it, cut it
-  as soon as the server starts answering, or let the server finish and swallow its answer. Every
-  byte the server sends goes through a `WireScanner`.
-- `WireScanner`: looks for configured secrets (signing keys, bearer tokens, a database password),
-  `Traceback` and server source paths in every response, across chunk boundaries.
 - `ReliabilityServer`: `python -m tests.reliability.app` on a free port, restartable, killable with
   SIGKILL, with its memory and open file descriptors readable from /proc.
 - `install_audit` / `audit_edges` / `write_count`: SQL triggers, installed beside the handles tables,
@@ -16,279 +10,47 @@ change and every write.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Self
 
 import httpx2
 from mcp.shared.inbound import encode_header_value
-from sqlalchemy import create_engine, make_url, text
+from sqlalchemy import create_engine, text
 
 from handles.states import Status, can_transition
-from tests.support import free_port
+from tests.harness.process import REPO_ROOT, ServerProcess, free_port, python_module
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 PROTOCOL = "2026-07-28"
 TASKS = "io.modelcontextprotocol/tasks"
-
-FaultAction = Literal["refuse", "cut_at_first_byte", "cut_after_reply"]
-
-
-# -- scanning what the server sends ---------------------------------------------------------------
-
-
-class WireScanner:
-    """Finds forbidden strings in a byte stream fed in chunks (a match may straddle two chunks)."""
-
-    def __init__(self) -> None:
-        self.forbidden: dict[str, bytes] = {}
-        self.hits: list[tuple[str, str]] = []
-        self.bytes_scanned = 0
-        self.chunks = 0
-        self._tails: dict[int, bytes] = {}
-        self._lock = threading.Lock()
-
-    def forbid(self, label: str, value: str) -> None:
-        if value:
-            self.forbidden[label] = value.encode()
-
-    def feed(self, stream: int, chunk: bytes) -> None:
-        with self._lock:
-            self.chunks += 1
-            self.bytes_scanned += len(chunk)
-            window = self._tails.get(stream, b"") + chunk
-            for label, needle in self.forbidden.items():
-                at = window.find(needle)
-                if at >= 0:
-                    context = window[max(0, at - 80) : at + len(needle) + 80]
-                    self.hits.append((label, context.decode(errors="replace")))
-            longest = max((len(n) for n in self.forbidden.values()), default=1)
-            self._tails[stream] = window[-longest:]
-
-    def close(self, stream: int) -> None:
-        with self._lock:
-            self._tails.pop(stream, None)
-
-
-# -- the relay ------------------------------------------------------------------------------------
-
-
-@dataclass
-class Fault:
-    match: bytes
-    action: FaultAction
-    times: int = 1
-    fired: int = 0
-
-
-@dataclass(eq=False)
-class _Connection:
-    ident: int
-    client: asyncio.StreamWriter
-    upstream: asyncio.StreamWriter
-    armed: FaultAction | None = None
-    awaiting_head: bool = True
-    head: bytes = b""
-    swallowed: bytes = b""
-
-
-@dataclass
-class RelayStats:
-    connections: int = 0
-    requests: list[bytes] = field(default_factory=list)
-    cuts: list[tuple[str, FaultAction]] = field(default_factory=list)
-
-
-class Relay:
-    """A TCP relay (its own event loop on a thread) that can cut requests on cue and scans responses."""
-
-    def __init__(self, target_port: int, scanner: WireScanner | None = None, *, http: bool = True) -> None:
-        self.port = free_port()
-        self.target = target_port
-        self.http = http
-        self.scanner = scanner
-        self.stats = RelayStats()
-        self._faults: list[Fault] = []
-        self._lock = threading.Lock()
-        self._ids = iter(range(1, 1 << 62))
-        self._loop = asyncio.new_event_loop()
-        self._server: asyncio.AbstractServer | None = None
-        self._connections: set[_Connection] = set()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="relay", daemon=True)
-        self._thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/mcp"
-
-    def database_url(self, database_url: str) -> str:
-        """`database_url` pointed at this relay (a PostgreSQL relay built with `http=False`)."""
-        return (
-            make_url(database_url).set(host="127.0.0.1", port=self.port).render_as_string(hide_password=False)
-        )
-
-    # -- control, from the test's thread --
-
-    def fault(self, match: str, action: FaultAction, times: int = 1) -> Fault:
-        """Cut the next `times` requests whose head (request line and headers) contains `match`."""
-        armed = Fault(match.lower().encode(), action, times)
-        with self._lock:
-            self._faults.append(armed)
-        return armed
-
-    def clear_faults(self) -> None:
-        with self._lock:
-            self._faults.clear()
-
-    def count(self, match: str) -> int:
-        """How many requests whose head contains `match` reached the relay."""
-        needle = match.lower().encode()
-        with self._lock:
-            return sum(needle in head for head in self.stats.requests)
-
-    def up(self) -> Relay:
-        async def start() -> None:
-            self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
-
-        self._call(start())
-        return self
-
-    def down(self) -> None:
-        """Stop accepting and abort every open connection (an outage)."""
-
-        async def stop() -> None:
-            if self._server is not None:
-                self._server.close()
-                await self._server.wait_closed()
-                self._server = None
-            for connection in list(self._connections):
-                self._abort(connection)
-
-        self._call(stop())
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.down()
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
-
-    def _call(self, coroutine: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=10)
-
-    # -- relaying, on the relay's loop --
-
-    def _take_fault(self, head: bytes) -> FaultAction | None:
-        with self._lock:
-            self.stats.requests.append(head)
-            for armed in self._faults:
-                if armed.fired < armed.times and armed.match in head:
-                    armed.fired += 1
-                    self.stats.cuts.append((armed.match.decode(), armed.action))
-                    return armed.action
-        return None
-
-    def _abort(self, connection: _Connection) -> None:
-        for writer in (connection.client, connection.upstream):
-            with contextlib.suppress(Exception):
-                writer.transport.abort()
-        self._connections.discard(connection)
-        if self.scanner is not None:
-            self.scanner.close(connection.ident)
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
-        except OSError:
-            writer.transport.abort()
-            return
-        connection = _Connection(next(self._ids), writer, up_writer)
-        self._connections.add(connection)
-        with self._lock:
-            self.stats.connections += 1
-        await asyncio.gather(
-            self._requests(reader, connection), self._responses(up_reader, connection), return_exceptions=True
-        )
-        self._abort(connection)
-
-    async def _requests(self, reader: asyncio.StreamReader, connection: _Connection) -> None:
-        try:
-            while data := await reader.read(65536):
-                if not connection.awaiting_head or not self.http:
-                    connection.upstream.write(data)
-                    await connection.upstream.drain()
-                    continue
-                connection.head += data
-                end = connection.head.find(b"\r\n\r\n")
-                if end < 0:
-                    continue  # hold the request until its head is complete
-                buffered, connection.head = connection.head, b""
-                connection.awaiting_head = False
-                action = self._take_fault(buffered[:end].lower())
-                if action == "refuse":
-                    self._abort(connection)  # the server never sees this request
-                    return
-                connection.armed = action
-                connection.upstream.write(buffered)
-                await connection.upstream.drain()
-        finally:
-            with contextlib.suppress(Exception):
-                connection.upstream.write_eof()
-
-    async def _responses(self, reader: asyncio.StreamReader, connection: _Connection) -> None:
-        try:
-            while data := await reader.read(65536):
-                if self.scanner is not None:
-                    self.scanner.feed(connection.ident, data)
-                connection.awaiting_head = self.http
-                if connection.armed == "cut_at_first_byte":
-                    self._abort(connection)
-                    return
-                if connection.armed == "cut_after_reply":
-                    # Let the server finish: once its JSON-RPC answer is written, the call has fully
-                    # happened on the server; the client never gets it.
-                    connection.swallowed += data
-                    if b'"result"' in connection.swallowed or b'"error"' in connection.swallowed:
-                        await asyncio.sleep(0.05)
-                        self._abort(connection)
-                        return
-                    continue
-                connection.client.write(data)
-                await connection.client.drain()
-        finally:
-            with contextlib.suppress(Exception):
-                connection.client.close()
-
 
 # -- the server process --------------------------------------------------------------------------
 
 
-@dataclass
-class ReliabilityServer:
+class ReliabilityServer(ServerProcess):
     """`python -m tests.reliability.app` as a subprocess on a fixed data directory and port."""
 
-    data_dir: Path
-    env: dict[str, str] = field(repr=False)
-    tokens: dict[str, str] | None = field(default=None, repr=False)
-    port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/mcp"
-
-    @property
-    def log_path(self) -> Path:
-        return self.data_dir / "server.log"
+    def __init__(self, data_dir: Path, env: dict[str, str], tokens: dict[str, str] | None = None) -> None:
+        self.data_dir, self.tokens = data_dir, tokens
+        port = free_port()
+        args = python_module("tests.reliability.app", "--port", str(port))
+        if tokens is not None:
+            args += ["--tokens", str(self.tokens_path)]
+        environment = {
+            "PATH": os.environ.get("PATH", ""),
+            "HOME": os.environ.get("HOME", str(data_dir)),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": str(REPO_ROOT),
+            "HANDLES_DATA_DIR": str(data_dir),
+            **env,
+        }
+        super().__init__(
+            args, environment, data_dir / "server.log", port, name="the reliability server", append_log=True
+        )
 
     @property
     def tokens_path(self) -> Path:
@@ -304,68 +66,11 @@ class ReliabilityServer:
         stamp = time.time_ns()
         os.utime(self.tokens_path, ns=(stamp, stamp))
 
-    def start(self, timeout: float = 30.0) -> ReliabilityServer:
-        assert self.process is None or self.process.poll() is not None, "already running"
+    def start(self, timeout: float | None = None) -> Self:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        args = [sys.executable, "-m", "tests.reliability.app", "--port", str(self.port)]
-        if self.tokens is not None:
-            if not self.tokens_path.exists():
-                self.write_tokens(self.tokens)
-            args += ["--tokens", str(self.tokens_path)]
-        env = {
-            "PATH": os.environ.get("PATH", ""),
-            "HOME": os.environ.get("HOME", str(self.data_dir)),
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": str(REPO_ROOT),
-            "HANDLES_DATA_DIR": str(self.data_dir),
-            **self.env,
-        }
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                args, env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the reliability server exited:\n{self.log()[-4000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        self.kill()
-        raise RuntimeError(f"the reliability server did not listen within {timeout} s:\n{self.log()[-4000:]}")
-
-    def kill(self) -> None:
-        """SIGKILL: no clean-up, no settling of running jobs."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def rss_kib(self) -> int:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        raise RuntimeError("no VmRSS")
-
-    def open_fds(self) -> int:
-        return len(os.listdir(f"/proc/{self.pid}/fd"))
+        if self.tokens is not None and not self.tokens_path.exists():
+            self.write_tokens(self.tokens)
+        return super().start(timeout)
 
 
 # -- database triggers: every status change and every write, whoever makes it ----------------------

@@ -18,13 +18,13 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx2
 import pytest
-from sqlalchemy import create_engine, text
 
 from handles.tasks_client import CreateTaskResult, TasksClientExtension, follow_task
+from tests.harness.postgres import fresh_schema
+from tests.harness.relay import Relay, WireScanner
 from tests.reliability.conftest import (
     PG_PASSWORD,
     Deployment,
@@ -34,8 +34,6 @@ from tests.reliability.conftest import (
     token,
 )
 from tests.reliability.support import (
-    Relay,
-    WireScanner,
     invalid_edges,
     jobs_in_store,
     raw_call,
@@ -394,19 +392,9 @@ async def test_kill_9_inside_and_after_a_durable_step_never_runs_the_step_twice(
 @pytest.fixture
 def pg_schema(postgres_url: str) -> Iterator[str]:
     """A schema of its own, and a URL that carries a password (trust authentication ignores it)."""
-    base = postgres_url.split("?")[0]
-    schema = f"handles_reliability_{secrets.token_hex(4)}"
-    engine = create_engine(base)
-    with engine.begin() as connection:
-        connection.execute(text(f'create schema "{schema}"'))
-    user, _, rest = base.partition("@")
-    url = f"{user}:{PG_PASSWORD}@{rest}?options={quote(f'-csearch_path={schema}')}"
-    try:
-        yield url
-    finally:
-        with engine.begin() as connection:
-            connection.execute(text(f'drop schema if exists "{schema}" cascade'))
-        engine.dispose()
+    with fresh_schema(postgres_url.split("?")[0], "handles_reliability") as url:
+        user, _, rest = url.partition("@")
+        yield f"{user}:{PG_PASSWORD}@{rest}"
 
 
 async def test_database_outage_mid_job_heals_without_a_lost_result_or_a_repeated_step(

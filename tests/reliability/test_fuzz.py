@@ -12,10 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import quote
 
 import httpx2
 import pytest
@@ -24,9 +22,9 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from mcp.server.mcpserver import MCPServer
 from pydantic import BaseModel
-from sqlalchemy import create_engine, text
 
 from handles import Handles, HandlesConfig, JobContext
+from tests.harness.postgres import fresh_schema
 from tests.reliability.conftest import Deployment, token
 from tests.reliability.support import RawReply, raw_call
 
@@ -306,17 +304,8 @@ class Note(BaseModel):
 
 @pytest.fixture
 def pg_url(postgres_url: str) -> Iterator[str]:
-    base = postgres_url.split("?")[0]
-    schema = f"handles_fuzz_{secrets.token_hex(4)}"
-    engine = create_engine(base)
-    with engine.begin() as connection:
-        connection.execute(text(f'create schema "{schema}"'))
-    try:
-        yield f"{base}?options={quote(f'-csearch_path={schema}')}"
-    finally:
-        with engine.begin() as connection:
-            connection.execute(text(f'drop schema if exists "{schema}" cascade'))
-        engine.dispose()
+    with fresh_schema(postgres_url.split("?")[0], "handles_fuzz") as url:
+        yield url
 
 
 async def test_nul_and_lone_surrogates_are_clear_errors_on_postgresql(pg_url: str, tmp_path: Any) -> None:

@@ -32,8 +32,9 @@ from mcp import Client
 from mcp.server.mcpserver import MCPServer
 
 from handles import Handles, HandlesConfig, JobContext
+from tests.harness.relay import WireScanner
 from tests.reliability.conftest import Deployment, codec, deploy, principal, token
-from tests.reliability.support import RawReply, WireScanner, jobs_in_store, raw_call, report, write_count
+from tests.reliability.support import RawReply, jobs_in_store, raw_call, report, write_count
 
 TERMINAL = {"completed", "failed", "cancelled"}
 PRINCIPALS = ["alice", "bob", "carol"]

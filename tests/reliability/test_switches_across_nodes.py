@@ -166,5 +166,5 @@ def test_a_switch_set_on_one_node_takes_effect_on_the_other(
 
     figures = asyncio.run(main())
     for node in (a, b):
-        assert "operator switch tasks engaged by alice" in node.log.read_text()
+        assert "operator switch tasks engaged by alice" in node.log()
     report("switch_across_nodes", {"cache_seconds": CACHE_SECONDS, **figures})

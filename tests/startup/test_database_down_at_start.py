@@ -18,8 +18,8 @@ from mcp import Client
 from sqlalchemy import create_engine
 
 from handles.store import migrate
-from tests.durability.harness import ServerProcess
-from tests.reliability.support import Relay
+from tests.durability.harness import example_node
+from tests.harness.relay import Relay
 from tests.startup.support import probe, wait_for_probe
 
 
@@ -47,7 +47,7 @@ async def _start_report(url: str) -> tuple[dict[str, Any], bool]:
 def test_node_serves_not_ready_then_becomes_ready_when_the_database_comes_up(
     tmp_path: Path, relay: Relay, postgres_url: str
 ) -> None:
-    server = ServerProcess(
+    server = example_node(
         tmp_path, HANDLES_DATABASE_URL=relay.database_url(postgres_url), EXAMPLE_JOB_SECONDS="0.5"
     )
     server.start()  # returns once it listens: the node did not die
@@ -71,7 +71,7 @@ def test_node_serves_not_ready_then_becomes_ready_when_the_database_comes_up(
         assert wait_for_probe(base, "/readyz", 200, timeout=30) == {"status": "ready"}
     finally:
         server.stop()
-    log = server.log.read_text()
+    log = server.log()
     assert "Traceback" not in log, log[-3000:]
     attempts = [line for line in log.splitlines() if "start-up attempt" in line]
     assert attempts and all("WARNING" in line and "Cannot reach the database" in line for line in attempts), (
@@ -83,7 +83,7 @@ def test_node_serves_not_ready_then_becomes_ready_when_the_database_comes_up(
 def test_node_waiting_for_its_database_stops_cleanly_on_sigterm(
     tmp_path: Path, relay: Relay, postgres_url: str
 ) -> None:
-    server = ServerProcess(tmp_path, HANDLES_DATABASE_URL=relay.database_url(postgres_url))
+    server = example_node(tmp_path, HANDLES_DATABASE_URL=relay.database_url(postgres_url))
     server.start()
     try:
         base = server.url.removesuffix("/mcp")
@@ -92,5 +92,5 @@ def test_node_waiting_for_its_database_stops_cleanly_on_sigterm(
         assert server.process.wait(timeout=10) in (0, -15)
     finally:
         server.stop()
-    log = server.log.read_text()
+    log = server.log()
     assert "Traceback" not in log and "ERROR" not in log, log[-3000:]

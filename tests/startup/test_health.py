@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mcp import Client
 
-from tests.durability.harness import ServerProcess
+from tests.durability.harness import example_node
 from tests.startup.support import probe, wait_for_probe
 
 
@@ -20,7 +20,7 @@ async def _start_report(url: str) -> None:
 
 
 def test_ready_after_start_then_not_ready_while_draining(tmp_path: Path) -> None:
-    server = ServerProcess(tmp_path, EXAMPLE_JOB_SECONDS="4", HANDLES_DRAIN_SECONDS="10")
+    server = example_node(tmp_path, EXAMPLE_JOB_SECONDS="4", HANDLES_DRAIN_SECONDS="10")
     server.start()
     base = server.url.removesuffix("/mcp")
     try:
@@ -32,8 +32,8 @@ def test_ready_after_start_then_not_ready_while_draining(tmp_path: Path) -> None
         assert body == {"status": "not_ready", "reason": "shutting down (draining)"}
         assert probe(base, "/healthz") == (200, {"status": "ok"})  # alive: do not restart a draining node
         began = time.monotonic()
-        assert server.process.wait(timeout=20) in (0, -15), server.log.read_text()[-3000:]
+        assert server.process.wait(timeout=20) in (0, -15), server.log()[-3000:]
         assert time.monotonic() - began < 8
     finally:
         server.stop()
-    assert "Traceback" not in server.log.read_text()
+    assert "Traceback" not in server.log()

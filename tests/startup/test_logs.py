@@ -13,7 +13,8 @@ import httpx2
 from mcp import Client
 
 from handles.store import migrate
-from tests.durability.harness import ServerProcess
+from tests.durability.harness import example_node
+from tests.harness.process import ServerProcess
 from tests.startup.support import wait_for_probe
 
 LEGACY_HEADERS = {
@@ -58,7 +59,7 @@ async def _long_polls_across_sigterm(server: ServerProcess, count: int) -> list[
 
 
 def test_start_request_and_sigterm_log_only_what_an_operator_needs(tmp_path: Path) -> None:
-    server = ServerProcess(tmp_path, EXAMPLE_JOB_SECONDS="3", HANDLES_DRAIN_SECONDS="5")
+    server = example_node(tmp_path, EXAMPLE_JOB_SECONDS="3", HANDLES_DRAIN_SECONDS="5")
     server.start()
     try:
         wait_for_probe(server.url.removesuffix("/mcp"), "/readyz", 200)
@@ -68,7 +69,7 @@ def test_start_request_and_sigterm_log_only_what_an_operator_needs(tmp_path: Pat
         server.stop()
     for answer in answers:
         assert answer["result"]["structuredContent"]["status"] == "working", answer
-    first = server.log.read_text()
+    first = server.log()
     upgraded = [line for line in first.splitlines() if "database schema upgraded" in line]
     assert len(upgraded) == 1 and upgraded[0].endswith(
         f"handles: database schema upgraded from empty to {migrate.head_revision()}"
@@ -85,6 +86,6 @@ def test_start_request_and_sigterm_log_only_what_an_operator_needs(tmp_path: Pat
         wait_for_probe(server.url.removesuffix("/mcp"), "/readyz", 200)
     finally:
         server.stop()
-    second = server.log.read_text()[len(first) :]
+    second = server.log()[len(first) :]
     assert "schema" not in second and "alembic" not in second, second
     assert second.count("serving MCP on") == 1, second

@@ -15,8 +15,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import ElicitRequestParams, ElicitResult
 
 from handles.tasks_client import TasksClientExtension
-from tests.support import FRAMEWORKS
-from tests.tasks.wire import TASKS, ExampleProcess, Wire, example_process
+from tests.support import FRAMEWORKS, HttpExampleServer
+from tests.tasks.wire import TASKS, Wire, example_process
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,7 +27,7 @@ ALICE, BOB = list(TOKENS)
 @pytest.fixture(scope="module", params=FRAMEWORKS)
 def example(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Iterator[ExampleProcess]:
+) -> Iterator[HttpExampleServer]:
     """The example on each framework: the SDK's `MCPServer`, and FastMCP 4 (`--fastmcp`)."""
     with example_process(tmp_path_factory.mktemp("example-tasks"), TOKENS, request.param) as process:
         yield process
@@ -47,7 +47,7 @@ async def approve(_context: ClientRequestContext, _params: ElicitRequestParams) 
 
 
 async def test_the_example_server_advertises_tasks_and_refuses_foreign_task_ids(
-    example: ExampleProcess,
+    example: HttpExampleServer,
 ) -> None:
     async with httpx2.AsyncClient(timeout=30) as http:
         wire = Wire(example.url, http)
@@ -60,7 +60,7 @@ async def test_the_example_server_advertises_tasks_and_refuses_foreign_task_ids(
         assert (await wire.call("tasks/cancel", {"taskId": task_id}, token=ALICE)).status == 200
 
 
-async def test_a_tasks_client_gets_results_and_answers_questions(example: ExampleProcess) -> None:
+async def test_a_tasks_client_gets_results_and_answers_questions(example: HttpExampleServer) -> None:
     async with connect(
         example.url, ALICE, extensions=[TasksClientExtension()], elicitation_callback=approve
     ) as client:
@@ -73,7 +73,7 @@ async def test_a_tasks_client_gets_results_and_answers_questions(example: Exampl
 
 @pytest.mark.parametrize(("mode", "version"), [("legacy", "2025-11-25"), ("2026-07-28", "2026-07-28")])
 async def test_clients_without_the_extension_get_plain_results(
-    example: ExampleProcess, mode: str, version: str
+    example: HttpExampleServer, mode: str, version: str
 ) -> None:
     """The official SDK client in handshake mode (2025-11-25) and in 2026-07-28 mode, not declaring Tasks."""
     async with connect(example.url, ALICE, mode=mode) as client:

@@ -22,9 +22,9 @@ from handles import Handles
 from handles.client import follow
 from handles.mcp import streamable_http_app
 from handles.tasks_client import TasksClientExtension
-from tests.support import FRAMEWORKS, free_port
+from tests.support import FRAMEWORKS, HttpExampleServer, free_port
 from tests.tasks.app import build_test_server
-from tests.tasks.wire import ExampleProcess, ThreadedServer, Wire, example_process
+from tests.tasks.wire import ThreadedServer, Wire, example_process
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,14 +37,14 @@ MADE_UP = "WzEsIm5vdC1hLWpvYiIsImV4cG9ydF9kYXRhc2V0IiwxNzk2MTkxOTE2LCJ4Il0.bm90L
 @pytest.fixture(scope="module", params=FRAMEWORKS)
 def example(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Iterator[ExampleProcess]:
+) -> Iterator[HttpExampleServer]:
     """The example on the SDK's `MCPServer`, then on FastMCP 4 (`--fastmcp`)."""
     with example_process(tmp_path_factory.mktemp("example-push"), TOKENS, request.param) as process:
         yield process
 
 
 @pytest.fixture
-async def wire(example: ExampleProcess) -> AsyncIterator[Wire]:
+async def wire(example: HttpExampleServer) -> AsyncIterator[Wire]:
     async with httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=60)) as http:
         yield Wire(example.url, http)
 
@@ -150,7 +150,7 @@ async def test_task_ids_need_the_extension_and_a_list_of_strings(wire: Wire) -> 
     assert plain.notifications[0]["params"]["notifications"] == {"toolsListChanged": True}
 
 
-async def test_the_tasks_client_follows_pushes_instead_of_polling(example: ExampleProcess) -> None:
+async def test_the_tasks_client_follows_pushes_instead_of_polling(example: HttpExampleServer) -> None:
     async with counted_client(example.url, ALICE, extensions=[TasksClientExtension()]) as (client, sent):
         result = await client.call_tool("generate_report", {"account": "acme", "months": 4})
     assert result.structured_content is not None and result.structured_content["months"] == 4
@@ -167,7 +167,7 @@ async def test_the_tasks_client_follows_pushes_instead_of_polling(example: Examp
     assert sent["tasks/get"] >= 1
 
 
-async def test_follow_on_the_tasks_face_uses_pushes_and_answers_questions(example: ExampleProcess) -> None:
+async def test_follow_on_the_tasks_face_uses_pushes_and_answers_questions(example: HttpExampleServer) -> None:
     seen: list[str] = []
     with tempfile.TemporaryDirectory() as journal:
         async with counted_client(example.url, ALICE, extensions=[TasksClientExtension()]) as (client, sent):

@@ -12,11 +12,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import os
-import secrets
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -30,11 +25,10 @@ import httpx2
 import uvicorn
 from starlette.types import ASGIApp
 
-from tests.support import framework_args, free_port
+from tests.support import HttpExampleServer, new_key
 
 PROTOCOL = "2026-07-28"
 TASKS = "io.modelcontextprotocol/tasks"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 _ids = itertools.count(1)
 
 
@@ -221,80 +215,14 @@ class ThreadedServer:
         self._thread.join(timeout=20)
 
 
-class ExampleProcess:
-    """`python -m example_server --http --port N --tokens FILE` as a subprocess."""
-
-    def __init__(
-        self, data_dir: Path, env: dict[str, str], tokens: dict[str, str], framework: str = "mcpserver"
-    ) -> None:
-        self.data_dir = data_dir
-        self.port = free_port()
-        data_dir.mkdir(parents=True, exist_ok=True)
-        tokens_file = data_dir / "tokens.json"
-        tokens_file.write_text(json.dumps(tokens))
-        self.log_path = data_dir / "server.log"
-        self._args = [
-            sys.executable,
-            "-m",
-            "example_server",
-            "--http",
-            "--port",
-            str(self.port),
-            "--tokens",
-            str(tokens_file),
-            *framework_args(framework),
-        ]
-        self._env = env
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/mcp"
-
-    def start(self) -> ExampleProcess:
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                self._args, env=self._env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log
-            )
-        deadline = time.monotonic() + 30
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the example server exited:\n{self.log_path.read_text()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"the example server did not start:\n{self.log_path.read_text()}"
-                    ) from None
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
-
-
 @contextmanager
 def example_process(
     data_dir: Path, tokens: dict[str, str], framework: str = "mcpserver"
-) -> Iterator[ExampleProcess]:
-    """The example server on an SQLite file of its own, with a fresh key and 1 s jobs; stopped afterwards."""
-    env = dict(os.environ)
-    env.update(
-        HANDLES_DATA_DIR=str(data_dir),
-        HANDLES_SECRET_KEYS=secrets.token_urlsafe(48),
-        HANDLES_STORE_POLL_SECONDS="0.05",
-        EXAMPLE_JOB_SECONDS="1",
-    )
-    env.pop("HANDLES_DATABASE_URL", None)
-    process = ExampleProcess(data_dir, env, tokens, framework).start()
-    try:
-        yield process
-    finally:
-        process.stop()
+) -> Iterator[HttpExampleServer]:
+    """The example server on an SQLite file of its own, with a fresh key, 1 s jobs and a store polled
+    every 50 ms; stopped afterwards."""
+    settings = {"HANDLES_STORE_POLL_SECONDS": "0.05", "EXAMPLE_JOB_SECONDS": "1"}
+    with HttpExampleServer(
+        data_dir, [new_key()], tokens, env=settings, framework=framework
+    ).running() as server:
+        yield server

@@ -1,0 +1,88 @@
+"""PostgreSQL for one test or one benchmark: a schema of its own, a repository on it, and cutting the
+connections of one application (as a server restart or a network fault would).
+
+A URL carries its schema as libpq's `options=-csearch_path=<schema>`, so every connection made from it
+(the store's pools, LISTEN, a subprocess server given the URL) works in that schema alone.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from urllib.parse import quote
+
+from sqlalchemy import create_engine, text
+
+from handles.store import JobRepository
+
+CONNECT_TIMEOUT = {"connect_timeout": 3}
+
+
+def schema_url(base: str, schema: str) -> str:
+    """`base` with its connections' search_path set to `schema`."""
+    separator = "&" if "?" in base else "?"
+    return f"{base}{separator}options={quote(f'-csearch_path={schema}')}"
+
+
+def unreachable(base: str) -> Exception | None:
+    """Why PostgreSQL at `base` cannot be used (the error of `select 1`), or None when it answers."""
+    engine = create_engine(base, connect_args=CONNECT_TIMEOUT)
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("select 1"))
+    except Exception as exc:
+        return exc
+    finally:
+        engine.dispose()
+    return None
+
+
+@contextmanager
+def fresh_schema(base: str, prefix: str) -> Iterator[str]:
+    """A new empty schema `<prefix>_<random>` for the `with` block, dropped with everything in it
+    afterwards; yields `base` pointed at it (`schema_url`)."""
+    schema = f"{prefix}_{secrets.token_hex(4)}"
+    engine = create_engine(base, connect_args=CONNECT_TIMEOUT)
+    with engine.begin() as connection:
+        connection.execute(text(f'create schema "{schema}"'))
+    try:
+        yield schema_url(base, schema)
+    finally:
+        with engine.begin() as connection:
+            connection.execute(text(f'drop schema if exists "{schema}" cascade'))
+        engine.dispose()
+
+
+def named(url: str, application_name: str) -> str:
+    """`url` whose connections carry `application_name` (so `terminate_backends` finds them)."""
+    separator = "&" if "?" in url else "?"
+    return f"{url}{separator}application_name={application_name}"
+
+
+@contextmanager
+def repository(url: str, application_name: str | None = None) -> Iterator[JobRepository]:
+    """A `JobRepository` on `url` with the handles tables created; disposed afterwards."""
+    repo = JobRepository(url if application_name is None else named(url, application_name))
+    repo.create_schema()
+    try:
+        yield repo
+    finally:
+        repo.dispose()
+
+
+def terminate_backends(url: str, application_name: str) -> int:
+    """Drop, on the server's side, every connection whose application name is `application_name`;
+    returns how many there were."""
+    admin = create_engine(url)
+    try:
+        with admin.begin() as connection:
+            dropped: int = connection.execute(
+                text(
+                    "select count(pg_terminate_backend(pid)) from pg_stat_activity where application_name = :n"
+                ),
+                {"n": application_name},
+            ).scalar_one()
+            return dropped
+    finally:
+        admin.dispose()
