@@ -11,12 +11,12 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
 from handles.store import JobRepository, Store, utc_now
 from handles.store.listen import libpq_url
 from handles.store.repository import CONNECT_TIMEOUT_SECONDS, NOTIFY_CHANNEL, ActiveLimitReached
+from tests.harness.postgres import repository, terminate_backends
 from tests.runtime.support import job_row
 
 
@@ -33,10 +33,10 @@ def _notices(listener: psycopg.Connection, job_id: str, seconds: float = 0.5) ->
 def test_a_write_publishes_its_notice_as_it_commits_and_a_rolled_back_one_publishes_none(
     postgres_url: str,
 ) -> None:
-    repo = JobRepository(postgres_url)
-    repo.create_schema()
-    listener = psycopg.connect(libpq_url(postgres_url), autocommit=True)
-    try:
+    with (
+        repository(postgres_url) as repo,
+        psycopg.connect(libpq_url(postgres_url), autocommit=True) as listener,
+    ):
         listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
         first = job_row(f"n-{secrets.token_hex(4)}")
         repo.publishing(first.id, "node-a", True, repo.insert, first, active_limit=1)
@@ -47,15 +47,10 @@ def test_a_write_publishes_its_notice_as_it_commits_and_a_rolled_back_one_publis
             repo.publishing(refused.id, "node-a", True, repo.insert, refused, active_limit=1)
         assert _notices(listener, refused.id) == [], "a write that rolled back must not be announced"
         assert repo.get(refused.id) is None
-    finally:
-        listener.close()
-        repo.dispose()
 
 
 def test_a_claimed_start_holds_its_lease_by_the_database_clock_from_the_insert(postgres_url: str) -> None:
-    repo = JobRepository(postgres_url)
-    repo.create_schema()
-    try:
+    with repository(postgres_url) as repo:
         skewed = utc_now() - timedelta(hours=3)  # this node's clock is three hours behind
         job = job_row(
             f"l-{secrets.token_hex(4)}", lease_owner="node-a", lease_expires_at=skewed, created_at=skewed
@@ -67,38 +62,22 @@ def test_a_claimed_start_holds_its_lease_by_the_database_clock_from_the_insert(p
         remaining = (stored.lease_expires_at - utc_now()).total_seconds()
         assert 25 < remaining <= 31, f"lease ends {remaining:.1f} s from the database's now"
         assert returned.lease_expires_at == stored.lease_expires_at, "insert returns the job as stored"
-    finally:
-        repo.dispose()
 
 
 def test_a_read_on_a_connection_the_server_dropped_is_repeated_once_on_a_fresh_one(postgres_url: str) -> None:
     name = f"handles_drop_{secrets.token_hex(4)}"
-    url = f"{postgres_url}&application_name={name}"
-    repo = JobRepository(url)
-    repo.create_schema()
     job = job_row(f"d-{secrets.token_hex(4)}")
-    repo.insert(job)
-    admin = create_engine(postgres_url)
 
-    async def main() -> None:
+    async def main(repo: JobRepository) -> None:
         store = Store(repo)
         assert (await store.read(repo.get, job.id)) is not None  # the pool now holds an idle read connection
-        with admin.begin() as connection:
-            dropped = connection.execute(
-                text(
-                    "select count(pg_terminate_backend(pid)) from pg_stat_activity where application_name = :n"
-                ),
-                {"n": name},
-            ).scalar_one()
-        assert dropped >= 1
+        assert terminate_backends(postgres_url, name) >= 1
         record = await store.read(repo.get, job.id)
         assert record is not None and record.id == job.id
 
-    try:
-        asyncio.run(main())
-    finally:
-        admin.dispose()
-        repo.dispose()
+    with repository(postgres_url, application_name=name) as repo:
+        repo.insert(job)
+        asyncio.run(main(repo))
 
 
 def test_a_database_host_that_never_answers_fails_after_the_connect_timeout_instead_of_hanging() -> None:

@@ -21,6 +21,7 @@ from bench.round_trips import Tracer
 from handles.store import InputRequestRecord, JobRepository, utc_now
 from handles.store.listen import libpq_url
 from handles.store.repository import NOTIFY_CHANNEL, ActiveLimitReached
+from tests.harness.postgres import repository, terminate_backends
 from tests.runtime.support import job_row
 
 
@@ -34,12 +35,8 @@ def _id() -> str:
 
 @pytest.fixture
 def repo(postgres_url: str) -> Iterator[JobRepository]:
-    repository = JobRepository(postgres_url)
-    repository.create_schema()
-    try:
-        yield repository
-    finally:
-        repository.dispose()
+    with repository(postgres_url) as repo:
+        yield repo
 
 
 @pytest.fixture
@@ -192,28 +189,15 @@ def test_a_start_on_a_connection_the_server_dropped_is_made_once_more_on_a_fresh
     postgres_url: str,
 ) -> None:
     name = f"handles_start_drop_{secrets.token_hex(4)}"
-    repo = JobRepository(f"{postgres_url}&application_name={name}")
-    repo.create_schema()
-    admin = create_engine(postgres_url)
     principal = _principal()
-    try:
+    with repository(postgres_url, application_name=name) as repo:
         assert repo.insert(job_row(_id(), principal=principal), active_limit=5)[1]  # a pooled connection now
-        with admin.begin() as connection:
-            dropped = connection.execute(
-                text(
-                    "select count(pg_terminate_backend(pid)) from pg_stat_activity where application_name = :n"
-                ),
-                {"n": name},
-            ).scalar_one()
-        assert dropped >= 1
+        assert terminate_backends(postgres_url, name) >= 1
         job = job_row(_id(), principal=principal)
         stored, created = repo.insert(job, active_limit=5)
         assert created and stored.id == job.id
         assert repo.get(job.id) is not None
         assert repo.count_active(principal=principal) == 2
-    finally:
-        admin.dispose()
-        repo.dispose()
 
 
 def test_a_progress_poll_is_one_round_trip_and_reads_what_three_reads_read(repo: JobRepository) -> None:
