@@ -19,8 +19,8 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, serve_console
-from tests.console.support import TOKEN
+from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.console.support import TOKEN, console_process
 from tests.support import HttpExampleServer, connect, free_port, job_id_of
 
 DOCS_IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
@@ -33,7 +33,7 @@ async def main() -> None:
     data = Path(tempfile.mkdtemp(prefix="console-shots-"))
     server = HttpExampleServer(data, [key], env={"EXAMPLE_JOB_SECONDS": "40"}).start()
     port = free_port()
-    console = serve_console(data, [key], port)
+    console = console_process(data, [key], port).start()
     base = f"http://127.0.0.1:{port}"
     try:
         async with connect(server.url) as client:
@@ -60,8 +60,7 @@ async def main() -> None:
                 await page.screenshot(path=str(DOCS_IMG / "console-job.png"), full_page=True)
                 await browser.close()
     finally:
-        console.terminate()
-        console.wait(timeout=15)
+        console.stop()
         server.stop()
     print(f"wrote {DOCS_IMG / 'console-jobs.png'} and {DOCS_IMG / 'console-job.png'}")
 

@@ -8,18 +8,14 @@ tests skip, unless `CI` is set: then they fail (`.ci/run` installs the package).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import pytest
 
-from tests.console.support import TOKEN
+from tests.console.support import console_process
 from tests.support import HttpExampleServer, free_port
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -32,7 +28,6 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-HANDLES = Path(sys.executable).parent / "handles"
 
 
 def chromium_or_skip() -> Path:
@@ -54,41 +49,17 @@ class Deployment:
         return f"sqlite:///{(self.server.data_dir / 'handles.db').as_posix()}"
 
 
-def serve_console(data_dir: Path, keys: list[str], port: int) -> subprocess.Popen[bytes]:
-    env = dict(
-        os.environ,
-        HANDLES_DATA_DIR=str(data_dir),
-        HANDLES_SECRET_KEYS=",".join(keys),
-        HANDLES_CONSOLE_TOKEN=TOKEN,
-    )
-    env.pop("HANDLES_DATABASE_URL", None)
-    log = (data_dir / "console.log").open("wb")
-    process = subprocess.Popen(
-        [str(HANDLES), "console", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT
-    )
-    deadline = time.monotonic() + 30
-    while True:
-        assert process.poll() is None, (data_dir / "console.log").read_text()
-        try:
-            httpx2.get(f"http://127.0.0.1:{port}/login", timeout=2)
-            return process
-        except httpx2.TransportError:
-            assert time.monotonic() < deadline, "the console never answered"
-            time.sleep(0.1)
-
-
 @pytest.fixture
 def deployment(tmp_path: Path, signing_key: str) -> Iterator[Deployment]:
     """Jobs of about 8 s, so a browser sees them move."""
     chromium_or_skip()
     server = HttpExampleServer(tmp_path / "data", [signing_key], env={"EXAMPLE_JOB_SECONDS": "8"}).start()
     port = free_port()
-    console = serve_console(server.data_dir, [signing_key], port)
+    console = console_process(server.data_dir, [signing_key], port).start()
     try:
         yield Deployment(server, f"http://127.0.0.1:{port}")
     finally:
-        console.terminate()
-        console.wait(timeout=15)
+        console.stop()
         server.stop()
 
 

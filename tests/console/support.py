@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from starlette.testclient import TestClient
@@ -13,11 +16,32 @@ from example_server.server import Approval
 from handles.console import console_app
 from handles.elicitation import elicitation_schema
 from handles.store import JobRecord, JobRepository
+from tests.harness.process import ServerProcess
 from tests.store.test_repository_contract import OWNER, new_job
 
 TOKEN = "console-token-" + "t" * 30
 APPROVAL = elicitation_schema(Approval)
 """deploy_release's real question schema: approve (boolean), environment (staging or production)."""
+HANDLES = Path(sys.executable).parent / "handles"
+
+
+def console_process(data_dir: Path, keys: Sequence[str], port: int) -> ServerProcess:
+    """`handles console --port <port>` (not started yet) on the SQLite store in `data_dir`, signed in with
+    `TOKEN`."""
+    env = dict(
+        os.environ,
+        HANDLES_DATA_DIR=str(data_dir),
+        HANDLES_SECRET_KEYS=",".join(keys),
+        HANDLES_CONSOLE_TOKEN=TOKEN,
+    )
+    env.pop("HANDLES_DATABASE_URL", None)
+    return ServerProcess(
+        [str(HANDLES), "console", "--port", str(port)],
+        env,
+        data_dir / "console.log",
+        port,
+        name="the console",
+    )
 
 
 @contextmanager

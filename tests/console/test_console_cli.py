@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import time
 from pathlib import Path
 
 import httpx2 as httpx
 
 from handles.store import JobRepository
-from tests.cli.test_cli import HANDLES, KEY, run
-from tests.console.support import TOKEN
+from tests.cli.test_cli import KEY, run
+from tests.console.support import TOKEN, console_process
 from tests.store.test_repository_contract import new_job
 from tests.support import free_port
 
@@ -29,29 +26,11 @@ def test_it_serves_the_console_on_the_configured_database(tmp_path: Path) -> Non
     job = new_job(repo, kind="generate_report")
     repo.dispose()
     port = free_port()
-    env = dict(
-        os.environ, HANDLES_DATA_DIR=str(tmp_path), HANDLES_SECRET_KEYS=KEY, HANDLES_CONSOLE_TOKEN=TOKEN
-    )
-    env.pop("HANDLES_DATABASE_URL", None)
-    process = subprocess.Popen(
-        [str(HANDLES), "console", "--port", str(port)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    process = console_process(tmp_path, [KEY], port).start()
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert process.poll() is None, process.stdout.read() if process.stdout else ""
-            try:
-                anonymous = httpx.get(f"http://127.0.0.1:{port}/", timeout=2)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "the console never answered"
-                time.sleep(0.1)
+        anonymous = httpx.get(f"http://127.0.0.1:{port}/", timeout=2)
         assert anonymous.status_code == 401 and job.id not in anonymous.text
         feed = httpx.get(f"http://127.0.0.1:{port}/api/jobs", headers={"Authorization": f"Bearer {TOKEN}"})
         assert [row["id"] for row in feed.json()["jobs"]] == [job.id]
     finally:
-        process.terminate()
-        process.wait(timeout=15)
+        process.stop()
