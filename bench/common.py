@@ -12,17 +12,17 @@ import math
 import os
 import platform
 import secrets
-import socket
 import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+
+from tests.harness.process import ServerProcess, free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO_ROOT / "bench"
@@ -263,13 +263,6 @@ def environment_markdown(info: dict[str, Any]) -> str:
 # -- processes ---------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def handles_env(data_dir: Path, database_url: str = "", **extra: str) -> dict[str, str]:
     """Environment of a `bench.app` server process."""
     env = {
@@ -284,84 +277,6 @@ def handles_env(data_dir: Path, database_url: str = "", **extra: str) -> dict[st
         env["HANDLES_DATABASE_URL"] = database_url
     env.update(extra)
     return env
-
-
-def read_status_kb(pid: int, field_name: str) -> int | None:
-    """A `VmRSS` / `VmHWM` figure (kB) of a process, from /proc."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a process so far."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks = os.sysconf("SC_CLK_TCK")
-        return (int(fields[11]) + int(fields[12])) / ticks
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-@dataclass
-class ServerProcess:
-    """A server process on 127.0.0.1 (the `handles` bench server or the peer), stopped by its own pid."""
-
-    args: list[str]
-    env: dict[str, str]
-    log_path: Path
-    port: int = 0
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/mcp"
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def start(self, timeout: float = 60.0) -> ServerProcess:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as out:
-            self.process = subprocess.Popen(
-                self.args,
-                env=self.env,
-                cwd=REPO_ROOT,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited early: {self.log()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"server did not answer within {timeout} s: {self.log()}")
-
-    def stop(self) -> None:
-        if self.process is None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=5)
-        self.process = None
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
 
 
 def handles_http_server(
@@ -380,10 +295,11 @@ def handles_http_server(
     if tokens is not None:
         args += ["--tokens", str(tokens)]
     return ServerProcess(
-        args=args,
-        env=handles_env(data_dir, database_url, **env),
-        log_path=data_dir / f"server-{port}.log",
-        port=port,
+        args,
+        handles_env(data_dir, database_url, **env),
+        data_dir / f"server-{port}.log",
+        port,
+        start_timeout=60,
     )
 
 
@@ -425,33 +341,19 @@ def quiet_gc() -> None:
     gc.collect()
 
 
-def postgres_schema_url(base: str, schema: str) -> str:
-    separator = "&" if "?" in base else "?"
-    return f"{base}{separator}options={quote(f'-csearch_path={schema}')}"
-
-
 @contextlib.contextmanager
-def postgres_schema(base: str, label: str) -> Any:
-    """A fresh PostgreSQL schema for one benchmark (dropped afterwards); yields its URL or None."""
-    from sqlalchemy import create_engine, text
+def postgres_schema(base: str, label: str) -> Iterator[str | None]:
+    """A fresh PostgreSQL schema for one benchmark (dropped afterwards); yields its URL, or None when
+    PostgreSQL is unreachable."""
+    from tests.harness.postgres import fresh_schema, unreachable
 
-    try:
-        engine = create_engine(base, connect_args={"connect_timeout": 3})
-        with engine.connect() as connection:
-            connection.execute(text("select 1"))
-    except Exception as exc:
+    exc = unreachable(base)
+    if exc is not None:
         log(f"PostgreSQL unreachable at {base}: {exc.__class__.__name__}")
         yield None
         return
-    schema = f"bench_{label}_{os.getpid()}_{secrets.token_hex(3)}"
-    with engine.begin() as connection:
-        connection.execute(text(f'create schema "{schema}"'))
-    try:
-        yield postgres_schema_url(base, schema)
-    finally:
-        with engine.begin() as connection:
-            connection.execute(text(f'drop schema if exists "{schema}" cascade'))
-        engine.dispose()
+    with fresh_schema(base, f"bench_{label}_{os.getpid()}") as url:
+        yield url
 
 
 async def sleep_ms(value: float) -> None:

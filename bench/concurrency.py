@@ -18,18 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import (
-    Options,
-    Stats,
-    Table,
-    client,
-    cpu_seconds,
-    handles_http_server,
-    log,
-    ms,
-    read_status_kb,
-    verdict,
-)
+from bench.common import Options, Stats, Table, client, handles_http_server, log, ms, verdict
+from tests.harness.process import cpu_seconds, status_kib
 
 SECTION = "concurrency"
 JOB_SECONDS = 1.0
@@ -116,7 +106,7 @@ async def scenario(options: Options, jobs_total: int, clients: int, max_running:
             if any(t.done() for t in tasks):
                 break
             await asyncio.sleep(0.05)
-        rss_before = read_status_kb(server.pid, "VmRSS")
+        rss_before = status_kib(server.pid, "VmRSS")
         cpu_before = cpu_seconds(server.pid)
         began = time.perf_counter()
         ready.set()
@@ -129,8 +119,8 @@ async def scenario(options: Options, jobs_total: int, clients: int, max_running:
             began=began,
             finished=finished,
             rss_before_kb=rss_before,
-            rss_after_kb=read_status_kb(server.pid, "VmRSS"),
-            hwm_kb=read_status_kb(server.pid, "VmHWM"),
+            rss_after_kb=status_kib(server.pid, "VmRSS"),
+            hwm_kb=status_kib(server.pid, "VmHWM"),
             server_cpu_s=(cpu_seconds(server.pid) or 0) - (cpu_before or 0),
         )
     finally:

@@ -30,21 +30,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import (
-    BENCH_DIR,
-    Options,
-    ServerProcess,
-    Stats,
-    Table,
-    client,
-    cpu_seconds,
-    free_port,
-    handles_http_server,
-    log,
-    ms,
-    read_status_kb,
-    verdict,
-)
+from bench.common import BENCH_DIR, Options, Stats, Table, client, handles_http_server, log, ms, verdict
+from tests.harness.process import ServerProcess, cpu_seconds, free_port, status_kib
 
 SECTION = "peer"
 PEER_VENV = BENCH_DIR / ".peer-venv"
@@ -94,10 +81,11 @@ def ensure_peer_venv(timeout: float = 600) -> str | None:
 def peer_server(work: Path) -> ServerProcess:
     port = free_port()
     return ServerProcess(
-        args=[str(PEER_PYTHON), str(BENCH_DIR / "peer_server.py"), "--port", str(port)],
-        env={"PATH": "/usr/bin:/bin", "HOME": str(work), "PYTHONUNBUFFERED": "1"},
-        log_path=work / f"peer-{port}.log",
-        port=port,
+        [str(PEER_PYTHON), str(BENCH_DIR / "peer_server.py"), "--port", str(port)],
+        {"PATH": "/usr/bin:/bin", "HOME": str(work), "PYTHONUNBUFFERED": "1"},
+        work / f"peer-{port}.log",
+        port,
+        start_timeout=60,
     )
 
 
@@ -314,8 +302,8 @@ async def run(options: Options) -> list[Table]:
                     url, target = targets[name]
                     throughput[kind][name] = await _throughput(url, target, workers, window, kind)
         memory = {
-            "handles": (read_status_kb(mine.pid, "VmHWM"), cpu_seconds(mine.pid)),
-            "peer": (read_status_kb(theirs.pid, "VmHWM"), cpu_seconds(theirs.pid)),
+            "handles": (status_kib(mine.pid, "VmHWM"), cpu_seconds(mine.pid)),
+            "peer": (status_kib(theirs.pid, "VmHWM"), cpu_seconds(theirs.pid)),
         }
     finally:
         mine.stop()

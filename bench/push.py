@@ -23,7 +23,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.common import Options, ServerProcess, Stats, Table, free_port, handles_env, log
+from bench.common import Options, Stats, Table, handles_env, log
+from tests.harness.process import ServerProcess, free_port
 
 SECTION = "push"
 
@@ -38,10 +39,11 @@ def _server(kind: str, data_dir: Path, seconds: float) -> ServerProcess:
         EXAMPLE_JOB_SECONDS=str(seconds),
     )
     return ServerProcess(
-        args=[sys.executable, "-m", module, "--http", "--port", str(port)],
-        env=env,
-        log_path=data_dir / f"{kind}-{port}.log",
-        port=port,
+        [sys.executable, "-m", module, "--http", "--port", str(port)],
+        env,
+        data_dir / f"{kind}-{port}.log",
+        port,
+        start_timeout=60,
     )
 
 

@@ -27,16 +27,8 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import (
-    Options,
-    ServerProcess,
-    Table,
-    client,
-    free_port,
-    handles_env,
-    postgres_schema,
-    read_status_kb,
-)
+from bench.common import Options, Table, client, handles_env, postgres_schema
+from tests.harness.process import ServerProcess, free_port, status_kib
 
 SECTION = "result_links"
 
@@ -44,10 +36,11 @@ SECTION = "result_links"
 def example_server(data_dir: Path, database_url: str) -> ServerProcess:
     port = free_port()
     return ServerProcess(
-        args=[sys.executable, "-m", "example_server", "--http", "--port", str(port)],
-        env=handles_env(data_dir, database_url, EXAMPLE_JOB_SECONDS="0", HANDLES_AUTO_MIGRATE="1"),
-        log_path=data_dir / f"server-{port}.log",
-        port=port,
+        [sys.executable, "-m", "example_server", "--http", "--port", str(port)],
+        handles_env(data_dir, database_url, EXAMPLE_JOB_SECONDS="0", HANDLES_AUTO_MIGRATE="1"),
+        data_dir / f"server-{port}.log",
+        port,
+        start_timeout=60,
     )
 
 
@@ -56,7 +49,7 @@ async def measure(server: ServerProcess, rows: int) -> dict[str, Any]:
 
     async with client(server.url, tasks=False) as c:
         await c.call_tool("lookup_account", {"account": "warm"})
-        at_start = read_status_kb(server.pid, "VmHWM") or 0
+        at_start = status_kib(server.pid, "VmHWM") or 0
         began = time.perf_counter()
         started = (await c.call_tool("export_dataset_start", {"rows": rows})).structured_content or {}
         fetched = await c.call_tool("export_dataset_fetch", {"handle": started["handle"], "wait_seconds": 50})
@@ -66,13 +59,13 @@ async def measure(server: ServerProcess, rows: int) -> dict[str, Any]:
         if data.get("status") != "completed":
             raise RuntimeError(f"the export did not complete: {reply[:500]}")
         link = data["result_link"]
-        after_store = read_status_kb(server.pid, "VmHWM") or 0
+        after_store = status_kib(server.pid, "VmHWM") or 0
         began = time.perf_counter()
         size = 0
         async for chunk in read_link(c, link):
             size += len(chunk)
         read_seconds = time.perf_counter() - began
-        after_read = read_status_kb(server.pid, "VmHWM") or 0
+        after_read = status_kib(server.pid, "VmHWM") or 0
     return {
         "file_bytes": size,
         "parts": link["parts"],
