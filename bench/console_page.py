@@ -1,6 +1,6 @@
 """Section console_page: the operator console's jobs page by number of stored jobs (10^3 .. 10^6).
 
-The job table is seeded in bulk as in section 4 (store_scale's `seed`: completed jobs of one kind,
+The job table is seeded in bulk as in section 4 (`tests.harness.seed`: completed jobs of one kind,
 all created at the same instant, so the keyset's tie-break on the id does all the work). At each
 size the console app (`handles.console.console_app`, Starlette's TestClient, a bearer token) is asked
 for the first page, a page deep in the table (its keyset cursor), the same page filtered by kind and
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from bench.common import Options, Stats, Table, log, ms, postgres_schema, quiet_gc, verdict
-from bench.store_scale import count_jobs, seed
+from tests.harness.seed import count_jobs, seed_jobs
 
 SECTION = "console_page"
 TARGET_MS = 100.0
@@ -81,9 +81,9 @@ async def run(options: Options) -> list[Table]:
     )
     with postgres_schema(options.postgres_url, "console") as pg_url:
         data_dir = Path(tempfile.mkdtemp(prefix="console-", dir=options.work_dir))
-        for label, url, dialect in (
-            ("SQLite file", f"sqlite:///{(data_dir / 'handles.db').as_posix()}", "sqlite"),
-            ("PostgreSQL", pg_url, "postgresql"),
+        for label, url in (
+            ("SQLite file", f"sqlite:///{(data_dir / 'handles.db').as_posix()}"),
+            ("PostgreSQL", pg_url),
         ):
             if url is None:
                 table.rows.append([label, "unreachable", *(["n/a"] * (len(names) + 1))])
@@ -98,7 +98,7 @@ async def run(options: Options) -> list[Table]:
                 have = count_jobs(url)
                 log(f"console_page: {label}, seeding to {size} jobs")
                 if size > have:
-                    seed(url, dialect, size - have)
+                    seed_jobs(url, size - have)
                 quiet_gc()
                 log(f"console_page: {label}, {size} jobs, {rounds} rounds")
                 stats = {name: Stats.of(values) for name, values in measure(url, rounds, warmup).items()}

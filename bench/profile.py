@@ -295,7 +295,7 @@ async def active_count(options: Options) -> Table:
     """Why work_start slows down as the store grows: the plan and cost of the per-principal active count."""
     import sqlite3
 
-    from bench.store_scale import seed
+    from tests.harness.seed import seed_jobs
 
     size = options.n(300_000, 20_000)
     table = Table(
@@ -309,7 +309,7 @@ async def active_count(options: Options) -> Table:
     url = f"sqlite:///{(data_dir / 'handles.db').as_posix()}"
     async with inprocess(data_dir, url):
         pass
-    seed(url, "sqlite", size)
+    seed_jobs(url, size)
     from handles.store.models import principal_key
 
     query = (

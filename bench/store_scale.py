@@ -10,13 +10,9 @@ one running and one completed job and the calls are measured in shuffled rounds 
 
 from __future__ import annotations
 
-import json
 import random
 import tempfile
-import time
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 from bench.common import (
     Options,
@@ -32,128 +28,10 @@ from bench.common import (
     timed,
     verdict,
 )
+from tests.harness.seed import count_jobs, seed_jobs
 
 SECTION = "store_scale"
 FLAT_TARGET = 1.2
-PRINCIPAL = "local:local"
-RESULT = {
-    "content": [{"type": "text", "text": '{"slept": 0.0, "mark": ""}'}],
-    "structuredContent": {"slept": 0.0, "mark": ""},
-    "isError": False,
-}
-
-
-def _literal(value: Any) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, int | float):
-        return repr(value)
-    return "'" + str(value).replace("'", "''") + "'"
-
-
-def _expressions(dialect: str) -> dict[str, str]:
-    """SQL for each seeded column; `i` is the row number."""
-    from handles.store.models import principal_key
-
-    now = datetime.now(UTC).replace(microsecond=0)
-    if dialect == "sqlite":
-
-        def stamp(moment: datetime) -> str:
-            return _literal(moment.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds"))
-
-        ident = "lower(hex(randomblob(12)))"
-        as_json = _literal
-    else:
-
-        def stamp(moment: datetime) -> str:
-            return _literal(moment.isoformat()) + "::timestamptz"
-
-        ident = "md5(i::text || random()::text)"
-
-        def as_json(value: Any) -> str:
-            return _literal(value) + "::json"
-
-    created = now - timedelta(minutes=30)
-    return {
-        "id": ident,
-        "kind": _literal("work"),
-        "principal": _literal(PRINCIPAL),
-        "principal_key": _literal(principal_key(PRINCIPAL)),
-        "status": _literal("completed"),
-        "status_message": _literal("Completed."),
-        "arguments": as_json(json.dumps({"seconds": 0.0, "mark": ""})),
-        "arguments_digest": _literal("0" * 64),
-        "idempotency_key": "NULL",
-        "result": as_json(json.dumps(RESULT)),
-        "error": as_json("null"),
-        "attempts": "1",
-        "version": "3",
-        "created_at": stamp(created),
-        "updated_at": stamp(created + timedelta(seconds=1)),
-        "started_at": stamp(created),
-        "finished_at": stamp(created + timedelta(seconds=1)),
-        "expires_at": stamp(now + timedelta(hours=6)),
-        "run_after": stamp(created),
-        "on_interrupt": _literal("fail"),
-        "max_attempts": "1",
-        "resuming": "FALSE" if dialect != "sqlite" else "0",
-    }
-
-
-def seed(database_url: str, dialect: str, count: int) -> float:
-    """Insert `count` completed jobs in bulk; returns the seconds it took."""
-    from sqlalchemy import create_engine, text
-
-    from handles.store.models import JobRecord
-
-    expressions = _expressions(dialect)
-    columns: list[str] = []
-    values: list[str] = []
-    for column in JobRecord.__table__.columns:  # type: ignore[attr-defined]
-        if column.name in expressions:
-            columns.append(column.name)
-            values.append(expressions[column.name])
-        elif not column.nullable and column.server_default is None:
-            raise RuntimeError(f"store_scale does not know how to seed the column {column.name}")
-    column_list = ", ".join(columns)
-    value_list = ", ".join(values)
-    engine = create_engine(database_url)
-    started = time.perf_counter()
-    chunk = 200_000
-    try:
-        remaining = count
-        while remaining > 0:
-            size = min(chunk, remaining)
-            if dialect == "sqlite":
-                sql = (
-                    f"INSERT INTO handles_jobs ({column_list}) "
-                    f"WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {size}) "
-                    f"SELECT {value_list} FROM n"
-                )
-            else:
-                sql = (
-                    f"INSERT INTO handles_jobs ({column_list}) "
-                    f"SELECT {value_list} FROM generate_series(1, {size}) AS i"
-                )
-            with engine.begin() as connection:
-                connection.execute(text(sql))
-            remaining -= size
-    finally:
-        engine.dispose()
-    return time.perf_counter() - started
-
-
-def count_jobs(database_url: str) -> int:
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(database_url)
-    try:
-        with engine.connect() as connection:
-            return int(connection.execute(text("SELECT count(*) FROM handles_jobs")).scalar() or 0)
-    finally:
-        engine.dispose()
 
 
 async def measure(data_dir: Path, database_url: str, rounds: int, warmup: int) -> dict[str, list[float]]:
@@ -209,9 +87,9 @@ async def run(options: Options) -> list[Table]:
     )
     with postgres_schema(options.postgres_url, "scale") as pg_url:
         data_dir = Path(tempfile.mkdtemp(prefix="scale-", dir=options.work_dir))
-        for label, url, dialect in (
-            ("SQLite file", f"sqlite:///{(data_dir / 'handles.db').as_posix()}", "sqlite"),
-            ("PostgreSQL", pg_url, "postgresql"),
+        for label, url in (
+            ("SQLite file", f"sqlite:///{(data_dir / 'handles.db').as_posix()}"),
+            ("PostgreSQL", pg_url),
         ):
             if url is None:
                 table.rows.append([label, "unreachable", *(["n/a"] * 8)])
@@ -224,7 +102,7 @@ async def run(options: Options) -> list[Table]:
             for size in sizes:
                 have = count_jobs(url)
                 log(f"store_scale: {label}, seeding to {size} jobs")
-                seconds = seed(url, dialect, size - have) if size > have else 0.0
+                seconds = seed_jobs(url, size - have) if size > have else 0.0
                 quiet_gc()
                 log(f"store_scale: {label}, {size} jobs, {rounds} rounds")
                 samples = await measure(data_dir, url, rounds, warmup)

@@ -29,9 +29,10 @@ from handles.client import Manifest
 from handles.handle import new_job_id
 from handles.principal import token_form
 from handles.states import Status
-from handles.store import JobRecord, JobRepository, migrate
+from handles.store import JobRepository, migrate
 from tests.durability.harness import config as node_config
 from tests.durability.harness import crash
+from tests.harness.seed import seed_jobs
 from tests.startup.support import UNREACHABLE_URL, assert_one_line_failure, outdated_sqlite
 from tests.support import HttpExampleServer, free_port, token_of
 
@@ -217,24 +218,16 @@ def test_watch_draws_a_bar_until_the_job_ends(tmp_path: Path, populated: dict[st
 
 
 def test_purge_expired_deletes_only_jobs_past_retention(tmp_path: Path, populated: dict[str, str]) -> None:
-    repository = JobRepository(f"sqlite:///{tmp_path / 'handles.db'}")
     past = datetime.now(UTC) - timedelta(days=3)
-    for i in range(3):
-        repository.insert(
-            JobRecord(
-                id=f"expired-{i}",
-                kind="generate_report",
-                principal="local:alice",
-                status="completed",
-                arguments={},
-                arguments_digest="-",
-                created_at=past,
-                updated_at=past,
-                run_after=past,
-                expires_at=past + timedelta(days=1),
-            )
-        )
-    repository.dispose()
+    seed_jobs(
+        f"sqlite:///{tmp_path / 'handles.db'}",
+        3,
+        kind="generate_report",
+        principal="local:alice",
+        id_prefix="expired-",
+        created_at=past,
+        expires_at=past + timedelta(days=1),
+    )
     refused = run(tmp_path, "jobs", "purge")
     assert refused.returncode == 2 and "--expired" in refused.stderr
     purged = run(tmp_path, "jobs", "purge", "--expired")

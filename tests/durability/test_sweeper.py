@@ -6,11 +6,10 @@ import asyncio
 from datetime import timedelta
 from pathlib import Path
 
-from sqlmodel import Session
-
 from handles import Handles, JobContext
 from handles.runtime import SWEEP_BATCH
 from handles.store import JobRecord
+from tests.harness.seed import seed_jobs
 
 from .harness import FakeClock, config
 
@@ -26,25 +25,14 @@ def test_ten_thousand_expired_jobs_are_swept_in_bounded_batches(tmp_path: Path) 
 
         repo = jobs.service.store.repo
         past = clock.now - timedelta(days=2)
-        rows = [
-            JobRecord(
-                id=f"old-{i:05d}",
-                kind="noop",
-                principal="local:local",
-                status="completed",
-                arguments={},
-                arguments_digest="-",
-                created_at=past,
-                updated_at=past,
-                run_after=past,
-                finished_at=past,
-                expires_at=past + timedelta(days=1),
-            )
-            for i in range(10_000)
-        ]
-        with Session(repo._write_engine) as session:
-            session.add_all(rows)
-            session.commit()
+        seed_jobs(
+            repo.engine.url.render_as_string(hide_password=False),
+            10_000,
+            kind="noop",
+            id_prefix="old-",
+            created_at=past,
+            expires_at=past + timedelta(days=1),
+        )
         live = JobRecord(
             id="live",
             kind="noop",
