@@ -11,6 +11,7 @@ import json
 import math
 import os
 import platform
+import random
 import secrets
 import sqlite3
 import subprocess
@@ -335,6 +336,27 @@ async def timed(call: Callable[[], Awaitable[Any]]) -> tuple[float, Any]:
     start = time.perf_counter()
     value = await call()
     return time.perf_counter() - start, value
+
+
+async def shuffled_rounds(
+    calls: dict[str, Callable[[], Awaitable[Any]]],
+    rounds: int,
+    warmup: int,
+    after_round: Callable[[], Awaitable[Any]] | None = None,
+) -> dict[str, list[float]]:
+    """Each call once a round, in a fresh random order each round, for `warmup` untimed rounds and then
+    `rounds` timed ones; `after_round` runs untimed after every round. Samples in seconds, by call."""
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    order = list(calls)
+    for index in range(warmup + rounds):
+        random.shuffle(order)
+        for name in order:
+            elapsed, _ = await timed(calls[name])
+            if index >= warmup:
+                samples[name].append(elapsed)
+        if after_round is not None:
+            await after_round()
+    return samples
 
 
 def quiet_gc() -> None:

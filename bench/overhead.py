@@ -10,7 +10,6 @@ execution does not overlap the next round's timings.
 
 from __future__ import annotations
 
-import random
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable
@@ -30,7 +29,8 @@ from bench.common import (
     ms,
     quiet_gc,
     ratio,
-    timed,
+    shuffled_rounds,
+    structured,
     verdict,
 )
 
@@ -40,21 +40,13 @@ TRANSPORTS = ("inprocess", "stdio", "http", "fastmcp-stdio", "fastmcp-http")
 """The last two: the same server on FastMCP 4 (`python -m bench.app --fastmcp`), its no-op a FastMCP tool."""
 
 
-async def _structured(c: Any, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    result = await c.call_tool(tool, arguments)
-    if result.is_error or result.structured_content is None:
-        raise RuntimeError(f"{tool} failed: {result.content}")
-    data: dict[str, Any] = result.structured_content
-    return data
-
-
 async def measure_client(c: Any, rounds: int, warmup: int) -> dict[str, list[float]]:
     """Interleaved rounds of every call on one connected client; samples in seconds."""
     from handles.tasks_client import get_task
 
-    running = (await _structured(c, "work_start", {"seconds": 3600}))["handle"]
-    done = (await _structured(c, "work_start", {"seconds": 0}))["handle"]
-    finished = await _structured(c, "work_fetch", {"handle": done, "wait_seconds": 10})
+    running = (await structured(c, "work_start", {"seconds": 3600}))["handle"]
+    done = (await structured(c, "work_start", {"seconds": 0}))["handle"]
+    finished = await structured(c, "work_fetch", {"handle": done, "wait_seconds": 10})
     assert finished["status"] == "completed", finished
     started: list[str] = []
 
@@ -63,14 +55,14 @@ async def measure_client(c: Any, rounds: int, warmup: int) -> dict[str, list[flo
         assert not result.is_error
 
     async def start() -> None:
-        started.append((await _structured(c, "work_start", {"seconds": 0}))["handle"])
+        started.append((await structured(c, "work_start", {"seconds": 0}))["handle"])
 
     async def progress() -> None:
-        data = await _structured(c, "work_progress", {"handle": running})
+        data = await structured(c, "work_progress", {"handle": running})
         assert data["status"] == "working"
 
     async def fetch() -> None:
-        data = await _structured(c, "work_fetch", {"handle": done})
+        data = await structured(c, "work_fetch", {"handle": done})
         assert data["status"] == "completed"
 
     async def tasks_get() -> None:
@@ -84,17 +76,13 @@ async def measure_client(c: Any, rounds: int, warmup: int) -> dict[str, list[flo
         "work_fetch": fetch,
         "tasks/get": tasks_get,
     }
-    samples: dict[str, list[float]] = {name: [] for name in calls}
-    order = list(calls)
-    for index in range(warmup + rounds):
-        random.shuffle(order)
-        for name in order:
-            elapsed, _ = await timed(calls[name])
-            if index >= warmup:
-                samples[name].append(elapsed)
-        while started:  # untimed: let the started job finish before the next round
-            await _structured(c, "work_fetch", {"handle": started.pop(), "wait_seconds": 10})
-    await _structured(c, "work_cancel", {"handle": running})
+
+    async def finish_started() -> None:  # untimed: let the started job finish before the next round
+        while started:
+            await structured(c, "work_fetch", {"handle": started.pop(), "wait_seconds": 10})
+
+    samples = await shuffled_rounds(calls, rounds, warmup, finish_started)
+    await structured(c, "work_cancel", {"handle": running})
     return samples
 
 

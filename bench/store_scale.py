@@ -10,7 +10,6 @@ one running and one completed job and the calls are measured in shuffled rounds 
 
 from __future__ import annotations
 
-import random
 import tempfile
 from pathlib import Path
 
@@ -24,8 +23,8 @@ from bench.common import (
     postgres_schema,
     quiet_gc,
     ratio,
+    shuffled_rounds,
     structured,
-    timed,
     verdict,
 )
 from tests.harness.seed import count_jobs, seed_jobs
@@ -50,16 +49,12 @@ async def measure(data_dir: Path, database_url: str, rounds: int, warmup: int) -
             "work_fetch": lambda: structured(c, "work_fetch", {"handle": done}),
             "work_start": start,
         }
-        samples: dict[str, list[float]] = {name: [] for name in calls}
-        order = list(calls)
-        for index in range(warmup + rounds):
-            random.shuffle(order)
-            for name in order:
-                elapsed, _ = await timed(calls[name])
-                if index >= warmup:
-                    samples[name].append(elapsed)
+
+        async def finish_started() -> None:
             while started:
                 await structured(c, "work_fetch", {"handle": started.pop(), "wait_seconds": 10})
+
+        samples = await shuffled_rounds(calls, rounds, warmup, finish_started)
         await structured(c, "work_cancel", {"handle": running})
         return samples
 
