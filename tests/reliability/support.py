@@ -24,9 +24,7 @@ from sqlalchemy import create_engine, text
 
 from handles.states import Status, can_transition
 from tests.harness.process import REPO_ROOT, ServerProcess, free_port, python_module
-
-PROTOCOL = "2026-07-28"
-TASKS = "io.modelcontextprotocol/tasks"
+from tests.tasks.wire import PROTOCOL, meta, parse_sse
 
 # -- the server process --------------------------------------------------------------------------
 
@@ -198,15 +196,6 @@ def jobs_in_store(database_url: str, kind: str | None = None) -> list[dict[str, 
 # -- a raw 2026-07-28 JSON-RPC client (for fuzzing and byte-exact checks) --------------------------
 
 
-def envelope(*, declare: bool) -> dict[str, Any]:
-    capabilities: dict[str, Any] = {"extensions": {TASKS: {}}} if declare else {}
-    return {
-        "io.modelcontextprotocol/protocolVersion": PROTOCOL,
-        "io.modelcontextprotocol/clientCapabilities": capabilities,
-        "io.modelcontextprotocol/clientInfo": {"name": "reliability", "version": "0"},
-    }
-
-
 @dataclass
 class RawReply:
     status: int
@@ -242,12 +231,9 @@ class RawReply:
 def _final_message(raw: str, content_type: str) -> dict[str, Any] | None:
     if content_type.startswith("text/event-stream"):
         final = None
-        for event in raw.replace("\r\n", "\n").split("\n\n"):
-            data = "\n".join(line[5:].lstrip() for line in event.split("\n") if line.startswith("data:"))
-            if data:
-                message = json.loads(data)
-                if "id" in message and ("result" in message or "error" in message):
-                    final = message
+        for message in parse_sse(raw):
+            if "id" in message and ("result" in message or "error" in message):
+                final = message
         return final
     try:
         parsed = json.loads(raw)
@@ -272,7 +258,7 @@ async def raw_call(
 ) -> RawReply:
     """One JSON-RPC POST as a 2026-07-28 client sends it (headers mirror the body unless `name` says otherwise)."""
     if add_meta and isinstance(params, dict):
-        params = {**params, "_meta": {**envelope(declare=declare), **(params.get("_meta") or {})}}
+        params = {**params, "_meta": {**meta(declare=declare), **(params.get("_meta") or {})}}
     headers = {
         "Content-Type": "application/json",
         "Accept": "application/json, text/event-stream",

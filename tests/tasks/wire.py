@@ -63,7 +63,7 @@ class Reply:
         return error
 
 
-def _parse_sse(text: str) -> list[dict[str, Any]]:
+def parse_sse(text: str) -> list[dict[str, Any]]:
     messages = []
     for event in text.replace("\r\n", "\n").split("\n\n"):
         data = "\n".join(line[5:].lstrip() for line in event.split("\n") if line.startswith("data:"))
@@ -110,7 +110,7 @@ class Wire:
         request = {"jsonrpc": "2.0", "id": next(_ids), "method": method, "params": body_params}
         response = await self.http.post(self.url, json=request, headers=sent)
         if response.headers.get("content-type", "").startswith("text/event-stream"):
-            messages = _parse_sse(response.text)
+            messages = parse_sse(response.text)
             final = [m for m in messages if "id" in m and ("result" in m or "error" in m)]
             notes = [m for m in messages if "id" not in m]
             return Reply(response.status_code, response.headers, final[-1], notes)
