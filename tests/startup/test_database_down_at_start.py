@@ -1,6 +1,6 @@
 """An HTTP node whose PostgreSQL is down when it starts: it serves, says not-ready, and recovers by itself.
 
-The database is reached through the reliability suite's TCP relay, switched off at start-up and on
+The database is reached through the TCP relay of tests/harness/relay.py, switched off at start-up and on
 later; the node is the example server as a subprocess over HTTP.
 """
 
