@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -310,25 +310,18 @@ def handles_http_server(
 @asynccontextmanager
 async def client(target: Any, *, token: str | None = None, tasks: bool = True) -> AsyncIterator[Any]:
     """The official `mcp.Client` on `target` (an `MCPServer`, stdio parameters, or a URL), declaring Tasks."""
+    import httpx2
     from mcp import Client
-    from mcp.client.streamable_http import streamable_http_client
 
     from handles.tasks_client import TasksClientExtension
+    from tests.harness.client import mcp_over_http
 
     extensions = [TasksClientExtension()] if tasks else None
-    async with AsyncExitStack() as stack:
-        if isinstance(target, str) and token is not None:
-            import httpx2
-
-            http = await stack.enter_async_context(
-                httpx2.AsyncClient(
-                    headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(60, read=120)
-                )
-            )
-            mcp_client = Client(streamable_http_client(target, http_client=http), extensions=extensions)
-        else:
-            mcp_client = Client(target, extensions=extensions)
-        await stack.enter_async_context(mcp_client)
+    if isinstance(target, str) and token is not None:
+        opened = mcp_over_http(target, token, timeout=httpx2.Timeout(60, read=120), extensions=extensions)
+    else:
+        opened = Client(target, extensions=extensions)
+    async with opened as mcp_client:
         yield mcp_client
 
 

@@ -15,22 +15,21 @@ import secrets
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Self
 
-import httpx2
 from jsonschema.validators import validator_for
 from mcp import Client, StdioServerParameters
-from mcp.client.streamable_http import streamable_http_client
 from mcp.server.mcpserver import MCPServer
 from mcp_types import CallToolResult, ResourceLink, TextContent, Tool
 
 from handles import Handles, HandlesConfig
 from handles.handle import HandleCodec
 from handles.layout import ToolLayout, ToolNames
+from tests.harness.client import mcp_over_http
 from tests.harness.process import REPO_ROOT, ServerProcess, free_port, python_module
 
 TOOL_NAME_IN_TEXT = re.compile(r"\b[a-z][a-z0-9_]*_(?:start|progress|fetch|cancel|respond)\b")
@@ -335,11 +334,6 @@ class InProcessExample:
     data_dir: Path
 
 
-def http_client_with_token(token: str | None) -> httpx2.AsyncClient:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120))
-
-
 @asynccontextmanager
 async def connect(
     target: MCPServer[Any] | StdioServerParameters | str,
@@ -348,13 +342,8 @@ async def connect(
     forbidden: Sequence[str] = (),
 ) -> AsyncIterator[ToolClient]:
     """A connected `ToolClient`: in-process for an `MCPServer`, stdio for parameters, HTTP for a URL."""
-    async with AsyncExitStack() as stack:
-        if isinstance(target, str) and token is not None:
-            http = await stack.enter_async_context(http_client_with_token(token))
-            client = Client(streamable_http_client(target, http_client=http))
-        else:
-            client = Client(target)
-        await stack.enter_async_context(client)
+    opened = mcp_over_http(target, token) if isinstance(target, str) and token is not None else Client(target)
+    async with opened as client:
         yield ToolClient(client, forbidden=forbidden)
 
 

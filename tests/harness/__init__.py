@@ -2,6 +2,7 @@
 
 - `process`: a server (or worker) process on 127.0.0.1, waited for, stopped, killed, restarted.
 - `postgres`: a PostgreSQL schema of its own for one test or one benchmark, and dropping connections.
+- `client`: the official client over Streamable HTTP with a bearer token.
 - `relay`: a TCP relay that can cut connections (an outage, a fault on one request) and scan replies.
 - `seed`: job rows written straight into the store, in bulk.
 

@@ -19,11 +19,10 @@ from typing import Any
 import httpx2
 import pytest
 from hypothesis.configuration import set_hypothesis_home_dir
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
 
 from handles.handle import HandleCodec
+from tests.harness.client import mcp_over_http
 from tests.harness.relay import Relay, WireScanner
 from tests.reliability.app import SECRET_IN_ERRORS, SENSITIVE_OTP, SENSITIVE_PASSPHRASE
 from tests.reliability.support import REPO_ROOT, ReliabilityServer, install_audit, report
@@ -134,12 +133,9 @@ class Deployment:
     @asynccontextmanager
     async def client(self, name: str = "alice", **options: Any) -> AsyncIterator[ToolClient]:
         """The official client over the relay with `name`'s token, checking every reply."""
-        async with (
-            httpx2.AsyncClient(
-                headers={"Authorization": f"Bearer {token(name)}"}, timeout=httpx2.Timeout(30, read=60)
-            ) as http,
-            Client(streamable_http_client(self.url, http_client=http), **options) as client,
-        ):
+        async with mcp_over_http(
+            self.url, token(name), timeout=httpx2.Timeout(30, read=60), **options
+        ) as client:
             yield ToolClient(client, forbidden=[CURRENT_KEY, PREVIOUS_KEY, *TOKENS])
 
     async def call(self, tool: str, arguments: dict[str, Any], name: str = "alice") -> Reply:

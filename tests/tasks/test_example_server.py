@@ -11,10 +11,10 @@ import httpx2
 import pytest
 from mcp import Client
 from mcp.client.session import ClientRequestContext
-from mcp.client.streamable_http import streamable_http_client
 from mcp_types import ElicitRequestParams, ElicitResult
 
 from handles.tasks_client import TasksClientExtension
+from tests.harness.client import mcp_over_http
 from tests.support import FRAMEWORKS, HttpExampleServer
 from tests.tasks.wire import TASKS, Wire, example_process
 
@@ -35,10 +35,7 @@ def example(
 
 @asynccontextmanager
 async def connect(url: str, token: str, **options: Any) -> AsyncIterator[Client]:
-    async with (
-        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http,
-        Client(streamable_http_client(url, http_client=http), **options) as client,
-    ):
+    async with mcp_over_http(url, token, timeout=60, **options) as client:
         yield client
 
 

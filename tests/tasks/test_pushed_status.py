@@ -16,12 +16,12 @@ import anyio
 import httpx2
 import pytest
 from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 
 from handles import Handles
 from handles.client import follow
 from handles.mcp import streamable_http_app
 from handles.tasks_client import TasksClientExtension
+from tests.harness.client import mcp_over_http
 from tests.support import FRAMEWORKS, HttpExampleServer, free_port
 from tests.tasks.app import build_test_server
 from tests.tasks.wire import ThreadedServer, Wire, example_process
@@ -71,11 +71,7 @@ async def counted_client(
     async def count(request: httpx2.Request) -> None:
         sent[request.headers.get("mcp-method", "?")] += 1
 
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    async with (
-        httpx2.AsyncClient(headers=headers, timeout=60, event_hooks={"request": [count]}) as http,
-        Client(streamable_http_client(url, http_client=http), **options) as client,
-    ):
+    async with mcp_over_http(url, token, timeout=60, on_request=count, **options) as client:
         yield client, sent
 
 

@@ -11,11 +11,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-import httpx2
 import pytest
 from mcp import Client
 from mcp.client.session import ClientRequestContext
-from mcp.client.streamable_http import streamable_http_client
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp_types import ElicitRequest, ElicitRequestParams, ElicitResult, ErrorData, InputRequest
@@ -31,6 +29,7 @@ from handles.tasks_client import (
     follow_task,
     get_task,
 )
+from tests.harness.client import mcp_over_http
 from tests.tasks.conftest import ALICE, BOB
 from tests.tasks.wire import ThreadedServer
 
@@ -46,10 +45,7 @@ async def answer_form(_context: ClientRequestContext, params: ElicitRequestParam
 
 @asynccontextmanager
 async def over_http(url: str, token: str, **options: Any) -> AsyncIterator[Client]:
-    async with (
-        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30) as http,
-        Client(streamable_http_client(url, http_client=http), **options) as client,
-    ):
+    async with mcp_over_http(url, token, timeout=30, **options) as client:
         yield client
 
 

@@ -1,0 +1,33 @@
+"""The official `mcp.Client` over Streamable HTTP with a bearer token, as the tests and benchmarks open it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+DEFAULT_TIMEOUT = httpx2.Timeout(30, read=120)
+
+
+@asynccontextmanager
+async def mcp_over_http(
+    url: str,
+    token: str | None = None,
+    *,
+    timeout: httpx2.Timeout | float = DEFAULT_TIMEOUT,
+    on_request: Callable[[httpx2.Request], Awaitable[None]] | None = None,
+    **options: Any,
+) -> AsyncIterator[Client]:
+    """A connected `Client` on `url`, sending `Authorization: Bearer <token>` when there is a token;
+    `on_request` sees every HTTP request it sends, `options` go to `Client` (extensions, callbacks)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    hooks = {"request": [on_request]} if on_request is not None else {}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=timeout, event_hooks=hooks) as http,
+        Client(streamable_http_client(url, http_client=http), **options) as client,
+    ):
+        yield client
