@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.harness.process import ServerProcess, free_port
+from tests.harness.process import ServerProcess, free_port, server_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO_ROOT / "bench"
@@ -266,18 +266,10 @@ def environment_markdown(info: dict[str, Any]) -> str:
 
 def handles_env(data_dir: Path, database_url: str = "", **extra: str) -> dict[str, str]:
     """Environment of a `bench.app` server process."""
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "HOME": os.environ.get("HOME", str(data_dir)),
-        "PYTHONPATH": str(REPO_ROOT),
-        "PYTHONUNBUFFERED": "1",
-        "HANDLES_DATA_DIR": str(data_dir),
-        "HANDLES_SECRET_KEYS": SIGNING_KEY,
-    }
+    settings = {"HANDLES_SECRET_KEYS": SIGNING_KEY}
     if database_url:
-        env["HANDLES_DATABASE_URL"] = database_url
-    env.update(extra)
-    return env
+        settings["HANDLES_DATABASE_URL"] = database_url
+    return server_env(data_dir, **(settings | extra))
 
 
 def handles_http_server(

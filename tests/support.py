@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import secrets
 import sys
@@ -30,7 +29,7 @@ from handles import Handles, HandlesConfig
 from handles.handle import HandleCodec
 from handles.layout import ToolLayout, ToolNames
 from tests.harness.client import mcp_over_http
-from tests.harness.process import REPO_ROOT, ServerProcess, free_port, python_module
+from tests.harness.process import REPO_ROOT, ServerProcess, free_port, python_module, server_env
 
 TOOL_NAME_IN_TEXT = re.compile(r"\b[a-z][a-z0-9_]*_(?:start|progress|fetch|cancel|respond)\b")
 """A generated tool's name inside a sentence (`generate_report_progress`, `jobs_fetch`)."""
@@ -95,18 +94,13 @@ def handles_config(data_dir: Path, keys: Sequence[str], **overrides: Any) -> Han
 
 def example_env(data_dir: Path, keys: Sequence[str], **extra: str) -> dict[str, str]:
     """Environment for an example-server subprocess on `data_dir`, signing with `keys` (newest first)."""
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "HOME": os.environ.get("HOME", str(data_dir)),
-        "PYTHONUNBUFFERED": "1",
-        "HANDLES_DATA_DIR": str(data_dir),
+    settings = {
         "HANDLES_SECRET_KEYS": ",".join(keys),
         "EXAMPLE_JOB_SECONDS": str(JOB_SECONDS),
         "HANDLES_STORE_POLL_SECONDS": str(STORE_POLL_SECONDS),
         "HANDLES_DRAIN_SECONDS": str(DRAIN_SECONDS),
     }
-    env.update(extra)
-    return env
+    return server_env(data_dir, **(settings | extra))
 
 
 FRAMEWORKS = ("mcpserver", "fastmcp")

@@ -35,6 +35,19 @@ def free_port() -> int:
         return port
 
 
+def server_env(data_dir: Path, **settings: str) -> dict[str, str]:
+    """A server process's whole environment: this one's PATH and HOME, unbuffered output, this repository
+    importable, its data in `data_dir`, then `settings` (`HANDLES_*`, `EXAMPLE_*`)."""
+    return {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": os.environ.get("HOME", str(data_dir)),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": str(REPO_ROOT),
+        "HANDLES_DATA_DIR": str(data_dir),
+        **settings,
+    }
+
+
 def python_module(module: str, *args: str) -> list[str]:
     """`python -m <module> <args>` with this interpreter."""
     return [sys.executable, "-m", module, *args]

@@ -23,9 +23,10 @@ from mcp_types import CallToolResult
 
 from handles.handle import HandleCodec
 from tests.harness.client import mcp_over_http
+from tests.harness.process import REPO_ROOT
 from tests.harness.relay import Relay, WireScanner
 from tests.reliability.app import SECRET_IN_ERRORS, SENSITIVE_OTP, SENSITIVE_PASSPHRASE
-from tests.reliability.support import REPO_ROOT, ReliabilityServer, install_audit, report
+from tests.reliability.support import ReliabilityServer, install_audit, report
 from tests.support import Reply, ToolClient, token_principal
 
 # hypothesis keeps caches (and would keep an example database) under `.hypothesis/`: not in the repository.

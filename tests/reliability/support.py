@@ -23,7 +23,7 @@ from mcp.shared.inbound import encode_header_value
 from sqlalchemy import create_engine, text
 
 from handles.states import Status, can_transition
-from tests.harness.process import REPO_ROOT, ServerProcess, free_port, python_module
+from tests.harness.process import ServerProcess, free_port, python_module, server_env
 from tests.tasks.wire import PROTOCOL, meta, parse_sse
 
 # -- the server process --------------------------------------------------------------------------
@@ -38,16 +38,13 @@ class ReliabilityServer(ServerProcess):
         args = python_module("tests.reliability.app", "--port", str(port))
         if tokens is not None:
             args += ["--tokens", str(self.tokens_path)]
-        environment = {
-            "PATH": os.environ.get("PATH", ""),
-            "HOME": os.environ.get("HOME", str(data_dir)),
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": str(REPO_ROOT),
-            "HANDLES_DATA_DIR": str(data_dir),
-            **env,
-        }
         super().__init__(
-            args, environment, data_dir / "server.log", port, name="the reliability server", append_log=True
+            args,
+            server_env(data_dir, **env),
+            data_dir / "server.log",
+            port,
+            name="the reliability server",
+            append_log=True,
         )
 
     @property
