@@ -396,7 +396,7 @@ async def client(target: Any, *, token: str | None = None, tasks: bool = True) -
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
-    from handles.tasks_client import TasksClientExtension
+    from handles.client import TasksClientExtension
 
     extensions = [TasksClientExtension()] if tasks else None
     async with AsyncExitStack() as stack:

@@ -50,7 +50,7 @@ async def _structured(c: Any, tool: str, arguments: dict[str, Any]) -> dict[str,
 
 async def measure_client(c: Any, rounds: int, warmup: int) -> dict[str, list[float]]:
     """Interleaved rounds of every call on one connected client; samples in seconds."""
-    from handles.tasks_client import get_task
+    from handles.client import get_task
 
     running = (await _structured(c, "work_start", {"seconds": 3600}))["handle"]
     done = (await _structured(c, "work_start", {"seconds": 0}))["handle"]

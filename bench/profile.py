@@ -46,7 +46,7 @@ async def _sample(call: Callable[[], Awaitable[Any]], n: int, warmup: int) -> St
 async def breakdown(options: Options) -> Table:
     import anyio.to_thread
 
-    from handles.tools import JobTools
+    from handles.server.handle_tools import JobTools
 
     n = options.n(2000, 150)
     table = Table(

@@ -23,8 +23,7 @@ from typing import Any
 from mcp import Client, StdioServerParameters
 from mcp_types import CallToolResult
 
-from handles.client import DeadlineExceeded, Journal, Progress, follow
-from handles.tasks_client import TasksClientExtension
+from handles.client import DeadlineExceeded, Journal, Progress, TasksClientExtension, follow
 
 
 def _show(label: str, payload: dict[str, Any], *keys: str) -> None:

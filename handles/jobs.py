@@ -24,6 +24,7 @@ from mcp_types import CallToolResult
 from pydantic import BaseModel, SecretStr, TypeAdapter, ValidationError
 from pydantic_core import to_jsonable_python
 
+from handles.ask_first import AskFirst
 from handles.elicitation import elicitation_schema
 from handles.errors import (
     ConfigurationError,
@@ -31,7 +32,6 @@ from handles.errors import (
     StepOutcomeUnknown,
     StoreUnavailable,
 )
-from handles.first import AskFirst
 from handles.limits import MAX_RESULT_BYTES, clean_message
 from handles.results import ResultFile, ResultLink
 from handles.sealing import Redactor, Sealer, sensitive_fields
@@ -86,7 +86,7 @@ class JobSpec:
     - `input_timeout`: how long `input_required` waits for an answer before the job fails;
     - `abandon_after`: cancel the job when nobody has looked at it for this long;
     - `on_interrupt`: when its process dies, "fail" (default) or "retry" up to `max_attempts`;
-    - `ask_first`: a question the job needs answered before it starts (see `handles.first`);
+    - `ask_first`: a question the job needs answered before it starts (see `handles.ask_first`);
     - `link_results_over`: a result whose JSON is larger than this many bytes is stored as a file and
       answered as a link (default `HandlesConfig.link_results_over`); see `handles.results`.
     """

@@ -7,7 +7,7 @@ chunks, so a 50 MB export never sits in memory whole), or any result whose JSON 
 `PART_BYTES`, each in its own small write (`write_result_file`), and the job's stored result
 becomes a small `CallToolResult`: bounded metadata (`ResultLink`) and a `resource_link` content
 item. `resources/read` of the link re-authorizes the caller exactly like a handle and answers one
-part per read (handles/result_links.py). The parts go when the job's retention ends.
+part per read (handles/server/result_links.py). The parts go when the job's retention ends.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from mcp import Client
 from mcp.shared.exceptions import MCPError
@@ -22,9 +22,7 @@ from handles.client.outcomes import (
     Question,
     Retryable,
 )
-from handles.layout import ToolNames
-from handles.results import link_of
-from handles.tasks_client import (
+from handles.client.tasks import (
     PUSHED_RECHECK_SECONDS,
     TERMINAL_STATUSES,
     DetailedTask,
@@ -33,13 +31,22 @@ from handles.tasks_client import (
     get_task,
     update_task,
 )
-from handles.transient import AUTHENTICATION_FAILED, TRANSIENT_MCP_CODES
-
-if TYPE_CHECKING:
-    from handles.client.follow import Follower
+from handles.client.transient import AUTHENTICATION_FAILED, TRANSIENT_MCP_CODES
+from handles.results import link_of
+from handles.tool_layout import ToolNames
 
 _LOST_CODES = frozenset({"unknown_handle", "expired_handle", "wrong_job"})
 _RAISED_AS_IS = TRANSIENT_MCP_CODES | {AUTHENTICATION_FAILED}  # retried, or an authentication error
+
+
+class Following(Protocol):
+    """What a face reads of the `Follower` that drives it (handles/client/follow.py)."""
+
+    key: str
+    job: str
+    names: ToolNames | None
+    request_timeout: float
+    interval: float
 
 
 @dataclass
@@ -75,7 +82,7 @@ class HandleFace:
 
     pushed = False  # the handle tools long-poll instead
 
-    def __init__(self, follower: Follower, handle: str) -> None:
+    def __init__(self, follower: Following, handle: str) -> None:
         self.f = follower
         self.handle = handle
 
@@ -153,7 +160,7 @@ class TaskFace:
     """The Tasks extension: `tasks/get`, `tasks/update`, `tasks/cancel` on the handle as `taskId`, and the
     task's `notifications/tasks` while `status` says the server pushes them."""
 
-    def __init__(self, follower: Follower, handle: str) -> None:
+    def __init__(self, follower: Following, handle: str) -> None:
         self.f = follower
         self.handle = handle
         self.status: PushedStatus | None = None

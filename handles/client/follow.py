@@ -52,17 +52,15 @@ from handles.client.outcomes import (
     StartRefusedError,
     UnsupportedServerError,
 )
-from handles.layout import ToolNames
-from handles.tasks_client import (
+from handles.client.tasks import (
     DEFAULT_POLL_SECONDS,
-    TASKS_EXTENSION,
     TERMINAL_STATUSES,
     CreateTaskResult,
     TaskPushes,
     TasksClientExtension,
     pushed_status,
 )
-from handles.transient import (
+from handles.client.transient import (
     AuthenticationError,
     authentication_error,
     backoff_seconds,
@@ -70,6 +68,8 @@ from handles.transient import (
     is_transient,
     leaves,
 )
+from handles.tasks_wire import TASKS_EXTENSION
+from handles.tool_layout import ToolNames
 
 logger = logging.getLogger("handles.client")
 

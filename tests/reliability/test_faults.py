@@ -24,7 +24,7 @@ import httpx2
 import pytest
 from sqlalchemy import create_engine, text
 
-from handles.tasks_client import CreateTaskResult, TasksClientExtension, follow_task
+from handles.client.tasks import CreateTaskResult, TasksClientExtension, follow_task
 from tests.reliability.conftest import (
     PG_PASSWORD,
     Deployment,

@@ -14,7 +14,7 @@ from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import ElicitRequestParams, ElicitResult
 
-from handles.tasks_client import TasksClientExtension
+from handles.client.tasks import TasksClientExtension
 from tests.support import FRAMEWORKS
 from tests.tasks.wire import TASKS, ExampleProcess, Wire, example_process
 

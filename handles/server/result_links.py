@@ -20,15 +20,15 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, BlobResourceContents, ReadResourceResult, TextResourceContents
 
-from handles.envelope import SdkServer, enveloped, server_info
 from handles.errors import CallerError, UnknownResultLink
-from handles.mcp import resolve_principal
 from handles.principal import PrincipalResolver
 from handles.results import URI_SCHEME, ResultLink, is_text, link_of
+from handles.server.bind_mcpserver import resolve_principal
+from handles.server.envelope import SdkServer, enveloped, server_info
 from handles.states import Status
 
 if TYPE_CHECKING:
-    from handles.service import JobService
+    from handles.job_operations import JobService
 
 _LINK = re.compile(
     rf"^(?i:{URI_SCHEME})://results/(?P<job>[A-Za-z0-9_-]{{1,64}})/(?P<file>[0-9a-f]{{32}})(?:/parts/(?P<part>\d{{1,9}}))?$"

@@ -1,4 +1,4 @@
-"""What both clients (`handles.client.follow` and `handles.tasks_client`) share about failed requests.
+"""What both clients (`handles.client.follow` and `handles.client.tasks`) share about failed requests.
 
 - Which failures are transient (the same request may simply be sent again) and how long to back off.
 - An HTTP 401/403 is not transient: it is an `AuthenticationError`, raised at once with a message

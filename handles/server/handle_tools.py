@@ -3,10 +3,10 @@
 `JobTools` makes a job's `<job>_start` and, in the per-job layout, its follow tools;
 `SharedTools` makes the compact layout's `jobs_*` follow tools, which hand each handle to
 the `JobTools` of its job. Both build the follow tools with `follow_definitions`, told whose
-handles they take by a `FollowScope`, and name every tool through `handles.layout.ToolNames`.
+handles they take by a `FollowScope`, and name every tool through `handles.tool_layout.ToolNames`.
 
 Framework-neutral: a `ToolDefinition` carries pydantic models for its input and
-output and an async handler `(principal, arguments) -> ToolReply`. `handles.mcp`
+output and an async handler `(principal, arguments) -> ToolReply`. `handles.server.bind_mcpserver`
 binds these to the SDK's server. Every reply says what to call next (`next`),
 because the caller is often a language model that would otherwise guess.
 """
@@ -22,12 +22,12 @@ from typing import Any, Optional
 from pydantic import BaseModel, Field, create_model
 
 from handles.errors import CallerError, UnknownHandle
+from handles.job_operations import UNKNOWN_HANDLE, JobService
 from handles.jobs import JobSpec, describe_duration
-from handles.layout import FOLLOW_VERBS, SHARED_PREFIX, ToolNames
 from handles.results import ResultLink, link_of
-from handles.service import UNKNOWN_HANDLE, JobService
 from handles.states import Status
 from handles.store import InputRequestRecord, JobRecord
+from handles.tool_layout import FOLLOW_VERBS, SHARED_PREFIX, ToolNames
 
 HANDLE_DESCRIPTION = "The handle string returned by the start tool, exactly as given."
 

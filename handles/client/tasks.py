@@ -50,17 +50,13 @@ from mcp_types import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from handles.transient import AuthenticationError as AuthenticationError  # raised here, re-exported
-from handles.transient import authentication_error, backoff_seconds, is_transient
+from handles.client.transient import AuthenticationError as AuthenticationError  # raised here, re-exported
+from handles.client.transient import authentication_error, backoff_seconds, is_transient
+from handles.tasks_wire import PROGRESS_META_KEY, TASKS_EXTENSION
 
-logger = logging.getLogger("handles.tasks_client")
+logger = logging.getLogger("handles.client.tasks")
 T = TypeVar("T")
 
-TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
-PROGRESS_META_KEY = "io.github.handles/progress"
-"""`_meta` key of a `handles` server's `tasks/get` answer carrying numeric progress, `{"done": 3, "total": 4}`.
-
-The extension carries progress in `statusMessage` only; other clients ignore this key."""
 TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 DEFAULT_POLL_SECONDS = 1.0
