@@ -50,8 +50,8 @@ from mcp_types import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
+from handles.transient import CANCEL_TIMEOUT_SECONDS, authentication_error, backoff_seconds, is_transient
 from handles.transient import AuthenticationError as AuthenticationError  # raised here, re-exported
-from handles.transient import authentication_error, backoff_seconds, is_transient
 
 logger = logging.getLogger("handles.tasks_client")
 T = TypeVar("T")
@@ -65,7 +65,6 @@ TaskStatus = Literal["working", "input_required", "completed", "failed", "cancel
 TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 DEFAULT_POLL_SECONDS = 1.0
 DEFAULT_RETRIES = 3
-CANCEL_TIMEOUT_SECONDS = 5.0
 
 InputHandler = Callable[[str, InputRequest], Awaitable[InputResponse | ErrorData]]
 """`(key, request) -> response` for one entry of a task's `inputRequests`; `ErrorData` refuses it."""

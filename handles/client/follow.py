@@ -63,6 +63,7 @@ from handles.tasks_client import (
     pushed_status,
 )
 from handles.transient import (
+    CANCEL_TIMEOUT_SECONDS,
     AuthenticationError,
     authentication_error,
     backoff_seconds,
@@ -81,7 +82,6 @@ _PREFERRED_MODES: dict[str, tuple[Mode, ...]] = {
 }
 T = TypeVar("T")
 
-CANCEL_TIMEOUT_SECONDS = 5.0
 MIN_POLL_SECONDS = 0.05
 
 
