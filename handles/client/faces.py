@@ -12,7 +12,6 @@ from mcp_types import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     CallToolResult,
-    TextContent,
 )
 
 from handles.client.outcomes import (
@@ -32,7 +31,7 @@ from handles.client.tasks import (
     update_task,
 )
 from handles.client.transient import AUTHENTICATION_FAILED, TRANSIENT_MCP_CODES
-from handles.results import link_of
+from handles.results import link_of, text_of, tool_error_text
 from handles.tool_layout import ToolNames
 
 _LOST_CODES = frozenset({"unknown_handle", "expired_handle", "wrong_job"})
@@ -68,7 +67,7 @@ class View:
 
 def caller_error(result: CallToolResult) -> dict[str, Any]:
     """The JSON body of a handle tool's caller error (or its text as the message)."""
-    text = "\n".join(block.text for block in result.content if isinstance(block, TextContent))
+    text = text_of(result)
     try:
         body = json.loads(text)
     except json.JSONDecodeError:
@@ -238,7 +237,7 @@ class TaskFace:
         if task.status == "completed":
             result = task.result or {}
             if result.get("isError"):
-                return {"status": "completed", "tool_error": text_of(result)}
+                return {"status": "completed", "tool_error": tool_error_text(result)}
             return {"status": "completed", "result": structured_result(result)}
         if task.status == "failed":
             error = task.error or {
@@ -247,15 +246,6 @@ class TaskFace:
             }
             return {"status": "failed", "error": error}
         return {"status": "cancelled", "message": task.status_message}
-
-
-def text_of(result: dict[str, Any]) -> str:
-    parts = [
-        b.get("text", "")
-        for b in result.get("content") or []
-        if isinstance(b, dict) and b.get("type") == "text"
-    ]
-    return "\n".join(p for p in parts if p) or "The job reported an error."
 
 
 def structured_result(result: dict[str, Any]) -> Any:

@@ -50,8 +50,13 @@ from mcp_types import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
+from handles.client.transient import (
+    CANCEL_TIMEOUT_SECONDS,
+    authentication_error,
+    backoff_seconds,
+    is_transient,
+)
 from handles.client.transient import AuthenticationError as AuthenticationError  # raised here, re-exported
-from handles.client.transient import authentication_error, backoff_seconds, is_transient
 from handles.tasks_wire import PROGRESS_META_KEY, TASKS_EXTENSION
 
 logger = logging.getLogger("handles.client.tasks")
@@ -61,7 +66,6 @@ TaskStatus = Literal["working", "input_required", "completed", "failed", "cancel
 TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 DEFAULT_POLL_SECONDS = 1.0
 DEFAULT_RETRIES = 3
-CANCEL_TIMEOUT_SECONDS = 5.0
 
 InputHandler = Callable[[str, InputRequest], Awaitable[InputResponse | ErrorData]]
 """`(key, request) -> response` for one entry of a task's `inputRequests`; `ErrorData` refuses it."""

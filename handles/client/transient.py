@@ -26,6 +26,8 @@ Outside the codes MCP uses (-32000 connection closed, -32001 request timeout, -3
 
 BACKOFF_FIRST_SECONDS = 0.5
 BACKOFF_MAX_SECONDS = 8.0
+CANCEL_TIMEOUT_SECONDS = 5.0
+"""How long a client tries to cancel a job or task it abandons (shielded, best effort) before giving up."""
 
 
 class AuthenticationError(Exception):

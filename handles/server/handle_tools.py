@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field, create_model
 from handles.errors import CallerError, UnknownHandle
 from handles.job_operations import UNKNOWN_HANDLE, JobService
 from handles.jobs import JobSpec, describe_duration
-from handles.results import ResultLink, link_of
+from handles.results import ResultLink, link_of, tool_error_text
 from handles.states import Status
 from handles.store import InputRequestRecord, JobRecord
 from handles.tool_layout import FOLLOW_VERBS, SHARED_PREFIX, ToolNames
@@ -346,7 +346,7 @@ class JobTools:
         if status is Status.COMPLETED and job.result is not None:
             if job.result.get("isError"):
                 is_error = True
-                fields["tool_error"] = _text_of(job.result)
+                fields["tool_error"] = tool_error_text(job.result)
             else:
                 fields["result"] = job.result.get("structuredContent")
                 link = link_of(job.result)
@@ -642,8 +642,3 @@ def _progress(job: JobRecord) -> ProgressView:
     if job.progress_done is not None and job.progress_total:
         fraction = max(0.0, min(1.0, job.progress_done / job.progress_total))
     return ProgressView(done=job.progress_done, total=job.progress_total, fraction=fraction)
-
-
-def _text_of(result: dict[str, Any]) -> str:
-    parts = [block.get("text", "") for block in result.get("content", []) if block.get("type") == "text"]
-    return "\n".join(p for p in parts if p) or "The job reported an error."
