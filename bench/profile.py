@@ -89,7 +89,7 @@ async def breakdown(options: Options) -> Table:
                 lambda: service.store.write(job_id, repo.set_status_message, job_id, "profiling"),
             ),
             (
-                "JobService.open (verify + read + keep-alive check)",
+                "JobOperations.open (verify + read + keep-alive check)",
                 lambda: service.open(spec, PRINCIPAL, handle),
             ),
             (

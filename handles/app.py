@@ -20,7 +20,7 @@ from mcp_types import CallToolResult, InputRequiredResult
 from handles.config import HandlesConfig
 from handles.errors import ConfigurationError
 from handles.handle import HandleCodec
-from handles.job_operations import JobService
+from handles.job_operations import JobOperations
 from handles.jobs import JobOptions, JobSpec
 from handles.principal import PrincipalResolver, default_resolver
 from handles.runtime import Runtime
@@ -82,7 +82,7 @@ class Handles:
         self._clock = clock
         self._specs: dict[str, JobSpec] = {}
         self._plain: dict[str, PlainCallPolicy] = {}
-        self._service: JobService | None = None
+        self._service: JobOperations | None = None
         self._tasks: TasksExtension | None = None
 
     # -- defining jobs -----------------------------------------------------
@@ -148,14 +148,14 @@ class Handles:
     # -- the machinery -----------------------------------------------------
 
     @property
-    def service(self) -> JobService:
+    def service(self) -> JobOperations:
         """The shared operations, built (store opened, schema upgraded or checked) on first use."""
         service = self._machinery()
         assert service.schema is not None
         service.schema.open()
         return service
 
-    def _machinery(self) -> JobService:
+    def _machinery(self) -> JobOperations:
         """The service, built without touching the database (which may not answer yet)."""
         if self._service is None:
             url = self.config.resolved_database_url()
@@ -167,7 +167,7 @@ class Handles:
             store = Store(repository)
             sealer = Sealer(self.config.resolved_secret_keys())
             runtime = Runtime(store=store, config=self.config, specs=self._specs, sealer=sealer)
-            self._service = JobService(
+            self._service = JobOperations(
                 specs=self._specs,
                 store=store,
                 codec=codec,

@@ -117,7 +117,7 @@ def checked_answers(
     }
 
 
-class JobService:
+class JobOperations:
     """Start, find and steer stored jobs on behalf of a principal."""
 
     def __init__(

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from fastmcp.server.context import Context as FastMCPContext
     from mcp.server.lowlevel.server import Server as LowLevelServer
 
-    from handles.job_operations import JobService
+    from handles.job_operations import JobOperations
     from handles.principal import PrincipalResolver
     from handles.server.handle_tools import ToolDefinition
     from handles.server.plain_tool import PlainTool
@@ -211,7 +211,7 @@ class FastMCPTasks(ServerExtension):
 def bind_fastmcp(
     server: FastMCP[Any],
     *,
-    service: JobService,
+    service: JobOperations,
     resolver: PrincipalResolver,
     definitions: list[ToolDefinition],
     plain: list[PlainTool],

@@ -22,7 +22,7 @@ from typing import Any, Optional
 from pydantic import BaseModel, Field, create_model
 
 from handles.errors import CallerError, UnknownHandle
-from handles.job_operations import UNKNOWN_HANDLE, JobService
+from handles.job_operations import UNKNOWN_HANDLE, JobOperations
 from handles.jobs import JobSpec, describe_duration
 from handles.results import ResultLink, link_of, tool_error_text
 from handles.states import Status
@@ -184,7 +184,7 @@ def _guarded(handler: ToolHandler) -> ToolHandler:
 class JobTools:
     """The handle tools of one job, named as the layout says (`names`)."""
 
-    def __init__(self, spec: JobSpec, service: JobService, names: ToolNames | None = None) -> None:
+    def __init__(self, spec: JobSpec, service: JobOperations, names: ToolNames | None = None) -> None:
         self.spec = spec
         self.service = service
         self.names = names or ToolNames()
@@ -470,7 +470,7 @@ class SharedTools:
     verify, another principal's included, and one of a job not declared here are refused alike.
     """
 
-    def __init__(self, tools: Mapping[str, JobTools], service: JobService, names: ToolNames) -> None:
+    def __init__(self, tools: Mapping[str, JobTools], service: JobOperations, names: ToolNames) -> None:
         self.tools = dict(tools)
         self.service = service
         self.names = names

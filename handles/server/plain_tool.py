@@ -34,7 +34,7 @@ from mcp_types import INTERNAL_ERROR, CallToolResult, InputRequiredResult, TextC
 from pydantic import BaseModel, Field
 
 from handles.errors import CallerError
-from handles.job_operations import JobService
+from handles.job_operations import JobOperations
 from handles.jobs import JobSpec, describe_duration
 from handles.server.bind_mcpserver import to_call_tool_result
 from handles.server.first_round import first_round
@@ -79,7 +79,7 @@ class PlainTool:
     """The plain tool of one job."""
 
     def __init__(
-        self, spec: JobSpec, service: JobService, policy: PlainCallPolicy, names: ToolNames | None = None
+        self, spec: JobSpec, service: JobOperations, policy: PlainCallPolicy, names: ToolNames | None = None
     ) -> None:
         self.spec = spec
         self.service = service

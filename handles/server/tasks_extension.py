@@ -3,7 +3,7 @@
 A `tools/call <job>` that declares the extension answers a flat `CreateTaskResult`
 whose `taskId` is the job's handle, once the job is stored; `tasks/get`,
 `tasks/update` and `tasks/cancel` read and steer the same job through
-`JobService`. This module only translates between those operations and the
+`JobOperations`. This module only translates between those operations and the
 extension's wire shapes; the rules it follows are those of
 `specification/draft/tasks.md` in `modelcontextprotocol/ext-tasks`.
 """
@@ -63,7 +63,7 @@ from handles.store import InputRequestRecord, JobRecord
 from handles.tasks_wire import PROGRESS_META_KEY, TASKS_EXTENSION
 
 if TYPE_CHECKING:
-    from handles.job_operations import JobService
+    from handles.job_operations import JobOperations
     from handles.principal import PrincipalResolver
 
 UNKNOWN_TASK = (
@@ -224,7 +224,7 @@ class ServedJobs(Protocol):
     principal_resolver: PrincipalResolver
 
     @property
-    def service(self) -> JobService: ...
+    def service(self) -> JobOperations: ...
 
     @property
     def specs(self) -> Mapping[str, JobSpec]: ...
@@ -246,7 +246,7 @@ class TasksExtension(Extension):
         (`Handles.bind` adds it to the server's middleware)."""
 
     @property
-    def service(self) -> JobService:
+    def service(self) -> JobOperations:
         return self._handles.service
 
     @property
