@@ -21,6 +21,7 @@ from mcp_types import (
     CallToolResult,
 )
 
+from handles.backoff import backoff_seconds
 from handles.client.faces import Face, HandleFace, TaskFace, View, caller_error, structured_result
 from handles.client.http import http_client
 from handles.client.journal import Journal, JournalEntry, arguments_digest, check_same_work
@@ -64,7 +65,6 @@ from handles.client.transient import (
     CANCEL_TIMEOUT_SECONDS,
     AuthenticationError,
     authentication_error,
-    backoff_seconds,
     is_connection_failure,
     is_transient,
     leaves,

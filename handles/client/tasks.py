@@ -50,10 +50,10 @@ from mcp_types import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
+from handles.backoff import backoff_seconds
 from handles.client.transient import (
     CANCEL_TIMEOUT_SECONDS,
     authentication_error,
-    backoff_seconds,
     is_transient,
 )
 from handles.client.transient import AuthenticationError as AuthenticationError  # raised here, re-exported

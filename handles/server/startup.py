@@ -14,7 +14,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from handles.client.transient import backoff_seconds
+from handles.backoff import backoff_seconds
 from handles.errors import ConfigurationError, DatabaseUnreachable, ShuttingDown
 from handles.server.health import DATABASE_UNREACHABLE
 
