@@ -33,8 +33,7 @@ from mcp.server.mcpserver import MCPServer
 from pydantic import BaseModel
 
 from example_server.__main__ import FileTokenVerifier
-from handles import Handles, HandlesConfig, JobContext
-from handles.mcp import serve_stdio, streamable_http_app
+from handles import Handles, HandlesConfig, JobContext, serve_stdio, streamable_http_app
 
 STARTED: dict[str, float] = {}
 """`mark` -> `time.perf_counter()` when the job function began (in-process benchmarks only)."""

@@ -305,7 +305,7 @@ async def client(target: Any, *, token: str | None = None, tasks: bool = True) -
     import httpx2
     from mcp import Client
 
-    from handles.tasks_client import TasksClientExtension
+    from handles.client import TasksClientExtension
     from tests.harness.client import mcp_over_http
 
     extensions = [TasksClientExtension()] if tasks else None

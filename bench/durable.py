@@ -29,7 +29,7 @@ SECTION = "durable"
 
 
 async def measure(data_dir: Path, database_url: str, n: int, warmup: int) -> dict[str, list[float]]:
-    from handles.tools import JobTools
+    from handles.server.handle_tools import JobTools
 
     async with inprocess(data_dir, database_url) as (jobs, c):
         tools = JobTools(jobs.specs["work"], jobs.service)

@@ -38,6 +38,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import SIGNING_KEY, Options, Table, client, handles_http_server, log, quiet_gc
+from handles.results import text_of
 
 SECTION = "handle_timing"
 DEFAULT_SAMPLES = 2000
@@ -115,7 +116,7 @@ async def sample(
 
 async def _refused(c: Any, handle: str) -> None:
     result = await c.call_tool("work_progress", {"handle": handle})
-    text = result.content[0].text if result.content else ""
+    text = text_of(result)
     if not result.is_error or "unknown_handle" not in text:
         raise RuntimeError(f"expected unknown_handle, got {text!r}")
 

@@ -42,7 +42,7 @@ TRANSPORTS = ("inprocess", "stdio", "http", "fastmcp-stdio", "fastmcp-http")
 
 async def measure_client(c: Any, rounds: int, warmup: int) -> dict[str, list[float]]:
     """Interleaved rounds of every call on one connected client; samples in seconds."""
-    from handles.tasks_client import get_task
+    from handles.client import get_task
 
     running = (await structured(c, "work_start", {"seconds": 3600}))["handle"]
     done = (await structured(c, "work_start", {"seconds": 0}))["handle"]

@@ -109,7 +109,7 @@ class Target:
         return created
 
     async def follow(self, task_id: str, client_: Any | None = None) -> Any:
-        from handles.tasks_client import get_task
+        from handles.client import get_task
 
         session = (client_ or self.tasks).session
         polls = 0

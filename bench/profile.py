@@ -46,7 +46,7 @@ async def _sample(call: Callable[[], Awaitable[Any]], n: int, warmup: int) -> St
 async def breakdown(options: Options) -> Table:
     import anyio.to_thread
 
-    from handles.tools import JobTools
+    from handles.server.handle_tools import JobTools
 
     n = options.n(2000, 150)
     table = Table(
@@ -89,7 +89,7 @@ async def breakdown(options: Options) -> Table:
                 lambda: service.store.write(job_id, repo.set_status_message, job_id, "profiling"),
             ),
             (
-                "JobService.open (verify + read + keep-alive check)",
+                "JobOperations.open (verify + read + keep-alive check)",
                 lambda: service.open(spec, PRINCIPAL, handle),
             ),
             (

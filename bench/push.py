@@ -53,7 +53,7 @@ async def followers(url: str, *, count: int, call: tuple[str, dict[str, Any]], p
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
-    from handles.tasks_client import TasksClientExtension
+    from handles.client import TasksClientExtension
 
     sent: Counter[str] = Counter()
 

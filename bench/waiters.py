@@ -1,7 +1,7 @@
 """Section 9: many open long-polls on one node (SQLite file): event-loop lag and store statements per second.
 
 N queued jobs (on a node that runs no workers, so nothing changes them) each get one waiter, the
-long-poll at the heart of `<job>_progress` / `<job>_fetch` with `wait_seconds` (`JobService.wait`,
+long-poll at the heart of `<job>_progress` / `<job>_fetch` with `wait_seconds` (`JobOperations.wait`,
 without the MCP layer, so that N can reach 10,000 on one process). While they wait, a probe task
 sleeps 1 ms in a loop and records how late it wakes (the event-loop lag every other request on the
 node would see), and every SQL statement the store runs is counted.

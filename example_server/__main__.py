@@ -16,9 +16,9 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 
 from example_server.server import build_fastmcp_server, build_server, create_jobs
+from handles import serve_http, serve_stdio
 from handles.errors import ConfigurationError
-from handles.layout import LAYOUTS
-from handles.mcp import serve_http, serve_stdio
+from handles.tool_layout import LAYOUTS
 
 
 class FileTokenVerifier:

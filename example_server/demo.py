@@ -23,8 +23,8 @@ from typing import Any
 from mcp import Client, StdioServerParameters
 from mcp_types import CallToolResult
 
-from handles.client import DeadlineExceeded, Journal, Progress, follow
-from handles.tasks_client import TasksClientExtension
+from handles.client import DeadlineExceeded, Journal, Progress, TasksClientExtension, follow
+from handles.results import text_of
 
 
 def _show(label: str, payload: dict[str, Any], *keys: str) -> None:
@@ -35,7 +35,7 @@ def _show(label: str, payload: dict[str, Any], *keys: str) -> None:
 async def _call(client: Client, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
     result: CallToolResult = await client.call_tool(tool, arguments)
     if result.structured_content is None:
-        raise SystemExit(f"{tool} failed: {result.content[0].text if result.content else result}")  # type: ignore[union-attr]
+        raise SystemExit(f"{tool} failed: {text_of(result) or result}")
     return result.structured_content
 
 
@@ -122,7 +122,7 @@ async def run_demo(job_seconds: float) -> None:
 
         print("\n6. A made-up handle gets a clear tool error")
         bogus = await client.call_tool("generate_report_progress", {"handle": "not-a-real-handle"})
-        print(f"  isError={bogus.is_error} {bogus.content[0].text}")  # type: ignore[union-attr]
+        print(f"  isError={bogus.is_error} {text_of(bogus)}")
     print("\nDemo finished. Follow one job yourself (stop it at any moment, run it again: it resumes):")
     print("""  python -m example_server.client_demo generate_report '{"account": "acme", "months": 6}'""")
 

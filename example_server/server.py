@@ -20,11 +20,12 @@ from importlib.metadata import version
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
-from handles import Handles, HandlesConfig, JobContext, ResultFile, ToolError
+from handles import Handles, HandlesConfig, JobContext, ResultFile
 from handles.jobs import JobOptions
-from handles.layout import ToolLayout, ToolNames
+from handles.tool_layout import ToolLayout, ToolNames
 
 
 def job_seconds() -> float:

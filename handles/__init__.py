@@ -6,7 +6,9 @@ handle, on durable SQL state; in the compact layout (`bind(server, layout="compa
 one shared `jobs_progress`, `jobs_fetch`, `jobs_cancel` (and `jobs_respond`) serve
 every job.
 
-Names are imported on first use, so `handles.cli` and the store stay quick to load.
+What a server author imports is here; a client author imports `handles.client`, and the
+errors a caller can see are in `handles.errors`. Names are imported on first use, so
+`handles.cli` and the store stay quick to load.
 """
 
 from __future__ import annotations
@@ -14,93 +16,67 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from handles import deprecations
+
 if TYPE_CHECKING:
     from handles.app import Handles
+    from handles.ask_first import AskFirst
     from handles.config import HandlesConfig
-    from handles.errors import (
-        CallerError,
-        ConfigurationError,
-        DatabaseUnreachable,
-        ExpiredHandle,
-        HandlesError,
-        IdempotencyConflict,
-        InvalidArguments,
-        JobFailed,
-        JobsPaused,
-        LimitReached,
-        StepOutcomeUnknown,
-        StoreUnavailable,
-        ToolError,
-        UnknownHandle,
-        WrongJobKind,
-    )
-    from handles.first import AskFirst
+    from handles.errors import ConfigurationError, HandlesError, JobFailed, StepOutcomeUnknown
     from handles.jobs import JobContext, JobSpec
     from handles.results import ResultFile, ResultLink
+    from handles.server.serving import serve_http, serve_stdio, streamable_http_app
     from handles.states import Status
 
 _EXPORTS = {
-    "AskFirst": "handles.first",
+    # define jobs and bind them
     "Handles": "handles.app",
-    "HandlesConfig": "handles.config",
     "JobContext": "handles.jobs",
     "JobSpec": "handles.jobs",
+    "AskFirst": "handles.ask_first",
     "ResultFile": "handles.results",
     "ResultLink": "handles.results",
     "Status": "handles.states",
-    **{
-        name: "handles.errors"
-        for name in (
-            "CallerError",
-            "ConfigurationError",
-            "DatabaseUnreachable",
-            "ExpiredHandle",
-            "HandlesError",
-            "IdempotencyConflict",
-            "InvalidArguments",
-            "JobFailed",
-            "JobsPaused",
-            "LimitReached",
-            "StepOutcomeUnknown",
-            "StoreUnavailable",
-            "ToolError",
-            "UnknownHandle",
-            "WrongJobKind",
-        )
-    },
+    "HandlesConfig": "handles.config",
+    # serve them
+    "serve_http": "handles.server.serving",
+    "serve_stdio": "handles.server.serving",
+    "streamable_http_app": "handles.server.serving",
+    # what a job raises, and what start-up raises
+    "JobFailed": "handles.errors",
+    "StepOutcomeUnknown": "handles.errors",
+    "ConfigurationError": "handles.errors",
+    "HandlesError": "handles.errors",
 }
 
 __all__ = [
     "AskFirst",
-    "CallerError",
     "ConfigurationError",
-    "DatabaseUnreachable",
-    "ExpiredHandle",
     "Handles",
     "HandlesConfig",
     "HandlesError",
-    "IdempotencyConflict",
-    "InvalidArguments",
     "JobContext",
     "JobFailed",
     "JobSpec",
-    "JobsPaused",
-    "LimitReached",
     "ResultFile",
     "ResultLink",
     "Status",
     "StepOutcomeUnknown",
-    "StoreUnavailable",
-    "ToolError",
-    "UnknownHandle",
-    "WrongJobKind",
+    "serve_http",
+    "serve_stdio",
+    "streamable_http_app",
 ]
 assert sorted(__all__) == sorted(_EXPORTS)
+
+deprecations.install()
 
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
+        if name in deprecations.MOVED_NAMES:
+            globals()[name] = value = deprecations.moved_name(name)
+            return value
         raise AttributeError(f"module 'handles' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value

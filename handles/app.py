@@ -20,20 +20,20 @@ from mcp_types import CallToolResult, InputRequiredResult
 from handles.config import HandlesConfig
 from handles.errors import ConfigurationError
 from handles.handle import HandleCodec
+from handles.job_operations import JobOperations
 from handles.jobs import JobOptions, JobSpec
-from handles.layout import PlainCall, ToolLayout, ToolNames
-from handles.mcp import add_plain_tool, add_tools, is_fastmcp
-from handles.plain import PlainCallPolicy, PlainTool
 from handles.principal import PrincipalResolver, default_resolver
-from handles.result_links import ResultLinks
 from handles.runtime import Runtime
 from handles.sealing import Sealer
-from handles.service import JobService
+from handles.server.bind_mcpserver import add_plain_tool, add_tools, is_fastmcp
+from handles.server.handle_tools import JobTools, SharedTools, ToolDefinition
+from handles.server.plain_tool import PlainCallPolicy, PlainTool
+from handles.server.result_links import ResultLinks
+from handles.server.tasks_extension import TasksExtension
 from handles.store import Clock, JobRepository, Store, utc_now
 from handles.store.reach import database_errors
 from handles.store.schema import SchemaGate
-from handles.tasks import TasksExtension
-from handles.tools import JobTools, SharedTools, ToolDefinition
+from handles.tool_layout import PlainCall, ToolLayout, ToolNames
 
 if TYPE_CHECKING:
     from fastmcp import FastMCP
@@ -82,7 +82,7 @@ class Handles:
         self._clock = clock
         self._specs: dict[str, JobSpec] = {}
         self._plain: dict[str, PlainCallPolicy] = {}
-        self._service: JobService | None = None
+        self._service: JobOperations | None = None
         self._tasks: TasksExtension | None = None
 
     # -- defining jobs -----------------------------------------------------
@@ -148,14 +148,14 @@ class Handles:
     # -- the machinery -----------------------------------------------------
 
     @property
-    def service(self) -> JobService:
+    def service(self) -> JobOperations:
         """The shared operations, built (store opened, schema upgraded or checked) on first use."""
         service = self._machinery()
         assert service.schema is not None
         service.schema.open()
         return service
 
-    def _machinery(self) -> JobService:
+    def _machinery(self) -> JobOperations:
         """The service, built without touching the database (which may not answer yet)."""
         if self._service is None:
             url = self.config.resolved_database_url()
@@ -167,7 +167,7 @@ class Handles:
             store = Store(repository)
             sealer = Sealer(self.config.resolved_secret_keys())
             runtime = Runtime(store=store, config=self.config, specs=self._specs, sealer=sealer)
-            self._service = JobService(
+            self._service = JobOperations(
                 specs=self._specs,
                 store=store,
                 codec=codec,
@@ -238,15 +238,16 @@ class Handles:
                 f"Two tools would be named {', '.join(clashes)}; rename the job that causes it."
             )
         if is_fastmcp(server):
-            from handles.fastmcp_binding import bind_fastmcp
+            from handles.server.bind_fastmcp import bind_fastmcp
 
             bind_fastmcp(
-                self,
                 cast("FastMCP[Any]", server),
+                service=self._machinery(),
+                resolver=self.principal_resolver,
                 definitions=definitions,
                 plain=plain,
                 plain_handler=_plain_handler,
-                tasks=tasks,
+                tasks=self.tasks_extension() if tasks else None,
             )
             return
         if not isinstance(server, MCPServer):

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from handles.app import Handles
     from handles.client.manifest import Manifest
 
-# The MCP client (handles.client, handles.transient) is imported by the one command that speaks MCP,
+# The MCP client (handles.client, handles.client.transient) is imported by the one command that speaks MCP,
 # `manifest`: every other command starts without it, in half the time.
 
 # -- the database ------------------------------------------------------------------------
@@ -618,7 +618,7 @@ def manifest_lines(found: Manifest) -> list[str]:
 def manifest(args: argparse.Namespace) -> int:
     from handles.client.follow import connect
     from handles.client.manifest import MODES, Requirements, RequirementsNotMet, read_manifest
-    from handles.transient import authentication_error, is_connection_failure, leaves
+    from handles.client.transient import authentication_error, is_connection_failure, leaves
 
     requirements = None
     if args.modes or args.job:

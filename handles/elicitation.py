@@ -7,13 +7,60 @@ the job's Python classes: `validate_answer` needs only the stored dict.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from datetime import date, datetime
 from typing import Any
 
+from jsonschema import Draft202012Validator, FormatChecker, validators  # type: ignore[import-untyped]
 from pydantic import BaseModel
 
 _PRIMITIVES = {"string", "number", "integer", "boolean"}
-_STRING_FORMATS = {"email", "uri", "date", "date-time"}
+
+_STRING_FORMATS: dict[str, tuple[Callable[[str], object], str]] = {
+    "date": (date.fromisoformat, "expected an ISO date"),
+    "date-time": (datetime.fromisoformat, "expected an ISO date-time"),
+    "email": (
+        lambda v: "@" in v and not v.startswith("@") and not v.endswith("@"),
+        "expected an email address",
+    ),
+    "uri": (lambda v: ":" in v, "expected a URI"),
+}
+"""The string formats form elicitation carries: the check of an answer (false or raising fails it), and
+what a misfit is told. `jsonschema`'s own checks would skip `uri` and `date-time` without extra packages."""
+
+_FORMAT_CHECKER = FormatChecker(formats=())
+for _format, (_check, _) in _STRING_FORMATS.items():
+    _FORMAT_CHECKER.checks(_format, raises=(ValueError, TypeError))(_check)
+
+_FieldValidator = validators.extend(
+    Draft202012Validator,
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine(
+        "number",
+        lambda _, value: (
+            isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        ),
+    ),
+)
+"""Draft 2020-12, where a number is finite (JSON has no NaN or infinity; Python's parser lets them in)."""
+
+_EXPECTED = {
+    "boolean": "expected true or false",
+    "integer": "expected an integer",
+    "number": "expected a number",
+    "array": "expected a list of choices",
+}
+_LIMITS = {
+    "minimum": "must be at least {}",
+    "maximum": "must be at most {}",
+    "exclusiveMinimum": "must be greater than {}",
+    "exclusiveMaximum": "must be less than {}",
+    "minLength": "must be at least {} characters",
+    "maxLength": "must be at most {} characters",
+    "minItems": "choose at least {} of the choices",
+    "maxItems": "choose at most {} of the choices",
+    "multipleOf": "must be a multiple of {}",
+    "pattern": "must match the regular expression {}",
+}
 
 
 class SchemaError(ValueError):
@@ -100,10 +147,27 @@ def validate_answer(schema: dict[str, Any], answer: Any) -> list[str]:
                 f"{name}: not a field of this question (fields: {', '.join(properties) or 'none'})"
             )
             continue
-        problem = _check_value(prop, value)
-        if problem:
-            problems.append(f"{name}: {problem}")
+        errors = list(_FieldValidator(prop, format_checker=_FORMAT_CHECKER).iter_errors(value))
+        if errors:
+            problems.append(f"{name}: {_problem(prop, errors)}")
     return problems
+
+
+def _problem(prop: dict[str, Any], errors: list[Any]) -> str:
+    """What a caller should fix about one field, from its `jsonschema` errors (the first that applies)."""
+    own = {error.validator: error for error in errors if not error.path}
+    if own.keys() & {"enum", "oneOf", "anyOf"}:
+        return f"must be one of {_allowed_values(prop)}"
+    if "type" in own:
+        return _EXPECTED.get(prop.get("type", "string"), "expected a string")
+    if bad := {error.path[0]: error.instance for error in errors if error.path}:
+        return f"not among the choices {_allowed_values(prop.get('items', {}))}: {list(bad.values())}"
+    for keyword, text in _LIMITS.items():
+        if keyword in own:
+            return text.format(own[keyword].validator_value)
+    if "format" in own:
+        return _STRING_FORMATS[own["format"].validator_value][1]
+    return str(errors[0].message)  # another keyword the schema carries, in jsonschema's words
 
 
 def describe_fields(schema: dict[str, Any]) -> str:
@@ -133,51 +197,4 @@ def _allowed_values(prop: dict[str, Any]) -> list[Any] | None:
     for key in ("oneOf", "anyOf"):
         if isinstance(prop.get(key), list):
             return [option.get("const") for option in prop[key] if isinstance(option, dict)]
-    return None
-
-
-def _check_value(prop: dict[str, Any], value: Any) -> str | None:
-    kind = prop.get("type", "string")
-    if kind == "array":
-        if not isinstance(value, list):
-            return "expected a list of choices"
-        allowed = _allowed_values(prop.get("items", {}))
-        bad = [v for v in value if allowed is not None and v not in allowed]
-        return f"not among the choices {allowed}: {bad}" if bad else None
-    allowed = _allowed_values(prop)
-    if allowed is not None and value not in allowed:
-        return f"must be one of {allowed}"
-    if kind == "boolean":
-        return None if isinstance(value, bool) else "expected true or false"
-    if kind in ("number", "integer"):
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            return "expected an integer" if kind == "integer" else "expected a number"
-        if kind == "integer" and not float(value).is_integer():
-            return "expected an integer"
-        if "minimum" in prop and value < prop["minimum"]:
-            return f"must be at least {prop['minimum']}"
-        if "maximum" in prop and value > prop["maximum"]:
-            return f"must be at most {prop['maximum']}"
-        return None
-    if not isinstance(value, str):
-        return "expected a string"
-    if "minLength" in prop and len(value) < prop["minLength"]:
-        return f"must be at least {prop['minLength']} characters"
-    if "maxLength" in prop and len(value) > prop["maxLength"]:
-        return f"must be at most {prop['maxLength']} characters"
-    return _check_format(prop.get("format"), value)
-
-
-def _check_format(fmt: str | None, value: str) -> str | None:
-    try:
-        if fmt == "date":
-            date.fromisoformat(value)
-        elif fmt == "date-time":
-            datetime.fromisoformat(value)
-        elif fmt == "email" and ("@" not in value or value.startswith("@") or value.endswith("@")):
-            return "expected an email address"
-        elif fmt == "uri" and ":" not in value:
-            return "expected a URI"
-    except ValueError:
-        return f"expected an ISO {fmt}"
     return None

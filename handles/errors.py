@@ -2,12 +2,16 @@
 
 `CallerError` subclasses become tool errors (`isError: true`) on the handle tools
 and JSON-RPC errors on the Tasks face; their text never carries another
-principal's data, a secret or a stack trace. `ToolError` and `JobFailed` are raised
-by job authors inside a job function.
+principal's data, a secret or a stack trace. `JobFailed` is raised by job authors
+inside a job function; so is the SDK's own `ToolError` (`mcp.server.mcpserver.exceptions`,
+or FastMCP's), which ends the job `completed` with a tool-level error result, as it does
+in an ordinary tool.
 """
 
 from __future__ import annotations
 
+import functools
+import warnings
 from typing import Any
 
 
@@ -131,18 +135,6 @@ class LeaseLost(HandlesError):
     """Internal: this runtime no longer holds the job (it ended, or another runtime recovered it)."""
 
 
-class ToolError(HandlesError):
-    """Raise inside a job to end it `completed` with a tool-level error result (`isError: true`).
-
-    Use it for outcomes the caller should read and act on (bad input discovered
-    mid-way, a business rule refused the work); the message is shown as is.
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
 class JobFailed(HandlesError):
     """Raise inside a job to end it `failed` with a message that is safe to show to the caller."""
 
@@ -173,3 +165,32 @@ class UnknownResultLink(CallerError):
     """A result link that is made up, another principal's, of a job that is gone, or of a part that does not exist."""
 
     code = "unknown_result_link"
+
+
+@functools.cache
+def deprecated_tool_error() -> type[Exception]:
+    """`handles.ToolError` of earlier releases: now the SDK's `ToolError`, which a job raises as a tool does."""
+    from mcp.server.mcpserver.exceptions import ToolError  # here, so that the CLI does not load the SDK
+
+    class DeprecatedToolError(ToolError, HandlesError):
+        """Deprecated: raise `mcp.server.mcpserver.exceptions.ToolError` (or FastMCP's) instead."""
+
+        def __init__(self, message: str) -> None:
+            super().__init__(message)
+            self.message = message
+
+    DeprecatedToolError.__name__ = DeprecatedToolError.__qualname__ = "ToolError"
+    return DeprecatedToolError
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ToolError":
+        warnings.warn(
+            "`handles.errors.ToolError` is deprecated and goes in the next release; raise the SDK's "
+            "`mcp.server.mcpserver.exceptions.ToolError` (or FastMCP's) in a job, as in a tool",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        globals()[name] = deprecated_tool_error()  # warned once a process
+        return globals()[name]
+    raise AttributeError(f"module 'handles.errors' has no attribute {name!r}")

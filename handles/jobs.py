@@ -16,7 +16,7 @@ import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, Unpack, overload
 
 import anyio.to_thread
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata, func_metadata
@@ -24,6 +24,7 @@ from mcp_types import CallToolResult
 from pydantic import BaseModel, SecretStr, TypeAdapter, ValidationError
 from pydantic_core import to_jsonable_python
 
+from handles.ask_first import AskFirst
 from handles.elicitation import elicitation_schema
 from handles.errors import (
     ConfigurationError,
@@ -31,7 +32,6 @@ from handles.errors import (
     StepOutcomeUnknown,
     StoreUnavailable,
 )
-from handles.first import AskFirst
 from handles.limits import MAX_RESULT_BYTES, clean_message
 from handles.results import ResultFile, ResultLink
 from handles.sealing import Redactor, Sealer, sensitive_fields
@@ -60,11 +60,10 @@ def describe_duration(delta: timedelta) -> str:
     return f"{seconds} second{'s' if seconds != 1 else ''}"
 
 
-class JobOptions(TypedDict, total=False):
-    """Options of `Handles.job` (see `JobSpec` for their meaning)."""
+class JobPolicies(TypedDict, total=False):
+    """The options of a job that its `JobSpec` keeps as given: each is the `JobSpec` field of the same
+    name, which holds its default and meaning (mypy checks that the two agree, at `JobSpec.from_function`)."""
 
-    name: str | None
-    description: str | None
     retention: timedelta
     poll_after: timedelta
     asks_input: bool
@@ -77,7 +76,15 @@ class JobOptions(TypedDict, total=False):
     link_results_over: int | None
 
 
-@dataclass(frozen=True)
+class JobOptions(JobPolicies, total=False):
+    """Options of `Handles.job`: the policies, and the job's name and description (by default, the
+    function's name and docstring)."""
+
+    name: str | None
+    description: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobSpec:
     """One long job: its function, schemas, retention and policies.
 
@@ -86,7 +93,7 @@ class JobSpec:
     - `input_timeout`: how long `input_required` waits for an answer before the job fails;
     - `abandon_after`: cancel the job when nobody has looked at it for this long;
     - `on_interrupt`: when its process dies, "fail" (default) or "retry" up to `max_attempts`;
-    - `ask_first`: a question the job needs answered before it starts (see `handles.first`);
+    - `ask_first`: a question the job needs answered before it starts (see `handles.ask_first`);
     - `link_results_over`: a result whose JSON is larger than this many bytes is stored as a file and
       answered as a link (default `HandlesConfig.link_results_over`); see `handles.results`.
     """
@@ -94,18 +101,44 @@ class JobSpec:
     name: str
     fn: Callable[..., Awaitable[Any]]
     description: str
-    retention: timedelta
-    poll_after: timedelta
-    asks_input: bool
-    on_interrupt: OnInterrupt
-    max_attempts: int
-    keep_result_for: timedelta | None
-    input_timeout: timedelta | None
-    abandon_after: timedelta | None
-    ask_first: AskFirst | None
-    link_results_over: int | None
     context_param: str
     metadata: FuncMetadata
+    # The policies (`JobPolicies`), with their defaults:
+    retention: timedelta = DEFAULT_RETENTION
+    poll_after: timedelta = DEFAULT_POLL_AFTER
+    asks_input: bool = False
+    on_interrupt: OnInterrupt = "fail"
+    max_attempts: int = 3
+    keep_result_for: timedelta | None = None
+    input_timeout: timedelta | None = None
+    abandon_after: timedelta | None = None
+    ask_first: AskFirst | None = None
+    link_results_over: int | None = None
+
+    def __post_init__(self) -> None:
+        job = f"Job {self.name!r}"
+        if self.retention <= timedelta(0):
+            raise ConfigurationError(f"{job}: retention must be positive.")
+        if self.on_interrupt not in ("fail", "retry"):
+            raise ConfigurationError(f"{job}: on_interrupt must be 'fail' or 'retry'.")
+        for label in ("keep_result_for", "input_timeout", "abandon_after"):
+            value = getattr(self, label)
+            if value is not None and value <= timedelta(0):
+                raise ConfigurationError(f"{job}: {label} must be positive (or None).")
+        if self.ask_first is not None:
+            try:
+                self.ask_first.requested_schema()
+            except ValueError as exc:
+                raise ConfigurationError(f"{job}: ask_first: {exc}") from exc
+        if self.link_results_over is not None and not 0 < self.link_results_over <= MAX_RESULT_BYTES:
+            raise ConfigurationError(
+                f"{job}: link_results_over must be between 1 and {MAX_RESULT_BYTES} bytes (or None)."
+            )
+        # A question asked first makes a job that asks; only a job retried on interrupt runs more than once.
+        object.__setattr__(self, "asks_input", self.asks_input or self.ask_first is not None)
+        object.__setattr__(
+            self, "max_attempts", max(1, self.max_attempts) if self.on_interrupt == "retry" else 1
+        )
 
     @classmethod
     def from_function(
@@ -114,16 +147,7 @@ class JobSpec:
         *,
         name: str | None = None,
         description: str | None = None,
-        retention: timedelta = DEFAULT_RETENTION,
-        poll_after: timedelta = DEFAULT_POLL_AFTER,
-        asks_input: bool = False,
-        on_interrupt: OnInterrupt = "fail",
-        max_attempts: int = 3,
-        keep_result_for: timedelta | None = None,
-        input_timeout: timedelta | None = None,
-        abandon_after: timedelta | None = None,
-        ask_first: AskFirst | None = None,
-        link_results_over: int | None = None,
+        **options: Unpack[JobPolicies],
     ) -> JobSpec:
         job_name = name or fn.__name__
         if not _NAME.match(job_name):
@@ -133,26 +157,6 @@ class JobSpec:
             )
         if not inspect.iscoroutinefunction(fn):
             raise ConfigurationError(f"Job {job_name!r} must be an `async def` function.")
-        if retention <= timedelta(0):
-            raise ConfigurationError(f"Job {job_name!r}: retention must be positive.")
-        if on_interrupt not in ("fail", "retry"):
-            raise ConfigurationError(f"Job {job_name!r}: on_interrupt must be 'fail' or 'retry'.")
-        for label, value in (
-            ("keep_result_for", keep_result_for),
-            ("input_timeout", input_timeout),
-            ("abandon_after", abandon_after),
-        ):
-            if value is not None and value <= timedelta(0):
-                raise ConfigurationError(f"Job {job_name!r}: {label} must be positive (or None).")
-        if ask_first is not None:
-            try:
-                ask_first.requested_schema()
-            except ValueError as exc:
-                raise ConfigurationError(f"Job {job_name!r}: ask_first: {exc}") from exc
-        if link_results_over is not None and not 0 < link_results_over <= MAX_RESULT_BYTES:
-            raise ConfigurationError(
-                f"Job {job_name!r}: link_results_over must be between 1 and {MAX_RESULT_BYTES} bytes (or None)."
-            )
         context_param = _find_context_param(fn, job_name)
         try:
             metadata = func_metadata(_described(fn), skip_names=[context_param], structured_output=True)
@@ -165,18 +169,9 @@ class JobSpec:
             name=job_name,
             fn=fn,
             description=inspect.cleandoc(description or fn.__doc__ or f"Runs the {job_name} job."),
-            retention=retention,
-            poll_after=poll_after,
-            asks_input=asks_input or ask_first is not None,
-            on_interrupt=on_interrupt,
-            max_attempts=max(1, max_attempts) if on_interrupt == "retry" else 1,
-            keep_result_for=keep_result_for,
-            input_timeout=input_timeout,
-            abandon_after=abandon_after,
-            ask_first=ask_first,
-            link_results_over=link_results_over,
             context_param=context_param,
             metadata=metadata,
+            **options,
         )
 
     @property

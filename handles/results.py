@@ -7,7 +7,7 @@ chunks, so a 50 MB export never sits in memory whole), or any result whose JSON 
 `PART_BYTES`, each in its own small write (`write_result_file`), and the job's stored result
 becomes a small `CallToolResult`: bounded metadata (`ResultLink`) and a `resource_link` content
 item. `resources/read` of the link re-authorizes the caller exactly like a handle and answers one
-part per read (handles/result_links.py). The parts go when the job's retention ends.
+part per read (handles/server/result_links.py). The parts go when the job's retention ends.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import contextlib
 import hashlib
 import json
 import secrets
-from collections.abc import AsyncIterable, Iterable
+from collections.abc import AsyncIterable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -102,8 +102,7 @@ class ResultFile:
             return cls(
                 json.dumps(structured, ensure_ascii=False), media_type="application/json", name=f"{kind}.json"
             )
-        text = "\n".join(b.get("text", "") for b in result.get("content", []) if b.get("type") == "text")
-        return cls(text, media_type="text/plain", name=f"{kind}.txt")
+        return cls(text_of(result), media_type="text/plain", name=f"{kind}.txt")
 
     async def chunks(self) -> AsyncIterable[bytes]:
         content = self.content
@@ -228,3 +227,20 @@ def link_of(result: dict[str, Any] | None) -> ResultLink | None:
     meta = (result or {}).get("_meta") or {}
     dumped = meta.get(LINK_META)
     return None if dumped is None else ResultLink.model_validate(dumped)
+
+
+def text_of(result: CallToolResult | Mapping[str, Any] | None) -> str:
+    """The text of a tool result's content: its text blocks, joined by newlines ("" when it has none).
+
+    `result` is a `CallToolResult` or its wire form (a dict, as a job's result is stored)."""
+    if isinstance(result, CallToolResult):
+        result = result.model_dump(by_alias=True, exclude_none=True)
+    blocks = (result or {}).get("content") or []
+    return "\n".join(
+        str(b.get("text", "")) for b in blocks if isinstance(b, dict) and b.get("type") == "text"
+    )
+
+
+def tool_error_text(result: CallToolResult | Mapping[str, Any] | None) -> str:
+    """What a tool error (`isError`) said, for a caller: its text, or a sentence when it has none."""
+    return text_of(result) or "The job reported an error."

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from example_server.server import build_fastmcp_server, build_server, create_jobs
-from handles.layout import ToolLayout
+from handles.tool_layout import ToolLayout
 from tests.harness.postgres import fresh_schema, unreachable
 from tests.support import (
     DRAIN_SECONDS,

@@ -27,7 +27,7 @@ from mcp_types import CallToolResult, ResourceLink, TextContent, Tool
 
 from handles import Handles, HandlesConfig
 from handles.handle import HandleCodec
-from handles.layout import ToolLayout, ToolNames
+from handles.tool_layout import ToolLayout, ToolNames
 from tests.harness.client import mcp_over_http
 from tests.harness.process import REPO_ROOT, ServerProcess, free_port, python_module, server_env
 
@@ -405,7 +405,7 @@ def result_body(result: CallToolResult) -> dict[str, Any]:
 
 async def wait_task(client: Client, task_id: str, *statuses: str, timeout: float = 30.0) -> Any:
     """Poll `tasks/get` (the official client, declaring the extension) until the task has one of `statuses`."""
-    from handles.tasks_client import get_task
+    from handles.client.tasks import get_task
 
     deadline = time.monotonic() + timeout
     while True:

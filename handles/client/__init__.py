@@ -41,6 +41,10 @@ One call, one job, on either face of the server:
 - A result too large to travel inline is returned as its link (`uri`, `parts`,
   `sha256`, ...): `read_link(client, link)` yields its bytes part by part.
 
+The Tasks extension on its own, for the official `mcp` client: `TasksClientExtension` (declare it
+and a declaring `tools/call` resolves to the task's result), `follow_task`, `get_task`,
+`update_task`, `cancel_task`, `listen_tasks` (see `handles.client.tasks`).
+
 Before the first call, `read_manifest(client)` says what the server offers this connection, and
 `Manifest.check(Requirements(...))` the mode each job of a workflow runs in, or raises
 `RequirementsNotMet` naming every gap (see `handles.client.manifest`).
@@ -82,6 +86,17 @@ from handles.client.outcomes import (
     StartRefusedError,
     UnsupportedServerError,
 )
+from handles.client.tasks import (
+    DetailedTask,
+    TaskCancelled,
+    TaskFailed,
+    TasksClientExtension,
+    cancel_task,
+    follow_task,
+    get_task,
+    listen_tasks,
+    update_task,
+)
 
 __all__ = [
     "AnswerRejectedError",
@@ -89,6 +104,7 @@ __all__ = [
     "Connect",
     "ConnectionLostError",
     "DeadlineExceeded",
+    "DetailedTask",
     "FollowError",
     "InputCallback",
     "InputRequiredError",
@@ -112,12 +128,20 @@ __all__ = [
     "Requirements",
     "RequirementsNotMet",
     "StartRefusedError",
+    "TaskCancelled",
+    "TaskFailed",
+    "TasksClientExtension",
     "UnsupportedServerError",
     "arguments_digest",
+    "cancel_task",
     "connect",
     "follow",
+    "follow_task",
+    "get_task",
     "http_client",
+    "listen_tasks",
     "read_link",
     "read_manifest",
     "server_identity",
+    "update_task",
 ]

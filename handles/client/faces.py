@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from mcp import Client
 from mcp.shared.exceptions import MCPError
@@ -12,7 +12,6 @@ from mcp_types import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     CallToolResult,
-    TextContent,
 )
 
 from handles.client.outcomes import (
@@ -22,9 +21,7 @@ from handles.client.outcomes import (
     Question,
     Retryable,
 )
-from handles.layout import ToolNames
-from handles.results import link_of
-from handles.tasks_client import (
+from handles.client.tasks import (
     PUSHED_RECHECK_SECONDS,
     TERMINAL_STATUSES,
     DetailedTask,
@@ -33,13 +30,22 @@ from handles.tasks_client import (
     get_task,
     update_task,
 )
-from handles.transient import AUTHENTICATION_FAILED, TRANSIENT_MCP_CODES
-
-if TYPE_CHECKING:
-    from handles.client.follow import Follower
+from handles.client.transient import AUTHENTICATION_FAILED, TRANSIENT_MCP_CODES
+from handles.results import link_of, text_of, tool_error_text
+from handles.tool_layout import ToolNames
 
 _LOST_CODES = frozenset({"unknown_handle", "expired_handle", "wrong_job"})
 _RAISED_AS_IS = TRANSIENT_MCP_CODES | {AUTHENTICATION_FAILED}  # retried, or an authentication error
+
+
+class Following(Protocol):
+    """What a face reads of the `Follower` that drives it (handles/client/follow.py)."""
+
+    key: str
+    job: str
+    names: ToolNames | None
+    request_timeout: float
+    interval: float
 
 
 @dataclass
@@ -61,7 +67,7 @@ class View:
 
 def caller_error(result: CallToolResult) -> dict[str, Any]:
     """The JSON body of a handle tool's caller error (or its text as the message)."""
-    text = "\n".join(block.text for block in result.content if isinstance(block, TextContent))
+    text = text_of(result)
     try:
         body = json.loads(text)
     except json.JSONDecodeError:
@@ -75,7 +81,7 @@ class HandleFace:
 
     pushed = False  # the handle tools long-poll instead
 
-    def __init__(self, follower: Follower, handle: str) -> None:
+    def __init__(self, follower: Following, handle: str) -> None:
         self.f = follower
         self.handle = handle
 
@@ -153,7 +159,7 @@ class TaskFace:
     """The Tasks extension: `tasks/get`, `tasks/update`, `tasks/cancel` on the handle as `taskId`, and the
     task's `notifications/tasks` while `status` says the server pushes them."""
 
-    def __init__(self, follower: Follower, handle: str) -> None:
+    def __init__(self, follower: Following, handle: str) -> None:
         self.f = follower
         self.handle = handle
         self.status: PushedStatus | None = None
@@ -231,7 +237,7 @@ class TaskFace:
         if task.status == "completed":
             result = task.result or {}
             if result.get("isError"):
-                return {"status": "completed", "tool_error": text_of(result)}
+                return {"status": "completed", "tool_error": tool_error_text(result)}
             return {"status": "completed", "result": structured_result(result)}
         if task.status == "failed":
             error = task.error or {
@@ -240,15 +246,6 @@ class TaskFace:
             }
             return {"status": "failed", "error": error}
         return {"status": "cancelled", "message": task.status_message}
-
-
-def text_of(result: dict[str, Any]) -> str:
-    parts = [
-        b.get("text", "")
-        for b in result.get("content") or []
-        if isinstance(b, dict) and b.get("type") == "text"
-    ]
-    return "\n".join(p for p in parts if p) or "The job reported an error."
 
 
 def structured_result(result: dict[str, Any]) -> Any:

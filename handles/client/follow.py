@@ -21,7 +21,8 @@ from mcp_types import (
     CallToolResult,
 )
 
-from handles.client.faces import Face, HandleFace, TaskFace, View, caller_error, structured_result, text_of
+from handles.backoff import backoff_seconds
+from handles.client.faces import Face, HandleFace, TaskFace, View, caller_error, structured_result
 from handles.client.http import http_client
 from handles.client.journal import Journal, JournalEntry, arguments_digest, check_same_work
 from handles.client.manifest import (
@@ -52,24 +53,25 @@ from handles.client.outcomes import (
     StartRefusedError,
     UnsupportedServerError,
 )
-from handles.layout import ToolNames
-from handles.tasks_client import (
+from handles.client.tasks import (
     DEFAULT_POLL_SECONDS,
-    TASKS_EXTENSION,
     TERMINAL_STATUSES,
     CreateTaskResult,
     TaskPushes,
     TasksClientExtension,
     pushed_status,
 )
-from handles.transient import (
+from handles.client.transient import (
+    CANCEL_TIMEOUT_SECONDS,
     AuthenticationError,
     authentication_error,
-    backoff_seconds,
     is_connection_failure,
     is_transient,
     leaves,
 )
+from handles.results import tool_error_text
+from handles.tasks_wire import TASKS_EXTENSION
+from handles.tool_layout import ToolNames
 
 logger = logging.getLogger("handles.client")
 
@@ -81,7 +83,6 @@ _PREFERRED_MODES: dict[str, tuple[Mode, ...]] = {
 }
 T = TypeVar("T")
 
-CANCEL_TIMEOUT_SECONDS = 5.0
 MIN_POLL_SECONDS = 0.05
 
 
@@ -440,7 +441,7 @@ class Follower:
                 return None
             raw = created.model_dump(by_alias=True, mode="json", exclude_none=True)
             if created.is_error:
-                return self._settle(self._finish({"status": "completed", "tool_error": text_of(raw)}))
+                return self._settle(self._finish({"status": "completed", "tool_error": tool_error_text(raw)}))
             return self._settle(self._finish({"status": "completed", "result": structured_result(raw)}))
         self.journal.forget(self.key)
         raise UnsupportedServerError(

@@ -3,7 +3,7 @@
 The SDK turns any HTTP error without a JSON-RPC body into a generic `-32603`, which a client would
 retry as transient. This transport answers a refused POST with the JSON-RPC error
 `AUTHENTICATION_FAILED` (`data: {httpStatus, detail}`) instead, which `handles.client.follow` and
-`handles.tasks_client.follow_task` raise at once as an authentication error.
+`handles.client.tasks.follow_task` raise at once as an authentication error.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import httpx2
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 
-from handles.transient import AUTHENTICATION_FAILED, authentication_message
+from handles.client.transient import AUTHENTICATION_FAILED, authentication_message
 
 _REFUSED = (401, 403)
 

@@ -43,7 +43,8 @@ from pydantic import (
     computed_field,
 )
 
-from handles.layout import (
+from handles.tasks_wire import TASKS_EXTENSION
+from handles.tool_layout import (
     FOLLOW_VERBS,
     JOB_META_KEY,
     LAYOUTS,
@@ -53,7 +54,6 @@ from handles.layout import (
     ToolLayout,
     ToolNames,
 )
-from handles.tasks_client import TASKS_EXTENSION
 
 logger = logging.getLogger("handles.client")
 

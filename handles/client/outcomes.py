@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from handles.transient import AuthenticationError
+from handles.client.transient import AuthenticationError
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class AuthenticationRefusedError(FollowError, AuthenticationError):
     """The server answered HTTP 401 (no valid credential) or 403 (not permitted): `status` says which.
 
     Not retried; the journal keeps the job, so following the same key with a valid token resumes it.
-    Also an `handles.tasks_client.AuthenticationError`, what the Tasks client raises for the same answer.
+    Also an `handles.client.tasks.AuthenticationError`, what the Tasks client raises for the same answer.
     """
 
     def __init__(self, error: AuthenticationError, *, key: str, handle: str | None = None) -> None:

@@ -19,16 +19,18 @@ import logging
 import os
 import secrets
 import socket
+import sys
 import traceback
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 
+from handles.ask_first import FIRST_KEY
 from handles.config import HandlesConfig
-from handles.errors import JobFailed, LeaseLost, StepOutcomeUnknown, StoreUnavailable, ToolError
-from handles.first import FIRST_KEY
+from handles.errors import JobFailed, LeaseLost, StepOutcomeUnknown, StoreUnavailable
 from handles.jobs import JobContext, JobParked, JobSpec
 from handles.limits import clean_message, json_size
 from handles.outcomes import Outcome, cancelled_with_unknown_steps, failed, result_to_json
@@ -43,6 +45,15 @@ from handles.store.models import claims_of, principal_key
 from handles.telemetry import Telemetry
 
 logger = logging.getLogger("handles.runtime")
+
+
+def tool_errors() -> tuple[type[Exception], ...]:
+    """What a job raises to end `completed` with a tool-level error: the SDK's `ToolError`, and FastMCP's.
+
+    The same exception a tool raises for a failure it saw coming. FastMCP's counts once FastMCP is loaded.
+    """
+    fastmcp = sys.modules.get("fastmcp.exceptions")
+    return (ToolError,) if fastmcp is None else (ToolError, fastmcp.ToolError)
 
 
 @dataclass
@@ -477,8 +488,8 @@ class Runtime:
             entry.settling = True  # parking is writing its outcome: not to be interrupted
             await self._park(entry, record)
             return None
-        except ToolError as exc:
-            message = clean_message(ctx.redact(exc.message), 4000) or "The job reported an error."
+        except tool_errors() as exc:
+            message = clean_message(ctx.redact(str(exc)), 4000) or "The job reported an error."
             error_result = CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
             return Status.COMPLETED, {
                 "result": result_to_json(error_result),

@@ -4,7 +4,7 @@
 `handles db upgrade`, `handles worker`, a server's start): a bad URL, a missing driver
 or a database that does not answer becomes a `ConfigurationError` that says what is
 wrong and what to do, with the URL's password hidden. A database that does not answer
-is a `DatabaseUnreachable`, which an HTTP node may wait out (see `handles.startup`).
+is a `DatabaseUnreachable`, which an HTTP node may wait out (see `handles.server.startup`).
 """
 
 from __future__ import annotations

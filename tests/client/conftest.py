@@ -17,9 +17,9 @@ from mcp import Client
 from mcp.server.mcpserver import MCPServer
 
 from handles import Handles
-from handles.tasks import TasksExtension
-from handles.tasks_client import TasksClientExtension
-from handles.tools import JobTools
+from handles.client.tasks import TasksClientExtension
+from handles.server.handle_tools import JobTools
+from handles.server.tasks_extension import TasksExtension
 from tests.tasks.app import build_test_server, create_test_jobs, tasks_config
 
 

@@ -36,7 +36,7 @@ from handles.client import (
     connect,
     follow,
 )
-from handles.tasks_client import TasksClientExtension
+from handles.client.tasks import TasksClientExtension
 from tests.client.conftest import Counted
 from tests.support import InProcessExample, handles_config
 

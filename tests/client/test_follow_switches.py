@@ -14,8 +14,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult
 
 from handles.client import Journal, StartRefusedError, follow
+from handles.client.tasks import TasksClientExtension
 from handles.switches import TASKS, paused_switch
-from handles.tasks_client import TasksClientExtension
 from tests.client.conftest import Counted
 
 pytestmark = pytest.mark.timeout(60)

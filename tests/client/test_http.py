@@ -21,7 +21,7 @@ import pytest
 from mcp import Client
 
 from handles.client import Journal, Progress, follow
-from handles.tasks_client import TasksClientExtension
+from handles.client.tasks import TasksClientExtension
 from tests.support import REPO_ROOT, HttpExampleServer
 
 pytestmark = pytest.mark.timeout(120)

@@ -24,8 +24,8 @@ from handles.client import (
     follow,
     read_manifest,
 )
-from handles.layout import JOB_META_KEY
-from handles.tasks_client import TasksClientExtension
+from handles.client.tasks import TasksClientExtension
+from handles.tool_layout import JOB_META_KEY
 from tests.client.conftest import Counted
 from tests.support import HttpExampleServer, InProcessExample
 

@@ -1,5 +1,5 @@
 """Transient failures are retried with backoff and never cancel the job; HTTP 401/403 is an authentication
-error at once, in both clients (`handles.client.follow` and `handles.tasks_client.follow_task`).
+error at once, in both clients (`handles.client.follow` and `handles.client.tasks.follow_task`).
 
 Against real servers: the Tasks test server in-process with a `tasks/get` that fails on demand, and the
 same server over Streamable HTTP behind a bearer-token verifier that requires a scope."""
@@ -23,11 +23,10 @@ from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR
 
-from handles import Handles
+from handles import Handles, streamable_http_app
 from handles.client import AuthenticationRefusedError, Journal, connect, follow, http_client
-from handles.mcp import streamable_http_app
-from handles.tasks import TasksExtension
-from handles.tasks_client import AuthenticationError, CreateTaskResult, TasksClientExtension, follow_task
+from handles.client.tasks import AuthenticationError, CreateTaskResult, TasksClientExtension, follow_task
+from handles.server.tasks_extension import TasksExtension
 from tests.support import free_port
 from tests.tasks.app import build_test_server, create_test_jobs, tasks_config
 from tests.tasks.wire import ThreadedServer

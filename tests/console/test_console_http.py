@@ -316,8 +316,8 @@ def test_mounted_beside_mcp_it_serves_under_its_prefix_on_the_servers_store(
     from starlette.testclient import TestClient
 
     from example_server.server import build_server, create_jobs
+    from handles import streamable_http_app
     from handles.console import console_app
-    from handles.mcp import streamable_http_app
     from tests.support import handles_config
 
     jobs = create_jobs(handles_config(tmp_path, [signing_key]))

@@ -17,7 +17,7 @@ from jsonschema.validators import Draft202012Validator, validator_for
 from mcp.server.mcpserver.utilities.func_metadata import func_metadata
 
 from example_server.server import _revenue, lookup_account
-from handles.layout import LAYOUTS, ToolLayout
+from handles.tool_layout import LAYOUTS, ToolLayout
 from tests.support import (
     Connected,
     ToolClient,

@@ -1,7 +1,7 @@
 """Principals from FastMCP's own authentication: signed JWTs verified by FastMCP's `JWTVerifier`.
 
 The example's jobs on a FastMCP 4 server (`build_fastmcp_server(jobs, auth=JWTVerifier(...))`), served
-over Streamable HTTP by `handles.mcp.streamable_http_app`. Two users of the same OAuth client
+over Streamable HTTP by `handles.streamable_http_app`. Two users of the same OAuth client
 (`client_id`) are two principals: the stored principal is the token's issuer, client and subject,
 so Bob, signed in through the same application as Alice, gets for her handle and her task id
 exactly what a made-up one gets.
@@ -18,7 +18,7 @@ import pytest
 from fastmcp.server.auth.providers.jwt import JWTVerifier, RSAKeyPair
 
 from example_server.server import build_fastmcp_server, create_jobs
-from handles.mcp import streamable_http_app
+from handles import streamable_http_app
 from handles.principal import token_form
 from handles.store import JobRepository
 from tests.support import connect, free_port, handles_config, job_id_of

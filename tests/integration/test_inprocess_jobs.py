@@ -10,20 +10,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import warnings
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import fastmcp.exceptions
 import pytest
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel
 
 from example_server.server import build_server, create_jobs
-from handles import Handles, JobContext, JobFailed, ToolError
-from handles.layout import LAYOUTS, ToolLayout, ToolNames
+from handles import Handles, JobContext, JobFailed
+from handles.tool_layout import LAYOUTS, ToolLayout, ToolNames
 from tests.support import MovableClock, ToolClient, connect, handles_config, job_id_of
 
 SECRET = "hunter2-db-password"
@@ -51,6 +54,19 @@ def declare_jobs(jobs: Handles) -> None:
     async def complain(ctx: JobContext) -> Answer:
         """Ends with a tool-level error."""
         raise ToolError("The input file is empty; upload a file with at least one row.")
+
+    @jobs.job
+    async def complain_fastmcp(ctx: JobContext) -> Answer:
+        """Ends with a tool-level error, raised as a FastMCP tool would."""
+        raise fastmcp.exceptions.ToolError("The input file is empty; upload a file with at least one row.")
+
+    @jobs.job
+    async def complain_deprecated(ctx: JobContext) -> Answer:
+        """Ends with a tool-level error, raised as jobs of earlier releases did (`handles.ToolError`)."""
+        with warnings.catch_warnings():  # it warns once a process: tests/unit/test_deprecated_paths.py
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from handles import ToolError as OldToolError
+        raise OldToolError("The input file is empty; upload a file with at least one row.")
 
     @jobs.job(retention=timedelta(minutes=10))
     async def gated(ctx: JobContext, gate: str) -> Answer:
@@ -143,13 +159,15 @@ async def test_job_failed_shows_the_authors_message(custom: Custom) -> None:
     assert failed["error"]["data"] == {"reason": "job_failed"}
 
 
-async def test_a_tool_error_ends_completed_and_is_error(custom: Custom) -> None:
-    handle = await start(custom.client, "complain")
-    done = await custom.client.call(custom.tool("complain", "fetch"), {"handle": handle, "wait_seconds": 10})
+@pytest.mark.parametrize("job", ["complain", "complain_fastmcp", "complain_deprecated"])
+async def test_a_tool_error_ends_completed_and_is_error(custom: Custom, job: str) -> None:
+    """The SDK's `ToolError`, FastMCP's, and the deprecated `handles.ToolError` end a job alike."""
+    handle = await start(custom.client, job)
+    done = await custom.client.call(custom.tool(job, "fetch"), {"handle": handle, "wait_seconds": 10})
     assert done.is_error and done["status"] == "completed"
     assert done["tool_error"] == "The input file is empty; upload a file with at least one row."
     assert done["result"] is None and done["error"] is None
-    cancel = await custom.client.call(custom.tool("complain", "cancel"), {"handle": handle})
+    cancel = await custom.client.call(custom.tool(job, "cancel"), {"handle": handle})
     assert cancel["status"] == "completed" and cancel["cancel_requested"] is False
 
 

@@ -25,8 +25,8 @@ from sqlalchemy import text
 
 from handles import Handles, JobContext, ResultFile
 from handles.client import Journal, LinkReadError, follow, read_link
+from handles.client.tasks import TasksClientExtension
 from handles.results import PART_BYTES
-from handles.tasks_client import TasksClientExtension
 from tests.support import ToolClient, connect, handles_config
 
 # 3 bytes per character in UTF-8: a part boundary at 1 MiB falls inside a character unless moved.

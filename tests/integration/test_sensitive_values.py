@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, SecretStr
 
-from handles import Handles, JobContext, ToolError
+from handles import Handles, JobContext
 from tests.support import connect, handles_config
 
 PASSWORD = "correct-horse-battery-staple-71"

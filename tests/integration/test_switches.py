@@ -23,7 +23,7 @@ import pytest
 from mcp import Client
 from mcp_types import CallToolResult, ElicitResult
 
-from handles.tasks_client import CreateTaskResult, TasksClientExtension, cancel_task, update_task
+from handles.client.tasks import CreateTaskResult, TasksClientExtension, cancel_task, update_task
 from tests.support import HttpExampleServer, ToolClient, result_body, wait_task
 
 pytestmark = pytest.mark.timeout(120)

@@ -14,7 +14,7 @@ import pytest
 from mcp import Client
 from sqlalchemy import create_engine, text
 
-from handles.tasks_client import TasksClientExtension, get_task
+from handles.client.tasks import TasksClientExtension, get_task
 from tests.harness.relay import Relay
 
 from .conftest import Cluster

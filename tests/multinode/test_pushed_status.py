@@ -48,7 +48,9 @@ def test_a_stream_on_one_node_pushes_what_another_node_changes(cluster: Cluster)
             assert time.monotonic() - began < 15
             done = {state["_meta"].get("io.github.handles/progress", {}).get("done") for state in states}
             assert len(done - {None}) >= 5, states  # pushed while it ran, not only at its end
-            assert states[-1]["result"]["structuredContent"]["summary"].startswith("1000 rows")  # the CSV's link
+            assert states[-1]["result"]["structuredContent"]["summary"].startswith(
+                "1000 rows"
+            )  # the CSV's link
 
             # A cancel sent to b while a listens: the cancelled state is pushed by a, at once.
             task_id = (await on_a.tool("export_dataset", {"rows": 1000})).result["taskId"]

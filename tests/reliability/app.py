@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     import uvicorn
 
-    from handles.mcp import streamable_http_app
+    from handles import streamable_http_app
 
     jobs = create_jobs()
     server = build_server(jobs, args.tokens, args.port)

@@ -30,7 +30,7 @@ from handles.limits import (
     json_size,
 )
 from handles.runtime import result_to_json
-from handles.tasks import UNKNOWN_TASK
+from handles.server.tasks_extension import UNKNOWN_TASK
 from tests.reliability import app
 from tests.reliability.conftest import (
     CURRENT_KEY,

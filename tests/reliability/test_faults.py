@@ -22,7 +22,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from handles.tasks_client import CreateTaskResult, TasksClientExtension, follow_task
+from handles.client.tasks import CreateTaskResult, TasksClientExtension, follow_task
 from tests.harness.postgres import fresh_schema
 from tests.harness.relay import Relay, WireScanner
 from tests.reliability.conftest import (

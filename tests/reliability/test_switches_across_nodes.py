@@ -16,7 +16,7 @@ import pytest
 from mcp import Client
 from mcp_types import CallToolResult, ElicitResult
 
-from handles.tasks_client import CreateTaskResult, TasksClientExtension, cancel_task, update_task
+from handles.client.tasks import CreateTaskResult, TasksClientExtension, cancel_task, update_task
 from tests.multinode.conftest import Cluster, cluster, node_env, pg_url  # noqa: F401 (fixtures)
 from tests.reliability.support import report
 from tests.support import result_body, wait_task

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 from handles import Handles, JobContext
+from handles.server.tasks_extension import detailed_task
 from handles.states import Status
-from handles.tasks import detailed_task
 from tests.durability.harness import config, rig
 
 from .support import stored, stored_steps

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
-from handles import Handles, HandlesConfig, JobContext, JobFailed, ToolError
+from handles import Handles, HandlesConfig, JobContext, JobFailed
 
 POLL = timedelta(milliseconds=200)
 INLINE_BUDGET_SECONDS = 3.0

@@ -14,8 +14,7 @@ from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
 
 from example_server.__main__ import FileTokenVerifier
-from handles import Handles
-from handles.mcp import streamable_http_app
+from handles import Handles, streamable_http_app
 from tests.support import free_port
 from tests.tasks.app import build_test_server, create_test_jobs, tasks_config
 from tests.tasks.wire import ThreadedServer, Wire

@@ -15,8 +15,8 @@ from mcp_types import ElicitRequestParams, ElicitResult
 from pydantic import BaseModel, Field
 
 from handles import Handles, JobContext
-from handles.first import FIRST_KEY, AskFirst
-from handles.tasks_client import TasksClientExtension, get_task, update_task
+from handles.ask_first import FIRST_KEY, AskFirst
+from handles.client.tasks import TasksClientExtension, get_task, update_task
 from tests.tasks.app import tasks_config
 
 

@@ -13,7 +13,7 @@ from mcp import Client
 from mcp.client.session import ClientRequestContext
 from mcp_types import ElicitRequestParams, ElicitResult
 
-from handles.tasks_client import TasksClientExtension
+from handles.client.tasks import TasksClientExtension
 from tests.harness.client import mcp_over_http
 from tests.support import FRAMEWORKS, HttpExampleServer
 from tests.tasks.wire import TASKS, Wire, example_process

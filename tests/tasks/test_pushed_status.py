@@ -17,10 +17,9 @@ import httpx2
 import pytest
 from mcp import Client
 
-from handles import Handles
+from handles import Handles, streamable_http_app
 from handles.client import follow
-from handles.mcp import streamable_http_app
-from handles.tasks_client import TasksClientExtension
+from handles.client.tasks import TasksClientExtension
 from tests.harness.client import mcp_over_http
 from tests.support import FRAMEWORKS, HttpExampleServer, free_port
 from tests.tasks.app import build_test_server
@@ -202,7 +201,7 @@ async def test_a_stream_that_ends_mid_task_falls_back_to_polling(local_server: A
     """The server closes its listen streams (a graceful end): the client polls tasks/get from then on."""
     from mcp.server.subscriptions import ListenHandler
 
-    from handles import tasks_client
+    from handles.client import tasks as tasks_client
 
     entry = local_server._lowlevel_server.get_request_handler("subscriptions/listen")
     assert isinstance(entry.handler, ListenHandler)
@@ -234,7 +233,7 @@ async def test_a_stream_that_ends_mid_task_falls_back_to_polling(local_server: A
 
 
 def test_pushed_states_older_than_the_kept_one_or_after_the_end_are_dropped() -> None:
-    from handles.tasks_client import TaskPushes, TaskStatusParams
+    from handles.client.tasks import TaskPushes, TaskStatusParams
 
     def state(status: str, updated: str) -> TaskStatusParams:
         return TaskStatusParams.model_validate(

@@ -18,9 +18,9 @@ from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp_types import ElicitRequest, ElicitRequestParams, ElicitResult, ErrorData, InputRequest
 
-import handles.tasks_client as tasks_client
+import handles.client.tasks as tasks_client
 from handles import Handles
-from handles.tasks_client import (
+from handles.client.tasks import (
     CreateTaskResult,
     TaskCancelled,
     TaskFailed,

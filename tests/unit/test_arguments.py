@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from handles.arguments import MAX_NESTING, ArgumentRules, nesting
+from handles.server.argument_gate import MAX_NESTING, ArgumentRules, nesting
 
 
 async def progress(

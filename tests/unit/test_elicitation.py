@@ -173,3 +173,27 @@ def test_string_formats(fmt: str, good: str, bad: str, problem: str) -> None:
     schema = elicitation_schema({"type": "object", "properties": {"v": {"type": "string", "format": fmt}}})
     assert validate_answer(schema, {"v": good}) == []
     assert validate_answer(schema, {"v": bad}) == [f"v: {problem}"]
+
+
+class Bounded(BaseModel):
+    n: int = Field(gt=0, lt=10, multiple_of=2)
+    tags: list[Literal["a", "b"]] = Field(min_length=1, max_length=2)
+    code: str = Field(pattern="^[A-Z]+$")
+
+
+def test_every_constraint_the_schema_carries_is_checked() -> None:
+    schema = elicitation_schema(Bounded)
+    assert validate_answer(schema, {"n": 4, "tags": ["a"], "code": "AB"}) == []
+    assert validate_answer(schema, {"n": 0, "tags": [], "code": "x"}) == [
+        "n: must be greater than 0",
+        "tags: choose at least 1 of the choices",
+        "code: must match the regular expression ^[A-Z]+$",
+    ]
+    assert validate_answer(schema, {"n": 10, "tags": ["a", "b", "a"], "code": "A"}) == [
+        "n: must be less than 10",
+        "tags: choose at most 2 of the choices",
+    ]
+    assert validate_answer(schema, {"n": 3, "tags": ["a"], "code": "A"}) == ["n: must be a multiple of 2"]
+    assert validate_answer({"properties": {"k": {"type": "integer", "enum": [1, 2]}}}, {"k": True}) == [
+        "k: must be one of [1, 2]"
+    ]

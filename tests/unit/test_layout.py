@@ -10,7 +10,7 @@ from mcp.server.mcpserver import MCPServer
 
 from handles import Handles, JobContext
 from handles.errors import ConfigurationError
-from handles.layout import ToolNames
+from handles.tool_layout import ToolNames
 from tests.support import handles_config, new_key
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from handles.ask_first import FIRST_KEY
 from handles.config import HandlesConfig
 from handles.elicitation import describe_fields, validate_answer
 from handles.errors import (
@@ -28,7 +29,6 @@ from handles.errors import (
     UnknownHandle,
     WrongJobKind,
 )
-from handles.first import FIRST_KEY
 from handles.handle import HandleClaims, HandleCodec, new_job_id
 from handles.jobs import JobSpec, describe_duration
 from handles.limits import MAX_ARGUMENTS_BYTES, MAX_IDEMPOTENCY_KEY, MAX_RESPONSE_BYTES, check_size
@@ -117,7 +117,7 @@ def checked_answers(
     }
 
 
-class JobService:
+class JobOperations:
     """Start, find and steer stored jobs on behalf of a principal."""
 
     def __init__(

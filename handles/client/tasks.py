@@ -50,22 +50,22 @@ from mcp_types import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from handles.transient import AuthenticationError as AuthenticationError  # raised here, re-exported
-from handles.transient import authentication_error, backoff_seconds, is_transient
+from handles.backoff import backoff_seconds
+from handles.client.transient import (
+    CANCEL_TIMEOUT_SECONDS,
+    authentication_error,
+    is_transient,
+)
+from handles.client.transient import AuthenticationError as AuthenticationError  # raised here, re-exported
+from handles.tasks_wire import PROGRESS_META_KEY, TASKS_EXTENSION
 
-logger = logging.getLogger("handles.tasks_client")
+logger = logging.getLogger("handles.client.tasks")
 T = TypeVar("T")
 
-TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
-PROGRESS_META_KEY = "io.github.handles/progress"
-"""`_meta` key of a `handles` server's `tasks/get` answer carrying numeric progress, `{"done": 3, "total": 4}`.
-
-The extension carries progress in `statusMessage` only; other clients ignore this key."""
 TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
 TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 DEFAULT_POLL_SECONDS = 1.0
 DEFAULT_RETRIES = 3
-CANCEL_TIMEOUT_SECONDS = 5.0
 
 InputHandler = Callable[[str, InputRequest], Awaitable[InputResponse | ErrorData]]
 """`(key, request) -> response` for one entry of a task's `inputRequests`; `ErrorData` refuses it."""

@@ -2,7 +2,7 @@
 
 `Handles.bind(server)` comes here when `server` is a `fastmcp.FastMCP`. Nothing about a job
 depends on the framework: the tools run the very functions the `MCPServer` binding registers
-(handles/mcp.py), with the SDK's request context that FastMCP keeps for every request, and the
+(handles/server/bind_mcpserver.py), with the SDK's request context that FastMCP keeps for every request, and the
 SDK middleware the `MCPServer` binding installs (the argument gate, result links, pushed task
 status) goes on FastMCP's low-level server, which is the SDK's own `Server`. So on both
 frameworks a caller sees the same tools, schemas, answers and errors.
@@ -44,9 +44,10 @@ from mcp_types import (
 )
 from pydantic import ConfigDict, PrivateAttr, ValidationError
 
-from handles.arguments import ArgumentGate, ArgumentRules
 from handles.errors import ConfigurationError
-from handles.mcp import (
+from handles.principal import PrincipalResolver
+from handles.server.argument_gate import ArgumentGate, ArgumentRules
+from handles.server.bind_mcpserver import (
     CONTEXT_PARAM,
     handle_tool_annotations,
     plain_tool_annotations,
@@ -54,18 +55,18 @@ from handles.mcp import (
     refusal,
     tool_function,
 )
-from handles.principal import PrincipalResolver
-from handles.result_links import ResultLinks
-from handles.tasks import TasksExtension
-from handles.tasks_client import TASKS_EXTENSION
+from handles.server.result_links import ResultLinks
+from handles.server.tasks_extension import TasksExtension
+from handles.tasks_wire import TASKS_EXTENSION
 
 if TYPE_CHECKING:
     from fastmcp.server.context import Context as FastMCPContext
     from mcp.server.lowlevel.server import Server as LowLevelServer
 
-    from handles.app import Handles
-    from handles.plain import PlainTool
-    from handles.tools import ToolDefinition
+    from handles.job_operations import JobOperations
+    from handles.principal import PrincipalResolver
+    from handles.server.handle_tools import ToolDefinition
+    from handles.server.plain_tool import PlainTool
 
 SharedFunction = Callable[..., Awaitable[CallToolResult | InputRequiredResult]]
 
@@ -208,17 +209,17 @@ class FastMCPTasks(ServerExtension):
 
 
 def bind_fastmcp(
-    handles: Handles,
     server: FastMCP[Any],
     *,
+    service: JobOperations,
+    resolver: PrincipalResolver,
     definitions: list[ToolDefinition],
     plain: list[PlainTool],
     plain_handler: Callable[[PlainTool], Any],
-    tasks: bool,
+    tasks: TasksExtension | None,
 ) -> None:
-    """Add the jobs' tools to a FastMCP server and, with `tasks`, its Tasks face."""
-    resolver = handles.principal_resolver
-    if tasks:
+    """Add the jobs' tools to a FastMCP server and, given `tasks`, its Tasks face."""
+    if tasks is not None:
         _refuse_second_tasks_face(server)
     sdk_server = low_level(server)
     gate = ArgumentGate.of(sdk_server, refusal)
@@ -230,12 +231,11 @@ def bind_fastmcp(
         job_tool = plain_job_tool(tool, plain_handler(tool), resolver)
         gate.register(job_tool.rules)
         server.add_tool(job_tool)
-    ResultLinks.install(sdk_server, handles._machinery(), resolver)
-    if tasks:
-        extension = handles.tasks_extension()
-        server.add_extension(FastMCPTasks(extension))
+    ResultLinks.install(sdk_server, service, resolver)
+    if tasks is not None:
+        server.add_extension(FastMCPTasks(tasks))
         _serve_listen(sdk_server)
-        extension.status_push.install(sdk_server)
+        tasks.status_push.install(sdk_server)
 
 
 def _serve_listen(sdk_server: LowLevelServer[Any]) -> None:

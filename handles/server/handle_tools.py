@@ -3,10 +3,10 @@
 `JobTools` makes a job's `<job>_start` and, in the per-job layout, its follow tools;
 `SharedTools` makes the compact layout's `jobs_*` follow tools, which hand each handle to
 the `JobTools` of its job. Both build the follow tools with `follow_definitions`, told whose
-handles they take by a `FollowScope`, and name every tool through `handles.layout.ToolNames`.
+handles they take by a `FollowScope`, and name every tool through `handles.tool_layout.ToolNames`.
 
 Framework-neutral: a `ToolDefinition` carries pydantic models for its input and
-output and an async handler `(principal, arguments) -> ToolReply`. `handles.mcp`
+output and an async handler `(principal, arguments) -> ToolReply`. `handles.server.bind_mcpserver`
 binds these to the SDK's server. Every reply says what to call next (`next`),
 because the caller is often a language model that would otherwise guess.
 """
@@ -22,12 +22,12 @@ from typing import Any, Optional
 from pydantic import BaseModel, Field, create_model
 
 from handles.errors import CallerError, UnknownHandle
+from handles.job_operations import UNKNOWN_HANDLE, JobOperations
 from handles.jobs import JobSpec, describe_duration
-from handles.layout import FOLLOW_VERBS, SHARED_PREFIX, ToolNames
-from handles.results import ResultLink, link_of
-from handles.service import UNKNOWN_HANDLE, JobService
+from handles.results import ResultLink, link_of, tool_error_text
 from handles.states import Status
 from handles.store import InputRequestRecord, JobRecord
+from handles.tool_layout import FOLLOW_VERBS, SHARED_PREFIX, ToolNames
 
 HANDLE_DESCRIPTION = "The handle string returned by the start tool, exactly as given."
 
@@ -184,7 +184,7 @@ def _guarded(handler: ToolHandler) -> ToolHandler:
 class JobTools:
     """The handle tools of one job, named as the layout says (`names`)."""
 
-    def __init__(self, spec: JobSpec, service: JobService, names: ToolNames | None = None) -> None:
+    def __init__(self, spec: JobSpec, service: JobOperations, names: ToolNames | None = None) -> None:
         self.spec = spec
         self.service = service
         self.names = names or ToolNames()
@@ -346,7 +346,7 @@ class JobTools:
         if status is Status.COMPLETED and job.result is not None:
             if job.result.get("isError"):
                 is_error = True
-                fields["tool_error"] = _text_of(job.result)
+                fields["tool_error"] = tool_error_text(job.result)
             else:
                 fields["result"] = job.result.get("structuredContent")
                 link = link_of(job.result)
@@ -470,7 +470,7 @@ class SharedTools:
     verify, another principal's included, and one of a job not declared here are refused alike.
     """
 
-    def __init__(self, tools: Mapping[str, JobTools], service: JobService, names: ToolNames) -> None:
+    def __init__(self, tools: Mapping[str, JobTools], service: JobOperations, names: ToolNames) -> None:
         self.tools = dict(tools)
         self.service = service
         self.names = names
@@ -642,8 +642,3 @@ def _progress(job: JobRecord) -> ProgressView:
     if job.progress_done is not None and job.progress_total:
         fraction = max(0.0, min(1.0, job.progress_done / job.progress_total))
     return ProgressView(done=job.progress_done, total=job.progress_total, fraction=fraction)
-
-
-def _text_of(result: dict[str, Any]) -> str:
-    parts = [block.get("text", "") for block in result.get("content", []) if block.get("type") == "text"]
-    return "\n".join(p for p in parts if p) or "The job reported an error."

@@ -1,6 +1,7 @@
-"""What both clients (`handles.client.follow` and `handles.tasks_client`) share about failed requests.
+"""What both clients (`handles.client.follow` and `handles.client.tasks`) share about failed requests.
 
-- Which failures are transient (the same request may simply be sent again) and how long to back off.
+- Which failures are transient (the same request may simply be sent again; `handles.backoff` says
+  how long to wait first).
 - An HTTP 401/403 is not transient: it is an `AuthenticationError`, raised at once with a message
   that says what to check. The SDK's Streamable HTTP transport turns every such answer into a generic
   `-32603`; `handles.client.http_client()` (which `handles.client.connect` uses for URLs) keeps the
@@ -9,7 +10,6 @@
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import anyio
@@ -24,8 +24,8 @@ AUTHENTICATION_FAILED = -32030
 
 Outside the codes MCP uses (-32000 connection closed, -32001 request timeout, -32020..-32022, -32042)."""
 
-BACKOFF_FIRST_SECONDS = 0.5
-BACKOFF_MAX_SECONDS = 8.0
+CANCEL_TIMEOUT_SECONDS = 5.0
+"""How long a client tries to cancel a job or task it abandons (shielded, best effort) before giving up."""
 
 
 class AuthenticationError(Exception):
@@ -49,12 +49,6 @@ def authentication_message(status: int, detail: str | None = None) -> str:
             "does not accept (unknown or expired). Pass a valid token, e.g. connect(url, token=...)."
         )
     return f"Authentication failed ({why})" + (f" Server said: {detail}" if detail else "")
-
-
-def backoff_seconds(failures: int, jitter: float = 0.2) -> float:
-    """The pause after `failures` transient failures in a row: 0.5 s doubling to 8 s, plus up to `jitter` of it."""
-    base: float = min(BACKOFF_MAX_SECONDS, BACKOFF_FIRST_SECONDS * 2.0 ** max(0, failures - 1))
-    return base * (1 + max(0.0, jitter) * random.random())
 
 
 def leaves(exc: BaseException) -> list[BaseException]:

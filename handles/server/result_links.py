@@ -20,15 +20,15 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, BlobResourceContents, ReadResourceResult, TextResourceContents
 
-from handles.envelope import SdkServer, enveloped, server_info
 from handles.errors import CallerError, UnknownResultLink
-from handles.mcp import resolve_principal
 from handles.principal import PrincipalResolver
 from handles.results import URI_SCHEME, ResultLink, is_text, link_of
+from handles.server.bind_mcpserver import resolve_principal
+from handles.server.envelope import SdkServer, enveloped, server_info
 from handles.states import Status
 
 if TYPE_CHECKING:
-    from handles.service import JobService
+    from handles.job_operations import JobOperations
 
 _LINK = re.compile(
     rf"^(?i:{URI_SCHEME})://results/(?P<job>[A-Za-z0-9_-]{{1,64}})/(?P<file>[0-9a-f]{{32}})(?:/parts/(?P<part>\d{{1,9}}))?$"
@@ -60,7 +60,7 @@ def unknown_link(uri: str) -> UnknownResultLink:
     )
 
 
-async def read_part(service: JobService, principal: str, uri: str) -> tuple[ResultLink, int, bytes]:
+async def read_part(service: JobOperations, principal: str, uri: str) -> tuple[ResultLink, int, bytes]:
     """The link, the part number and the bytes `uri` names, for `principal`; else `UnknownResultLink`."""
     target = LinkTarget.parse(uri)
     if target is None:
@@ -108,14 +108,14 @@ def contents(
 class ResultLinks:
     """Server middleware answering `resources/read` of result links; every other request passes on."""
 
-    def __init__(self, server: SdkServer, service: JobService, resolver: PrincipalResolver) -> None:
+    def __init__(self, server: SdkServer, service: JobOperations, resolver: PrincipalResolver) -> None:
         self.server = server
         self.service = service
         self.resolver = resolver
         self._info = server_info(server)
 
     @classmethod
-    def install(cls, server: SdkServer, service: JobService, resolver: PrincipalResolver) -> None:
+    def install(cls, server: SdkServer, service: JobOperations, resolver: PrincipalResolver) -> None:
         if not any(isinstance(middleware, cls) for middleware in server.middleware):
             server.middleware.append(cls(server, service, resolver))
 

@@ -1,44 +1,35 @@
-"""Binding generated tools to the official SDK's `MCPServer`.
+"""Binding generated tools to the official SDK's `MCPServer` (and the tool functions the FastMCP binding reuses).
 
 Each `ToolDefinition` becomes an ordinary SDK tool through `MCPServer.add_tool`:
 a function whose signature is synthesised from the definition's input model (so
 the SDK derives the same `inputSchema`) and whose return annotation
 `Annotated[CallToolResult, OutputModel]` makes the SDK publish the `outputSchema`
 and check every structured result against it. The arguments of every tool added
-here are checked first by the server's `ArgumentGate` (handles/arguments.py), so
+here are checked first by the server's `ArgumentGate` (handles/server/argument_gate.py), so
 a caller's mistake gets the `{error, message, next}` shape. No JSON-RPC here.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import inspect
 import logging
-import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, ContentBlock, InputRequiredResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, SecretStr
 from pydantic_core import to_jsonable_python
-from starlette.applications import Starlette
 
-from handles.arguments import ArgumentGate, ArgumentRules
-from handles.errors import CallerError, ConfigurationError, DatabaseUnreachable, InvalidArguments
-from handles.health import health_routes
+from handles.errors import CallerError, ConfigurationError, InvalidArguments
 from handles.principal import PrincipalResolver
 from handles.results import resource_link
-from handles.startup import BackgroundStart
-from handles.tools import ToolDefinition, ToolReply, error_reply
+from handles.server.argument_gate import ArgumentGate, ArgumentRules
+from handles.server.handle_tools import ToolDefinition, ToolReply, error_reply
 
 if TYPE_CHECKING:
-    from fastmcp import FastMCP
-
-    from handles.app import Handles
+    pass
 
 logger = logging.getLogger("handles")
 
@@ -203,117 +194,3 @@ def add_plain_tool(
         meta=meta,
         annotations=plain_tool_annotations(title),
     )
-
-
-async def serve_stdio(server: MCPServer[Any] | FastMCP[Any], handles: Handles) -> None:
-    """Serve `server` over stdio with the job runtime running.
-
-    On SIGTERM or SIGINT (or when stdin closes) the runtime drains: no new work, running
-    jobs may finish for `drain_seconds`, the rest is handed over (see `Handles.aclose`).
-    """
-    async with handles.running():
-        running = (
-            cast("FastMCP[Any]", server).run_stdio_async(show_banner=False)
-            if is_fastmcp(server)
-            else cast("MCPServer[Any]", server).run_stdio_async()
-        )
-        serving = asyncio.create_task(running, name="handles-stdio")
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(signum, stop.set)
-        stopping = asyncio.create_task(stop.wait())
-        try:
-            await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                with contextlib.suppress(NotImplementedError, RuntimeError):
-                    loop.remove_signal_handler(signum)
-            handles.begin_drain()
-            stopping.cancel()
-            if not serving.done():
-                serving.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await serving
-
-
-def streamable_http_app(
-    server: MCPServer[Any] | FastMCP[Any],
-    handles: Handles,
-    *,
-    liveness_path: str | None = "/healthz",
-    readiness_path: str | None = "/readyz",
-    **options: Any,
-) -> Starlette:
-    """The server's stateless Streamable HTTP app, with the job runtime started and drained by its lifespan.
-
-    The runtime starts before the SDK's session manager and stops after it, so requests in
-    flight finish against a running runtime; its shutdown drains (see `Handles.aclose`).
-    Serve it with `serve_http` to start the drain as soon as the shutdown signal arrives.
-
-    `GET liveness_path` answers 200 while the process serves; `GET readiness_path` answers 200
-    only when the runtime runs, is not draining and the database answers, else 503 with the
-    reason (see `handles.health`). Either path may be None to leave it out; neither needs a token.
-    Other options are passed to `MCPServer.streamable_http_app`, or to `FastMCP.http_app` for a
-    FastMCP server (`stateless_http=True` by default on both).
-    """
-    options.setdefault("stateless_http", True)
-    app = (
-        cast("FastMCP[Any]", server).http_app(**options)
-        if is_fastmcp(server)
-        else cast("MCPServer[Any]", server).streamable_http_app(**options)
-    )
-    starter = BackgroundStart(handles)
-    app.router.routes[:0] = health_routes(
-        handles, liveness_path=liveness_path, readiness_path=readiness_path, startup_problem=starter.problem
-    )
-    inner = app.router.lifespan_context
-
-    @asynccontextmanager
-    async def lifespan(scope_app: Any) -> AsyncIterator[None]:
-        # A database that does not answer yet: serve anyway, not ready, retrying in the background.
-        await starter.begin()
-        try:
-            async with inner(scope_app):
-                yield
-                handles.begin_drain()  # the server is stopping: refuse new work, answer long-polls now
-        finally:
-            await starter.cancel()
-            await handles.aclose()
-
-    app.router.lifespan_context = lifespan
-    return app
-
-
-async def serve_http(
-    server: MCPServer[Any] | FastMCP[Any],
-    handles: Handles,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    liveness_path: str | None = "/healthz",
-    readiness_path: str | None = "/readyz",
-    **uvicorn_options: Any,
-) -> None:
-    """Serve `streamable_http_app(server, handles)` with uvicorn, draining well on SIGTERM.
-
-    At the signal the runtime stops taking work and answers long-polls at once, and
-    `/readyz` answers 503; the node keeps listening while running jobs finish (for up to
-    `drain_seconds`), so probes and retried calls get an answer rather than a refused
-    connection. Then uvicorn stops, and the lifespan hands over what is left. A second
-    signal stops at once. A deployment's termination grace period should exceed
-    `drain_seconds` by a few seconds (the default 25 fits Kubernetes' 30).
-    """
-    import uvicorn
-
-    from handles.http_server import DrainingServer, quiet_stateless_sessions
-
-    with contextlib.suppress(DatabaseUnreachable):  # waited out in the background (handles.startup)
-        await handles.prepare()  # a missing key, a bad URL or an outdated schema stops here, before listening
-    quiet_stateless_sessions()
-    uvicorn_options.setdefault("log_level", "warning")
-    app = streamable_http_app(server, handles, liveness_path=liveness_path, readiness_path=readiness_path)
-    health = ", ".join(path for path in (liveness_path, readiness_path) if path) or "off"
-    config = uvicorn.Config(app, host=host, port=port, **uvicorn_options)
-    await DrainingServer(config, handles, health=health).serve()

@@ -14,9 +14,9 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
+from handles.backoff import backoff_seconds
 from handles.errors import ConfigurationError, DatabaseUnreachable, ShuttingDown
-from handles.health import DATABASE_UNREACHABLE
-from handles.transient import backoff_seconds
+from handles.server.health import DATABASE_UNREACHABLE
 
 if TYPE_CHECKING:
     from handles.app import Handles

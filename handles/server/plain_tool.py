@@ -1,7 +1,7 @@
 """The plain tool `<job>`: a job as one ordinary tool with the job's own parameters.
 
 A `tools/call <job>` that declares the Tasks extension is turned into a task before it
-gets here (handles/tasks.py). Every other call follows the job's `plain_call` policy:
+gets here (handles/server/tasks_extension.py). Every other call follows the job's `plain_call` policy:
 
 - `"adaptive"` (the default): store and start the job, then wait up to the inline
   budget. A job that ends in time answers exactly as an ordinary tool would (its
@@ -34,18 +34,18 @@ from mcp_types import INTERNAL_ERROR, CallToolResult, InputRequiredResult, TextC
 from pydantic import BaseModel, Field
 
 from handles.errors import CallerError
-from handles.first import first_round
+from handles.job_operations import JobOperations
 from handles.jobs import JobSpec, describe_duration
-from handles.layout import PlainCall, ToolNames, job_meta
-from handles.mcp import to_call_tool_result
-from handles.service import JobService
+from handles.server.bind_mcpserver import to_call_tool_result
+from handles.server.first_round import first_round
+from handles.server.handle_tools import InputRequestView, JobTools, ToolReply, error_reply
+from handles.server.tasks_extension import declares_tasks, missing_tasks_capability
 from handles.states import Status
 from handles.store import JobRecord
-from handles.tasks import declares_tasks, missing_tasks_capability
-from handles.tasks_client import TASKS_EXTENSION
-from handles.tools import InputRequestView, JobTools, ToolReply, error_reply
+from handles.tasks_wire import TASKS_EXTENSION
+from handles.tool_layout import PlainCall, ToolNames, job_meta
 
-logger = logging.getLogger("handles.plain")
+logger = logging.getLogger("handles.server.plain_tool")
 
 ProgressReporter = Callable[[float, float | None, str | None], Awaitable[None]]
 """`(progress, total, message)`: sends `notifications/progress` (a no-op without a progress token)."""
@@ -79,7 +79,7 @@ class PlainTool:
     """The plain tool of one job."""
 
     def __init__(
-        self, spec: JobSpec, service: JobService, policy: PlainCallPolicy, names: ToolNames | None = None
+        self, spec: JobSpec, service: JobOperations, policy: PlainCallPolicy, names: ToolNames | None = None
     ) -> None:
         self.spec = spec
         self.service = service

@@ -3,7 +3,7 @@
 A `tools/call <job>` that declares the extension answers a flat `CreateTaskResult`
 whose `taskId` is the job's handle, once the job is stored; `tasks/get`,
 `tasks/update` and `tasks/cancel` read and steer the same job through
-`JobService`. This module only translates between those operations and the
+`JobOperations`. This module only translates between those operations and the
 extension's wire shapes; the rules it follows are those of
 `specification/draft/tasks.md` in `modelcontextprotocol/ext-tasks`.
 """
@@ -16,7 +16,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 import anyio
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -45,7 +45,6 @@ from mcp_types import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.requests import Request
 
-from handles.envelope import SdkServer
 from handles.errors import (
     CallerError,
     ExpiredHandle,
@@ -54,17 +53,18 @@ from handles.errors import (
     UnknownHandle,
     WrongJobKind,
 )
-from handles.first import first_round
 from handles.jobs import JobSpec
-from handles.mcp import resolve_principal, to_call_tool_result
+from handles.server.bind_mcpserver import resolve_principal, to_call_tool_result
+from handles.server.envelope import SdkServer
+from handles.server.first_round import first_round
+from handles.server.handle_tools import error_reply
 from handles.states import Status
 from handles.store import InputRequestRecord, JobRecord
-from handles.tasks_client import PROGRESS_META_KEY, TASKS_EXTENSION
-from handles.tools import error_reply
+from handles.tasks_wire import PROGRESS_META_KEY, TASKS_EXTENSION
 
 if TYPE_CHECKING:
-    from handles.app import Handles
-    from handles.service import JobService
+    from handles.job_operations import JobOperations
+    from handles.principal import PrincipalResolver
 
 UNKNOWN_TASK = (
     "Unknown task: no task with this taskId is available to you. It may be mistyped, expired and "
@@ -73,7 +73,7 @@ UNKNOWN_TASK = (
 _ACK: dict[str, Any] = {"resultType": "complete"}
 MAX_LISTEN_TASK_IDS = 1000
 """The most `taskIds` one `subscriptions/listen` may name (more is refused with -32602)."""
-logger = logging.getLogger("handles.tasks")
+logger = logging.getLogger("handles.server.tasks_extension")
 _ELICITATION_ACTIONS = ("accept", "decline", "cancel")
 
 
@@ -218,6 +218,18 @@ def _as_jsonrpc_errors(handler: TaskHandler) -> TaskHandler:
     return guarded
 
 
+class ServedJobs(Protocol):
+    """What the Tasks face needs of the jobs it serves: `Handles` is one."""
+
+    principal_resolver: PrincipalResolver
+
+    @property
+    def service(self) -> JobOperations: ...
+
+    @property
+    def specs(self) -> Mapping[str, JobSpec]: ...
+
+
 class TasksExtension(Extension):
     """Serves every job of a `Handles` instance through the Tasks extension.
 
@@ -227,18 +239,18 @@ class TasksExtension(Extension):
 
     identifier = TASKS_EXTENSION
 
-    def __init__(self, handles: Handles) -> None:
+    def __init__(self, handles: ServedJobs) -> None:
         self._handles = handles
         self.status_push = TaskStatusPush(self)
         """The server middleware that pushes `notifications/tasks` on `subscriptions/listen` streams
         (`Handles.bind` adds it to the server's middleware)."""
 
     @property
-    def service(self) -> JobService:
+    def service(self) -> JobOperations:
         return self._handles.service
 
     @property
-    def principal_resolver(self) -> Any:
+    def principal_resolver(self) -> PrincipalResolver:
         return self._handles.principal_resolver
 
     def methods(self) -> Sequence[MethodBinding]:

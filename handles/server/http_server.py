@@ -1,4 +1,4 @@
-"""The uvicorn server behind `handles.mcp.serve_http`: drain first, then stop; quiet per-request logs.
+"""The uvicorn server behind `handles.serve_http`: drain first, then stop; quiet per-request logs.
 
 At SIGTERM (or SIGINT) the node stops taking work and answers long-polls at once, but keeps
 listening while running jobs finish (up to `drain_seconds`) and while answers in flight are

@@ -27,15 +27,15 @@ from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata, func_meta
 from mcp_types import ListToolsResult
 from pydantic import ValidationError
 
-from handles.envelope import SdkServer, enveloped, server_info
 from handles.errors import CallerError, InvalidArguments
 from handles.limits import clean_message
+from handles.server.envelope import SdkServer, enveloped, server_info
 
 MAX_NESTING = 64
 """How deep arguments may nest (objects and arrays); far beyond any job's needs, far below the SDK's limits."""
 
 ToolResultFactory = Callable[[CallerError], Any]
-"""Builds the `CallToolResult` of a caller error (see `handles.mcp.to_call_tool_result`)."""
+"""Builds the `CallToolResult` of a caller error (see `handles.server.bind_mcpserver.to_call_tool_result`)."""
 
 
 @dataclass(frozen=True)
