@@ -6,18 +6,15 @@ winner. Work that reads then writes runs in a write transaction that takes the
 write lock first (`BEGIN IMMEDIATE` on SQLite, row locks on PostgreSQL).
 
 The methods are synchronous; `Store` (store/__init__.py) runs them on worker
-threads so the event loop never waits on the database.
+threads so the event loop never waits on the database. The engines, connections
+and transactions they run in are `Database`'s (engine.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -25,7 +22,6 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from sqlalchemy import (
     JSON,
     Connection,
-    Engine,
     Float,
     Integer,
     Text,
@@ -34,8 +30,6 @@ from sqlalchemy import (
     case,
     cast,
     column,
-    create_engine,
-    event,
     func,
     literal_column,
     or_,
@@ -49,10 +43,11 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import configure_mappers
 from sqlmodel import Session, col, delete, select
 
-from handles.errors import ConfigurationError, LeaseLost
+from handles.errors import LeaseLost
 from handles.outcomes import failed
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
 from handles.store.audit import evidence
+from handles.store.engine import NOTICE, NOTIFY_CHANNEL, Database, is_sqlite
 from handles.store.models import (
     CLAIM_ENTRY_HEAD,
     AuditRecord,
@@ -74,23 +69,12 @@ logger = logging.getLogger("handles.store")
 Clock = Callable[[], datetime]
 P = ParamSpec("P")
 T = TypeVar("T")
-_INLINE: ContextVar[bool] = ContextVar("handles_inline_read", default=False)
-_INLINE_WRITE: ContextVar[bool] = ContextVar("handles_inline_write", default=False)
-_NOTICE: ContextVar[str | None] = ContextVar("handles_change_notice", default=None)
-"""The change notice that write transactions in this context publish as they commit (see `publishing`)."""
-NOTIFY_CHANNEL = "handles_jobs"
-CONNECT_TIMEOUT_SECONDS = 10
-"""How long a new PostgreSQL connection may take before the attempt fails (`connect_timeout`)."""
 _DATABASE_NOW = func.now(type_=UTCDateTime())  # the database's clock, read as an aware UTC datetime
 _VERSIONS_BATCH = 500  # ids per query when reading the versions of watched jobs
 
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-class WriterBusy(Exception):
-    """An inline write found the writer lock taken (in this process or another): nothing was written."""
 
 
 class ActiveLimitReached(Exception):
@@ -119,104 +103,22 @@ class AnswerOutcome:
     ignored: list[str]
 
 
-def _is_sqlite(url: str) -> bool:
-    return url.startswith("sqlite")
-
-
-def _is_memory_sqlite(url: str) -> bool:
-    path = url.split("?", 1)[0]
-    return _is_sqlite(url) and (path.endswith("://") or path.endswith(":memory:") or "mode=memory" in url)
-
-
-def _make_engines(url: str) -> tuple[Engine, Engine, Engine | None, Engine | None]:
-    """(read engine, write engine, inline-read engine or None, inline-write engine or None).
-
-    On PostgreSQL reads and writes have engines of their own (see below). On SQLite the
-    write engine begins with BEGIN IMMEDIATE, and a file database gets a
-    third engine for reads made on the event loop itself: in WAL mode a read never waits
-    for a writer, so it costs microseconds, less than the hop to a worker thread. Its
-    connections give up after 50 ms instead of waiting on a lock (the caller then falls
-    back to a worker thread). A fourth engine, for short writes made on the event loop, begins with
-    BEGIN IMMEDIATE and never waits for SQLite's write lock (a busy timeout of 0): a writer at work
-    in another process sends the write to a worker thread instead.
-    """
-    if not _is_sqlite(url):
-        # A database host that never answers (packets dropped, not refused) must not hang a start or a
-        # request: libpq would wait forever without a connect timeout. One set in the URL wins.
-        connect = (
-            {} if "connect_timeout" in url else {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_SECONDS}}
-        )
-        write = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10, **connect)
-        # Reads in autocommit, without a ping at checkout: a poll is its statements and nothing else
-        # (no BEGIN, no ROLLBACK, no ping). A read on a connection the server dropped fails at once
-        # and invalidates the pool; `Store.read` retries it once on a fresh connection. Under READ
-        # COMMITTED each statement took its own snapshot anyway, so no read loses consistency.
-        read = create_engine(url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=10, **connect)
-        return read, write, None, None
-
-    if _is_memory_sqlite(url):
-        raise ConfigurationError(
-            f"HANDLES_DATABASE_URL={url!r} is an in-memory SQLite database, which cannot be shared by the "
-            "threads that serve requests and run jobs, and loses every job when the process ends. Use an "
-            "SQLite file (sqlite:///path/to/handles.db, the default under HANDLES_DATA_DIR) or PostgreSQL."
-        )
-    kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 30}}
-
-    def configure(engine: Engine, begin: str | None, busy_ms: int = 30000) -> Engine:
-        @event.listens_for(engine, "connect")
-        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-            # Take transaction control away from pysqlite so BEGIN is ours to issue.
-            dbapi_connection.isolation_level = None
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
-            cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.close()
-
-        if begin is not None:
-
-            @event.listens_for(engine, "begin")
-            def _on_begin(connection: Any) -> None:
-                connection.exec_driver_sql(begin)
-
-        return engine
-
-    write = configure(create_engine(url, **kwargs), "BEGIN IMMEDIATE")
-    read = configure(create_engine(url, **kwargs), "BEGIN")
-    # No BEGIN: each read statement is its own snapshot, with nothing to end afterwards.
-    inline = configure(create_engine(url, **kwargs), None, busy_ms=50)
-    inline_write = configure(create_engine(url, **kwargs), "BEGIN IMMEDIATE", busy_ms=0)
-    return read, write, inline, inline_write
-
-
-class JobRepository:
-    """Synchronous access to the job tables of one database."""
+class JobRepository(Database):
+    """Synchronous access to the job tables of one database (its engines and transactions: `Database`)."""
 
     def __init__(self, url: str, *, clock: Clock = utc_now, lease_clock: str | None = None) -> None:
         """`lease_clock`: "database" judges and sets leases by the database server's clock (the default on
         PostgreSQL, so nodes with skewed clocks agree), "local" by `clock` (the default elsewhere, and
         whenever a test clock is injected)."""
-        self.url = url
+        super().__init__(url)
         self.clock = clock
         if lease_clock is None:
-            lease_clock = "database" if not _is_sqlite(url) and clock is utc_now else "local"
+            lease_clock = "database" if not is_sqlite(url) and clock is utc_now else "local"
         if lease_clock not in ("database", "local"):
             raise ValueError("lease_clock must be 'database' or 'local'")
         self._database_leases = lease_clock == "database"
-        self._read_engine, self._write_engine, self._inline_engine, self._inline_write_engine = _make_engines(
-            url
-        )
-        self._inline_connection: Connection | None = None
-        self._inline_write_connection: Connection | None = None
-        self._inline_lock = threading.Lock()
         # Models built from Core rows (the hot reads) need their ORM mappers ready.
         configure_mappers()
-        # SQLite has one writer at a time. Queue this process's writers on a lock rather than in
-        # SQLite's busy handler, which sleeps in coarse steps (up to 100 ms) while the lock is held.
-        self._write_lock: contextlib.AbstractContextManager[Any] = (
-            threading.RLock() if _is_sqlite(url) else contextlib.nullcontext()
-        )
 
     @property
     def database_leases(self) -> bool:
@@ -233,151 +135,6 @@ class JobRepository:
             return now
         value: datetime = session.execute(sa_select(_DATABASE_NOW)).scalar_one()
         return value
-
-    @property
-    def dialect(self) -> str:
-        return self._write_engine.dialect.name
-
-    @property
-    def engine(self) -> Engine:
-        """The engine writes go through (migrations, bulk maintenance)."""
-        return self._write_engine
-
-    def create_schema(self) -> None:
-        """Create or upgrade the handles tables to the newest schema revision (Alembic migrations)."""
-        from handles.store import migrate
-
-        migrate.upgrade(self.engine)
-
-    def prepare(self, *, auto_migrate: bool) -> None:
-        """Make sure the schema is current: upgrade it, or refuse to go on when upgrades are the operator's."""
-        from handles.store import migrate
-
-        if auto_migrate:
-            migrate.upgrade(self._write_engine)
-        else:
-            migrate.check_current(self._write_engine)
-
-    def ping(self) -> None:
-        """A trivial query: raises when the database does not answer (the readiness probe)."""
-        with self._read_engine.connect() as connection:
-            connection.exec_driver_sql("select 1")
-
-    def dispose(self) -> None:
-        if self._inline_connection is not None:
-            self._inline_connection.close()
-            self._inline_connection = None
-        if self._inline_write_connection is not None:
-            self._inline_write_connection.close()
-            self._inline_write_connection = None
-        if self._inline_write_engine is not None:
-            self._inline_write_engine.dispose()
-        self._read_engine.dispose()
-        if self._inline_engine is not None:
-            self._inline_engine.dispose()
-        if self._write_engine is not self._read_engine:
-            self._write_engine.dispose()
-
-    @property
-    def reads_inline(self) -> bool:
-        """Whether reads may run on the calling (event loop) thread: SQLite files only."""
-        return self._inline_engine is not None
-
-    def read_inline(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run the read method `fn` here, on connections that fail fast instead of waiting on a lock."""
-        token = _INLINE.set(True)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _INLINE.reset(token)
-
-    @property
-    def writes_inline(self) -> bool:
-        """Whether short writes may be tried on the calling (event loop) thread: SQLite files only."""
-        return self._inline_write_engine is not None
-
-    def write_inline(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run the short write method `fn` here, if it can have the writer lock without waiting.
-
-        Raises `WriterBusy` (nothing written) when this process's writer lock is held, and SQLite's
-        "database is locked" (`OperationalError`, nothing written) when another process writes: the
-        caller then runs `fn` on a worker thread. Its reads, too, are the inline reads that fail fast.
-        """
-        tokens = (_INLINE_WRITE.set(True), _INLINE.set(True))
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _INLINE.reset(tokens[1])
-            _INLINE_WRITE.reset(tokens[0])
-
-    @contextmanager
-    def _inline_writing(self) -> Iterator[Session]:
-        """A write transaction on the long-lived inline-write connection (see `write_inline`)."""
-        acquire = getattr(self._write_lock, "acquire", None)
-        if acquire is not None and not acquire(blocking=False):
-            raise WriterBusy
-        try:
-            assert self._inline_write_engine is not None
-            if self._inline_write_connection is None or self._inline_write_connection.closed:
-                self._inline_write_connection = self._inline_write_engine.connect()
-            connection = self._inline_write_connection
-            try:
-                with Session(bind=connection, expire_on_commit=False) as session, session.begin():
-                    yield session
-            except DBAPIError:
-                connection.invalidate()  # a fresh connection next time, in a known state
-                self._inline_write_connection = None
-                raise
-        finally:
-            if acquire is not None:
-                self._write_lock.__exit__(None, None, None)
-
-    @contextmanager
-    def _reading(self) -> Iterator[Session]:
-        with Session(self._read_engine, expire_on_commit=False) as session:
-            yield session
-
-    @contextmanager
-    def _fast_reading(self) -> Iterator[Connection]:
-        """A connection for the hot reads (by key), which skip the ORM session.
-
-        Inline (on the event loop, SQLite file): one long-lived connection, its read
-        transaction ended after each use so the next read sees the newest commit.
-        Otherwise a pooled connection of the read engine.
-        """
-        if not (_INLINE.get() and self._inline_engine is not None):
-            with self._read_engine.connect() as connection:
-                yield connection
-            return
-        with self._inline_lock:
-            if self._inline_connection is None or self._inline_connection.closed:
-                self._inline_connection = self._inline_engine.connect()
-            connection = self._inline_connection
-            try:
-                yield connection
-            except BaseException:
-                connection.invalidate()
-                self._inline_connection = None
-                raise
-            else:
-                connection.rollback()
-
-    @contextmanager
-    def _writing(self) -> Iterator[Session]:
-        if _INLINE_WRITE.get() and self._inline_write_engine is not None:
-            with self._inline_writing() as session:
-                yield session
-            return
-        with (
-            self._write_lock,
-            Session(self._write_engine, expire_on_commit=False) as session,
-            session.begin(),
-        ):
-            yield session
-            notice = _NOTICE.get()
-            if notice is not None:
-                # Inside the transaction: PostgreSQL delivers it when (and only if) the change commits.
-                session.execute(select(func.pg_notify(NOTIFY_CHANNEL, notice)))
 
     # -- reads -------------------------------------------------------------
 
@@ -575,7 +332,7 @@ class JobRepository:
             "answers": None,
             "limit": active_limit,
             "lease": lease,
-            "notice": _NOTICE.get(),
+            "notice": NOTICE.get(),
         }
         if questions:
             rows = [_column_values(_INPUTS, q) for q in questions]
@@ -750,11 +507,11 @@ class JobRepository:
         change that rolled back. Only on PostgreSQL; elsewhere it just runs `fn`."""
         if self.dialect != "postgresql":
             return fn(*args, **kwargs)
-        token = _NOTICE.set(_notice(job_id, origin, queued))
+        token = NOTICE.set(_notice(job_id, origin, queued))
         try:
             return fn(*args, **kwargs)
         finally:
-            _NOTICE.reset(token)
+            NOTICE.reset(token)
 
     def heartbeat(
         self, owner: str, job_ids: Sequence[str], lease_seconds: float
