@@ -12,6 +12,7 @@ connections for reads and short writes made on the event loop itself (`read_inli
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -121,6 +122,7 @@ class Database:
         )
         self._inline_connection: Connection | None = None
         self._inline_write_connection: Connection | None = None
+        self._inline_write_raw: Any = None  # the inline-write engine's DB-API connection (`_sqlite_writing`)
         self._inline_lock = threading.Lock()
         # SQLite has one writer at a time. Queue this process's writers on a lock rather than in
         # SQLite's busy handler, which sleeps in coarse steps (up to 100 ms) while the lock is held.
@@ -164,6 +166,9 @@ class Database:
         if self._inline_write_connection is not None:
             self._inline_write_connection.close()
             self._inline_write_connection = None
+        if self._inline_write_raw is not None:
+            self._inline_write_raw.close()
+            self._inline_write_raw = None
         if self._inline_write_engine is not None:
             self._inline_write_engine.dispose()
         self._read_engine.dispose()
@@ -224,6 +229,59 @@ class Database:
                 raise
         finally:
             if acquire is not None:
+                self._write_lock.__exit__(None, None, None)
+
+    @contextmanager
+    def _sqlite_writing(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction (`BEGIN IMMEDIATE` ... `COMMIT`) on SQLite's own DB-API connection, past
+        SQLAlchemy's session and statement execution, for the hottest write (a start's insert).
+
+        The connection is configured as every other (WAL, synchronous=NORMAL, foreign keys). On the
+        event loop (`write_inline`) it is the long-lived inline-write connection, with this process's
+        writer lock taken without waiting and SQLite's lock too (busy timeout 0): `WriterBusy` or
+        `OperationalError` when either is held, and nothing was written. Elsewhere a pooled connection of
+        the write engine, behind the writer lock as every write. A database error leaves the
+        transaction rolled back and comes out as SQLAlchemy's exception (`OperationalError`,
+        `IntegrityError`, ...), as from any other method.
+        """
+        inline = _INLINE_WRITE.get() and self._inline_write_engine is not None
+        acquire = getattr(self._write_lock, "acquire", None)
+        if inline:
+            if acquire is not None and not acquire(blocking=False):
+                raise WriterBusy
+        else:
+            self._write_lock.__enter__()
+        pooled: Any = None
+        try:
+            if inline:
+                assert self._inline_write_engine is not None
+                if self._inline_write_raw is None:
+                    self._inline_write_raw = self._inline_write_engine.raw_connection()
+                pooled = self._inline_write_raw
+            else:
+                pooled = self._write_engine.raw_connection()
+            connection: sqlite3.Connection = pooled.driver_connection
+            statement: str | None = "BEGIN IMMEDIATE"
+            try:
+                connection.execute("BEGIN IMMEDIATE")
+                statement = None  # the caller's own statements
+                yield connection
+                connection.execute("COMMIT")
+            except BaseException as exc:
+                if connection.in_transaction:
+                    try:
+                        connection.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pooled.invalidate()  # a fresh connection next time, in a known state
+                        if inline:
+                            self._inline_write_raw = None
+                if isinstance(exc, sqlite3.Error):
+                    raise DBAPIError.instance(statement, None, exc, sqlite3.Error) from exc
+                raise
+        finally:
+            if not inline and pooled is not None:
+                pooled.close()  # back to the pool
+            if not inline or acquire is not None:
                 self._write_lock.__exit__(None, None, None)
 
     @contextmanager

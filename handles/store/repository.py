@@ -119,6 +119,15 @@ class JobRepository(Database):
         self._database_leases = lease_clock == "database"
         # Models built from Core rows (the hot reads) need their ORM mappers ready.
         configure_mappers()
+        # A start on SQLite runs these on SQLite's own connection (see `_insert_sqlite`).
+        self._sqlite_start: tuple[_Prepared, _Prepared, _Prepared] | None = None
+        if self.dialect == "sqlite":
+            dialect = self._write_engine.dialect
+            self._sqlite_start = (
+                _Prepared(_COUNT_ACTIVE_LITERAL, dialect),
+                _Prepared(_INSERT_JOB, dialect, _JOB_COLUMNS),
+                _Prepared(_INSERT_INPUT, dialect, _INPUT_COLUMNS),
+            )
 
     @property
     def database_leases(self) -> bool:
@@ -279,6 +288,11 @@ class JobRepository(Database):
             existing = self._find_idempotent(values)
             if existing is not None:
                 return existing, False
+        database_lease = (
+            values["lease_owner"] is not None and lease_seconds is not None and self._database_leases
+        )
+        if self._sqlite_start is not None and not database_lease:
+            return self._insert_sqlite(values, active_limit, questions)
         try:
             with self._writing() as session:
                 connection = session.connection()  # Core statements, past the ORM session's machinery
@@ -299,6 +313,34 @@ class JobRepository(Database):
             return JobRecord.model_construct(**values), True
         except IntegrityError:
             existing = self._find_idempotent(values) if job.idempotency_key is not None else None
+            if existing is None:
+                raise
+            return existing, False
+
+    def _insert_sqlite(
+        self, values: dict[str, Any], active_limit: int | None, questions: Sequence[InputRequestRecord]
+    ) -> tuple[JobRecord, bool]:
+        """`insert` on SQLite: the count and the insert, compiled once, on SQLite's own connection in one
+        `BEGIN IMMEDIATE` transaction (`_sqlite_writing`), past SQLAlchemy's session and statement
+        execution, which cost several times what SQLite takes to run them. The values are bound as
+        SQLAlchemy binds them (the same type processors: JSON, UTC times), so the row is the same."""
+        assert self._sqlite_start is not None
+        count, insert_job, insert_input = self._sqlite_start
+        try:
+            with self._sqlite_writing() as connection:
+                if active_limit is not None:
+                    (active,) = connection.execute(count.sql, (values["principal_key"],)).fetchone()
+                    if active >= active_limit:
+                        raise ActiveLimitReached(int(active), active_limit)
+                connection.execute(insert_job.sql, insert_job.parameters(values))
+                if questions:
+                    connection.executemany(
+                        insert_input.sql,
+                        [insert_input.parameters(_column_values(_INPUTS, q)) for q in questions],
+                    )
+            return JobRecord.model_construct(**values), True
+        except IntegrityError:
+            existing = self._find_idempotent(values) if values["idempotency_key"] is not None else None
             if existing is None:
                 raise
             return existing, False
@@ -1212,11 +1254,42 @@ _JOB_BY_IDEMPOTENCY_KEY = sa_select(_JOBS).where(
     _JOBS.c.idempotency_key == bindparam("idempotency_key"),
 )
 _INSERT_INPUT = sa_insert(_INPUTS)
+_INPUT_COLUMNS = tuple(c.name for c in _INPUTS.columns)
 _COUNT_ACTIVE = (
     sa_select(func.count())
     .select_from(_JOBS)
     .where(_JOBS.c.principal_key == bindparam("key"), _JOBS.c.status.in_(list(ACTIVE)))
 )
+
+# The same count with the statuses written into the statement: a prepared statement's parameters are
+# positional, and an expanding IN list is not.
+_COUNT_ACTIVE_LITERAL = (
+    sa_select(func.count())
+    .select_from(_JOBS)
+    .where(
+        _JOBS.c.principal_key == bindparam("key"),
+        _JOBS.c.status.in_([literal_column(f"'{status.value}'") for status in sorted(ACTIVE)]),
+    )
+)
+
+
+class _Prepared:
+    """A Core statement compiled once for one dialect, to run on the DB-API connection itself: its SQL,
+    and its positional parameters from a dict of values, each through the bind processor of its column's
+    type for that dialect (JSON to text, aware UTC times to SQLite's format), as SQLAlchemy binds them."""
+
+    def __init__(self, statement: Any, dialect: Any, column_keys: Sequence[str] | None = None) -> None:
+        compiled = statement.compile(dialect=dialect, column_keys=list(column_keys or ()) or None)
+        self.sql: str = compiled.string
+        self._binds = [
+            (name, compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect))
+            for name in compiled.positiontup or ()
+        ]
+
+    def parameters(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
+        return tuple(
+            values[name] if process is None else process(values[name]) for name, process in self._binds
+        )
 
 
 # The progress snapshot on PostgreSQL in one statement (one round trip): the job's row, with its open
