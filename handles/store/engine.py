@@ -123,6 +123,7 @@ class Database:
         self._inline_connection: Connection | None = None
         self._inline_write_connection: Connection | None = None
         self._inline_write_raw: Any = None  # the inline-write engine's DB-API connection (`_sqlite_writing`)
+        self._inline_read_raw: Any = None  # the inline-read engine's DB-API connection (`_sqlite_reading`)
         self._inline_lock = threading.Lock()
         # SQLite has one writer at a time. Queue this process's writers on a lock rather than in
         # SQLite's busy handler, which sleeps in coarse steps (up to 100 ms) while the lock is held.
@@ -169,6 +170,9 @@ class Database:
         if self._inline_write_raw is not None:
             self._inline_write_raw.close()
             self._inline_write_raw = None
+        if self._inline_read_raw is not None:
+            self._inline_read_raw.close()
+            self._inline_read_raw = None
         if self._inline_write_engine is not None:
             self._inline_write_engine.dispose()
         self._read_engine.dispose()
@@ -283,6 +287,29 @@ class Database:
                 pooled.close()  # back to the pool
             if not inline or acquire is not None:
                 self._write_lock.__exit__(None, None, None)
+
+    @contextmanager
+    def _sqlite_reading(self) -> Iterator[sqlite3.Connection | None]:
+        """SQLite's own long-lived connection of the inline-read engine, for a hot read made on the event
+        loop (`read_inline`) past SQLAlchemy's statement execution; None elsewhere (read through
+        SQLAlchemy then). In autocommit, as the inline reads through SQLAlchemy: each statement is its
+        own snapshot, ended when its rows are all fetched. A database error comes out as SQLAlchemy's
+        exception (`OperationalError` for a lock, which sends the read to a worker thread)."""
+        if not (_INLINE.get() and self._inline_engine is not None):
+            yield None
+            return
+        with self._inline_lock:
+            if self._inline_read_raw is None:
+                self._inline_read_raw = self._inline_engine.raw_connection()
+            pooled = self._inline_read_raw
+            try:
+                yield pooled.driver_connection
+            except BaseException as exc:
+                pooled.invalidate()  # a fresh connection next time, in a known state
+                self._inline_read_raw = None
+                if isinstance(exc, sqlite3.Error):
+                    raise DBAPIError.instance(None, None, exc, sqlite3.Error) from exc
+                raise
 
     @contextmanager
     def _reading(self) -> Iterator[Session]:

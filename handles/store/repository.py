@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+import sqlite3
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
@@ -119,6 +121,7 @@ class JobRepository(Database):
         self._database_leases = lease_clock == "database"
         # Models built from Core rows (the hot reads) need their ORM mappers ready.
         configure_mappers()
+        self._prepared: dict[Any, _Prepared] = {}  # the hot reads' statements, compiled (`_hot_reading`)
         # A start on SQLite runs these on SQLite's own connection (see `_insert_sqlite`).
         self._sqlite_start: tuple[_Prepared, _Prepared, _Prepared] | None = None
         if self.dialect == "sqlite":
@@ -145,10 +148,28 @@ class JobRepository(Database):
         value: datetime = session.execute(sa_select(_DATABASE_NOW)).scalar_one()
         return value
 
+    @contextmanager
+    def _hot_reading(self) -> Iterator[Any]:
+        """What the hot reads by key (`_one`, `_rows`) run on: on the event loop on an SQLite file,
+        SQLite's own connection with each statement compiled once (SQLAlchemy's execution costs
+        several times SQLite's, as for a start); elsewhere a connection of `_fast_reading`."""
+        with self._sqlite_reading() as raw:
+            if raw is not None:
+                yield _SQLiteReads(raw, self._prepare)
+                return
+        with self._fast_reading() as connection:
+            yield connection
+
+    def _prepare(self, statement: Any) -> _Prepared:
+        prepared = self._prepared.get(statement)
+        if prepared is None:
+            prepared = self._prepared[statement] = _Prepared(statement, self._write_engine.dialect)
+        return prepared
+
     # -- reads -------------------------------------------------------------
 
     def get(self, job_id: str) -> JobRecord | None:
-        with self._fast_reading() as connection:
+        with self._hot_reading() as connection:
             return _one(connection, JobRecord, _JOB_BY_ID, job_id)
 
     def versions(self, job_ids: Sequence[str]) -> dict[str, int]:
@@ -162,17 +183,17 @@ class JobRepository(Database):
         return found
 
     def pending_inputs(self, job_id: str) -> list[InputRequestRecord]:
-        with self._fast_reading() as connection:
+        with self._hot_reading() as connection:
             return _rows(connection, InputRequestRecord, _OPEN_QUESTIONS_OF_JOB, job_id)
 
     def questions(self, job_id: str) -> list[InputRequestRecord]:
         """Every question the job asked, answered or not, in the order asked (the operator's view)."""
-        with self._fast_reading() as connection:
+        with self._hot_reading() as connection:
             return _rows(connection, InputRequestRecord, _QUESTIONS_OF_JOB, job_id)
 
     def snapshot(self, job_id: str) -> tuple[JobRecord | None, list[InputRequestRecord], list[StepRecord]]:
         """The job, its open questions (when it waits for answers) and its steps, read in one go."""
-        with self._fast_reading() as connection:
+        with self._hot_reading() as connection:
             if self.dialect == "postgresql":
                 return _snapshot_in_one(connection, job_id)
             job = _one(connection, JobRecord, _JOB_BY_ID, job_id)
@@ -185,14 +206,14 @@ class JobRepository(Database):
 
     def replay_state(self, job_id: str) -> tuple[dict[str, dict[str, Any]], dict[str, StepRecord]]:
         """What a run replays: the job's recorded answers by key, and its steps by name, read in one go."""
-        with self._fast_reading() as connection:
+        with self._hot_reading() as connection:
             answered = _rows(connection, InputRequestRecord, _ANSWERS_OF_JOB, job_id)
             steps = _rows(connection, StepRecord, _STEPS_OF_JOB, job_id)
         answers = {record.key: record.answer for record in answered if record.answer is not None}
         return answers, {step.name: step for step in steps}
 
     def get_input(self, job_id: str, key: str) -> InputRequestRecord | None:
-        with self._fast_reading() as connection:
+        with self._hot_reading() as connection:
             return _one(connection, InputRequestRecord, _QUESTION_BY_KEY, job_id, key=key)
 
     def list_jobs(
@@ -932,7 +953,7 @@ class JobRepository(Database):
         return True
 
     def steps(self, job_id: str) -> list[StepRecord]:
-        with self._fast_reading() as connection:
+        with self._hot_reading() as connection:
             return _rows(connection, StepRecord, _STEPS_OF_JOB, job_id)
 
     # -- sweeping --------------------------------------------------------------
@@ -1285,11 +1306,52 @@ class _Prepared:
             (name, compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect))
             for name in compiled.positiontup or ()
         ]
+        # A SELECT's columns, each with its type's result processor (text to JSON, to aware UTC times).
+        self._columns = [
+            (column.name, column.type.dialect_impl(dialect).result_processor(dialect, None))
+            for column in getattr(statement, "selected_columns", ())
+        ]
 
     def parameters(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
         return tuple(
             values[name] if process is None else process(values[name]) for name, process in self._binds
         )
+
+    def rows(self, connection: sqlite3.Connection, values: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Run the SELECT on the DB-API `connection`: every row (so its statement ends), by column name."""
+        cursor = connection.execute(self.sql, self.parameters(values))
+        try:
+            found = cursor.fetchall()
+        finally:
+            cursor.close()
+        columns = self._columns
+        return [
+            {
+                name: value if process is None else process(value)
+                for (name, process), value in zip(columns, row, strict=True)
+            }
+            for row in found
+        ]
+
+
+class _SQLiteReads:
+    """The hot reads' side of SQLAlchemy's `Connection` (`execute(...).mappings()`, `.first()`) on SQLite's
+    own connection, each statement compiled once (see `_Prepared`)."""
+
+    def __init__(self, connection: sqlite3.Connection, prepare: Callable[[Any], _Prepared]) -> None:
+        self._connection = connection
+        self._prepare = prepare
+
+    def execute(self, statement: Any, values: Mapping[str, Any]) -> _Mappings:
+        return _Mappings(self._prepare(statement).rows(self._connection, values))
+
+
+class _Mappings(list[dict[str, Any]]):
+    def mappings(self) -> _Mappings:
+        return self
+
+    def first(self) -> dict[str, Any] | None:
+        return self[0] if self else None
 
 
 # The progress snapshot on PostgreSQL in one statement (one round trip): the job's row, with its open
