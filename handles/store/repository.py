@@ -12,6 +12,7 @@ and transactions they run in are `Database`'s (engine.py).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sqlite3
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from sqlalchemy import (
@@ -668,6 +670,8 @@ class JobRepository(Database):
         (False: someone else won, or the edge is not allowed).
         """
         now = self.clock()
+        if self._sqlite_start is not None and not self._database_leases:
+            return self._transition_sqlite(job_id, target, owner, lease_expired, now, values)
         with self._writing() as session:
             job = self._locked(session, job_id)
             if job is None or not can_transition(Status(job.status), target):
@@ -678,15 +682,44 @@ class JobRepository(Database):
                 job.lease_expires_at is None or job.lease_expires_at >= self._lease_now_value(session, now)
             ):
                 return False
-            job.status = target.value
-            if target in TERMINAL:
-                _finish(job, now)
-            elif target is Status.WORKING:
-                job.input_deadline = None
-            for name, value in values.items():
-                setattr(job, name, value)
-            _touch(job, now)
+            _transitioned(job, target, now, values)
             session.add(job)
+        return True
+
+    def _transition_sqlite(
+        self,
+        job_id: str,
+        target: Status,
+        owner: str | None,
+        lease_expired: bool,
+        now: datetime,
+        values: Mapping[str, Any],
+    ) -> bool:
+        """`transition` on SQLite: the same read, checks and changes in one `BEGIN IMMEDIATE` transaction on
+        SQLite's own connection (`_sqlite_writing`, which holds the write lock from its start, as the ORM
+        session's did), the row read and the changed columns written by statements compiled once, past
+        the ORM session's unit of work (an outcome write is part of every job's cost)."""
+        with self._sqlite_writing() as connection:
+            rows = self._prepare(_JOB_BY_ID).rows(connection, {"job_id": job_id})
+            if not rows:
+                return False
+            before = rows[0]
+            job = SimpleNamespace(
+                **before
+            )  # the row's values, changed below as the ORM path changes its model
+            if not can_transition(Status(job.status), target):
+                return False
+            if owner is not None and job.lease_owner != owner:
+                return False
+            if lease_expired and (job.lease_expires_at is None or job.lease_expires_at >= now):
+                return False
+            _transitioned(job, target, now, values)
+            after = vars(job)
+            changed = tuple(name for name in _JOB_COLUMNS if after[name] != before[name] or name in values)
+            update = self._prepare(_update_job(changed))
+            connection.execute(
+                update.sql, update.parameters({"job_id": job_id, **_set_values(after, changed)})
+            )
         return True
 
     def _locked(self, session: Session, job_id: str) -> JobRecord | None:
@@ -1586,12 +1619,39 @@ def _notice(job_id: str, origin: str, queued: bool) -> str:
     return f"{job_id} {origin} {'queued' if queued else 'changed'}"
 
 
-def _touch(job: JobRecord, now: datetime) -> None:
+def _transitioned(job: Any, target: Status, now: datetime, values: Mapping[str, Any]) -> None:
+    """The changes `transition` makes to a job it moves to `target` (a model, or a row's values)."""
+    job.status = target.value
+    if target in TERMINAL:
+        _finish(job, now)
+    elif target is Status.WORKING:
+        job.input_deadline = None
+    for name, value in values.items():
+        setattr(job, name, value)
+    _touch(job, now)
+
+
+@functools.cache
+def _update_job(columns: tuple[str, ...]) -> Any:
+    """UPDATE of a job's `columns` by id (one statement per set of columns, built once): SET parameters
+    are named `set_<column>`, since a bound parameter may not take a column's own name there."""
+    return (
+        update(_JOBS)
+        .where(_JOBS.c.id == bindparam("job_id"))
+        .values({name: bindparam(f"set_{name}") for name in columns})
+    )
+
+
+def _set_values(values: Mapping[str, Any], columns: Sequence[str]) -> dict[str, Any]:
+    return {f"set_{name}": values[name] for name in columns}
+
+
+def _touch(job: Any, now: datetime) -> None:
     job.updated_at = now
     job.version += 1
 
 
-def _finish(job: JobRecord, now: datetime) -> None:
+def _finish(job: Any, now: datetime) -> None:
     """Terminal bookkeeping: release the lease, stamp the end, keep the result only as long as allowed."""
     job.lease_owner = None
     job.lease_expires_at = None
