@@ -295,8 +295,8 @@ OWNERS = (
     ("handles: the rest (tools, handle, service, runtime)", r"^handles/"),
     ("MCP SDK (mcp, mcp_types: sessions, validation, JSON-RPC)", r"^mcp/|^mcp_types/"),
     (
-        "transport (starlette, uvicorn, h11, httpx2; anyio streams)",
-        r"^starlette|^uvicorn|^sse_starlette|^h11|^httptools|^httpx|^httpcore|^anyio/streams|^anyio/_backends",
+        "transport (starlette, uvicorn, h11, httpx2; anyio streams and file I/O)",
+        r"^starlette|^uvicorn|^sse_starlette|^h11|^httptools|^httpx|^httpcore|^anyio/streams|^anyio/_core/_fileio",
     ),
     ("bench loop", r"^bench/"),
 )
