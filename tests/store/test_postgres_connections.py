@@ -15,8 +15,9 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
 from handles.store import JobRepository, Store, utc_now
+from handles.store.engine import CONNECT_TIMEOUT_SECONDS, NOTIFY_CHANNEL
 from handles.store.listen import libpq_url
-from handles.store.repository import CONNECT_TIMEOUT_SECONDS, NOTIFY_CHANNEL, ActiveLimitReached
+from handles.store.repository import ActiveLimitReached
 from tests.runtime.support import job_row
 
 
