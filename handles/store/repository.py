@@ -47,6 +47,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import configure_mappers
 from sqlmodel import Session, col, delete, select
 
+from handles.backoff import backoff_seconds
 from handles.errors import LeaseLost
 from handles.outcomes import failed
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
@@ -1594,7 +1595,7 @@ def _interrupted_outcome(job: JobRecord, now: datetime, *, shutdown: bool) -> di
             "resuming": True,
         }
     if job.on_interrupt == "retry" and attempts < job.max_attempts:
-        delay = min(2 ** max(attempts - 1, 0), 60)
+        delay = backoff_seconds(attempts, jitter=0, first=1, most=60)  # 1 s doubling to a minute
         return {
             "status": Status.WORKING.value,
             "status_message": f"Interrupted during attempt {attempts}; retrying as attempt {attempts + 1} of "
