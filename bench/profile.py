@@ -288,6 +288,199 @@ async def sampled(options: Options) -> list[Table]:
     return tables
 
 
+# -- CPU per call by owner, against the no-op ------------------------------------------------------
+
+OWNERS = (
+    ("handles: store (SQL, handles/store)", r"^handles/store/"),
+    ("handles: the rest (tools, handle, service, runtime)", r"^handles/"),
+    ("MCP SDK (mcp, mcp_types: sessions, validation, JSON-RPC)", r"^mcp/|^mcp_types/"),
+    (
+        "transport (starlette, uvicorn, h11, httpx2; anyio streams and file I/O)",
+        r"^starlette|^uvicorn|^sse_starlette|^h11|^httptools|^httpx|^httpcore|^anyio/streams|^anyio/_core/_fileio",
+    ),
+    ("bench loop", r"^bench/"),
+)
+OWNED_ELSEWHERE = "event loop and the rest (asyncio, gc, stdlib)"
+OWNER_CALLS = ("noop", "work_progress", "work_start")
+
+
+def _owner(frames: list[str]) -> str:
+    """The innermost frame that belongs to the package, the SDK, the transport or the bench loop decides
+    who asked for a sample's work: pydantic validating a tool's output under `mcp/` is the SDK's, a
+    SQLite call under `handles/store/` is the store's."""
+    for frame in reversed(frames):
+        path = _split(frame)[1]
+        for label, pattern in OWNERS:
+            if re.search(pattern, path):
+                return label
+    return OWNED_ELSEWHERE
+
+
+def _owned(raw: Path) -> collections.Counter[str]:
+    """The busy samples of one py-spy record (every thread), by owner."""
+    owners: collections.Counter[str] = collections.Counter()
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        frames = stack.split(";")[1:]
+        if not frames or _split(frames[-1])[0].split(".")[-1] in {i.split(".")[-1] for i in IDLE}:
+            continue
+        owners[_owner(frames)] += n
+    return owners
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
+async def owners(options: Options) -> list[Table]:
+    """CPU per call of the server and of the client, by owner, for the no-op, `work_progress` and
+    `work_start`, over stdio and Streamable HTTP: what a call adds to the no-op, and who spends it."""
+    import os
+
+    from mcp import StdioServerParameters
+
+    from bench.common import REPO_ROOT, cpu_seconds, handles_env
+
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    seconds = options.n(10, 3)
+    rate = 250  # blocking samples (consistent stacks); a low rate keeps the pauses small
+    tables: list[Table] = []
+    for transport in ("stdio", "http"):
+        table = Table(
+            section=SECTION,
+            title=f"Profile C. CPU per call by owner, against the no-op ({transport}, SQLite file)",
+            columns=[
+                "owner",
+                *[f"server {call} ms" for call in OWNER_CALLS],
+                *[f"client {call} ms" for call in OWNER_CALLS],
+            ],
+            command=options.section_command(SECTION),
+        )
+        tables.append(table)
+        if spy is None:
+            table.rows.append(["py-spy is not installed", *["n/a"] * 6])
+            continue
+        data_dir = Path(tempfile.mkdtemp(prefix=f"owners-{transport}-", dir=options.work_dir))
+        per_call: dict[str, dict[str, dict[str, float]]] = {"server": {}, "client": {}}
+        latency: dict[str, float] = {}
+        server: Any = None
+        async with contextlib.AsyncExitStack() as stack:
+            if transport == "stdio":
+                before = set(_children(os.getpid()))
+                params = StdioServerParameters(
+                    command=sys.executable,
+                    args=["-m", "bench.app", "--stdio"],
+                    env=handles_env(data_dir),
+                    cwd=REPO_ROOT,
+                )
+                c = await stack.enter_async_context(client(params))
+                new = [pid for pid in _children(os.getpid()) if pid not in before]
+                server_pid = new[0]
+            else:
+                server = handles_http_server(data_dir).start()
+                stack.callback(server.stop)
+                c = await stack.enter_async_context(client(server.url))
+                server_pid = server.pid
+            running = (await structured(c, "work_start", {"seconds": 3600}))["handle"]
+            calls_of: dict[str, tuple[str, dict[str, Any]]] = {
+                "noop": ("noop", {}),
+                "work_progress": ("work_progress", {"handle": running}),
+                "work_start": ("work_start", {"seconds": 0}),
+            }
+            for call in OWNER_CALLS:
+                for _ in range(100):
+                    await c.call_tool(*calls_of[call])
+                raws = {side: data_dir / f"{transport}-{call}-{side}.txt" for side in ("server", "client")}
+                recorders = [
+                    subprocess.Popen(
+                        [
+                            spy,
+                            "record",
+                            "-p",
+                            str(pid),
+                            "-d",
+                            str(seconds),
+                            "-r",
+                            str(rate),
+                            "--threads",
+                            "-f",
+                            "raw",
+                            "-o",
+                            str(raws[side]),
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE,
+                    )
+                    for side, pid in (("server", server_pid), ("client", os.getpid()))
+                ]
+                await asyncio.sleep(0.5)  # both recorders attached
+                times: list[float] = []
+                cpu_before = {"server": cpu_seconds(server_pid), "client": cpu_seconds(os.getpid())}
+                deadline = time.perf_counter() + seconds - 1
+                while time.perf_counter() < deadline:
+                    began = time.perf_counter()
+                    await c.call_tool(*calls_of[call])
+                    times.append(time.perf_counter() - began)
+                cpu_after = {"server": cpu_seconds(server_pid), "client": cpu_seconds(os.getpid())}
+                for recorder in recorders:
+                    await asyncio.to_thread(recorder.communicate)
+                latency[call] = Stats.of(times).p50
+                for side, raw in raws.items():
+                    start_cpu, end_cpu = cpu_before[side], cpu_after[side]
+                    if not raw.exists() or start_cpu is None or end_cpu is None:
+                        continue
+                    busy = _owned(raw)
+                    samples = sum(busy.values()) or 1
+                    cpu_ms = (end_cpu - start_cpu) / len(times) * 1000  # the process's CPU time per call
+                    per_call[side][call] = {owner: cpu_ms * count / samples for owner, count in busy.items()}
+            if transport == "stdio":
+                await c.call_tool("work_cancel", {"handle": running})
+        labels = [label for label, _ in OWNERS] + [OWNED_ELSEWHERE]
+        for label in labels:
+            row = [label]
+            for side in ("server", "client"):
+                for call in OWNER_CALLS:
+                    value = per_call[side].get(call, {}).get(label, 0.0)
+                    row.append(f"{value:.3f}")
+            table.rows.append(row)
+        totals = ["all CPU"]
+        for side in ("server", "client"):
+            for call in OWNER_CALLS:
+                totals.append(f"{sum(per_call[side].get(call, {}).values()):.3f}")
+        table.rows.append(totals)
+        table.rows.append(
+            [
+                "call latency p50 ms (recorders attached)",
+                *[f"{latency[c_]:.3f}" for c_ in OWNER_CALLS],
+                "",
+                "",
+                "",
+            ]
+        )
+        table.data = {"per_call_ms": per_call, "latency_p50_ms": latency, "seconds": seconds, "rate_hz": rate}
+        table.notes += [
+            f"py-spy at {rate} Hz, all threads, on the server process and on the measuring (client) "
+            f"process at once, while the client calls one tool back to back for {seconds - 1} s (after 100 "
+            "warm-up calls). CPU per call: the process's CPU time (utime + stime) over the loop / calls, shared "
+            "out by the owners of its busy samples (threads the OS reports idle are not sampled; waiting frames "
+            "excluded).",
+            "Owner: the innermost frame of a sample in the package (split into `handles/store` and the rest), the "
+            "MCP SDK (`mcp`, `mcp_types`), the transport, or the bench loop; pydantic, jsonschema and json work "
+            "count for whichever of those called it. `work_start` starts a 0 s job: the server's figure includes "
+            "running it and storing its outcome (what each start costs the server), as in section 1, where each "
+            "started job is awaited untimed.",
+        ]
+    return tables
+
+
 # -- the per-principal active count at scale --------------------------------------------------
 
 
@@ -351,4 +544,6 @@ async def run(options: Options) -> list[Table]:
     tables.append(await active_count(options))
     log("profile: sampling (py-spy)")
     tables += await sampled(options)
+    log("profile: CPU per call by owner (py-spy)")
+    tables += await owners(options)
     return tables

@@ -9,9 +9,15 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError, model_validator
+from pydantic.dataclasses import dataclass
+from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
 
 from handles.errors import ConfigurationError
 from handles.limits import MAX_RESULT_BYTES
@@ -22,92 +28,30 @@ DEFAULT_DATA_DIR = ".handles"
 DEV_KEY_FILE = "dev-secret-key"
 MIN_KEY_LENGTH = 32
 
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
+_FLAGS = dict.fromkeys(("1", "true", "yes", "on"), True) | dict.fromkeys(("0", "false", "no", "off"), False)
 
 
-@dataclass(frozen=True)
-class _Bound:
-    """What a numeric setting accepts: `low` (inclusive unless `above`), `high` (inclusive)."""
-
-    low: float
-    above: bool = False
-    high: float | None = None
-    integer: bool = False
-
-    def describe(self) -> str:
-        kind = "an integer" if self.integer else "a number"
-        low = f"{self.low:g}"
-        if self.high is not None:
-            return (
-                f"{kind} between {low} (exclusive) and {self.high:g}"
-                if self.above
-                else (f"{kind} between {low} and {self.high:g}")
-            )
-        return f"{kind} greater than {low}" if self.above else f"{kind} at least {low}"
-
-    def accepts(self, value: float) -> bool:
-        if (self.above and value <= self.low) or (not self.above and value < self.low):
-            return False
-        return self.high is None or value <= self.high
+def _from_text(parse: Callable[[str], Any]) -> BeforeValidator:
+    """An environment value is text: `parse` reads it; values given in Python are checked strictly."""
+    return BeforeValidator(lambda value: parse(value) if isinstance(value, str) else value)
 
 
-# field -> (environment variable, what it accepts); booleans and strings are read separately.
-_NUMBERS: dict[str, tuple[str, _Bound]] = {
-    "max_running": ("HANDLES_MAX_RUNNING", _Bound(1, integer=True)),
-    "max_wait_seconds": ("HANDLES_MAX_WAIT_SECONDS", _Bound(0)),
-    "max_active_per_principal": ("HANDLES_MAX_ACTIVE_PER_PRINCIPAL", _Bound(1, integer=True)),
-    "lease_seconds": ("HANDLES_LEASE_SECONDS", _Bound(0, above=True)),
-    "heartbeat_seconds": ("HANDLES_HEARTBEAT_SECONDS", _Bound(0, above=True)),
-    "sweep_interval_seconds": ("HANDLES_SWEEP_SECONDS", _Bound(0, above=True)),
-    "store_poll_seconds": ("HANDLES_STORE_POLL_SECONDS", _Bound(0, above=True)),
-    "cancel_grace_seconds": ("HANDLES_CANCEL_GRACE_SECONDS", _Bound(0)),
-    "progress_flush_seconds": ("HANDLES_PROGRESS_FLUSH_SECONDS", _Bound(0)),
-    "inline_budget_seconds": ("HANDLES_INLINE_BUDGET_SECONDS", _Bound(0)),
-    "drain_seconds": ("HANDLES_DRAIN_SECONDS", _Bound(0)),
-    "step_cancel_limit_seconds": ("HANDLES_STEP_CANCEL_LIMIT_SECONDS", _Bound(0)),
-    "principal_share": ("HANDLES_PRINCIPAL_SHARE", _Bound(0, above=True, high=1)),
-    "link_results_over": ("HANDLES_LINK_RESULTS_OVER", _Bound(1, integer=True, high=MAX_RESULT_BYTES)),
-    "max_result_file_bytes": ("HANDLES_MAX_RESULT_FILE_BYTES", _Bound(0, integer=True)),
-    "audit_retention_seconds": ("HANDLES_AUDIT_RETENTION_SECONDS", _Bound(0)),
-    "switch_cache_seconds": ("HANDLES_SWITCH_CACHE_SECONDS", _Bound(0, high=60)),
-}
+Integer = Annotated[int, Strict(), _from_text(int)]
+Number = Annotated[float, Strict(), _from_text(float)]
+Flag = Annotated[bool, Strict(), _from_text(lambda text: _FLAGS.get(text.lower(), text))]
+Names = Annotated[
+    tuple[str, ...], _from_text(lambda text: tuple(n.strip() for n in text.split(",") if n.strip()))
+]
 
 
-def _env_number(field: str, default: float) -> float:
-    variable, bound = _NUMBERS[field]
-    raw = os.environ.get(variable, "").strip()
-    if raw == "":
-        return default
-    try:
-        value: float = int(raw) if bound.integer else float(raw)
-    except ValueError:
-        raise ConfigurationError(f"{variable}={raw!r} is not valid: use {bound.describe()}.") from None
-    if not bound.accepts(value):
-        raise ConfigurationError(f"{variable}={raw!r} is not valid: use {bound.describe()}.")
-    return value
+# Each field is read from HANDLES_ and its name in capitals (one exception: HANDLES_SWEEP_SECONDS);
+# a value given in Python is checked against the same types and ranges, and an unknown name is refused.
+_VARIABLES_OF_FIELDS = ConfigDict(
+    alias_generator=lambda n: "HANDLES_" + n.upper(), populate_by_name=True, extra="forbid"
+)
 
 
-def _env_optional_bool(name: str) -> bool | None:
-    raw = os.environ.get(name, "").strip()
-    return None if raw == "" else _env_bool(name, False)
-
-
-def _env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name, "").strip()
-    if raw == "":
-        return default
-    if raw.lower() in _TRUE:
-        return True
-    if raw.lower() in _FALSE:
-        return False
-    raise ConfigurationError(
-        f"{name}={raw!r} is not valid: use one of true/false, 1/0, yes/no, on/off (or leave it unset)."
-    )
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_VARIABLES_OF_FIELDS)
 class HandlesConfig:
     """Settings of one `Handles` instance.
 
@@ -115,52 +59,52 @@ class HandlesConfig:
     """
 
     database_url: str = ""
-    secret_keys: tuple[str, ...] = ()
-    dev_mode: bool = False
+    secret_keys: Names = ()
+    dev_mode: Flag = False
     data_dir: Path = Path(DEFAULT_DATA_DIR)
     local_principal: str = "local"
-    max_running: int = 32
-    max_wait_seconds: float = 50.0
-    max_active_per_principal: int = 50
-    lease_seconds: float = 30.0
-    heartbeat_seconds: float = 2.0
-    sweep_interval_seconds: float = 5.0
-    store_poll_seconds: float = 1.0
-    cancel_grace_seconds: float = 5.0
-    progress_flush_seconds: float = 0.1
-    run_workers: bool = True
-    auto_migrate: bool | None = None
-    inline_budget_seconds: float = 20.0
+    max_running: Annotated[Integer, Field(ge=1)] = 32
+    max_wait_seconds: Annotated[Number, Field(ge=0)] = 50.0
+    max_active_per_principal: Annotated[Integer, Field(ge=1)] = 50
+    lease_seconds: Annotated[Number, Field(gt=0)] = 30.0
+    heartbeat_seconds: Annotated[Number, Field(gt=0)] = 2.0
+    sweep_interval_seconds: Annotated[Number, Field(gt=0, alias="HANDLES_SWEEP_SECONDS")] = 5.0
+    store_poll_seconds: Annotated[Number, Field(gt=0)] = 1.0
+    cancel_grace_seconds: Annotated[Number, Field(ge=0)] = 5.0
+    progress_flush_seconds: Annotated[Number, Field(ge=0)] = 0.1
+    run_workers: Flag = True
+    auto_migrate: Flag | None = None
+    inline_budget_seconds: Annotated[Number, Field(ge=0)] = 20.0
     # A stopping node lets running jobs finish this long, then hands the rest over (fits a 30 s
     # termination window with room for the HTTP server's own shutdown).
-    drain_seconds: float = 25.0
+    drain_seconds: Annotated[Number, Field(ge=0)] = 25.0
     # How long a cancel or a shutdown waits for a durable step that is executing; past it the
     # step is recorded as outcome-unknown.
-    step_cancel_limit_seconds: float = 60.0
+    step_cancel_limit_seconds: Annotated[Number, Field(ge=0)] = 60.0
     # The share of this node's slots one principal may hold while another principal's jobs wait.
-    principal_share: float = 0.5
+    principal_share: Annotated[Number, Field(gt=0, le=1)] = 0.5
     # A result whose JSON is larger than this is stored as a file and answered as a link to read
     # (handles.results); a job's own `link_results_over` wins.
-    link_results_over: int = 256 * 1024
+    link_results_over: Annotated[Integer, Field(ge=1, le=MAX_RESULT_BYTES)] = 256 * 1024
     # The largest result file one job may store; a larger one fails the job (`result_too_large`).
-    max_result_file_bytes: int = 2 * 1024 * 1024 * 1024
+    max_result_file_bytes: Annotated[Integer, Field(ge=0)] = 2 * 1024 * 1024 * 1024
     # How long a deleted job's evidence (handles.store.audit) is kept; 0 keeps none.
-    audit_retention_seconds: float = 365 * 24 * 3600.0
+    audit_retention_seconds: Annotated[Number, Field(ge=0)] = 365 * 24 * 3600.0
     # How long a node trusts its copy of the operator's switches (handles/switches.py) before it reads
     # them again: a switch set with the `handles` command takes effect on every node within this.
-    switch_cache_seconds: float = 2.0
+    switch_cache_seconds: Annotated[Number, Field(ge=0, le=60)] = 2.0
     # Switches pinned by this node's configuration, engaged whatever the store says: no new tasks
     # through the Tasks face, and no new starts of these job kinds.
-    tasks_off: bool = False
-    paused_jobs: tuple[str, ...] = ()
+    tasks_off: Flag = False
+    paused_jobs: Names = ()
 
-    def __post_init__(self) -> None:
-        for field, (variable, bound) in _NUMBERS.items():
-            value = getattr(self, field)
-            if not bound.accepts(value):
-                raise ConfigurationError(
-                    f"HandlesConfig.{field}={value!r} ({variable}) is not valid: use {bound.describe()}."
-                )
+    @model_validator(mode="wrap")
+    @classmethod
+    def _refuse_bad_values(cls, values: Any, validate: Callable[[Any], HandlesConfig]) -> HandlesConfig:
+        try:
+            return validate(values)
+        except ValidationError as error:
+            raise ConfigurationError(" ".join(map(_refusal, error.errors()))) from None
 
     @property
     def principal_slot_limit(self) -> int:
@@ -170,22 +114,8 @@ class HandlesConfig:
     @classmethod
     def from_env(cls, **overrides: Any) -> HandlesConfig:
         """Read `HANDLES_*` variables; keyword overrides win over the environment."""
-        data_dir = Path(os.environ.get("HANDLES_DATA_DIR") or DEFAULT_DATA_DIR)
-        keys = tuple(k.strip() for k in os.environ.get("HANDLES_SECRET_KEYS", "").split(",") if k.strip())
-        config = cls(
-            database_url=os.environ.get("HANDLES_DATABASE_URL", ""),
-            secret_keys=keys,
-            dev_mode=_env_bool("HANDLES_DEV_MODE", False),
-            data_dir=data_dir,
-            local_principal=os.environ.get("HANDLES_LOCAL_PRINCIPAL") or "local",
-            **{field: _env_number(field, getattr(cls, field)) for field in _NUMBERS},  # type: ignore[arg-type]
-            run_workers=_env_bool("HANDLES_RUN_WORKERS", True),
-            auto_migrate=_env_optional_bool("HANDLES_AUTO_MIGRATE"),
-            tasks_off=_env_bool("HANDLES_TASKS_OFF", False),
-            paused_jobs=tuple(
-                name.strip() for name in os.environ.get("HANDLES_PAUSED_JOBS", "").split(",") if name.strip()
-            ),
-        )
+        environment = {k: v.strip() for k, v in os.environ.items() if k in _VARIABLES and v.strip()}
+        config = TypeAdapter(cls).validate_python(environment)
         return replace(config, **overrides) if overrides else config
 
     def resolved_database_url(self) -> str:
@@ -233,3 +163,34 @@ class HandlesConfig:
             path,
         )
         return key
+
+
+_FIELDS: dict[str, FieldInfo] = HandlesConfig.__pydantic_fields__  # type: ignore[attr-defined]
+_VARIABLES = frozenset(str(field.alias) for field in _FIELDS.values())
+
+
+def _refusal(error: ErrorDetails) -> str:
+    """`HANDLES_X='value' is not valid: ...`, or `HandlesConfig.x=value (HANDLES_X) ...` for Python's."""
+    key = str(error["loc"][0]) if error["loc"] else ""
+    name, field = next(((n, f) for n, f in _FIELDS.items() if key in (n, f.alias)), (key, None))
+    if field is None:
+        return f"HandlesConfig({key}={error['input']!r}) is not valid: {error['msg']}."
+    given = (
+        f"{key}={error['input']!r}"
+        if key == field.alias
+        else f"HandlesConfig.{name}={error['input']!r} ({field.alias})"
+    )
+    return f"{given} is not valid: {_accepted(field, error)}."
+
+
+def _accepted(field: FieldInfo, error: ErrorDetails) -> str:
+    bounds = {k: getattr(m, k) for m in field.metadata for k in ("ge", "gt", "le") if hasattr(m, k)}
+    low = bounds.get("gt", bounds.get("ge"))
+    if error["type"].startswith("bool"):
+        return "use one of true/false, 1/0, yes/no, on/off (or leave it unset)"
+    if low is None:
+        return str(error["msg"])
+    kind = "an integer" if field.annotation is int else "a number"
+    if "le" in bounds:
+        return f"use {kind} between {low}{' (exclusive)' if 'gt' in bounds else ''} and {bounds['le']}"
+    return f"use {kind} {'greater than' if 'gt' in bounds else 'at least'} {low}"

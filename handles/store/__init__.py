@@ -21,8 +21,9 @@ import anyio.to_thread
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from handles.errors import StoreUnavailable
+from handles.store.engine import WriterBusy
 from handles.store.models import InputRequestRecord, JobRecord, StepRecord, SwitchRecord
-from handles.store.repository import AnswerOutcome, CancelOutcome, Clock, JobRepository, WriterBusy, utc_now
+from handles.store.repository import AnswerOutcome, CancelOutcome, Clock, JobRepository, utc_now
 
 __all__ = [
     "AnswerOutcome",

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import psycopg
 from sqlalchemy.engine import make_url
 
-from handles.store.repository import NOTIFY_CHANNEL
+from handles.store.engine import NOTIFY_CHANNEL
 
 logger = logging.getLogger("handles.store")
 

@@ -6,26 +6,26 @@ winner. Work that reads then writes runs in a write transaction that takes the
 write lock first (`BEGIN IMMEDIATE` on SQLite, row locks on PostgreSQL).
 
 The methods are synchronous; `Store` (store/__init__.py) runs them on worker
-threads so the event loop never waits on the database.
+threads so the event loop never waits on the database. The engines, connections
+and transactions they run in are `Database`'s (engine.py).
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 import logging
-import threading
+import sqlite3
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from sqlalchemy import (
     JSON,
     Connection,
-    Engine,
     Float,
     Integer,
     Text,
@@ -34,8 +34,6 @@ from sqlalchemy import (
     case,
     cast,
     column,
-    create_engine,
-    event,
     func,
     literal_column,
     or_,
@@ -49,10 +47,12 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import configure_mappers
 from sqlmodel import Session, col, delete, select
 
-from handles.errors import ConfigurationError, LeaseLost
+from handles.backoff import backoff_seconds
+from handles.errors import LeaseLost
 from handles.outcomes import failed
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
 from handles.store.audit import evidence
+from handles.store.engine import NOTICE, NOTIFY_CHANNEL, Database, is_sqlite
 from handles.store.models import (
     CLAIM_ENTRY_HEAD,
     AuditRecord,
@@ -74,23 +74,12 @@ logger = logging.getLogger("handles.store")
 Clock = Callable[[], datetime]
 P = ParamSpec("P")
 T = TypeVar("T")
-_INLINE: ContextVar[bool] = ContextVar("handles_inline_read", default=False)
-_INLINE_WRITE: ContextVar[bool] = ContextVar("handles_inline_write", default=False)
-_NOTICE: ContextVar[str | None] = ContextVar("handles_change_notice", default=None)
-"""The change notice that write transactions in this context publish as they commit (see `publishing`)."""
-NOTIFY_CHANNEL = "handles_jobs"
-CONNECT_TIMEOUT_SECONDS = 10
-"""How long a new PostgreSQL connection may take before the attempt fails (`connect_timeout`)."""
 _DATABASE_NOW = func.now(type_=UTCDateTime())  # the database's clock, read as an aware UTC datetime
 _VERSIONS_BATCH = 500  # ids per query when reading the versions of watched jobs
 
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-class WriterBusy(Exception):
-    """An inline write found the writer lock taken (in this process or another): nothing was written."""
 
 
 class ActiveLimitReached(Exception):
@@ -119,104 +108,32 @@ class AnswerOutcome:
     ignored: list[str]
 
 
-def _is_sqlite(url: str) -> bool:
-    return url.startswith("sqlite")
-
-
-def _is_memory_sqlite(url: str) -> bool:
-    path = url.split("?", 1)[0]
-    return _is_sqlite(url) and (path.endswith("://") or path.endswith(":memory:") or "mode=memory" in url)
-
-
-def _make_engines(url: str) -> tuple[Engine, Engine, Engine | None, Engine | None]:
-    """(read engine, write engine, inline-read engine or None, inline-write engine or None).
-
-    On PostgreSQL reads and writes have engines of their own (see below). On SQLite the
-    write engine begins with BEGIN IMMEDIATE, and a file database gets a
-    third engine for reads made on the event loop itself: in WAL mode a read never waits
-    for a writer, so it costs microseconds, less than the hop to a worker thread. Its
-    connections give up after 50 ms instead of waiting on a lock (the caller then falls
-    back to a worker thread). A fourth engine, for short writes made on the event loop, begins with
-    BEGIN IMMEDIATE and never waits for SQLite's write lock (a busy timeout of 0): a writer at work
-    in another process sends the write to a worker thread instead.
-    """
-    if not _is_sqlite(url):
-        # A database host that never answers (packets dropped, not refused) must not hang a start or a
-        # request: libpq would wait forever without a connect timeout. One set in the URL wins.
-        connect = (
-            {} if "connect_timeout" in url else {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_SECONDS}}
-        )
-        write = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10, **connect)
-        # Reads in autocommit, without a ping at checkout: a poll is its statements and nothing else
-        # (no BEGIN, no ROLLBACK, no ping). A read on a connection the server dropped fails at once
-        # and invalidates the pool; `Store.read` retries it once on a fresh connection. Under READ
-        # COMMITTED each statement took its own snapshot anyway, so no read loses consistency.
-        read = create_engine(url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=10, **connect)
-        return read, write, None, None
-
-    if _is_memory_sqlite(url):
-        raise ConfigurationError(
-            f"HANDLES_DATABASE_URL={url!r} is an in-memory SQLite database, which cannot be shared by the "
-            "threads that serve requests and run jobs, and loses every job when the process ends. Use an "
-            "SQLite file (sqlite:///path/to/handles.db, the default under HANDLES_DATA_DIR) or PostgreSQL."
-        )
-    kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 30}}
-
-    def configure(engine: Engine, begin: str | None, busy_ms: int = 30000) -> Engine:
-        @event.listens_for(engine, "connect")
-        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-            # Take transaction control away from pysqlite so BEGIN is ours to issue.
-            dbapi_connection.isolation_level = None
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=NORMAL")
-            cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
-            cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.close()
-
-        if begin is not None:
-
-            @event.listens_for(engine, "begin")
-            def _on_begin(connection: Any) -> None:
-                connection.exec_driver_sql(begin)
-
-        return engine
-
-    write = configure(create_engine(url, **kwargs), "BEGIN IMMEDIATE")
-    read = configure(create_engine(url, **kwargs), "BEGIN")
-    # No BEGIN: each read statement is its own snapshot, with nothing to end afterwards.
-    inline = configure(create_engine(url, **kwargs), None, busy_ms=50)
-    inline_write = configure(create_engine(url, **kwargs), "BEGIN IMMEDIATE", busy_ms=0)
-    return read, write, inline, inline_write
-
-
-class JobRepository:
-    """Synchronous access to the job tables of one database."""
+class JobRepository(Database):
+    """Synchronous access to the job tables of one database (its engines and transactions: `Database`)."""
 
     def __init__(self, url: str, *, clock: Clock = utc_now, lease_clock: str | None = None) -> None:
         """`lease_clock`: "database" judges and sets leases by the database server's clock (the default on
         PostgreSQL, so nodes with skewed clocks agree), "local" by `clock` (the default elsewhere, and
         whenever a test clock is injected)."""
-        self.url = url
+        super().__init__(url)
         self.clock = clock
         if lease_clock is None:
-            lease_clock = "database" if not _is_sqlite(url) and clock is utc_now else "local"
+            lease_clock = "database" if not is_sqlite(url) and clock is utc_now else "local"
         if lease_clock not in ("database", "local"):
             raise ValueError("lease_clock must be 'database' or 'local'")
         self._database_leases = lease_clock == "database"
-        self._read_engine, self._write_engine, self._inline_engine, self._inline_write_engine = _make_engines(
-            url
-        )
-        self._inline_connection: Connection | None = None
-        self._inline_write_connection: Connection | None = None
-        self._inline_lock = threading.Lock()
         # Models built from Core rows (the hot reads) need their ORM mappers ready.
         configure_mappers()
-        # SQLite has one writer at a time. Queue this process's writers on a lock rather than in
-        # SQLite's busy handler, which sleeps in coarse steps (up to 100 ms) while the lock is held.
-        self._write_lock: contextlib.AbstractContextManager[Any] = (
-            threading.RLock() if _is_sqlite(url) else contextlib.nullcontext()
-        )
+        self._prepared: dict[Any, _Prepared] = {}  # the hot reads' statements, compiled (`_hot_reading`)
+        # A start on SQLite runs these on SQLite's own connection (see `_insert_sqlite`).
+        self._sqlite_start: tuple[_Prepared, _Prepared, _Prepared] | None = None
+        if self.dialect == "sqlite":
+            dialect = self._write_engine.dialect
+            self._sqlite_start = (
+                _Prepared(_COUNT_ACTIVE_LITERAL, dialect),
+                _Prepared(_INSERT_JOB, dialect, _JOB_COLUMNS),
+                _Prepared(_INSERT_INPUT, dialect, _INPUT_COLUMNS),
+            )
 
     @property
     def database_leases(self) -> bool:
@@ -234,155 +151,28 @@ class JobRepository:
         value: datetime = session.execute(sa_select(_DATABASE_NOW)).scalar_one()
         return value
 
-    @property
-    def dialect(self) -> str:
-        return self._write_engine.dialect.name
-
-    @property
-    def engine(self) -> Engine:
-        """The engine writes go through (migrations, bulk maintenance)."""
-        return self._write_engine
-
-    def create_schema(self) -> None:
-        """Create or upgrade the handles tables to the newest schema revision (Alembic migrations)."""
-        from handles.store import migrate
-
-        migrate.upgrade(self.engine)
-
-    def prepare(self, *, auto_migrate: bool) -> None:
-        """Make sure the schema is current: upgrade it, or refuse to go on when upgrades are the operator's."""
-        from handles.store import migrate
-
-        if auto_migrate:
-            migrate.upgrade(self._write_engine)
-        else:
-            migrate.check_current(self._write_engine)
-
-    def ping(self) -> None:
-        """A trivial query: raises when the database does not answer (the readiness probe)."""
-        with self._read_engine.connect() as connection:
-            connection.exec_driver_sql("select 1")
-
-    def dispose(self) -> None:
-        if self._inline_connection is not None:
-            self._inline_connection.close()
-            self._inline_connection = None
-        if self._inline_write_connection is not None:
-            self._inline_write_connection.close()
-            self._inline_write_connection = None
-        if self._inline_write_engine is not None:
-            self._inline_write_engine.dispose()
-        self._read_engine.dispose()
-        if self._inline_engine is not None:
-            self._inline_engine.dispose()
-        if self._write_engine is not self._read_engine:
-            self._write_engine.dispose()
-
-    @property
-    def reads_inline(self) -> bool:
-        """Whether reads may run on the calling (event loop) thread: SQLite files only."""
-        return self._inline_engine is not None
-
-    def read_inline(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run the read method `fn` here, on connections that fail fast instead of waiting on a lock."""
-        token = _INLINE.set(True)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _INLINE.reset(token)
-
-    @property
-    def writes_inline(self) -> bool:
-        """Whether short writes may be tried on the calling (event loop) thread: SQLite files only."""
-        return self._inline_write_engine is not None
-
-    def write_inline(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run the short write method `fn` here, if it can have the writer lock without waiting.
-
-        Raises `WriterBusy` (nothing written) when this process's writer lock is held, and SQLite's
-        "database is locked" (`OperationalError`, nothing written) when another process writes: the
-        caller then runs `fn` on a worker thread. Its reads, too, are the inline reads that fail fast.
-        """
-        tokens = (_INLINE_WRITE.set(True), _INLINE.set(True))
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _INLINE.reset(tokens[1])
-            _INLINE_WRITE.reset(tokens[0])
-
     @contextmanager
-    def _inline_writing(self) -> Iterator[Session]:
-        """A write transaction on the long-lived inline-write connection (see `write_inline`)."""
-        acquire = getattr(self._write_lock, "acquire", None)
-        if acquire is not None and not acquire(blocking=False):
-            raise WriterBusy
-        try:
-            assert self._inline_write_engine is not None
-            if self._inline_write_connection is None or self._inline_write_connection.closed:
-                self._inline_write_connection = self._inline_write_engine.connect()
-            connection = self._inline_write_connection
-            try:
-                with Session(bind=connection, expire_on_commit=False) as session, session.begin():
-                    yield session
-            except DBAPIError:
-                connection.invalidate()  # a fresh connection next time, in a known state
-                self._inline_write_connection = None
-                raise
-        finally:
-            if acquire is not None:
-                self._write_lock.__exit__(None, None, None)
+    def _hot_reading(self) -> Iterator[Any]:
+        """What the hot reads by key (`_one`, `_rows`) run on: on the event loop on an SQLite file,
+        SQLite's own connection with each statement compiled once (SQLAlchemy's execution costs
+        several times SQLite's, as for a start); elsewhere a connection of `_fast_reading`."""
+        with self._sqlite_reading() as raw:
+            if raw is not None:
+                yield _SQLiteReads(raw, self._prepare)
+                return
+        with self._fast_reading() as connection:
+            yield connection
 
-    @contextmanager
-    def _reading(self) -> Iterator[Session]:
-        with Session(self._read_engine, expire_on_commit=False) as session:
-            yield session
-
-    @contextmanager
-    def _fast_reading(self) -> Iterator[Connection]:
-        """A connection for the hot reads (by key), which skip the ORM session.
-
-        Inline (on the event loop, SQLite file): one long-lived connection, its read
-        transaction ended after each use so the next read sees the newest commit.
-        Otherwise a pooled connection of the read engine.
-        """
-        if not (_INLINE.get() and self._inline_engine is not None):
-            with self._read_engine.connect() as connection:
-                yield connection
-            return
-        with self._inline_lock:
-            if self._inline_connection is None or self._inline_connection.closed:
-                self._inline_connection = self._inline_engine.connect()
-            connection = self._inline_connection
-            try:
-                yield connection
-            except BaseException:
-                connection.invalidate()
-                self._inline_connection = None
-                raise
-            else:
-                connection.rollback()
-
-    @contextmanager
-    def _writing(self) -> Iterator[Session]:
-        if _INLINE_WRITE.get() and self._inline_write_engine is not None:
-            with self._inline_writing() as session:
-                yield session
-            return
-        with (
-            self._write_lock,
-            Session(self._write_engine, expire_on_commit=False) as session,
-            session.begin(),
-        ):
-            yield session
-            notice = _NOTICE.get()
-            if notice is not None:
-                # Inside the transaction: PostgreSQL delivers it when (and only if) the change commits.
-                session.execute(select(func.pg_notify(NOTIFY_CHANNEL, notice)))
+    def _prepare(self, statement: Any) -> _Prepared:
+        prepared = self._prepared.get(statement)
+        if prepared is None:
+            prepared = self._prepared[statement] = _Prepared(statement, self._write_engine.dialect)
+        return prepared
 
     # -- reads -------------------------------------------------------------
 
     def get(self, job_id: str) -> JobRecord | None:
-        with self._fast_reading() as connection:
+        with self._hot_reading() as connection:
             return _one(connection, JobRecord, _JOB_BY_ID, job_id)
 
     def versions(self, job_ids: Sequence[str]) -> dict[str, int]:
@@ -396,17 +186,17 @@ class JobRepository:
         return found
 
     def pending_inputs(self, job_id: str) -> list[InputRequestRecord]:
-        with self._fast_reading() as connection:
+        with self._hot_reading() as connection:
             return _rows(connection, InputRequestRecord, _OPEN_QUESTIONS_OF_JOB, job_id)
 
     def questions(self, job_id: str) -> list[InputRequestRecord]:
         """Every question the job asked, answered or not, in the order asked (the operator's view)."""
-        with self._fast_reading() as connection:
+        with self._hot_reading() as connection:
             return _rows(connection, InputRequestRecord, _QUESTIONS_OF_JOB, job_id)
 
     def snapshot(self, job_id: str) -> tuple[JobRecord | None, list[InputRequestRecord], list[StepRecord]]:
         """The job, its open questions (when it waits for answers) and its steps, read in one go."""
-        with self._fast_reading() as connection:
+        with self._hot_reading() as connection:
             if self.dialect == "postgresql":
                 return _snapshot_in_one(connection, job_id)
             job = _one(connection, JobRecord, _JOB_BY_ID, job_id)
@@ -419,14 +209,14 @@ class JobRepository:
 
     def replay_state(self, job_id: str) -> tuple[dict[str, dict[str, Any]], dict[str, StepRecord]]:
         """What a run replays: the job's recorded answers by key, and its steps by name, read in one go."""
-        with self._fast_reading() as connection:
+        with self._hot_reading() as connection:
             answered = _rows(connection, InputRequestRecord, _ANSWERS_OF_JOB, job_id)
             steps = _rows(connection, StepRecord, _STEPS_OF_JOB, job_id)
         answers = {record.key: record.answer for record in answered if record.answer is not None}
         return answers, {step.name: step for step in steps}
 
     def get_input(self, job_id: str, key: str) -> InputRequestRecord | None:
-        with self._fast_reading() as connection:
+        with self._hot_reading() as connection:
             return _one(connection, InputRequestRecord, _QUESTION_BY_KEY, job_id, key=key)
 
     def list_jobs(
@@ -522,6 +312,11 @@ class JobRepository:
             existing = self._find_idempotent(values)
             if existing is not None:
                 return existing, False
+        database_lease = (
+            values["lease_owner"] is not None and lease_seconds is not None and self._database_leases
+        )
+        if self._sqlite_start is not None and not database_lease:
+            return self._insert_sqlite(values, active_limit, questions)
         try:
             with self._writing() as session:
                 connection = session.connection()  # Core statements, past the ORM session's machinery
@@ -542,6 +337,34 @@ class JobRepository:
             return JobRecord.model_construct(**values), True
         except IntegrityError:
             existing = self._find_idempotent(values) if job.idempotency_key is not None else None
+            if existing is None:
+                raise
+            return existing, False
+
+    def _insert_sqlite(
+        self, values: dict[str, Any], active_limit: int | None, questions: Sequence[InputRequestRecord]
+    ) -> tuple[JobRecord, bool]:
+        """`insert` on SQLite: the count and the insert, compiled once, on SQLite's own connection in one
+        `BEGIN IMMEDIATE` transaction (`_sqlite_writing`), past SQLAlchemy's session and statement
+        execution, which cost several times what SQLite takes to run them. The values are bound as
+        SQLAlchemy binds them (the same type processors: JSON, UTC times), so the row is the same."""
+        assert self._sqlite_start is not None
+        count, insert_job, insert_input = self._sqlite_start
+        try:
+            with self._sqlite_writing() as connection:
+                if active_limit is not None:
+                    (active,) = connection.execute(count.sql, (values["principal_key"],)).fetchone()
+                    if active >= active_limit:
+                        raise ActiveLimitReached(int(active), active_limit)
+                connection.execute(insert_job.sql, insert_job.parameters(values))
+                if questions:
+                    connection.executemany(
+                        insert_input.sql,
+                        [insert_input.parameters(_column_values(_INPUTS, q)) for q in questions],
+                    )
+            return JobRecord.model_construct(**values), True
+        except IntegrityError:
+            existing = self._find_idempotent(values) if values["idempotency_key"] is not None else None
             if existing is None:
                 raise
             return existing, False
@@ -575,7 +398,7 @@ class JobRepository:
             "answers": None,
             "limit": active_limit,
             "lease": lease,
-            "notice": _NOTICE.get(),
+            "notice": NOTICE.get(),
         }
         if questions:
             rows = [_column_values(_INPUTS, q) for q in questions]
@@ -750,11 +573,11 @@ class JobRepository:
         change that rolled back. Only on PostgreSQL; elsewhere it just runs `fn`."""
         if self.dialect != "postgresql":
             return fn(*args, **kwargs)
-        token = _NOTICE.set(_notice(job_id, origin, queued))
+        token = NOTICE.set(_notice(job_id, origin, queued))
         try:
             return fn(*args, **kwargs)
         finally:
-            _NOTICE.reset(token)
+            NOTICE.reset(token)
 
     def heartbeat(
         self, owner: str, job_ids: Sequence[str], lease_seconds: float
@@ -848,6 +671,8 @@ class JobRepository:
         (False: someone else won, or the edge is not allowed).
         """
         now = self.clock()
+        if self._sqlite_start is not None and not self._database_leases:
+            return self._transition_sqlite(job_id, target, owner, lease_expired, now, values)
         with self._writing() as session:
             job = self._locked(session, job_id)
             if job is None or not can_transition(Status(job.status), target):
@@ -858,15 +683,44 @@ class JobRepository:
                 job.lease_expires_at is None or job.lease_expires_at >= self._lease_now_value(session, now)
             ):
                 return False
-            job.status = target.value
-            if target in TERMINAL:
-                _finish(job, now)
-            elif target is Status.WORKING:
-                job.input_deadline = None
-            for name, value in values.items():
-                setattr(job, name, value)
-            _touch(job, now)
+            _transitioned(job, target, now, values)
             session.add(job)
+        return True
+
+    def _transition_sqlite(
+        self,
+        job_id: str,
+        target: Status,
+        owner: str | None,
+        lease_expired: bool,
+        now: datetime,
+        values: Mapping[str, Any],
+    ) -> bool:
+        """`transition` on SQLite: the same read, checks and changes in one `BEGIN IMMEDIATE` transaction on
+        SQLite's own connection (`_sqlite_writing`, which holds the write lock from its start, as the ORM
+        session's did), the row read and the changed columns written by statements compiled once, past
+        the ORM session's unit of work (an outcome write is part of every job's cost)."""
+        with self._sqlite_writing() as connection:
+            rows = self._prepare(_JOB_BY_ID).rows(connection, {"job_id": job_id})
+            if not rows:
+                return False
+            before = rows[0]
+            job = SimpleNamespace(
+                **before
+            )  # the row's values, changed below as the ORM path changes its model
+            if not can_transition(Status(job.status), target):
+                return False
+            if owner is not None and job.lease_owner != owner:
+                return False
+            if lease_expired and (job.lease_expires_at is None or job.lease_expires_at >= now):
+                return False
+            _transitioned(job, target, now, values)
+            after = vars(job)
+            changed = tuple(name for name in _JOB_COLUMNS if after[name] != before[name] or name in values)
+            update = self._prepare(_update_job(changed))
+            connection.execute(
+                update.sql, update.parameters({"job_id": job_id, **_set_values(after, changed)})
+            )
         return True
 
     def _locked(self, session: Session, job_id: str) -> JobRecord | None:
@@ -1133,7 +987,7 @@ class JobRepository:
         return True
 
     def steps(self, job_id: str) -> list[StepRecord]:
-        with self._fast_reading() as connection:
+        with self._hot_reading() as connection:
             return _rows(connection, StepRecord, _STEPS_OF_JOB, job_id)
 
     # -- sweeping --------------------------------------------------------------
@@ -1455,11 +1309,83 @@ _JOB_BY_IDEMPOTENCY_KEY = sa_select(_JOBS).where(
     _JOBS.c.idempotency_key == bindparam("idempotency_key"),
 )
 _INSERT_INPUT = sa_insert(_INPUTS)
+_INPUT_COLUMNS = tuple(c.name for c in _INPUTS.columns)
 _COUNT_ACTIVE = (
     sa_select(func.count())
     .select_from(_JOBS)
     .where(_JOBS.c.principal_key == bindparam("key"), _JOBS.c.status.in_(list(ACTIVE)))
 )
+
+# The same count with the statuses written into the statement: a prepared statement's parameters are
+# positional, and an expanding IN list is not.
+_COUNT_ACTIVE_LITERAL = (
+    sa_select(func.count())
+    .select_from(_JOBS)
+    .where(
+        _JOBS.c.principal_key == bindparam("key"),
+        _JOBS.c.status.in_([literal_column(f"'{status.value}'") for status in sorted(ACTIVE)]),
+    )
+)
+
+
+class _Prepared:
+    """A Core statement compiled once for one dialect, to run on the DB-API connection itself: its SQL,
+    and its positional parameters from a dict of values, each through the bind processor of its column's
+    type for that dialect (JSON to text, aware UTC times to SQLite's format), as SQLAlchemy binds them."""
+
+    def __init__(self, statement: Any, dialect: Any, column_keys: Sequence[str] | None = None) -> None:
+        compiled = statement.compile(dialect=dialect, column_keys=list(column_keys or ()) or None)
+        self.sql: str = compiled.string
+        self._binds = [
+            (name, compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect))
+            for name in compiled.positiontup or ()
+        ]
+        # A SELECT's columns, each with its type's result processor (text to JSON, to aware UTC times).
+        self._columns = [
+            (column.name, column.type.dialect_impl(dialect).result_processor(dialect, None))
+            for column in getattr(statement, "selected_columns", ())
+        ]
+
+    def parameters(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
+        return tuple(
+            values[name] if process is None else process(values[name]) for name, process in self._binds
+        )
+
+    def rows(self, connection: sqlite3.Connection, values: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Run the SELECT on the DB-API `connection`: every row (so its statement ends), by column name."""
+        cursor = connection.execute(self.sql, self.parameters(values))
+        try:
+            found = cursor.fetchall()
+        finally:
+            cursor.close()
+        columns = self._columns
+        return [
+            {
+                name: value if process is None else process(value)
+                for (name, process), value in zip(columns, row, strict=True)
+            }
+            for row in found
+        ]
+
+
+class _SQLiteReads:
+    """The hot reads' side of SQLAlchemy's `Connection` (`execute(...).mappings()`, `.first()`) on SQLite's
+    own connection, each statement compiled once (see `_Prepared`)."""
+
+    def __init__(self, connection: sqlite3.Connection, prepare: Callable[[Any], _Prepared]) -> None:
+        self._connection = connection
+        self._prepare = prepare
+
+    def execute(self, statement: Any, values: Mapping[str, Any]) -> _Mappings:
+        return _Mappings(self._prepare(statement).rows(self._connection, values))
+
+
+class _Mappings(list[dict[str, Any]]):
+    def mappings(self) -> _Mappings:
+        return self
+
+    def first(self) -> dict[str, Any] | None:
+        return self[0] if self else None
 
 
 # The progress snapshot on PostgreSQL in one statement (one round trip): the job's row, with its open
@@ -1669,7 +1595,7 @@ def _interrupted_outcome(job: JobRecord, now: datetime, *, shutdown: bool) -> di
             "resuming": True,
         }
     if job.on_interrupt == "retry" and attempts < job.max_attempts:
-        delay = min(2 ** max(attempts - 1, 0), 60)
+        delay = backoff_seconds(attempts, jitter=0, first=1, most=60)  # 1 s doubling to a minute
         return {
             "status": Status.WORKING.value,
             "status_message": f"Interrupted during attempt {attempts}; retrying as attempt {attempts + 1} of "
@@ -1694,12 +1620,39 @@ def _notice(job_id: str, origin: str, queued: bool) -> str:
     return f"{job_id} {origin} {'queued' if queued else 'changed'}"
 
 
-def _touch(job: JobRecord, now: datetime) -> None:
+def _transitioned(job: Any, target: Status, now: datetime, values: Mapping[str, Any]) -> None:
+    """The changes `transition` makes to a job it moves to `target` (a model, or a row's values)."""
+    job.status = target.value
+    if target in TERMINAL:
+        _finish(job, now)
+    elif target is Status.WORKING:
+        job.input_deadline = None
+    for name, value in values.items():
+        setattr(job, name, value)
+    _touch(job, now)
+
+
+@functools.cache
+def _update_job(columns: tuple[str, ...]) -> Any:
+    """UPDATE of a job's `columns` by id (one statement per set of columns, built once): SET parameters
+    are named `set_<column>`, since a bound parameter may not take a column's own name there."""
+    return (
+        update(_JOBS)
+        .where(_JOBS.c.id == bindparam("job_id"))
+        .values({name: bindparam(f"set_{name}") for name in columns})
+    )
+
+
+def _set_values(values: Mapping[str, Any], columns: Sequence[str]) -> dict[str, Any]:
+    return {f"set_{name}": values[name] for name in columns}
+
+
+def _touch(job: Any, now: datetime) -> None:
     job.updated_at = now
     job.version += 1
 
 
-def _finish(job: JobRecord, now: datetime) -> None:
+def _finish(job: Any, now: datetime) -> None:
     """Terminal bookkeeping: release the lease, stamp the end, keep the result only as long as allowed."""
     job.lease_owner = None
     job.lease_expires_at = None

@@ -14,8 +14,9 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from handles.store import JobRepository, Store, utc_now
+from handles.store.engine import CONNECT_TIMEOUT_SECONDS, NOTIFY_CHANNEL
 from handles.store.listen import libpq_url
-from handles.store.repository import CONNECT_TIMEOUT_SECONDS, NOTIFY_CHANNEL, ActiveLimitReached
+from handles.store.repository import ActiveLimitReached
 from tests.harness.postgres import repository, terminate_backends
 from tests.runtime.support import job_row
 

@@ -19,8 +19,9 @@ from sqlalchemy import create_engine, text
 
 from bench.round_trips import Tracer
 from handles.store import InputRequestRecord, JobRepository, utc_now
+from handles.store.engine import NOTIFY_CHANNEL
 from handles.store.listen import libpq_url
-from handles.store.repository import NOTIFY_CHANNEL, ActiveLimitReached
+from handles.store.repository import ActiveLimitReached
 from tests.harness.postgres import repository, terminate_backends
 from tests.runtime.support import job_row
 

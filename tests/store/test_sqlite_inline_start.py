@@ -37,15 +37,21 @@ def repo(path: Path) -> Iterator[JobRepository]:
 
 
 def _insert_threads(repo: JobRepository) -> list[int]:
-    """The threads that run each INSERT into handles_jobs, through any of the repository's engines."""
+    """The threads that run each INSERT into handles_jobs, on any connection of the repository's write
+    engines: traced by SQLite itself, so whether the statement went through SQLAlchemy's execution or
+    straight to the DB-API connection (the start's insert does)."""
     threads: list[int] = []
 
-    def seen(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+    def seen(statement: str) -> None:
         if statement.startswith("INSERT INTO handles_jobs"):
             threads.append(threading.get_ident())
 
+    def traced(dbapi_connection: sqlite3.Connection, _record: object) -> None:
+        dbapi_connection.set_trace_callback(seen)
+
     for engine in (repo._write_engine, repo._inline_write_engine):
-        event.listen(engine, "before_cursor_execute", seen)
+        engine.dispose()  # every connection from here on is new, and traced from its connect
+        event.listen(engine, "connect", traced)
     return threads
 
 

@@ -1,0 +1,359 @@
+"""The database behind the store: its engines, connections and transactions (no queries here).
+
+One `Database` per process and URL. On PostgreSQL, reads and writes have engines of their own
+(reads in autocommit without a ping, writes pinged at checkout, a connect timeout). On SQLite, every
+connection runs in WAL mode with synchronous=NORMAL (a commit survives a crash of the process), writes
+begin with BEGIN IMMEDIATE behind one writer lock per process, and an SQLite file gets long-lived
+connections for reads and short writes made on the event loop itself (`read_inline`, `write_inline`).
+
+`JobRepository` (repository.py) builds on it: every query lives there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, ParamSpec, TypeVar
+
+from sqlalchemy import Connection, Engine, create_engine, event, func, select
+from sqlalchemy.exc import DBAPIError
+from sqlmodel import Session
+
+from handles.errors import ConfigurationError
+
+P = ParamSpec("P")
+T = TypeVar("T")
+_INLINE: ContextVar[bool] = ContextVar("handles_inline_read", default=False)
+_INLINE_WRITE: ContextVar[bool] = ContextVar("handles_inline_write", default=False)
+NOTICE: ContextVar[str | None] = ContextVar("handles_change_notice", default=None)
+"""The change notice that write transactions in this context publish as they commit (see
+`JobRepository.publishing`)."""
+NOTIFY_CHANNEL = "handles_jobs"
+CONNECT_TIMEOUT_SECONDS = 10
+"""How long a new PostgreSQL connection may take before the attempt fails (`connect_timeout`)."""
+
+
+class WriterBusy(Exception):
+    """An inline write found the writer lock taken (in this process or another): nothing was written."""
+
+
+def is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite")
+
+
+def is_memory_sqlite(url: str) -> bool:
+    path = url.split("?", 1)[0]
+    return is_sqlite(url) and (path.endswith("://") or path.endswith(":memory:") or "mode=memory" in url)
+
+
+def make_engines(url: str) -> tuple[Engine, Engine, Engine | None, Engine | None]:
+    """(read engine, write engine, inline-read engine or None, inline-write engine or None).
+
+    On PostgreSQL reads and writes have engines of their own (see below). On SQLite the
+    write engine begins with BEGIN IMMEDIATE, and a file database gets a
+    third engine for reads made on the event loop itself: in WAL mode a read never waits
+    for a writer, so it costs microseconds, less than the hop to a worker thread. Its
+    connections give up after 50 ms instead of waiting on a lock (the caller then falls
+    back to a worker thread). A fourth engine, for short writes made on the event loop, begins with
+    BEGIN IMMEDIATE and never waits for SQLite's write lock (a busy timeout of 0): a writer at work
+    in another process sends the write to a worker thread instead.
+    """
+    if not is_sqlite(url):
+        # A database host that never answers (packets dropped, not refused) must not hang a start or a
+        # request: libpq would wait forever without a connect timeout. One set in the URL wins.
+        connect = (
+            {} if "connect_timeout" in url else {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_SECONDS}}
+        )
+        write = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10, **connect)
+        # Reads in autocommit, without a ping at checkout: a poll is its statements and nothing else
+        # (no BEGIN, no ROLLBACK, no ping). A read on a connection the server dropped fails at once
+        # and invalidates the pool; `Store.read` retries it once on a fresh connection. Under READ
+        # COMMITTED each statement took its own snapshot anyway, so no read loses consistency.
+        read = create_engine(url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=10, **connect)
+        return read, write, None, None
+
+    if is_memory_sqlite(url):
+        raise ConfigurationError(
+            f"HANDLES_DATABASE_URL={url!r} is an in-memory SQLite database, which cannot be shared by the "
+            "threads that serve requests and run jobs, and loses every job when the process ends. Use an "
+            "SQLite file (sqlite:///path/to/handles.db, the default under HANDLES_DATA_DIR) or PostgreSQL."
+        )
+    kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 30}}
+
+    def configure(engine: Engine, begin: str | None, busy_ms: int = 30000) -> Engine:
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+            # Take transaction control away from pysqlite so BEGIN is ours to issue.
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+        if begin is not None:
+
+            @event.listens_for(engine, "begin")
+            def _on_begin(connection: Any) -> None:
+                connection.exec_driver_sql(begin)
+
+        return engine
+
+    write = configure(create_engine(url, **kwargs), "BEGIN IMMEDIATE")
+    read = configure(create_engine(url, **kwargs), "BEGIN")
+    # No BEGIN: each read statement is its own snapshot, with nothing to end afterwards.
+    inline = configure(create_engine(url, **kwargs), None, busy_ms=50)
+    inline_write = configure(create_engine(url, **kwargs), "BEGIN IMMEDIATE", busy_ms=0)
+    return read, write, inline, inline_write
+
+
+class Database:
+    """The engines of one database and the transactions the repository's queries run in."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._read_engine, self._write_engine, self._inline_engine, self._inline_write_engine = make_engines(
+            url
+        )
+        self._inline_connection: Connection | None = None
+        self._inline_write_connection: Connection | None = None
+        self._inline_write_raw: Any = None  # the inline-write engine's DB-API connection (`_sqlite_writing`)
+        self._inline_read_raw: Any = None  # the inline-read engine's DB-API connection (`_sqlite_reading`)
+        self._inline_lock = threading.Lock()
+        # SQLite has one writer at a time. Queue this process's writers on a lock rather than in
+        # SQLite's busy handler, which sleeps in coarse steps (up to 100 ms) while the lock is held.
+        self._write_lock: contextlib.AbstractContextManager[Any] = (
+            threading.RLock() if is_sqlite(url) else contextlib.nullcontext()
+        )
+
+    @property
+    def dialect(self) -> str:
+        return self._write_engine.dialect.name
+
+    @property
+    def engine(self) -> Engine:
+        """The engine writes go through (migrations, bulk maintenance)."""
+        return self._write_engine
+
+    def create_schema(self) -> None:
+        """Create or upgrade the handles tables to the newest schema revision (Alembic migrations)."""
+        from handles.store import migrate
+
+        migrate.upgrade(self.engine)
+
+    def prepare(self, *, auto_migrate: bool) -> None:
+        """Make sure the schema is current: upgrade it, or refuse to go on when upgrades are the operator's."""
+        from handles.store import migrate
+
+        if auto_migrate:
+            migrate.upgrade(self._write_engine)
+        else:
+            migrate.check_current(self._write_engine)
+
+    def ping(self) -> None:
+        """A trivial query: raises when the database does not answer (the readiness probe)."""
+        with self._read_engine.connect() as connection:
+            connection.exec_driver_sql("select 1")
+
+    def dispose(self) -> None:
+        if self._inline_connection is not None:
+            self._inline_connection.close()
+            self._inline_connection = None
+        if self._inline_write_connection is not None:
+            self._inline_write_connection.close()
+            self._inline_write_connection = None
+        if self._inline_write_raw is not None:
+            self._inline_write_raw.close()
+            self._inline_write_raw = None
+        if self._inline_read_raw is not None:
+            self._inline_read_raw.close()
+            self._inline_read_raw = None
+        if self._inline_write_engine is not None:
+            self._inline_write_engine.dispose()
+        self._read_engine.dispose()
+        if self._inline_engine is not None:
+            self._inline_engine.dispose()
+        if self._write_engine is not self._read_engine:
+            self._write_engine.dispose()
+
+    @property
+    def reads_inline(self) -> bool:
+        """Whether reads may run on the calling (event loop) thread: SQLite files only."""
+        return self._inline_engine is not None
+
+    def read_inline(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run the read method `fn` here, on connections that fail fast instead of waiting on a lock."""
+        token = _INLINE.set(True)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _INLINE.reset(token)
+
+    @property
+    def writes_inline(self) -> bool:
+        """Whether short writes may be tried on the calling (event loop) thread: SQLite files only."""
+        return self._inline_write_engine is not None
+
+    def write_inline(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run the short write method `fn` here, if it can have the writer lock without waiting.
+
+        Raises `WriterBusy` (nothing written) when this process's writer lock is held, and SQLite's
+        "database is locked" (`OperationalError`, nothing written) when another process writes: the
+        caller then runs `fn` on a worker thread. Its reads, too, are the inline reads that fail fast.
+        """
+        tokens = (_INLINE_WRITE.set(True), _INLINE.set(True))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _INLINE.reset(tokens[1])
+            _INLINE_WRITE.reset(tokens[0])
+
+    @contextmanager
+    def _inline_writing(self) -> Iterator[Session]:
+        """A write transaction on the long-lived inline-write connection (see `write_inline`)."""
+        acquire = getattr(self._write_lock, "acquire", None)
+        if acquire is not None and not acquire(blocking=False):
+            raise WriterBusy
+        try:
+            assert self._inline_write_engine is not None
+            if self._inline_write_connection is None or self._inline_write_connection.closed:
+                self._inline_write_connection = self._inline_write_engine.connect()
+            connection = self._inline_write_connection
+            try:
+                with Session(bind=connection, expire_on_commit=False) as session, session.begin():
+                    yield session
+            except DBAPIError:
+                connection.invalidate()  # a fresh connection next time, in a known state
+                self._inline_write_connection = None
+                raise
+        finally:
+            if acquire is not None:
+                self._write_lock.__exit__(None, None, None)
+
+    @contextmanager
+    def _sqlite_writing(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction (`BEGIN IMMEDIATE` ... `COMMIT`) on SQLite's own DB-API connection, past
+        SQLAlchemy's session and statement execution, for the hottest write (a start's insert).
+
+        The connection is configured as every other (WAL, synchronous=NORMAL, foreign keys). On the
+        event loop (`write_inline`) it is the long-lived inline-write connection, with this process's
+        writer lock taken without waiting and SQLite's lock too (busy timeout 0): `WriterBusy` or
+        `OperationalError` when either is held, and nothing was written. Elsewhere a pooled connection of
+        the write engine, behind the writer lock as every write. A database error leaves the
+        transaction rolled back and comes out as SQLAlchemy's exception (`OperationalError`,
+        `IntegrityError`, ...), as from any other method.
+        """
+        inline = _INLINE_WRITE.get() and self._inline_write_engine is not None
+        acquire = getattr(self._write_lock, "acquire", None)
+        if inline:
+            if acquire is not None and not acquire(blocking=False):
+                raise WriterBusy
+        else:
+            self._write_lock.__enter__()
+        pooled: Any = None
+        try:
+            if inline:
+                assert self._inline_write_engine is not None
+                if self._inline_write_raw is None:
+                    self._inline_write_raw = self._inline_write_engine.raw_connection()
+                pooled = self._inline_write_raw
+            else:
+                pooled = self._write_engine.raw_connection()
+            connection: sqlite3.Connection = pooled.driver_connection
+            statement: str | None = "BEGIN IMMEDIATE"
+            try:
+                connection.execute("BEGIN IMMEDIATE")
+                statement = None  # the caller's own statements
+                yield connection
+                connection.execute("COMMIT")
+            except BaseException as exc:
+                if connection.in_transaction:
+                    try:
+                        connection.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pooled.invalidate()  # a fresh connection next time, in a known state
+                        if inline:
+                            self._inline_write_raw = None
+                if isinstance(exc, sqlite3.Error):
+                    raise DBAPIError.instance(statement, None, exc, sqlite3.Error) from exc
+                raise
+        finally:
+            if not inline and pooled is not None:
+                pooled.close()  # back to the pool
+            if not inline or acquire is not None:
+                self._write_lock.__exit__(None, None, None)
+
+    @contextmanager
+    def _sqlite_reading(self) -> Iterator[sqlite3.Connection | None]:
+        """SQLite's own long-lived connection of the inline-read engine, for a hot read made on the event
+        loop (`read_inline`) past SQLAlchemy's statement execution; None elsewhere (read through
+        SQLAlchemy then). In autocommit, as the inline reads through SQLAlchemy: each statement is its
+        own snapshot, ended when its rows are all fetched. A database error comes out as SQLAlchemy's
+        exception (`OperationalError` for a lock, which sends the read to a worker thread)."""
+        if not (_INLINE.get() and self._inline_engine is not None):
+            yield None
+            return
+        with self._inline_lock:
+            if self._inline_read_raw is None:
+                self._inline_read_raw = self._inline_engine.raw_connection()
+            pooled = self._inline_read_raw
+            try:
+                yield pooled.driver_connection
+            except BaseException as exc:
+                pooled.invalidate()  # a fresh connection next time, in a known state
+                self._inline_read_raw = None
+                if isinstance(exc, sqlite3.Error):
+                    raise DBAPIError.instance(None, None, exc, sqlite3.Error) from exc
+                raise
+
+    @contextmanager
+    def _reading(self) -> Iterator[Session]:
+        with Session(self._read_engine, expire_on_commit=False) as session:
+            yield session
+
+    @contextmanager
+    def _fast_reading(self) -> Iterator[Connection]:
+        """A connection for the hot reads (by key), which skip the ORM session.
+
+        Inline (on the event loop, SQLite file): one long-lived connection, its read
+        transaction ended after each use so the next read sees the newest commit.
+        Otherwise a pooled connection of the read engine.
+        """
+        if not (_INLINE.get() and self._inline_engine is not None):
+            with self._read_engine.connect() as connection:
+                yield connection
+            return
+        with self._inline_lock:
+            if self._inline_connection is None or self._inline_connection.closed:
+                self._inline_connection = self._inline_engine.connect()
+            connection = self._inline_connection
+            try:
+                yield connection
+            except BaseException:
+                connection.invalidate()
+                self._inline_connection = None
+                raise
+            else:
+                connection.rollback()
+
+    @contextmanager
+    def _writing(self) -> Iterator[Session]:
+        if _INLINE_WRITE.get() and self._inline_write_engine is not None:
+            with self._inline_writing() as session:
+                yield session
+            return
+        with (
+            self._write_lock,
+            Session(self._write_engine, expire_on_commit=False) as session,
+            session.begin(),
+        ):
+            yield session
+            notice = NOTICE.get()
+            if notice is not None:
+                # Inside the transaction: PostgreSQL delivers it when (and only if) the change commits.
+                session.execute(select(func.pg_notify(NOTIFY_CHANNEL, notice)))
