@@ -347,7 +347,8 @@ async def owners(options: Options) -> list[Table]:
 
     from mcp import StdioServerParameters
 
-    from bench.common import REPO_ROOT, cpu_seconds, handles_env
+    from bench.common import REPO_ROOT, handles_env
+    from tests.harness.process import cpu_seconds
 
     spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     seconds = options.n(10, 3)
