@@ -198,7 +198,7 @@ def test_a_sensitive_answer_is_sealed_and_never_shown(
         repo,
         kind="login",
         arguments={
-            "host": "db1",
+            "host": "primary-host",
             "secret": Sealer([signing_key]).seal({"secret": "hunter2"}, frozenset({"secret"}))["secret"],
         },
     )
@@ -211,11 +211,11 @@ def test_a_sensitive_answer_is_sealed_and_never_shown(
             f"/jobs/{job.id}/answer/q1", data={"csrf": csrf_of(page), "password": "s3cr3t-pw", "user": "root"}
         )
         revealed = client.get(f"/jobs/{job.id}", params={"reveal": "1"}).text
-        assert "db1" in revealed and "root" in revealed, "revealed: arguments and answers"
+        assert "primary-host" in revealed and "root" in revealed, "revealed: arguments and answers"
         assert "[sensitive]" in revealed
         assert "s3cr3t-pw" not in revealed and "hunter2" not in revealed
         hidden = client.get(f"/jobs/{job.id}").text
-        assert "db1" not in hidden and "root" not in hidden, "hidden until revealed"
+        assert "primary-host" not in hidden and "root" not in hidden, "hidden until revealed"
     stored = repo.get_input(job.id, "q1")
     assert stored is not None and stored.answer is not None and is_sealed(stored.answer["password"])
 
