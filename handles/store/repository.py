@@ -675,12 +675,8 @@ class JobRepository(Database):
             return self._transition_sqlite(job_id, target, owner, lease_expired, now, values)
         with self._writing() as session:
             job = self._locked(session, job_id)
-            if job is None or not can_transition(Status(job.status), target):
-                return False
-            if owner is not None and job.lease_owner != owner:
-                return False
-            if lease_expired and (
-                job.lease_expires_at is None or job.lease_expires_at >= self._lease_now_value(session, now)
+            if job is None or not _may_transition(
+                job, target, owner, self._lease_now_value(session, now) if lease_expired else None
             ):
                 return False
             _transitioned(job, target, now, values)
@@ -708,11 +704,7 @@ class JobRepository(Database):
             job = SimpleNamespace(
                 **before
             )  # the row's values, changed below as the ORM path changes its model
-            if not can_transition(Status(job.status), target):
-                return False
-            if owner is not None and job.lease_owner != owner:
-                return False
-            if lease_expired and (job.lease_expires_at is None or job.lease_expires_at >= now):
+            if not _may_transition(job, target, owner, now if lease_expired else None):
                 return False
             _transitioned(job, target, now, values)
             after = vars(job)
@@ -1618,6 +1610,18 @@ def _interrupted_outcome(job: JobRecord, now: datetime, *, shutdown: bool) -> di
 
 def _notice(job_id: str, origin: str, queued: bool) -> str:
     return f"{job_id} {origin} {'queued' if queued else 'changed'}"
+
+
+def _may_transition(job: Any, target: Status, owner: str | None, lease_expired_by: datetime | None) -> bool:
+    """Whether `transition` may move this job (a model, or a row's values) to `target`: the edge is in the
+    table, `owner` (if given) holds the lease, and with `lease_expired_by` the lease ran out before it."""
+    if not can_transition(Status(job.status), target):
+        return False
+    if owner is not None and job.lease_owner != owner:
+        return False
+    return lease_expired_by is None or (
+        job.lease_expires_at is not None and job.lease_expires_at < lease_expired_by
+    )
 
 
 def _transitioned(job: Any, target: Status, now: datetime, values: Mapping[str, Any]) -> None:
