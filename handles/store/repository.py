@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from sqlalchemy import (
     JSON,
     Connection,
-    Float,
     Integer,
     Text,
     and_,
@@ -64,6 +63,7 @@ from handles.store.models import (
     claim_entry_tail,
     principal_key,
 )
+from handles.store.rows import _INPUTS, _JOBS, _STEPS, _column_values, _from_json, _json_document, _one, _rows
 from handles.store.sqlite_direct import _Prepared, _SQLiteReads
 
 if TYPE_CHECKING:
@@ -1238,8 +1238,6 @@ class JobRepository(Database):
             return SwitchRecord.model_construct(**row.model_dump()), before
 
 
-_JOBS = JobRecord.__table__  # type: ignore[attr-defined]
-_INPUTS = InputRequestRecord.__table__  # type: ignore[attr-defined]
 _PARTS = ResultPartRecord.__table__  # type: ignore[attr-defined]
 _AUDIT = AuditRecord.__table__  # type: ignore[attr-defined]
 ARCHIVE_BATCH = 100
@@ -1247,7 +1245,6 @@ ARCHIVE_BATCH = 100
 
 
 # The hot reads' statements, built once (building a statement costs more than SQLite runs it).
-_STEPS = StepRecord.__table__  # type: ignore[attr-defined]
 _JOB_BY_ID = sa_select(_JOBS).where(_JOBS.c.id == bindparam("job_id"))
 _STEPS_OF_JOB = sa_select(_STEPS).where(_STEPS.c.job_id == bindparam("job_id")).order_by(_STEPS.c.started_at)
 _QUESTIONS_OF_JOB = (
@@ -1372,55 +1369,6 @@ _START = text(
 )
 
 
-def _json_value(value: Any) -> Any:
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            raise ValueError("naive datetime given to the store; use aware UTC datetimes")
-        return value.isoformat()
-    raise TypeError(f"{type(value).__name__} is not stored as JSON")
-
-
-def _json_document(value: Any) -> str:
-    """Column values as the JSON text a PostgreSQL function reads with `json_populate_record`."""
-    return json.dumps(value, default=_json_value)
-
-
-def _converters(table: Any) -> dict[str, Callable[[Any], Any]]:
-    """How each column of `table` comes back from `row_to_json`: times as ISO 8601, floats as numbers."""
-    found: dict[str, Callable[[Any], Any]] = {}
-    for column_ in table.columns:
-        if isinstance(column_.type, UTCDateTime):
-            found[column_.name] = _utc_time
-        elif isinstance(column_.type, Float):
-            found[column_.name] = float
-    return found
-
-
-def _utc_time(value: str) -> datetime:
-    return datetime.fromisoformat(value).astimezone(UTC)
-
-
-def _from_json(table: Any, model: type[M], row: Mapping[str, Any]) -> M:
-    """A detached model from a row PostgreSQL gave as JSON (`row_to_json`)."""
-    convert = _CONVERTERS[table.name]
-    values: dict[str, Any] = {}
-    for column_ in table.columns:
-        value = row.get(column_.name)
-        if value is not None and column_.name in convert:
-            value = convert[column_.name](value)
-        values[column_.name] = value
-    return model.model_construct(**values)
-
-
-def _column_values(table: Any, model: Any) -> dict[str, Any]:
-    """A model's values by column name, for a Core insert into `table`."""
-    return {column.name: getattr(model, column.name) for column in table.columns}
-
-
-M = TypeVar("M", JobRecord, InputRequestRecord, StepRecord)
-_CONVERTERS = {table.name: _converters(table) for table in (_JOBS, _INPUTS, _STEPS)}
-
-
 def _pending_clause(job_id: str) -> tuple[Any, Any]:
     """(where, order by) of a job's unanswered questions, in the order asked."""
     where = and_(col(InputRequestRecord.job_id) == job_id, col(InputRequestRecord.answered_at).is_(None))
@@ -1431,18 +1379,6 @@ def _pending(session: Session, job_id: str) -> list[InputRequestRecord]:
     """A job's unanswered questions as session objects (for writes that change them)."""
     where, order = _pending_clause(job_id)
     return list(session.exec(select(InputRequestRecord).where(where).order_by(*order)))
-
-
-def _rows(connection: Connection, model: type[M], statement: Any, job_id: str, **params: Any) -> list[M]:
-    """The rows a prebuilt hot-read `statement` finds for `job_id`, as detached models, without an ORM
-    session (the hot read path)."""
-    result = connection.execute(statement, {"job_id": job_id, **params})
-    return [model.model_construct(**row) for row in result.mappings()]
-
-
-def _one(connection: Connection, model: type[M], statement: Any, job_id: str, **params: Any) -> M | None:
-    row = connection.execute(statement, {"job_id": job_id, **params}).mappings().first()
-    return None if row is None else model.model_construct(**row)
 
 
 def _claimable(now: datetime) -> tuple[Any, ...]:
