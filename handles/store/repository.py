@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -54,6 +54,7 @@ from handles.store.engine import NOTICE, NOTIFY_CHANNEL, Database, is_sqlite
 from handles.store.models import (
     CLAIM_ENTRY_HEAD,
     AuditRecord,
+    Clock,
     InputRequestRecord,
     JobRecord,
     ResultPartRecord,
@@ -62,6 +63,7 @@ from handles.store.models import (
     UTCDateTime,
     claim_entry_tail,
     principal_key,
+    utc_now,
 )
 from handles.store.rows import _INPUTS, _JOBS, _STEPS, _column_values, _from_json, _json_document, _one, _rows
 from handles.store.sqlite_direct import _Prepared, _SQLiteReads
@@ -71,15 +73,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("handles.store")
 
-Clock = Callable[[], datetime]
 P = ParamSpec("P")
 T = TypeVar("T")
 _DATABASE_NOW = func.now(type_=UTCDateTime())  # the database's clock, read as an aware UTC datetime
 _VERSIONS_BATCH = 500  # ids per query when reading the versions of watched jobs
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 class ActiveLimitReached(Exception):
