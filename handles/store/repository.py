@@ -42,7 +42,7 @@ from sqlalchemy import select as sa_select
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import configure_mappers
-from sqlmodel import Session, col, delete, select
+from sqlmodel import Session, col, select
 
 from handles.backoff import backoff_seconds
 from handles.errors import LeaseLost
@@ -55,7 +55,6 @@ from handles.store.models import (
     Clock,
     InputRequestRecord,
     JobRecord,
-    ResultPartRecord,
     StepRecord,
     SwitchRecord,
     UTCDateTime,
@@ -64,6 +63,7 @@ from handles.store.models import (
     utc_now,
 )
 from handles.store.operator_reads import OperatorReads
+from handles.store.result_files import ResultFiles
 from handles.store.rows import _INPUTS, _JOBS, _STEPS, _column_values, _from_json, _json_document, _one, _rows
 from handles.store.sqlite_direct import _Prepared, _SQLiteReads
 
@@ -101,11 +101,11 @@ class AnswerOutcome:
     ignored: list[str]
 
 
-class JobRepository(Housekeeping, OperatorReads):
+class JobRepository(Housekeeping, OperatorReads, ResultFiles):
     """Synchronous access to the job tables of one database (its engines and transactions: `Database`).
 
-    The job's lifecycle is here; its parts of their own: `Housekeeping` (housekeeping.py) and
-    `OperatorReads` (operator_reads.py)."""
+    The job's lifecycle is here; its parts of their own: `Housekeeping` (housekeeping.py),
+    `OperatorReads` (operator_reads.py) and `ResultFiles` (result_files.py)."""
 
     def __init__(self, url: str, *, clock: Clock = utc_now, lease_clock: str | None = None) -> None:
         """`lease_clock`: "database" judges and sets leases by the database server's clock (the default on
@@ -926,37 +926,6 @@ class JobRepository(Housekeeping, OperatorReads):
             job.abandon_at = now + timedelta(seconds=job.abandon_after_seconds)
             session.add(job)
 
-    # -- result files --------------------------------------------------------
-
-    def put_result_part(self, job_id: str, file_id: str, part: int, data: bytes) -> None:
-        """Store one part of a result file; the first part of a file clears the parts of earlier
-        attempts' files (a retried job rewrites its file under a new `file_id`)."""
-        with self._writing() as session:
-            if part == 0:
-                session.exec(
-                    delete(ResultPartRecord).where(
-                        col(ResultPartRecord.job_id) == job_id, col(ResultPartRecord.file_id) != file_id
-                    )
-                )
-            session.execute(sa_insert(_PARTS).values(job_id=job_id, file_id=file_id, part=part, data=data))
-
-    def drop_result_file(self, job_id: str, file_id: str) -> None:
-        """Delete every part of one result file (a file that could not be finished)."""
-        with self._writing() as session:
-            session.exec(
-                delete(ResultPartRecord).where(
-                    col(ResultPartRecord.job_id) == job_id, col(ResultPartRecord.file_id) == file_id
-                )
-            )
-
-    def result_part(self, job_id: str, file_id: str, part: int) -> bytes | None:
-        """One part of a result file, or None when there is no such part."""
-        with self._fast_reading() as connection:
-            row = connection.execute(
-                _PART_BY_KEY, {"job_id": job_id, "file_id": file_id, "part": part}
-            ).first()
-        return None if row is None else bytes(row[0])
-
     # -- the operator's switches ---------------------------------------------
 
     def switches(self) -> list[SwitchRecord]:
@@ -1002,9 +971,6 @@ class JobRepository(Housekeeping, OperatorReads):
             return SwitchRecord.model_construct(**row.model_dump()), before
 
 
-_PARTS = ResultPartRecord.__table__  # type: ignore[attr-defined]
-
-
 # The hot reads' statements, built once (building a statement costs more than SQLite runs it).
 _JOB_BY_ID = sa_select(_JOBS).where(_JOBS.c.id == bindparam("job_id"))
 _STEPS_OF_JOB = sa_select(_STEPS).where(_STEPS.c.job_id == bindparam("job_id")).order_by(_STEPS.c.started_at)
@@ -1014,11 +980,6 @@ _QUESTIONS_OF_JOB = (
     .order_by(_INPUTS.c.created_at, _INPUTS.c.key)
 )
 _OPEN_QUESTIONS_OF_JOB = _QUESTIONS_OF_JOB.where(_INPUTS.c.answered_at.is_(None))
-_PART_BY_KEY = sa_select(_PARTS.c.data).where(
-    _PARTS.c.job_id == bindparam("job_id"),
-    _PARTS.c.file_id == bindparam("file_id"),
-    _PARTS.c.part == bindparam("part"),
-)
 _ANSWERS_OF_JOB = (
     sa_select(_INPUTS)
     .where(_INPUTS.c.job_id == bindparam("job_id"), _INPUTS.c.answered_at.is_not(None))
