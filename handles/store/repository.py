@@ -56,7 +56,6 @@ from handles.store.models import (
     InputRequestRecord,
     JobRecord,
     StepRecord,
-    SwitchRecord,
     UTCDateTime,
     claim_entry_tail,
     principal_key,
@@ -66,6 +65,7 @@ from handles.store.operator_reads import OperatorReads
 from handles.store.result_files import ResultFiles
 from handles.store.rows import _INPUTS, _JOBS, _STEPS, _column_values, _from_json, _json_document, _one, _rows
 from handles.store.sqlite_direct import _Prepared, _SQLiteReads
+from handles.store.switch_rows import SwitchRows
 
 logger = logging.getLogger("handles.store")
 
@@ -101,11 +101,12 @@ class AnswerOutcome:
     ignored: list[str]
 
 
-class JobRepository(Housekeeping, OperatorReads, ResultFiles):
+class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
     """Synchronous access to the job tables of one database (its engines and transactions: `Database`).
 
     The job's lifecycle is here; its parts of their own: `Housekeeping` (housekeeping.py),
-    `OperatorReads` (operator_reads.py) and `ResultFiles` (result_files.py)."""
+    `OperatorReads` (operator_reads.py), `ResultFiles` (result_files.py) and `SwitchRows`
+    (switch_rows.py)."""
 
     def __init__(self, url: str, *, clock: Clock = utc_now, lease_clock: str | None = None) -> None:
         """`lease_clock`: "database" judges and sets leases by the database server's clock (the default on
@@ -926,50 +927,6 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles):
             job.abandon_at = now + timedelta(seconds=job.abandon_after_seconds)
             session.add(job)
 
-    # -- the operator's switches ---------------------------------------------
-
-    def switches(self) -> list[SwitchRecord]:
-        """Every switch as last set, engaged or not (a handful of rows: read whole)."""
-        with self._fast_reading() as connection:
-            return [
-                SwitchRecord.model_construct(**row) for row in connection.execute(_ALL_SWITCHES).mappings()
-            ]
-
-    def set_switch(
-        self,
-        name: str,
-        *,
-        engaged: bool,
-        by: str,
-        reason: str | None = None,
-        retry_after_seconds: float | None = None,
-    ) -> tuple[SwitchRecord, SwitchRecord | None]:
-        """Engage or release the switch `name`, recording who did it and when: (as now set, as it was)."""
-        values = {
-            "engaged": engaged,
-            "reason": reason,
-            "retry_after_seconds": retry_after_seconds,
-            "changed_by": by,
-        }
-        try:
-            return self._set_switch(name, values)
-        except IntegrityError:
-            # Another operator created the same switch at the same moment: this try updates it.
-            return self._set_switch(name, values)
-
-    def _set_switch(self, name: str, values: dict[str, Any]) -> tuple[SwitchRecord, SwitchRecord | None]:
-        with self._writing() as session:
-            row = session.get(SwitchRecord, name, with_for_update=True)
-            before = None if row is None else SwitchRecord.model_construct(**row.model_dump())
-            if row is None:
-                row = SwitchRecord(name=name, **values, changed_at=self.clock())
-                session.add(row)
-            else:
-                for field, value in {**values, "changed_at": self.clock()}.items():
-                    setattr(row, field, value)
-            session.flush()
-            return SwitchRecord.model_construct(**row.model_dump()), before
-
 
 # The hot reads' statements, built once (building a statement costs more than SQLite runs it).
 _JOB_BY_ID = sa_select(_JOBS).where(_JOBS.c.id == bindparam("job_id"))
@@ -988,8 +945,6 @@ _ANSWERS_OF_JOB = (
 _QUESTION_BY_KEY = sa_select(_INPUTS).where(
     _INPUTS.c.job_id == bindparam("job_id"), _INPUTS.c.key == bindparam("key")
 )
-
-_ALL_SWITCHES = sa_select(SwitchRecord.__table__)  # type: ignore[attr-defined]
 
 # The start's statements, built once (building a statement costs more than SQLite runs it).
 _INSERT_JOB = sa_insert(_JOBS)
