@@ -1,4 +1,7 @@
-"""The repository: every read and write of stored jobs, as short transactions.
+"""The repository: a job's lifecycle, every read and write of a job from its start to its end, as short
+transactions. `JobRepository` is the one object every caller holds: it adds the store's other parts,
+each a class on `Database` in a module of its own (`Housekeeping`: retention and evidence;
+`OperatorReads`: listings and counts; `ResultFiles`; `SwitchRows`).
 
 Each status change is a compare-and-set `UPDATE ... WHERE status IN (sources)`
 guarded by the transition table, so a cancel racing a completion has exactly one
