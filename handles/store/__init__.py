@@ -22,8 +22,8 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from handles.errors import StoreUnavailable
 from handles.store.engine import WriterBusy
-from handles.store.models import InputRequestRecord, JobRecord, StepRecord, SwitchRecord
-from handles.store.repository import AnswerOutcome, CancelOutcome, Clock, JobRepository, utc_now
+from handles.store.models import Clock, InputRequestRecord, JobRecord, StepRecord, SwitchRecord, utc_now
+from handles.store.repository import AnswerOutcome, CancelOutcome, JobRepository
 
 __all__ = [
     "AnswerOutcome",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -38,6 +39,14 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+Clock = Callable[[], datetime]
+"""Where the store reads the time (aware UTC): `utc_now`, unless a test injects a clock of its own."""
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
 
 
 def principal_key(principal: str) -> str:

@@ -1,4 +1,7 @@
-"""The repository: every read and write of stored jobs, as short transactions.
+"""The repository: a job's lifecycle, every read and write of a job from its start to its end, as short
+transactions. `JobRepository` is the one object every caller holds: it adds the store's other parts,
+each a class on `Database` in a module of its own (`Housekeeping`: retention and evidence;
+`OperatorReads`: listings and counts; `ResultFiles`; `SwitchRows`).
 
 Each status change is a compare-and-set `UPDATE ... WHERE status IN (sources)`
 guarded by the transition table, so a cancel racing a completion has exactly one
@@ -15,18 +18,16 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import sqlite3
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy import (
     JSON,
     Connection,
-    Float,
     Integer,
     Text,
     and_,
@@ -36,7 +37,6 @@ from sqlalchemy import (
     column,
     func,
     literal_column,
-    or_,
     text,
     update,
 )
@@ -45,41 +45,37 @@ from sqlalchemy import select as sa_select
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import configure_mappers
-from sqlmodel import Session, col, delete, select
+from sqlmodel import Session, col, select
 
 from handles.backoff import backoff_seconds
 from handles.errors import LeaseLost
 from handles.outcomes import failed
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
-from handles.store.audit import evidence
-from handles.store.engine import NOTICE, NOTIFY_CHANNEL, Database, is_sqlite
+from handles.store.engine import NOTICE, NOTIFY_CHANNEL, is_sqlite
+from handles.store.housekeeping import Housekeeping
 from handles.store.models import (
     CLAIM_ENTRY_HEAD,
-    AuditRecord,
+    Clock,
     InputRequestRecord,
     JobRecord,
-    ResultPartRecord,
     StepRecord,
-    SwitchRecord,
     UTCDateTime,
     claim_entry_tail,
     principal_key,
+    utc_now,
 )
-
-if TYPE_CHECKING:
-    from handles.principal import PrincipalMatch
+from handles.store.operator_reads import OperatorReads
+from handles.store.result_files import ResultFiles
+from handles.store.rows import _INPUTS, _JOBS, _STEPS, _column_values, _from_json, _json_document, _one, _rows
+from handles.store.sqlite_direct import _Prepared, _SQLiteReads
+from handles.store.switch_rows import SwitchRows
 
 logger = logging.getLogger("handles.store")
 
-Clock = Callable[[], datetime]
 P = ParamSpec("P")
 T = TypeVar("T")
 _DATABASE_NOW = func.now(type_=UTCDateTime())  # the database's clock, read as an aware UTC datetime
 _VERSIONS_BATCH = 500  # ids per query when reading the versions of watched jobs
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 class ActiveLimitReached(Exception):
@@ -108,8 +104,12 @@ class AnswerOutcome:
     ignored: list[str]
 
 
-class JobRepository(Database):
-    """Synchronous access to the job tables of one database (its engines and transactions: `Database`)."""
+class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
+    """Synchronous access to the job tables of one database (its engines and transactions: `Database`).
+
+    The job's lifecycle is here; its parts of their own: `Housekeeping` (housekeeping.py),
+    `OperatorReads` (operator_reads.py), `ResultFiles` (result_files.py) and `SwitchRows`
+    (switch_rows.py)."""
 
     def __init__(self, url: str, *, clock: Clock = utc_now, lease_clock: str | None = None) -> None:
         """`lease_clock`: "database" judges and sets leases by the database server's clock (the default on
@@ -218,70 +218,6 @@ class JobRepository(Database):
     def get_input(self, job_id: str, key: str) -> InputRequestRecord | None:
         with self._hot_reading() as connection:
             return _one(connection, InputRequestRecord, _QUESTION_BY_KEY, job_id, key=key)
-
-    def list_jobs(
-        self,
-        *,
-        statuses: Sequence[str] = (),
-        kind: str | None = None,
-        principal: str | None = None,
-        principal_matching: PrincipalMatch | None = None,
-        created_before: datetime | None = None,
-        created_after: datetime | None = None,
-        before: tuple[datetime, str] | None = None,
-        limit: int = 50,
-    ) -> list[JobRecord]:
-        """Jobs matching every given filter, newest first (operator listings).
-
-        `principal` is one stored principal; `principal_matching` what an operator's `--principal`
-        means (see `handles.principal.principal_match`). `before` is a keyset cursor, the
-        `(created_at, id)` of the last job of the previous page: a page costs the same at any depth.
-        """
-        query = select(JobRecord)
-        if statuses:
-            query = query.where(col(JobRecord.status).in_(list(statuses)))
-        if kind is not None:
-            query = query.where(JobRecord.kind == kind)
-        if principal is not None:
-            query = query.where(JobRecord.principal_key == principal_key(principal))
-        if principal_matching is not None:
-            query = query.where(self._principal_matches(principal_matching))
-        if created_before is not None:
-            query = query.where(col(JobRecord.created_at) < created_before)
-        if created_after is not None:
-            query = query.where(col(JobRecord.created_at) >= created_after)
-        if before is not None:
-            created, job_id = before
-            query = query.where(
-                or_(
-                    col(JobRecord.created_at) < created,
-                    and_(col(JobRecord.created_at) == created, col(JobRecord.id) < job_id),
-                )
-            )
-        newest_first = (col(JobRecord.created_at).desc(), col(JobRecord.id).desc())
-        with self._reading() as session:
-            return list(session.exec(query.order_by(*newest_first).limit(limit)))
-
-    def _principal_matches(self, match: PrincipalMatch) -> Any:
-        """SQL for `match`: its exact forms by key, its patterns whole and case-sensitive (GLOB on SQLite,
-        whose LIKE ignores case; LIKE elsewhere), every literal piece escaped."""
-        principal = col(JobRecord.principal)
-        clauses = [col(JobRecord.principal_key).in_([principal_key(p) for p in match.exact])]
-        for pattern in match.patterns:
-            if self.dialect == "sqlite":
-                glob = "".join("*" if piece is None else _glob_literal(piece) for piece in pattern)
-                clauses.append(principal.op("GLOB")(glob))
-            else:
-                like = "".join("%" if piece is None else _like_literal(piece) for piece in pattern)
-                clauses.append(principal.like(like, escape="!"))
-        return or_(*clauses)
-
-    def count_active(self, *, principal: str | None = None) -> int:
-        with self._reading() as session:
-            query = select(func.count()).select_from(JobRecord).where(col(JobRecord.status).in_(list(ACTIVE)))
-            if principal is not None:
-                query = query.where(JobRecord.principal_key == principal_key(principal))
-            return int(session.exec(query).one())
 
     # -- creation ----------------------------------------------------------
 
@@ -982,7 +918,7 @@ class JobRepository(Database):
         with self._hot_reading() as connection:
             return _rows(connection, StepRecord, _STEPS_OF_JOB, job_id)
 
-    # -- sweeping --------------------------------------------------------------
+    # -- the abandonment deadline ----------------------------------------------
 
     def touch_abandon_deadline(self, job_id: str) -> None:
         """A caller looked at the job: push its abandonment deadline back."""
@@ -994,260 +930,8 @@ class JobRepository(Database):
             job.abandon_at = now + timedelta(seconds=job.abandon_after_seconds)
             session.add(job)
 
-    def overdue(self, limit: int) -> dict[str, list[JobRecord]]:
-        """Active jobs past a deadline: `ttl` (past expires_at), `input` (no answer in time), `abandoned`."""
-        now = self.clock()
-        active = col(JobRecord.status).in_(list(ACTIVE))
-        with self._reading() as session:
-            return {
-                "ttl": list(
-                    session.exec(
-                        select(JobRecord).where(active, col(JobRecord.expires_at) < now).limit(limit)
-                    )
-                ),
-                "input": list(
-                    session.exec(
-                        select(JobRecord)
-                        .where(
-                            col(JobRecord.status) == Status.INPUT_REQUIRED.value,
-                            col(JobRecord.input_deadline) < now,
-                        )
-                        .limit(limit)
-                    )
-                ),
-                "abandoned": list(
-                    session.exec(
-                        select(JobRecord)
-                        .where(
-                            active,
-                            col(JobRecord.cancel_requested_at).is_(None),
-                            col(JobRecord.abandon_at) < now,
-                        )
-                        .limit(limit)
-                    )
-                ),
-            }
-
-    def delete_expired(self, limit: int, keep_evidence_seconds: float = 0) -> int:
-        """Delete up to `limit` ended jobs past their retention, with their questions, steps and result
-        files; with `keep_evidence_seconds`, archive each job's evidence (handles.store.audit) in the
-        same transaction, kept that long. Archiving reads whole rows (a result's receipt needs the
-        result), so it goes `ARCHIVE_BATCH` jobs per transaction."""
-        if keep_evidence_seconds <= 0:
-            return self._delete_expired_batch(limit, None)
-        deleted = 0
-        while deleted < limit:
-            batch = self._delete_expired_batch(min(limit - deleted, ARCHIVE_BATCH), keep_evidence_seconds)
-            deleted += batch
-            if batch == 0:
-                break
-        return deleted
-
-    def _delete_expired_batch(self, limit: int, keep_evidence_seconds: float | None) -> int:
-        now = self.clock()
-        expired = (col(JobRecord.expires_at) < now, col(JobRecord.status).in_(list(TERMINAL)))
-        with self._writing() as session:
-            if keep_evidence_seconds is not None:
-                jobs = list(session.exec(select(JobRecord).where(*expired).limit(limit)))
-                ids = [job.id for job in jobs]
-                if jobs:
-                    self._archive(session, jobs, now, now + timedelta(seconds=keep_evidence_seconds))
-            else:
-                ids = list(session.exec(select(JobRecord.id).where(*expired).limit(limit)))
-            if not ids:
-                return 0
-            session.exec(delete(InputRequestRecord).where(col(InputRequestRecord.job_id).in_(ids)))
-            session.exec(delete(StepRecord).where(col(StepRecord.job_id).in_(ids)))
-            session.exec(delete(ResultPartRecord).where(col(ResultPartRecord.job_id).in_(ids)))
-            session.exec(delete(JobRecord).where(col(JobRecord.id).in_(ids)))
-        return len(ids)
-
-    def _archive(self, session: Session, jobs: list[JobRecord], now: datetime, keep_until: datetime) -> None:
-        ids = [job.id for job in jobs]
-        questions: dict[str, list[InputRequestRecord]] = {job_id: [] for job_id in ids}
-        for question in session.exec(
-            select(InputRequestRecord)
-            .where(col(InputRequestRecord.job_id).in_(ids))
-            .order_by(col(InputRequestRecord.created_at), col(InputRequestRecord.key))
-        ):
-            questions[question.job_id].append(question)
-        steps: dict[str, list[StepRecord]] = {job_id: [] for job_id in ids}
-        for step in session.exec(
-            select(StepRecord).where(col(StepRecord.job_id).in_(ids)).order_by(col(StepRecord.started_at))
-        ):
-            steps[step.job_id].append(step)
-        session.execute(
-            sa_insert(_AUDIT),
-            [
-                {
-                    "job_id": job.id,
-                    "kind": job.kind,
-                    "principal": job.principal,
-                    "archived_at": now,
-                    "keep_until": keep_until,
-                    "evidence": evidence(job, questions[job.id], steps[job.id]),
-                }
-                for job in jobs
-            ],
-        )
-
-    def waiting_counts(self) -> dict[tuple[str, str], int]:
-        """How many jobs of each kind wait: `(kind, "queued")` for a worker, `(kind, "parked")` for an answer."""
-        with self._fast_reading() as connection:
-            rows = connection.execute(_WAITING_COUNTS).all()
-        return {
-            (kind, "parked" if status == Status.INPUT_REQUIRED.value else "queued"): n
-            for kind, status, n in rows
-        }
-
-    def active_counts(self) -> list[tuple[str, str, str | None, int, datetime]]:
-        """Every unfinished job counted by `(kind, status, lease owner)`, with the oldest one's creation
-        time: what the operator console's overview adds up (queued is `working` with no lease owner)."""
-        with self._fast_reading() as connection:
-            rows = connection.execute(_ACTIVE_COUNTS).all()
-        return [(kind, status, owner, n, oldest) for kind, status, owner, n, oldest in rows]
-
-    def failed_counts(self, since: datetime) -> dict[str, int]:
-        """Jobs of each kind that failed at or after `since`."""
-        with self._fast_reading() as connection:
-            rows = connection.execute(_FAILED_COUNTS, {"since": since}).all()
-        return {kind: n for kind, n in rows}
-
-    # -- audit evidence --------------------------------------------------------
-
-    def delete_old_evidence(self, limit: int) -> int:
-        """Delete up to `limit` archived evidence records whose own retention has passed."""
-        now = self.clock()
-        with self._writing() as session:
-            ids = list(
-                session.exec(select(AuditRecord.id).where(col(AuditRecord.keep_until) < now).limit(limit))
-            )
-            if ids:
-                session.exec(delete(AuditRecord).where(col(AuditRecord.id).in_(ids)))
-        return len(ids)
-
-    def archived_evidence(
-        self, *, after_id: int = 0, since: datetime | None = None, job_id: str | None = None, limit: int = 500
-    ) -> list[AuditRecord]:
-        """Archived evidence in archive order, a page at a time (`after_id`: the last id of the page before)."""
-        query = select(AuditRecord).where(col(AuditRecord.id) > after_id)
-        if since is not None:
-            query = query.where(col(AuditRecord.archived_at) >= since)
-        if job_id is not None:
-            query = query.where(col(AuditRecord.job_id) == job_id)
-        with Session(self.engine) as session:
-            return list(session.exec(query.order_by(col(AuditRecord.id)).limit(limit)))
-
-    def live_evidence(
-        self, *, after_id: str = "", job_id: str | None = None, limit: int = 500
-    ) -> list[dict[str, Any]]:
-        """The evidence of jobs still stored, built from their rows, a page at a time (by job id)."""
-        query = select(JobRecord).where(col(JobRecord.id) > after_id)
-        if job_id is not None:
-            query = query.where(col(JobRecord.id) == job_id)
-        with Session(self.engine) as session:
-            jobs = list(session.exec(query.order_by(col(JobRecord.id)).limit(limit)))
-            records = []
-            for job in jobs:
-                questions = session.exec(
-                    select(InputRequestRecord)
-                    .where(col(InputRequestRecord.job_id) == job.id)
-                    .order_by(col(InputRequestRecord.created_at), col(InputRequestRecord.key))
-                )
-                steps = session.exec(
-                    select(StepRecord)
-                    .where(col(StepRecord.job_id) == job.id)
-                    .order_by(col(StepRecord.started_at))
-                )
-                records.append(evidence(job, list(questions), list(steps)))
-        return records
-
-    # -- result files --------------------------------------------------------
-
-    def put_result_part(self, job_id: str, file_id: str, part: int, data: bytes) -> None:
-        """Store one part of a result file; the first part of a file clears the parts of earlier
-        attempts' files (a retried job rewrites its file under a new `file_id`)."""
-        with self._writing() as session:
-            if part == 0:
-                session.exec(
-                    delete(ResultPartRecord).where(
-                        col(ResultPartRecord.job_id) == job_id, col(ResultPartRecord.file_id) != file_id
-                    )
-                )
-            session.execute(sa_insert(_PARTS).values(job_id=job_id, file_id=file_id, part=part, data=data))
-
-    def drop_result_file(self, job_id: str, file_id: str) -> None:
-        """Delete every part of one result file (a file that could not be finished)."""
-        with self._writing() as session:
-            session.exec(
-                delete(ResultPartRecord).where(
-                    col(ResultPartRecord.job_id) == job_id, col(ResultPartRecord.file_id) == file_id
-                )
-            )
-
-    def result_part(self, job_id: str, file_id: str, part: int) -> bytes | None:
-        """One part of a result file, or None when there is no such part."""
-        with self._fast_reading() as connection:
-            row = connection.execute(
-                _PART_BY_KEY, {"job_id": job_id, "file_id": file_id, "part": part}
-            ).first()
-        return None if row is None else bytes(row[0])
-
-    # -- the operator's switches ---------------------------------------------
-
-    def switches(self) -> list[SwitchRecord]:
-        """Every switch as last set, engaged or not (a handful of rows: read whole)."""
-        with self._fast_reading() as connection:
-            return [
-                SwitchRecord.model_construct(**row) for row in connection.execute(_ALL_SWITCHES).mappings()
-            ]
-
-    def set_switch(
-        self,
-        name: str,
-        *,
-        engaged: bool,
-        by: str,
-        reason: str | None = None,
-        retry_after_seconds: float | None = None,
-    ) -> tuple[SwitchRecord, SwitchRecord | None]:
-        """Engage or release the switch `name`, recording who did it and when: (as now set, as it was)."""
-        values = {
-            "engaged": engaged,
-            "reason": reason,
-            "retry_after_seconds": retry_after_seconds,
-            "changed_by": by,
-        }
-        try:
-            return self._set_switch(name, values)
-        except IntegrityError:
-            # Another operator created the same switch at the same moment: this try updates it.
-            return self._set_switch(name, values)
-
-    def _set_switch(self, name: str, values: dict[str, Any]) -> tuple[SwitchRecord, SwitchRecord | None]:
-        with self._writing() as session:
-            row = session.get(SwitchRecord, name, with_for_update=True)
-            before = None if row is None else SwitchRecord.model_construct(**row.model_dump())
-            if row is None:
-                row = SwitchRecord(name=name, **values, changed_at=self.clock())
-                session.add(row)
-            else:
-                for field, value in {**values, "changed_at": self.clock()}.items():
-                    setattr(row, field, value)
-            session.flush()
-            return SwitchRecord.model_construct(**row.model_dump()), before
-
-
-_JOBS = JobRecord.__table__  # type: ignore[attr-defined]
-_INPUTS = InputRequestRecord.__table__  # type: ignore[attr-defined]
-_PARTS = ResultPartRecord.__table__  # type: ignore[attr-defined]
-_AUDIT = AuditRecord.__table__  # type: ignore[attr-defined]
-ARCHIVE_BATCH = 100
-"""The most jobs one transaction archives and deletes (their whole rows are read for the evidence)."""
-
 
 # The hot reads' statements, built once (building a statement costs more than SQLite runs it).
-_STEPS = StepRecord.__table__  # type: ignore[attr-defined]
 _JOB_BY_ID = sa_select(_JOBS).where(_JOBS.c.id == bindparam("job_id"))
 _STEPS_OF_JOB = sa_select(_STEPS).where(_STEPS.c.job_id == bindparam("job_id")).order_by(_STEPS.c.started_at)
 _QUESTIONS_OF_JOB = (
@@ -1256,31 +940,6 @@ _QUESTIONS_OF_JOB = (
     .order_by(_INPUTS.c.created_at, _INPUTS.c.key)
 )
 _OPEN_QUESTIONS_OF_JOB = _QUESTIONS_OF_JOB.where(_INPUTS.c.answered_at.is_(None))
-_WAITING_COUNTS = (
-    sa_select(_JOBS.c.kind, _JOBS.c.status, func.count())
-    .where(
-        or_(
-            and_(_JOBS.c.status == Status.WORKING.value, _JOBS.c.lease_owner.is_(None)),
-            _JOBS.c.status == Status.INPUT_REQUIRED.value,
-        )
-    )
-    .group_by(_JOBS.c.kind, _JOBS.c.status)
-)
-_ACTIVE_COUNTS = (
-    sa_select(_JOBS.c.kind, _JOBS.c.status, _JOBS.c.lease_owner, func.count(), func.min(_JOBS.c.created_at))
-    .where(_JOBS.c.status.in_([s.value for s in ACTIVE]))
-    .group_by(_JOBS.c.kind, _JOBS.c.status, _JOBS.c.lease_owner)
-)
-_FAILED_COUNTS = (
-    sa_select(_JOBS.c.kind, func.count())
-    .where(_JOBS.c.status == Status.FAILED.value, _JOBS.c.finished_at >= bindparam("since"))
-    .group_by(_JOBS.c.kind)
-)
-_PART_BY_KEY = sa_select(_PARTS.c.data).where(
-    _PARTS.c.job_id == bindparam("job_id"),
-    _PARTS.c.file_id == bindparam("file_id"),
-    _PARTS.c.part == bindparam("part"),
-)
 _ANSWERS_OF_JOB = (
     sa_select(_INPUTS)
     .where(_INPUTS.c.job_id == bindparam("job_id"), _INPUTS.c.answered_at.is_not(None))
@@ -1289,8 +948,6 @@ _ANSWERS_OF_JOB = (
 _QUESTION_BY_KEY = sa_select(_INPUTS).where(
     _INPUTS.c.job_id == bindparam("job_id"), _INPUTS.c.key == bindparam("key")
 )
-
-_ALL_SWITCHES = sa_select(SwitchRecord.__table__)  # type: ignore[attr-defined]
 
 # The start's statements, built once (building a statement costs more than SQLite runs it).
 _INSERT_JOB = sa_insert(_JOBS)
@@ -1318,66 +975,6 @@ _COUNT_ACTIVE_LITERAL = (
         _JOBS.c.status.in_([literal_column(f"'{status.value}'") for status in sorted(ACTIVE)]),
     )
 )
-
-
-class _Prepared:
-    """A Core statement compiled once for one dialect, to run on the DB-API connection itself: its SQL,
-    and its positional parameters from a dict of values, each through the bind processor of its column's
-    type for that dialect (JSON to text, aware UTC times to SQLite's format), as SQLAlchemy binds them."""
-
-    def __init__(self, statement: Any, dialect: Any, column_keys: Sequence[str] | None = None) -> None:
-        compiled = statement.compile(dialect=dialect, column_keys=list(column_keys or ()) or None)
-        self.sql: str = compiled.string
-        self._binds = [
-            (name, compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect))
-            for name in compiled.positiontup or ()
-        ]
-        # A SELECT's columns, each with its type's result processor (text to JSON, to aware UTC times).
-        self._columns = [
-            (column.name, column.type.dialect_impl(dialect).result_processor(dialect, None))
-            for column in getattr(statement, "selected_columns", ())
-        ]
-
-    def parameters(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
-        return tuple(
-            values[name] if process is None else process(values[name]) for name, process in self._binds
-        )
-
-    def rows(self, connection: sqlite3.Connection, values: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """Run the SELECT on the DB-API `connection`: every row (so its statement ends), by column name."""
-        cursor = connection.execute(self.sql, self.parameters(values))
-        try:
-            found = cursor.fetchall()
-        finally:
-            cursor.close()
-        columns = self._columns
-        return [
-            {
-                name: value if process is None else process(value)
-                for (name, process), value in zip(columns, row, strict=True)
-            }
-            for row in found
-        ]
-
-
-class _SQLiteReads:
-    """The hot reads' side of SQLAlchemy's `Connection` (`execute(...).mappings()`, `.first()`) on SQLite's
-    own connection, each statement compiled once (see `_Prepared`)."""
-
-    def __init__(self, connection: sqlite3.Connection, prepare: Callable[[Any], _Prepared]) -> None:
-        self._connection = connection
-        self._prepare = prepare
-
-    def execute(self, statement: Any, values: Mapping[str, Any]) -> _Mappings:
-        return _Mappings(self._prepare(statement).rows(self._connection, values))
-
-
-class _Mappings(list[dict[str, Any]]):
-    def mappings(self) -> _Mappings:
-        return self
-
-    def first(self) -> dict[str, Any] | None:
-        return self[0] if self else None
 
 
 # The progress snapshot on PostgreSQL in one statement (one round trip): the job's row, with its open
@@ -1432,55 +1029,6 @@ _START = text(
 )
 
 
-def _json_value(value: Any) -> Any:
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            raise ValueError("naive datetime given to the store; use aware UTC datetimes")
-        return value.isoformat()
-    raise TypeError(f"{type(value).__name__} is not stored as JSON")
-
-
-def _json_document(value: Any) -> str:
-    """Column values as the JSON text a PostgreSQL function reads with `json_populate_record`."""
-    return json.dumps(value, default=_json_value)
-
-
-def _converters(table: Any) -> dict[str, Callable[[Any], Any]]:
-    """How each column of `table` comes back from `row_to_json`: times as ISO 8601, floats as numbers."""
-    found: dict[str, Callable[[Any], Any]] = {}
-    for column_ in table.columns:
-        if isinstance(column_.type, UTCDateTime):
-            found[column_.name] = _utc_time
-        elif isinstance(column_.type, Float):
-            found[column_.name] = float
-    return found
-
-
-def _utc_time(value: str) -> datetime:
-    return datetime.fromisoformat(value).astimezone(UTC)
-
-
-def _from_json(table: Any, model: type[M], row: Mapping[str, Any]) -> M:
-    """A detached model from a row PostgreSQL gave as JSON (`row_to_json`)."""
-    convert = _CONVERTERS[table.name]
-    values: dict[str, Any] = {}
-    for column_ in table.columns:
-        value = row.get(column_.name)
-        if value is not None and column_.name in convert:
-            value = convert[column_.name](value)
-        values[column_.name] = value
-    return model.model_construct(**values)
-
-
-def _column_values(table: Any, model: Any) -> dict[str, Any]:
-    """A model's values by column name, for a Core insert into `table`."""
-    return {column.name: getattr(model, column.name) for column in table.columns}
-
-
-M = TypeVar("M", JobRecord, InputRequestRecord, StepRecord)
-_CONVERTERS = {table.name: _converters(table) for table in (_JOBS, _INPUTS, _STEPS)}
-
-
 def _pending_clause(job_id: str) -> tuple[Any, Any]:
     """(where, order by) of a job's unanswered questions, in the order asked."""
     where = and_(col(InputRequestRecord.job_id) == job_id, col(InputRequestRecord.answered_at).is_(None))
@@ -1493,18 +1041,6 @@ def _pending(session: Session, job_id: str) -> list[InputRequestRecord]:
     return list(session.exec(select(InputRequestRecord).where(where).order_by(*order)))
 
 
-def _rows(connection: Connection, model: type[M], statement: Any, job_id: str, **params: Any) -> list[M]:
-    """The rows a prebuilt hot-read `statement` finds for `job_id`, as detached models, without an ORM
-    session (the hot read path)."""
-    result = connection.execute(statement, {"job_id": job_id, **params})
-    return [model.model_construct(**row) for row in result.mappings()]
-
-
-def _one(connection: Connection, model: type[M], statement: Any, job_id: str, **params: Any) -> M | None:
-    row = connection.execute(statement, {"job_id": job_id, **params}).mappings().first()
-    return None if row is None else model.model_construct(**row)
-
-
 def _claimable(now: datetime) -> tuple[Any, ...]:
     """A job any worker may take now: working, not leased, not being cancelled, due."""
     return (
@@ -1513,16 +1049,6 @@ def _claimable(now: datetime) -> tuple[Any, ...]:
         col(JobRecord.cancel_requested_at).is_(None),
         col(JobRecord.run_after) <= now,
     )
-
-
-def _glob_literal(text: str) -> str:
-    """`text` matched literally by SQLite's GLOB: its wildcards and brackets as one-character sets."""
-    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
-
-
-def _like_literal(text: str) -> str:
-    """`text` matched literally by LIKE ... ESCAPE '!'."""
-    return "".join(f"!{c}" if c in "%_!" else c for c in text)
 
 
 def _take_turns(

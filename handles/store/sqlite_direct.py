@@ -1,0 +1,73 @@
+"""SQLite's own connection, past SQLAlchemy: Core statements compiled once and run on the DB-API connection.
+
+SQLAlchemy's statement execution costs several times what SQLite takes to run a short statement, so the
+hot paths on an SQLite file (a start, an outcome, the reads by key) run their statements here, each
+compiled once for the dialect, its values bound and its rows read through the type processors SQLAlchemy
+uses (JSON, aware UTC times): what is stored and read back is the same either way.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+
+class _Prepared:
+    """A Core statement compiled once for one dialect, to run on the DB-API connection itself: its SQL,
+    and its positional parameters from a dict of values, each through the bind processor of its column's
+    type for that dialect (JSON to text, aware UTC times to SQLite's format), as SQLAlchemy binds them."""
+
+    def __init__(self, statement: Any, dialect: Any, column_keys: Sequence[str] | None = None) -> None:
+        compiled = statement.compile(dialect=dialect, column_keys=list(column_keys or ()) or None)
+        self.sql: str = compiled.string
+        self._binds = [
+            (name, compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect))
+            for name in compiled.positiontup or ()
+        ]
+        # A SELECT's columns, each with its type's result processor (text to JSON, to aware UTC times).
+        self._columns = [
+            (column.name, column.type.dialect_impl(dialect).result_processor(dialect, None))
+            for column in getattr(statement, "selected_columns", ())
+        ]
+
+    def parameters(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
+        return tuple(
+            values[name] if process is None else process(values[name]) for name, process in self._binds
+        )
+
+    def rows(self, connection: sqlite3.Connection, values: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Run the SELECT on the DB-API `connection`: every row (so its statement ends), by column name."""
+        cursor = connection.execute(self.sql, self.parameters(values))
+        try:
+            found = cursor.fetchall()
+        finally:
+            cursor.close()
+        columns = self._columns
+        return [
+            {
+                name: value if process is None else process(value)
+                for (name, process), value in zip(columns, row, strict=True)
+            }
+            for row in found
+        ]
+
+
+class _SQLiteReads:
+    """The hot reads' side of SQLAlchemy's `Connection` (`execute(...).mappings()`, `.first()`) on SQLite's
+    own connection, each statement compiled once (see `_Prepared`)."""
+
+    def __init__(self, connection: sqlite3.Connection, prepare: Callable[[Any], _Prepared]) -> None:
+        self._connection = connection
+        self._prepare = prepare
+
+    def execute(self, statement: Any, values: Mapping[str, Any]) -> _Mappings:
+        return _Mappings(self._prepare(statement).rows(self._connection, values))
+
+
+class _Mappings(list[dict[str, Any]]):
+    def mappings(self) -> _Mappings:
+        return self
+
+    def first(self) -> dict[str, Any] | None:
+        return self[0] if self else None
