@@ -891,7 +891,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"handles: {exc}", file=sys.stderr)
         return 2
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())
