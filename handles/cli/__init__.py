@@ -1,0 +1,109 @@
+"""The `handles` command for operators: see and steer every stored job from a terminal.
+
+- `handles jobs list|show|cancel|purge`: stored jobs, read from the configured database;
+- `handles jobs pause|unpause JOB`: refuse (retryably) or allow again new starts of a job kind;
+- `handles tasks off|on`: the Tasks face's kill switch (no new tasks; existing ones still served);
+- `handles switches`: those switches, with who changed each last and when;
+- `handles watch HANDLE|ID`: a live progress bar until the job ends;
+- `handles keygen`: a new signing key (prepend it to HANDLES_SECRET_KEYS to rotate);
+- `handles db upgrade`: apply the schema migrations to HANDLES_DATABASE_URL;
+- `handles worker --app module:attribute`: run jobs without serving MCP;
+- `handles manifest URL`: what a server offers a client (protocol, Tasks, jobs and their modes), and
+  whether it meets a workflow's requirements (`--modes`, `--job`).
+- `handles console --port N`: the operator web console (docs/console.md), behind HANDLES_CONSOLE_TOKEN.
+
+It reads the same `HANDLES_*` environment as the servers (`handles manifest` only needs the URL).
+
+The command line is built in `parser`; the commands live in `jobs`, `switches`, `admin` and
+`capabilities` (`handles manifest`), and share `common` (the store, a job by id or handle) and
+`formatting` (tables, one-line text). This module runs them: `main`, the console script's entry point.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+
+from handles.cli.admin import CONSOLE_TOKEN_ENV, console, db_upgrade, keygen, load_app, worker
+from handles.cli.capabilities import manifest, manifest_lines
+from handles.cli.common import find_job, open_repository, operator_name
+from handles.cli.jobs import (
+    audit_export,
+    job_summary,
+    jobs_cancel,
+    jobs_list,
+    jobs_purge,
+    jobs_show,
+    watch,
+    watch_line,
+)
+from handles.cli.parser import build_parser
+from handles.cli.switches import jobs_pause, jobs_unpause, switches_show, tasks_off, tasks_on
+from handles.errors import ConfigurationError
+
+__all__ = [
+    "CONSOLE_TOKEN_ENV",
+    "accept_dashed_ids",
+    "audit_export",
+    "build_parser",
+    "console",
+    "db_upgrade",
+    "find_job",
+    "job_summary",
+    "jobs_cancel",
+    "jobs_list",
+    "jobs_pause",
+    "jobs_purge",
+    "jobs_show",
+    "jobs_unpause",
+    "keygen",
+    "load_app",
+    "main",
+    "manifest",
+    "manifest_lines",
+    "open_repository",
+    "operator_name",
+    "switches_show",
+    "tasks_off",
+    "tasks_on",
+    "watch",
+    "watch_line",
+    "worker",
+]
+"""The module's names as they were before it became a package: the entry point is `main`."""
+
+
+_DASHED_ID = re.compile(r"^-[A-Za-z0-9_-]{16,64}$")
+"""A job id that begins with `-` (ids stored before they were drawn without one): never an option here."""
+
+
+def accept_dashed_ids(argv: list[str]) -> list[str]:
+    """`argv` with a job id that begins with `-` passed as the value it is, not read as an option.
+
+    No option of this CLI looks like one (they are `-h` and `--long` names), and every command that takes
+    an id takes it as its one positional argument or as the value of `--job`: the id goes after `--`
+    at the end, or joins its option as `--job=ID`.
+    """
+    if "--" in argv:
+        return argv
+    dashed = [index for index, token in enumerate(argv) if _DASHED_ID.match(token)]
+    if len(dashed) != 1:
+        return argv
+    index = dashed[0]
+    if index > 0 and argv[index - 1] == "--job":
+        return [*argv[: index - 1], f"{argv[index - 1]}={argv[index]}", *argv[index + 1 :]]
+    return [*argv[:index], *argv[index + 1 :], "--", argv[index]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for chatty in ("alembic", "httpx2"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
+    args = build_parser().parse_args(accept_dashed_ids(sys.argv[1:] if argv is None else argv))
+    try:
+        code: int = args.run(args)
+    except ConfigurationError as exc:
+        print(f"handles: {exc}", file=sys.stderr)
+        return 2
+    return code

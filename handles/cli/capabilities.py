@@ -1,0 +1,105 @@
+"""`handles manifest URL`: what a server offers a client, and whether it meets a workflow's requirements.
+
+The MCP client (handles.client, handles.client.transient) is imported by this one command, the only one
+that speaks MCP: every other command starts without it, in half the time."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from typing import TYPE_CHECKING
+
+from handles.cli.formatting import _table
+
+if TYPE_CHECKING:
+    from handles.client.manifest import Manifest
+
+
+def _listed(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    items = [item for item in value.split(",") if item]
+    unknown = [item for item in items if item not in allowed]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"{', '.join(unknown)}: not {what}; use {', '.join(allowed)}")
+    return items
+
+
+def _modes(value: str) -> list[str]:
+    from handles.client.manifest import MODES
+
+    return _listed(value, MODES, "a mode")
+
+
+def _required_job(value: str) -> tuple[str, list[str]]:
+    from handles.client.manifest import VERBS
+
+    name, _, verbs = value.partition(":")
+    return name, _listed(verbs, VERBS, "a verb")
+
+
+def manifest_lines(found: Manifest) -> list[str]:
+    """`handles manifest` for people: the server, the protocol, the Tasks extension, then a row per job."""
+    named = " ".join(part for part in (found.server_name, found.server_version) if part) or "(unnamed)"
+    if found.tasks_usable:
+        tasks = "offered and declared: usable (" + ", ".join(found.task_operations) + ")"
+    elif not found.tasks_offered:
+        tasks = "not offered by the server"
+    else:
+        tasks = "offered, but not usable on this connection"
+    negotiated = (
+        "server/discover: no session" if found.negotiated_by == "discover" else "an initialize handshake"
+    )
+    rows = [
+        [
+            job.name,
+            ", ".join(job.modes) or "-",
+            job.layout or "-",
+            "yes" if job.asks_input else "no",
+            job.plain_call or "-",
+        ]
+        for job in found.jobs.values()
+    ]
+    return [
+        f"server    {named} at {found.server}",
+        f"protocol  {found.protocol_version} ({negotiated})",
+        f"tasks     {tasks}",
+        f"tools     {len(found.tools)}, {len(found.jobs)} of them jobs",
+        "",
+        _table(rows, ["job", "modes", "layout", "asks", "plain call"]) if rows else "No jobs.",
+    ]
+
+
+def manifest(args: argparse.Namespace) -> int:
+    from handles.client.follow import connect
+    from handles.client.manifest import MODES, Requirements, RequirementsNotMet, read_manifest
+    from handles.client.transient import authentication_error, is_connection_failure, leaves
+
+    requirements = None
+    if args.modes or args.job:
+        requirements = Requirements(modes=args.modes or MODES, jobs=dict(args.job or ()))
+    try:
+        found = asyncio.run(read_manifest(connect(args.url, token=args.token)))
+    except Exception as exc:
+        refused = authentication_error(exc)
+        if refused is None and not is_connection_failure(exc):
+            raise
+        cause = refused if refused is not None else leaves(exc)[0]
+        print(f"handles: could not read the manifest of {args.url}: {cause}", file=sys.stderr)
+        return 3
+    print(found.model_dump_json(indent=2) if args.json else "\n".join(manifest_lines(found)))
+    if requirements is None:
+        return 0
+    logging.getLogger("handles.client").setLevel(logging.WARNING)  # the fallbacks are printed below
+    try:
+        plan = found.check(requirements)
+    except RequirementsNotMet as error:
+        print("\n" + error.message, file=sys.stderr)
+        return 1
+    if not args.json:
+        print(
+            "\nmeets the requirements: " + ", ".join(f"{job} runs {mode}" for job, mode in plan.modes.items())
+        )
+        for note in plan.fallbacks.values():
+            print(f"  {note}")
+    return 0

@@ -1,0 +1,130 @@
+"""`handles switches`, `handles tasks off|on` and `handles jobs pause|unpause`: the operator's switches,
+recorded in the store with who changed each last and when."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from handles.cli.common import open_repository, operator_name
+from handles.cli.formatting import _clip, _one_line_table, _when
+from handles.config import HandlesConfig
+from handles.errors import ConfigurationError
+from handles.store import JobRepository, SwitchRecord
+from handles.switches import PAUSED_PREFIX, TASKS, paused_switch
+
+
+def _switch_row(row: SwitchRecord) -> dict[str, Any]:
+    return {
+        "switch": row.name,
+        "job": row.name.removeprefix(PAUSED_PREFIX) if row.name.startswith(PAUSED_PREFIX) else None,
+        "engaged": row.engaged,
+        "reason": row.reason,
+        "retry_after_seconds": row.retry_after_seconds,
+        "changed_by": row.changed_by,
+        "changed_at": row.changed_at.isoformat(),
+    }
+
+
+def switches_show(args: argparse.Namespace) -> int:
+    rows = sorted(open_repository().switches(), key=lambda row: (row.name != TASKS, row.name))
+    if args.json:
+        print(json.dumps([_switch_row(row) for row in rows], indent=2))
+        return 0
+    if not rows:
+        print("No switch was ever set: the Tasks face creates tasks, and no job kind is paused.")
+        return 0
+    table = [
+        [
+            "tasks (kill switch)" if row.name == TASKS else row.name,
+            "ON" if row.engaged else "off",
+            _clip(row.changed_by, 30),
+            _when(row.changed_at),
+            "-" if row.retry_after_seconds is None else f"{row.retry_after_seconds:g}s",
+            _clip(row.reason or "-", 50),
+        ]
+        for row in rows
+    ]
+    print(
+        _one_line_table(table, ["SWITCH", "STATE", "CHANGED BY", "CHANGED AT (UTC)", "RETRY AFTER", "REASON"])
+    )
+    return 0
+
+
+def _set_switch(
+    repository: JobRepository,
+    args: argparse.Namespace,
+    name: str,
+    *,
+    engaged: bool,
+    retry: float | None = None,
+) -> tuple[SwitchRecord, SwitchRecord | None]:
+    """Set switch `name` as `--by` (default: the OS user); (as now set, as it was)."""
+    by = args.by.strip() if args.by is not None else operator_name()
+    if not by:
+        raise ConfigurationError("--by must name who changes the switch (it is recorded).")
+    return repository.set_switch(
+        name, engaged=engaged, by=by, reason=getattr(args, "reason", None), retry_after_seconds=retry
+    )
+
+
+def _takes_effect() -> str:
+    seconds = HandlesConfig.from_env().switch_cache_seconds
+    return f"every node applies it within {seconds:g} s (HANDLES_SWITCH_CACHE_SECONDS), without a restart"
+
+
+def tasks_off(args: argparse.Namespace) -> int:
+    row, before = _set_switch(open_repository(), args, TASKS, engaged=True)
+    was = " (it was already on; now recorded as yours)" if before is not None and before.engaged else ""
+    print(
+        f"Tasks kill switch ON, by {row.changed_by} at {_when(row.changed_at)} UTC{was}: {_takes_effect()}. "
+        "Calls that declare the Tasks extension now get the result inline or a handle, as other callers do; "
+        "tasks already created are still served by tasks/get, tasks/update and tasks/cancel. "
+        "Undo with `handles tasks on`."
+    )
+    return 0
+
+
+def tasks_on(args: argparse.Namespace) -> int:
+    row, before = _set_switch(open_repository(), args, TASKS, engaged=False)
+    was = "" if before is not None and before.engaged else " (it was not on)"
+    print(
+        f"Tasks kill switch off, by {row.changed_by} at {_when(row.changed_at)} UTC{was}: {_takes_effect()}; "
+        "calls that declare the Tasks extension become tasks again."
+    )
+    return 0
+
+
+def jobs_pause(args: argparse.Namespace) -> int:
+    retry = args.retry_after.total_seconds()
+    repository = open_repository()
+    row, before = _set_switch(repository, args, paused_switch(args.job), engaged=True, retry=retry)
+    was = " (it was already paused; now recorded as yours)" if before is not None and before.engaged else ""
+    print(
+        f"New {args.job} jobs PAUSED, by {row.changed_by} at {_when(row.changed_at)} UTC{was}: {_takes_effect()}. "
+        f"Starts are refused with the retryable `paused` error, telling callers to retry in about {retry:g} s; "
+        f"{args.job} jobs already started go on. Undo with `handles jobs unpause {args.job}`."
+    )
+    _warn_if_unknown(repository, args.job)
+    return 0
+
+
+def jobs_unpause(args: argparse.Namespace) -> int:
+    row, before = _set_switch(open_repository(), args, paused_switch(args.job), engaged=False)
+    was = "" if before is not None and before.engaged else " (it was not paused)"
+    print(
+        f"New {args.job} jobs allowed again, by {row.changed_by} at {_when(row.changed_at)} UTC{was}: "
+        f"{_takes_effect()}."
+    )
+    return 0
+
+
+def _warn_if_unknown(repository: JobRepository, job: str) -> None:
+    if not repository.list_jobs(kind=job, limit=1):
+        print(
+            f"handles: note: no {job} job is stored in this database; check the name (a job's name is the name "
+            "of its function, as in its <job>_start tool).",
+            file=sys.stderr,
+        )
