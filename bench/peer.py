@@ -21,6 +21,7 @@ The peer is installed by this module into its own virtual environment, bench/.pe
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import random
 import subprocess
 import sys
@@ -57,7 +58,17 @@ def venv_ready(venv: Path, probe: str) -> bool:
 
 def ensure_venv(venv: Path, requirements: Sequence[str], probe: str, timeout: float = 600) -> str | None:
     """A virtual environment at `venv` in which `python -c probe` succeeds: created when missing, and
-    `requirements` (pip arguments) installed into it when the probe fails; None on success, else why not."""
+    `requirements` (pip arguments) installed into it when the probe fails; None on success, else why not.
+
+    Processes that prepare the same `venv` at once (the test workers of `pytest -n`) take turns on a lock
+    file beside it: the first one installs, the others find it ready."""
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f"{venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _prepare_venv(venv, requirements, probe, timeout)
+
+
+def _prepare_venv(venv: Path, requirements: Sequence[str], probe: str, timeout: float) -> str | None:
     if venv_ready(venv, probe):
         return None
     python = venv / "bin" / "python"
