@@ -313,6 +313,39 @@ class Database:
                 raise
 
     @contextmanager
+    def _postgres_autocommit(self) -> Iterator[Any]:
+        """psycopg's own connection from the read engine's pool (autocommit, no ping at checkout), for a
+        statement that is its own transaction run past SQLAlchemy's statement execution (a start: one
+        call of `handles_start`, whose execution through SQLAlchemy cost a third of the round trip).
+
+        Its errors come out as SQLAlchemy's exceptions, as from `engine.connect()` and `execute`: a
+        connection the server dropped (a restart, a failover, an idle timeout) is a `DBAPIError` with
+        `connection_invalidated` set, and, as SQLAlchemy's own `Connection` does then, every connection
+        the pool made before it is replaced at its next checkout, so a second try gets a fresh one.
+        """
+        engine = self._read_engine
+        dialect = engine.dialect
+        pooled: Any = None
+        try:
+            pooled = engine.raw_connection()
+            yield pooled.driver_connection
+        except dialect.loaded_dbapi.Error as exc:
+            disconnect = pooled is not None and dialect.is_disconnect(exc, pooled.dbapi_connection, None)
+            if disconnect:
+                engine.pool._invalidate(pooled, exc)
+            raise DBAPIError.instance(
+                None,
+                None,
+                exc,
+                dialect.loaded_dbapi.Error,
+                connection_invalidated=disconnect,
+                dialect=dialect,
+            ) from exc
+        finally:
+            if pooled is not None and pooled.is_valid:
+                pooled.close()  # back to the pool
+
+    @contextmanager
     def _reading(self) -> Iterator[Session]:
         with Session(self._read_engine, expire_on_commit=False) as session:
             yield session

@@ -312,7 +312,9 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         questions: Sequence[InputRequestRecord],
         lease_seconds: float | None,
     ) -> tuple[JobRecord, bool]:
-        """`insert` on PostgreSQL: one call of the function `handles_start` (migration 0011), in autocommit.
+        """`insert` on PostgreSQL: one call of the function `handles_start` (migration 0011), in autocommit,
+        on psycopg's own connection (`_postgres_autocommit`), compiled once (`_Prepared`: its result
+        columns through the same type processors as SQLAlchemy's), past SQLAlchemy's statement execution.
 
         The function takes the principal's advisory lock, checks the idempotency key and the active
         count, inserts the job (its lease by the database's clock) and its questions, and sends the
@@ -343,10 +345,11 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
             )
             params["schemas"] = [json.dumps(r["requested_schema"]) for r in rows]
             params["answers"] = [json.dumps(r["answer"]) for r in rows]
+        start = self._prepare(_START)
         for attempt in (1, 2):
             try:
-                with self._read_engine.connect() as connection:  # autocommit, no ping
-                    outcome, active, lease_expires_at, stored = connection.execute(_START, params).one()
+                with self._postgres_autocommit() as connection:  # psycopg's own: autocommit, no ping
+                    (row,) = start.rows(connection, params)
                 break
             except DBAPIError as exc:
                 if attempt == 2 or not exc.connection_invalidated:
@@ -355,14 +358,15 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
                         if earlier is not None:
                             return earlier, True
                     raise
+        outcome, stored = row["outcome"], row["stored"]
         if outcome == "limit":
-            raise ActiveLimitReached(int(active), int(active_limit or 0))
+            raise ActiveLimitReached(int(row["active"]), int(active_limit or 0))
         if outcome == "existing":
             return _from_json(_JOBS, JobRecord, stored), False
         if stored is not None:  # an earlier try of this start committed it
             return _from_json(_JOBS, JobRecord, stored), True
         if lease is not None:
-            values["lease_expires_at"] = lease_expires_at
+            values["lease_expires_at"] = row["lease_expires_at"]
         return JobRecord.model_construct(**values), True
 
     def _own_earlier_try(self, values: Mapping[str, Any]) -> JobRecord | None:

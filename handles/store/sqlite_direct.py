@@ -3,7 +3,8 @@
 SQLAlchemy's statement execution costs several times what SQLite takes to run a short statement, so the
 hot paths on an SQLite file (a start, an outcome, the reads by key) run their statements here, each
 compiled once for the dialect, its values bound and its rows read through the type processors SQLAlchemy
-uses (JSON, aware UTC times): what is stored and read back is the same either way.
+uses (JSON, aware UTC times): what is stored and read back is the same either way. PostgreSQL's start
+(`JobRepository._start`) runs its one statement the same way, on psycopg's own connection.
 """
 
 from __future__ import annotations
@@ -15,15 +16,17 @@ from typing import Any
 
 class _Prepared:
     """A Core statement compiled once for one dialect, to run on the DB-API connection itself: its SQL,
-    and its positional parameters from a dict of values, each through the bind processor of its column's
-    type for that dialect (JSON to text, aware UTC times to SQLite's format), as SQLAlchemy binds them."""
+    and its parameters from a dict of values, each through the bind processor of its column's type for
+    that dialect (JSON to text, aware UTC times to SQLite's format), as SQLAlchemy binds them:
+    positional for a positional paramstyle (SQLite's `?`), by name otherwise (psycopg's `%(name)s`)."""
 
     def __init__(self, statement: Any, dialect: Any, column_keys: Sequence[str] | None = None) -> None:
         compiled = statement.compile(dialect=dialect, column_keys=list(column_keys or ()) or None)
         self.sql: str = compiled.string
+        self._positional = compiled.positiontup is not None
         self._binds = [
             (name, compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect))
-            for name in compiled.positiontup or ()
+            for name in (compiled.positiontup if compiled.positiontup is not None else compiled.binds)
         ]
         # A SELECT's columns, each with its type's result processor (text to JSON, to aware UTC times).
         self._columns = [
@@ -31,13 +34,19 @@ class _Prepared:
             for column in getattr(statement, "selected_columns", ())
         ]
 
-    def parameters(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
-        return tuple(
-            values[name] if process is None else process(values[name]) for name, process in self._binds
-        )
+    def parameters(self, values: Mapping[str, Any]) -> Any:
+        """The statement's parameters from `values`: a tuple (positional paramstyle) or a dict (by name)."""
+        if self._positional:
+            return tuple(
+                values[name] if process is None else process(values[name]) for name, process in self._binds
+            )
+        return {
+            name: values[name] if process is None else process(values[name]) for name, process in self._binds
+        }
 
-    def rows(self, connection: sqlite3.Connection, values: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """Run the SELECT on the DB-API `connection`: every row (so its statement ends), by column name."""
+    def rows(self, connection: Any, values: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Run the SELECT on the DB-API `connection` (sqlite3's, or psycopg's: both have `execute`):
+        every row (so its statement ends), by column name."""
         cursor = connection.execute(self.sql, self.parameters(values))
         try:
             found = cursor.fetchall()

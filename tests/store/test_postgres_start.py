@@ -6,7 +6,9 @@ steps) is one statement too. Counted with bench/round_trips.py's libpq protocol 
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -16,9 +18,11 @@ from typing import Any
 import psycopg
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
 
 from bench.round_trips import Tracer
-from handles.store import InputRequestRecord, JobRepository, utc_now
+from handles.errors import StoreUnavailable
+from handles.store import InputRequestRecord, JobRepository, Store, utc_now
 from handles.store.engine import NOTIFY_CHANNEL
 from handles.store.listen import libpq_url
 from handles.store.repository import ActiveLimitReached
@@ -199,6 +203,48 @@ def test_a_start_on_a_connection_the_server_dropped_is_made_once_more_on_a_fresh
         assert created and stored.id == job.id
         assert repo.get(job.id) is not None
         assert repo.count_active(principal=principal) == 2
+
+
+def test_a_start_after_the_server_dropped_every_pooled_connection_is_made_once_more_on_a_fresh_one(
+    postgres_url: str,
+) -> None:
+    """The start runs on psycopg's own connection (change 17): a dropped one still comes out as
+    SQLAlchemy's invalidated error, and, as SQLAlchemy's own connections do, the whole pool is renewed,
+    so the one repeated try does not meet another dead connection of the same pool."""
+    name = f"handles_start_drop_all_{secrets.token_hex(4)}"
+    principal = _principal()
+    with repository(postgres_url, application_name=name) as repo:
+        held = [repo._read_engine.raw_connection() for _ in range(3)]
+        for pooled in held:
+            pooled.driver_connection.execute("select 1")
+        for pooled in held:
+            pooled.close()
+        assert repo._read_engine.pool.checkedin() == 3  # type: ignore[attr-defined]
+        assert terminate_backends(postgres_url, name) >= 3
+        job = job_row(_id(), principal=principal, lease_owner="node-a", attempts=1)
+        stored, created = repo.insert(job, active_limit=5, lease_seconds=30)
+        assert created and stored.id == job.id and stored.lease_expires_at is not None
+        assert repo.get(job.id) == stored
+        assert repo.count_active(principal=principal) == 1
+
+
+def test_a_start_against_a_database_that_never_answers_is_the_stores_retryable_error() -> None:
+    """A failed checkout of psycopg's own connection is SQLAlchemy's `OperationalError`, as from
+    `engine.connect()`, so `Store` answers the retryable `StoreUnavailable` (nothing stored)."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # the kernel completes the handshake; nothing ever answers the startup packet
+    port = silent.getsockname()[1]
+    repo = JobRepository(f"postgresql+psycopg://postgres@127.0.0.1:{port}/test?connect_timeout=1")
+    try:
+        with pytest.raises(OperationalError) as caught:
+            repo.insert(job_row(_id()), active_limit=5)
+        assert not caught.value.connection_invalidated
+        with pytest.raises(StoreUnavailable):
+            asyncio.run(Store(repo).insert(job_row(_id()), queued=False, active_limit=5))
+    finally:
+        repo.dispose()
+        silent.close()
 
 
 def test_a_progress_poll_is_one_round_trip_and_reads_what_three_reads_read(repo: JobRepository) -> None:
