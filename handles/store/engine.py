@@ -122,7 +122,6 @@ class Database:
             url
         )
         self._inline_connection: Connection | None = None
-        self._inline_write_connection: Connection | None = None
         self._inline_write_raw: Any = None  # the inline-write engine's DB-API connection (`_sqlite_writing`)
         self._inline_read_raw: Any = None  # the inline-read engine's DB-API connection (`_sqlite_reading`)
         self._inline_lock = threading.Lock()
@@ -165,9 +164,6 @@ class Database:
         if self._inline_connection is not None:
             self._inline_connection.close()
             self._inline_connection = None
-        if self._inline_write_connection is not None:
-            self._inline_write_connection.close()
-            self._inline_write_connection = None
         if self._inline_write_raw is not None:
             self._inline_write_raw.close()
             self._inline_write_raw = None
@@ -213,28 +209,6 @@ class Database:
         finally:
             _INLINE.reset(tokens[1])
             _INLINE_WRITE.reset(tokens[0])
-
-    @contextmanager
-    def _inline_writing(self) -> Iterator[Session]:
-        """A write transaction on the long-lived inline-write connection (see `write_inline`)."""
-        acquire = getattr(self._write_lock, "acquire", None)
-        if acquire is not None and not acquire(blocking=False):
-            raise WriterBusy
-        try:
-            assert self._inline_write_engine is not None
-            if self._inline_write_connection is None or self._inline_write_connection.closed:
-                self._inline_write_connection = self._inline_write_engine.connect()
-            connection = self._inline_write_connection
-            try:
-                with Session(bind=connection, expire_on_commit=False) as session, session.begin():
-                    yield session
-            except DBAPIError:
-                connection.invalidate()  # a fresh connection next time, in a known state
-                self._inline_write_connection = None
-                raise
-        finally:
-            if acquire is not None:
-                self._write_lock.__exit__(None, None, None)
 
     @contextmanager
     def _sqlite_writing(self) -> Iterator[sqlite3.Connection]:
@@ -377,10 +351,9 @@ class Database:
 
     @contextmanager
     def _writing(self) -> Iterator[Session]:
-        if _INLINE_WRITE.get() and self._inline_write_engine is not None:
-            with self._inline_writing() as session:
-                yield session
-            return
+        # Waits for the writer lock, so never on the event loop: what `write_inline` runs writes on
+        # SQLite's own connection (`_sqlite_writing`), which refuses instead of waiting.
+        assert not _INLINE_WRITE.get(), "an inline write takes the ORM's path"
         with (
             self._write_lock,
             Session(self._write_engine, expire_on_commit=False) as session,

@@ -121,6 +121,11 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
             lease_clock = "database" if not is_sqlite(url) and clock is utc_now else "local"
         if lease_clock not in ("database", "local"):
             raise ValueError("lease_clock must be 'database' or 'local'")
+        if lease_clock == "database" and is_sqlite(url):
+            raise ValueError(
+                "lease_clock='database' needs a database server with a clock of its own (PostgreSQL); "
+                "SQLite runs in this process, so its leases are judged by `clock`: use 'local'"
+            )
         self._database_leases = lease_clock == "database"
         # Models built from Core rows (the hot reads) need their ORM mappers ready.
         configure_mappers()
@@ -248,34 +253,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
             existing = self._find_idempotent(values)
             if existing is not None:
                 return existing, False
-        database_lease = (
-            values["lease_owner"] is not None and lease_seconds is not None and self._database_leases
-        )
-        if self._sqlite_start is not None and not database_lease:
-            return self._insert_sqlite(values, active_limit, questions)
-        try:
-            with self._writing() as session:
-                connection = session.connection()  # Core statements, past the ORM session's machinery
-                database_now: datetime | None = None
-                if active_limit is not None:
-                    database_now = self._lock_principal(session, values["principal_key"])
-                    active = int(
-                        connection.execute(_COUNT_ACTIVE, {"key": values["principal_key"]}).scalar_one()
-                    )
-                    if active >= active_limit:
-                        raise ActiveLimitReached(active, active_limit)
-                if values["lease_owner"] is not None and lease_seconds is not None and self._database_leases:
-                    lease_now = database_now or self._lease_now_value(session, values["created_at"])
-                    values["lease_expires_at"] = _after(lease_now, lease_seconds)
-                connection.execute(_INSERT_JOB, [values])
-                if questions:
-                    connection.execute(_INSERT_INPUT, [_column_values(_INPUTS, q) for q in questions])
-            return JobRecord.model_construct(**values), True
-        except IntegrityError:
-            existing = self._find_idempotent(values) if job.idempotency_key is not None else None
-            if existing is None:
-                raise
-            return existing, False
+        return self._insert_sqlite(values, active_limit, questions)
 
     def _insert_sqlite(
         self, values: dict[str, Any], active_limit: int | None, questions: Sequence[InputRequestRecord]
@@ -379,17 +357,6 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         ):
             return None
         return stored
-
-    def _lock_principal(self, session: Session, key: str) -> datetime | None:
-        """Serialise concurrent starts of one principal (SQLite's write lock already does).
-
-        On PostgreSQL, returns the database's `now()` too, read in the same round trip.
-        """
-        if self.dialect != "postgresql":
-            return None
-        row = session.execute(sa_select(func.pg_advisory_xact_lock(func.hashtext(key)), _DATABASE_NOW)).one()
-        value: datetime = row[1]
-        return value
 
     def _find_idempotent(self, job: Mapping[str, Any]) -> JobRecord | None:
         """The job that `job`'s principal already started with its kind and idempotency key."""

@@ -154,3 +154,15 @@ def test_a_start_goes_to_a_worker_thread_while_this_process_writes(repo: JobRepo
         assert threads == [threads[0]] and threads[0] != threading.get_ident()
 
     asyncio.run(main())
+
+
+def test_sqlite_refuses_a_database_lease_clock_and_says_what_to_use(path: Path) -> None:
+    """SQLite runs in this process: it has no clock of its own to judge leases by, so asking for one is a
+    mistake said at once, not a second start path that quietly behaves like the first."""
+    with pytest.raises(ValueError, match=r"PostgreSQL.*use 'local'"):
+        JobRepository(f"sqlite:///{path.as_posix()}", lease_clock="database")
+    repository = JobRepository(f"sqlite:///{path.as_posix()}", lease_clock="local")
+    try:
+        assert not repository.database_leases
+    finally:
+        repository.dispose()
