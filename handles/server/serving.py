@@ -21,6 +21,13 @@ from handles.server.bind_mcpserver import is_fastmcp
 from handles.server.health import health_routes
 from handles.server.startup import BackgroundStart
 
+# The largest request head (request line and headers) `serve_http` reads whole. A 2026-07-28 client
+# mirrors `params.taskId` or a tool's name into the `Mcp-Name` header, so a made-up id makes the head
+# long; uvicorn's HTTP parser (h11) refuses a head over its limit only while the head is incomplete, so
+# below this size every such request reaches the app and gets its JSON-RPC error, whether its bytes
+# arrive in one read or several (a proxy, a loaded machine). h11's own default is 16 KiB.
+REQUEST_HEAD_BYTES = 128 * 1024
+
 if TYPE_CHECKING:
     from fastmcp import FastMCP
 
@@ -135,6 +142,7 @@ async def serve_http(
         await handles.prepare()  # a missing key, a bad URL or an outdated schema stops here, before listening
     quiet_stateless_sessions()
     uvicorn_options.setdefault("log_level", "warning")
+    uvicorn_options.setdefault("h11_max_incomplete_event_size", REQUEST_HEAD_BYTES)
     app = streamable_http_app(server, handles, liveness_path=liveness_path, readiness_path=readiness_path)
     health = ", ".join(path for path in (liveness_path, readiness_path) if path) or "off"
     config = uvicorn.Config(app, host=host, port=port, **uvicorn_options)

@@ -304,13 +304,12 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
-    import uvicorn
-
-    from handles import streamable_http_app
+    from handles import serve_http
 
     jobs = create_jobs()
     server = build_server(jobs, args.tokens, args.port)
-    uvicorn.run(streamable_http_app(server, jobs), host="127.0.0.1", port=args.port, log_level="warning")
+    # As a deployment serves it (serve_http: uvicorn, its request-head limit, the drain on SIGTERM).
+    asyncio.run(serve_http(server, jobs, host="127.0.0.1", port=args.port))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,80 @@
+"""A long request head gets the same answer however its bytes arrive.
+
+A 2026-07-28 client mirrors `params.taskId` (or a tool's name) into the `Mcp-Name` header, so a made-up
+100,000-character task id is a 100 KB request head. uvicorn's HTTP parser (h11) refuses a head larger
+than its buffer limit only while the head is incomplete: the same request was answered with a JSON-RPC
+error when its bytes arrived at once and with a bare "Invalid HTTP request received." when they arrived
+in two reads (as they do through a proxy, or on a loaded machine). `serve_http` reads heads up to
+`REQUEST_HEAD_BYTES` whole, so the answer no longer depends on the network.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from handles.server.serving import REQUEST_HEAD_BYTES
+from tests.support import HttpExampleServer
+
+TASK_ID = "x" * 100_000
+
+
+def _request(port: int) -> bytes:
+    body = json.dumps(
+        {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"taskId": TASK_ID}}
+    ).encode()
+    head = (
+        "POST /mcp HTTP/1.1\r\n"
+        f"Host: 127.0.0.1:{port}\r\n"
+        "Content-Type: application/json\r\n"
+        "Accept: application/json, text/event-stream\r\n"
+        "MCP-Protocol-Version: 2026-07-28\r\n"
+        "Mcp-Method: tasks/get\r\n"
+        f"Mcp-Name: {TASK_ID}\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    return head + body
+
+
+def _send(port: int, pieces: list[bytes]) -> tuple[int, str]:
+    """Send `pieces` with a pause between them (so the server reads them apart); the status and body."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        for number, piece in enumerate(pieces):
+            if number:
+                time.sleep(0.3)
+            sock.sendall(piece)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    return status, body.decode(errors="replace")
+
+
+def _error_code(body: str) -> int:
+    """The JSON-RPC error code of a reply sent as JSON or as one SSE event."""
+    text = body
+    if "data:" in body:
+        text = next(line[len("data:") :] for line in body.splitlines() if line.startswith("data:"))
+    start = text.find("{")
+    assert start >= 0, f"no JSON-RPC message in the reply: {body[:300]!r}"
+    message = json.JSONDecoder().raw_decode(text[start:])[0]
+    assert "error" in message, message
+    return int(message["error"]["code"])
+
+
+@pytest.mark.parametrize("split_at", [None, 20_000, 70_000], ids=["whole", "two-reads-20k", "two-reads-70k"])
+def test_a_long_mcp_name_header_gets_a_json_rpc_error_however_it_arrives(
+    http_example: HttpExampleServer, split_at: int | None
+) -> None:
+    assert len(TASK_ID) < REQUEST_HEAD_BYTES
+    request = _request(http_example.port)
+    pieces = [request] if split_at is None else [request[:split_at], request[split_at:]]
+    status, body = _send(http_example.port, pieces)
+    assert 400 <= status < 500, (status, body[:300])
+    # The answer says what was wrong with the call, not that the HTTP bytes could not be parsed.
+    assert _error_code(body) in {-32600, -32602, -32020, -32021, -32022}, body[:300]
