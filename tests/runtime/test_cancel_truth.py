@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
@@ -18,9 +19,12 @@ def test_cancel_waits_for_a_running_sync_step_and_records_it(tmp_path: Path) -> 
     async def main() -> None:
         jobs = Handles(config(tmp_path, cancel_grace_seconds=0.2))
         effects: list[float] = []
+        # The step runs until the test lets it end (not for a fixed time a loaded machine can outrun).
+        running, release = threading.Event(), threading.Event()
 
         def charge() -> str:
-            time.sleep(1.2)
+            running.set()
+            release.wait(30)
             effects.append(time.time())
             return "charged"
 
@@ -32,10 +36,13 @@ def test_cancel_waits_for_a_running_sync_step_and_records_it(tmp_path: Path) -> 
 
         async with rig(jobs) as r:
             handle = (await r.ok("payment_start"))["handle"]
-            await asyncio.sleep(0.2)
-            await r.ok("payment_cancel", handle=handle)
-            await asyncio.sleep(0.6)  # past the grace period, the step still runs
-            assert stored(jobs, handle).status == Status.WORKING.value
+            try:
+                assert await asyncio.to_thread(running.wait, 10), "the step never started"
+                await r.ok("payment_cancel", handle=handle)
+                await asyncio.sleep(0.6)  # past the grace period, the step still runs
+                assert stored(jobs, handle).status == Status.WORKING.value
+            finally:
+                release.set()
             final = await r.ok("payment_fetch", handle=handle, wait_seconds=10)
             assert final["status"] == "cancelled"
             record = stored(jobs, handle)
@@ -50,8 +57,13 @@ def test_a_step_outliving_the_hard_limit_is_marked_unknown_on_both_faces(tmp_pat
     async def main() -> None:
         jobs = Handles(config(tmp_path, cancel_grace_seconds=0.1, step_cancel_limit_seconds=0.4))
 
+        # The step hangs until the test lets it end, after the hard limit has been judged.
+        running, release, ended = threading.Event(), threading.Event(), threading.Event()
+
         def hang() -> str:
-            time.sleep(2.0)
+            running.set()
+            release.wait(30)
+            ended.set()
             return "late"
 
         @jobs.job
@@ -61,18 +73,23 @@ def test_a_step_outliving_the_hard_limit_is_marked_unknown_on_both_faces(tmp_pat
 
         async with rig(jobs) as r:
             handle = (await r.ok("migration_start"))["handle"]
-            await asyncio.sleep(0.2)
-            await r.ok("migration_cancel", handle=handle)
-            final = await r.ok("migration_fetch", handle=handle, wait_seconds=10)
-            assert final["status"] == "cancelled"
-            assert "migrate" in final["status_message"] and "unknown" in final["status_message"]
-            assert "reconcile" in final["next"].lower()
-            assert stored_steps(jobs, handle)["migrate"].status == "unknown"
-            record = stored(jobs, handle)
-            task = detailed_task(jobs.specs["migration"], record, handle, [])
-            assert task["status"] == "cancelled" and "reconcile" in task["statusMessage"].lower()
-            assert record.error is not None and record.error["data"]["reason"] == "step_unknown"
-            await asyncio.sleep(2.0)  # the thread ends later: nothing it does changes the stored truth
+            try:
+                assert await asyncio.to_thread(running.wait, 10), "the step never started"
+                await r.ok("migration_cancel", handle=handle)
+                final = await r.ok("migration_fetch", handle=handle, wait_seconds=10)
+                assert final["status"] == "cancelled"
+                assert "migrate" in final["status_message"] and "unknown" in final["status_message"]
+                assert "reconcile" in final["next"].lower()
+                assert stored_steps(jobs, handle)["migrate"].status == "unknown"
+                record = stored(jobs, handle)
+                task = detailed_task(jobs.specs["migration"], record, handle, [])
+                assert task["status"] == "cancelled" and "reconcile" in task["statusMessage"].lower()
+                assert record.error is not None and record.error["data"]["reason"] == "step_unknown"
+            finally:
+                release.set()
+            # The thread ends later: nothing it does changes the stored truth.
+            assert await asyncio.to_thread(ended.wait, 10)
+            await asyncio.sleep(0.5)
             assert stored_steps(jobs, handle)["migrate"].status == "unknown"
             assert stored(jobs, handle).status == Status.CANCELLED.value
 
