@@ -13,25 +13,29 @@ from __future__ import annotations
 import json
 import socket
 import time
+from http.client import HTTPResponse
 
 import pytest
 
 from handles.server.serving import REQUEST_HEAD_BYTES
+from tests.reliability.support import RawReply, final_message
 from tests.support import HttpExampleServer
+from tests.tasks.wire import PROTOCOL, meta
 
 TASK_ID = "x" * 100_000
 
 
 def _request(port: int) -> bytes:
-    body = json.dumps(
-        {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"taskId": TASK_ID}}
-    ).encode()
+    """`tasks/get` of a made-up task id as a 2026-07-28 client sends it: envelope in `_meta`, id mirrored
+    into `Mcp-Name`."""
+    params = {"taskId": TASK_ID, "_meta": meta(declare=True)}
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": params}).encode()
     head = (
         "POST /mcp HTTP/1.1\r\n"
         f"Host: 127.0.0.1:{port}\r\n"
         "Content-Type: application/json\r\n"
         "Accept: application/json, text/event-stream\r\n"
-        "MCP-Protocol-Version: 2026-07-28\r\n"
+        f"MCP-Protocol-Version: {PROTOCOL}\r\n"
         "Mcp-Method: tasks/get\r\n"
         f"Mcp-Name: {TASK_ID}\r\n"
         f"Content-Length: {len(body)}\r\n"
@@ -40,31 +44,19 @@ def _request(port: int) -> bytes:
     return head + body
 
 
-def _send(port: int, pieces: list[bytes]) -> tuple[int, str]:
-    """Send `pieces` with a pause between them (so the server reads them apart); the status and body."""
+def _send(port: int, pieces: list[bytes]) -> RawReply:
+    """Send `pieces` with a pause between them (so the server reads them apart) and read the reply."""
+    began = time.perf_counter()
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         for number, piece in enumerate(pieces):
             if number:
                 time.sleep(0.3)
             sock.sendall(piece)
-        reply = b""
-        while chunk := sock.recv(65536):
-            reply += chunk
-    head, _, body = reply.partition(b"\r\n\r\n")
-    status = int(head.split(b" ", 2)[1])
-    return status, body.decode(errors="replace")
-
-
-def _error_code(body: str) -> int:
-    """The JSON-RPC error code of a reply sent as JSON or as one SSE event."""
-    text = body
-    if "data:" in body:
-        text = next(line[len("data:") :] for line in body.splitlines() if line.startswith("data:"))
-    start = text.find("{")
-    assert start >= 0, f"no JSON-RPC message in the reply: {body[:300]!r}"
-    message = json.JSONDecoder().raw_decode(text[start:])[0]
-    assert "error" in message, message
-    return int(message["error"]["code"])
+        response = HTTPResponse(sock)
+        response.begin()
+        raw = response.read().decode(errors="replace")
+    body = final_message(raw, response.getheader("content-type", ""))
+    return RawReply(response.status, body, raw, time.perf_counter() - began)
 
 
 @pytest.mark.parametrize("split_at", [None, 20_000, 70_000], ids=["whole", "two-reads-20k", "two-reads-70k"])
@@ -73,8 +65,9 @@ def test_a_long_mcp_name_header_gets_a_json_rpc_error_however_it_arrives(
 ) -> None:
     assert len(TASK_ID) < REQUEST_HEAD_BYTES
     request = _request(http_example.port)
-    pieces = [request] if split_at is None else [request[:split_at], request[split_at:]]
-    status, body = _send(http_example.port, pieces)
-    assert 400 <= status < 500, (status, body[:300])
+    reply = _send(
+        http_example.port, [request] if split_at is None else [request[:split_at], request[split_at:]]
+    )
+    assert 400 <= reply.status < 500, (reply.status, reply.raw[:300])
     # The answer says what was wrong with the call, not that the HTTP bytes could not be parsed.
-    assert _error_code(body) in {-32600, -32602, -32020, -32021, -32022}, body[:300]
+    assert reply.error["code"] in {-32600, -32602, -32020, -32021, -32022}, reply.error

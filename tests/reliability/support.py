@@ -225,7 +225,7 @@ class RawReply:
         return parsed if isinstance(parsed, dict) else {"error": "sdk", "message": text_block}
 
 
-def _final_message(raw: str, content_type: str) -> dict[str, Any] | None:
+def final_message(raw: str, content_type: str) -> dict[str, Any] | None:
     if content_type.startswith("text/event-stream"):
         final = None
         for message in parse_sse(raw):
@@ -278,7 +278,7 @@ async def raw_call(
     seconds = time.perf_counter() - began
     raw = response.text
     return RawReply(
-        response.status_code, _final_message(raw, response.headers.get("content-type", "")), raw, seconds
+        response.status_code, final_message(raw, response.headers.get("content-type", "")), raw, seconds
     )
 
 
