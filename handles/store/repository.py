@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -69,8 +68,6 @@ from handles.store.result_files import ResultFiles
 from handles.store.rows import _INPUTS, _JOBS, _STEPS, _column_values, _from_json, _json_document, _one, _rows
 from handles.store.sqlite_direct import _Prepared, _SQLiteReads
 from handles.store.switch_rows import SwitchRows
-
-logger = logging.getLogger("handles.store")
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -135,7 +132,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         if self.dialect == "sqlite":
             dialect = self._write_engine.dialect
             self._sqlite_start = (
-                _Prepared(_COUNT_ACTIVE_LITERAL, dialect),
+                _Prepared(_COUNT_ACTIVE, dialect),
                 _Prepared(_INSERT_JOB, dialect, _JOB_COLUMNS),
                 _Prepared(_INSERT_INPUT, dialect, _INPUT_COLUMNS),
             )
@@ -930,15 +927,9 @@ _JOB_BY_IDEMPOTENCY_KEY = sa_select(_JOBS).where(
 )
 _INSERT_INPUT = sa_insert(_INPUTS)
 _INPUT_COLUMNS = tuple(c.name for c in _INPUTS.columns)
+# A principal's active jobs, counted by a start on SQLite: the statuses are written into the statement,
+# because a prepared statement's parameters are positional and an expanding IN list is not.
 _COUNT_ACTIVE = (
-    sa_select(func.count())
-    .select_from(_JOBS)
-    .where(_JOBS.c.principal_key == bindparam("key"), _JOBS.c.status.in_(list(ACTIVE)))
-)
-
-# The same count with the statuses written into the statement: a prepared statement's parameters are
-# positional, and an expanding IN list is not.
-_COUNT_ACTIVE_LITERAL = (
     sa_select(func.count())
     .select_from(_JOBS)
     .where(
