@@ -25,6 +25,7 @@ from handles.errors import CallerError, UnknownHandle
 from handles.job_operations import UNKNOWN_HANDLE, JobOperations
 from handles.jobs import JobSpec, describe_duration
 from handles.results import ResultLink, link_of, tool_error_text
+from handles.server.output_schema import FlatSchemaModel
 from handles.states import Status
 from handles.store import InputRequestRecord, JobRecord
 from handles.tool_layout import FOLLOW_VERBS, SHARED_PREFIX, ToolNames
@@ -62,7 +63,7 @@ class ErrorView(BaseModel):
     data: dict[str, Any] | None = None
 
 
-class StartOutput(BaseModel):
+class StartOutput(FlatSchemaModel):
     handle: str = Field(description="Pass this to the progress, fetch, cancel and respond tools.")
     job: str
     status: Status
@@ -79,7 +80,7 @@ class StartOutput(BaseModel):
     next: str = Field(description="What to do next.")
 
 
-class ProgressOutput(BaseModel):
+class ProgressOutput(FlatSchemaModel):
     job: str
     status: Status
     status_message: str | None = None
@@ -101,7 +102,7 @@ class ProgressOutput(BaseModel):
     next: str
 
 
-class CancelOutput(BaseModel):
+class CancelOutput(FlatSchemaModel):
     job: str
     status: Status
     status_message: str | None = None
@@ -109,7 +110,7 @@ class CancelOutput(BaseModel):
     next: str
 
 
-class RespondOutput(BaseModel):
+class RespondOutput(FlatSchemaModel):
     job: str
     status: Status
     accepted: list[str] = Field(description="Keys whose answers were recorded.")
@@ -120,7 +121,7 @@ class RespondOutput(BaseModel):
     next: str
 
 
-class FetchOutputBase(BaseModel):
+class FetchOutputBase(FlatSchemaModel):
     job: str
     status: Status
     status_message: str | None = None
