@@ -1,6 +1,8 @@
 """The benchmark server: one no-op plain tool and one job of a tunable length, on the official SDK.
 
 - `noop()`: an ordinary tool that does nothing and returns a tiny structured result (the baseline).
+- `progress_shaped()`: an ordinary tool that runs no `handles` code and returns, prebuilt, a result of
+  the size and output schema of a `work_progress` result (the SDK's and the transport's share of one).
 - `work(seconds=0.0, mark="")`: a `handles` job that sleeps `seconds` (0: returns at once) and
   returns a small structured result. In-process benchmarks pass a `mark` to learn the moment the
   job function started (`STARTED[mark]`, `time.perf_counter()`), and can hold a job open until
@@ -24,16 +26,19 @@ import logging
 import os
 import sys
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
+from mcp_types import CallToolResult, TextContent
 from pydantic import BaseModel
 
 from example_server.__main__ import FileTokenVerifier
 from handles import Handles, HandlesConfig, JobContext, serve_stdio, streamable_http_app
+from handles.server.handle_tools import ProgressOutput, ProgressView
+from handles.states import Status
 
 STARTED: dict[str, float] = {}
 """`mark` -> `time.perf_counter()` when the job function began (in-process benchmarks only)."""
@@ -79,6 +84,38 @@ def noop() -> NoopResult:
     return NoopResult(ok=True)
 
 
+def _progress_shaped_result() -> CallToolResult:
+    """A `work_progress` result of a running `work` job, as the handle tool answers it: the structured
+    content (same fields, same text lengths) and the same JSON as text."""
+    now = datetime.now(UTC)
+    content = ProgressOutput(
+        job="work",
+        status=Status.WORKING,
+        status_message="Running.",
+        progress=ProgressView(),
+        attempts=1,
+        created_at=now,
+        updated_at=now,
+        expires_at=now + timedelta(hours=6),
+        poll_after_ms=100,
+        next=(
+            "The job is still running. Call work_progress with this handle in about 0.1 s (set wait_seconds "
+            "(up to 50) to wait for the change instead of polling), or work_fetch with wait_seconds to wait "
+            "for the result."
+        ),
+    ).model_dump(mode="json")
+    text = json.dumps(content, ensure_ascii=False)
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=content)
+
+
+_PROGRESS_SHAPED = _progress_shaped_result()
+
+
+def progress_shaped() -> Annotated[CallToolResult, ProgressOutput]:
+    """Return a prebuilt result shaped like `work_progress`'s (no handles code runs)."""
+    return _PROGRESS_SHAPED
+
+
 def create_jobs(config: HandlesConfig | None = None) -> Handles:
     jobs = Handles(config)
     # poll_after 0.1 s: the Tasks face advertises pollIntervalMs=100 (the peer's default is 5 s).
@@ -94,6 +131,7 @@ def build_server(jobs: Handles, *, token_verifier: Any = None, auth: Any = None)
         extensions=[jobs.tasks_extension()],
     )
     server.add_tool(noop, structured_output=True)
+    server.add_tool(progress_shaped, structured_output=True)
     jobs.bind(server)
     return server
 

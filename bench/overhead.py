@@ -2,10 +2,14 @@
 
 For each transport (in-process, stdio, Streamable HTTP) one `mcp.Client` (declaring the Tasks
 extension) calls, in shuffled order each round: the no-op plain tool, `work_start` (a 0 s job),
-`work_progress` (no wait) of a running job, `work_fetch` of a completed job, and `tasks/get` of
-the same completed job. Each is reported as a ratio to the no-op call measured in the same rounds.
-After each round the job that `work_start` started is awaited (untimed) so that its background
-execution does not overlap the next round's timings.
+`work_progress` (no wait) of a running job, `work_fetch` of a completed job, `tasks/get` of
+the same completed job, the plain tool `work` declaring Tasks (a 0 s job: the call answers with
+`CreateTaskResult`), and, on the SDK's own server, `progress_shaped`: an ordinary tool that runs no
+`handles` code and returns a prebuilt result of `work_progress`'s size and output schema (what the SDK
+and the transport alone spend on such a result). Each is reported as a ratio to the no-op call
+measured in the same rounds. After each round the jobs that `work_start` and the task creation
+started are awaited (untimed) so that their background execution does not overlap the next round's
+timings.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from bench.common import (
 
 SECTION = "overhead"
 TARGETS = {"work_progress": 1.3, "work_start": 2.0}
+TASKS_CREATE = "Tasks create (work, CreateTaskResult)"
+SHAPED = "SDK alone, work_progress's result (progress_shaped)"
 TRANSPORTS = ("inprocess", "stdio", "http", "fastmcp-stdio", "fastmcp-http")
 """The last two: the same server on FastMCP 4 (`python -m bench.app --fastmcp`), its no-op a FastMCP tool."""
 
@@ -69,13 +75,25 @@ async def measure_client(c: Any, rounds: int, warmup: int) -> dict[str, list[flo
         task = await get_task(c.session, done)
         assert task.status == "completed"
 
+    async def tasks_create() -> None:
+        created = await c.session.call_tool("work", {"seconds": 0}, allow_claimed=True)
+        assert getattr(created, "result_type", None) == "task", created
+        started.append(created.task_id)  # the task id is the job's handle
+
+    async def shaped() -> None:
+        result = await c.call_tool("progress_shaped", {})
+        assert not result.is_error and result.structured_content is not None
+
     calls: dict[str, Callable[[], Awaitable[None]]] = {
         "noop": noop,
         "work_start": start,
         "work_progress": progress,
         "work_fetch": fetch,
         "tasks/get": tasks_get,
+        TASKS_CREATE: tasks_create,
     }
+    if "progress_shaped" in {tool.name for tool in (await c.list_tools()).tools}:
+        calls[SHAPED] = shaped
 
     async def finish_started() -> None:  # untimed: let the started job finish before the next round
         while started:
@@ -155,6 +173,13 @@ async def run(options: Options) -> list[Table]:
         "result too, so both sides pay that check.",
         "`work_progress` reads a running job; `work_fetch` and `tasks/get` read a completed job (with its result); "
         "`work_start` stores a 0 s job (its execution is awaited, untimed, before the next round).",
+        f"{TASKS_CREATE}: `tools/call` of the plain tool `work` (a 0 s job) with the Tasks extension declared, "
+        "answered with `CreateTaskResult`; the task is awaited, untimed, before the next round.",
+        f"{SHAPED}: an ordinary tool on the SDK's own server (not on FastMCP) that runs no `handles` code and "
+        "returns a prebuilt result with `work_progress`'s output schema, fields and text lengths: the share of "
+        "`work_progress` that the SDK and the transport spend on such a result (the server's check against the "
+        "output model, serialising it twice, as structured content and as text, the client's parsing and its "
+        "`jsonschema` check). `work_progress` minus this row is the package's own share.",
         "in-process: `Client(server)` (no transport, no JSON-RPC framing); stdio and http: the server is a "
         "separate process (`python -m bench.app`), http is stateless Streamable HTTP (uvicorn, SSE replies).",
         "fastmcp-stdio and fastmcp-http: the same jobs bound to a FastMCP 4 server (`python -m bench.app "
