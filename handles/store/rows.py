@@ -21,8 +21,11 @@ M = TypeVar("M", JobRecord, InputRequestRecord, StepRecord)
 
 
 def _column_values(table: Any, model: Any) -> dict[str, Any]:
-    """A model's values by column name, for a Core insert into `table`."""
-    return {column.name: getattr(model, column.name) for column in table.columns}
+    """A model's values by column name, for a Core insert into `table`: from the instance's own dict where
+    the value is there (a built or loaded model keeps its values in it), past the ORM's attribute
+    descriptor on each column; through the descriptor otherwise (an expired or deferred attribute)."""
+    held = model.__dict__
+    return {name: held[name] if name in held else getattr(model, name) for name in _COLUMN_NAMES[table.name]}
 
 
 def _rows(connection: Connection, model: type[M], statement: Any, job_id: str, **params: Any) -> list[M]:
@@ -78,3 +81,4 @@ def _from_json(table: Any, model: type[M], row: Mapping[str, Any]) -> M:
 
 
 _CONVERTERS = {table.name: _converters(table) for table in (_JOBS, _INPUTS, _STEPS)}
+_COLUMN_NAMES = {table.name: tuple(column.name for column in table.columns) for table in (_JOBS, _INPUTS, _STEPS)}

@@ -1,0 +1,61 @@
+"""`UTCDateTime` on SQLite writes exactly the text SQLAlchemy's generic path writes (its one-step bind)."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.types import DateTime
+
+from handles.store.models import JobRecord, UTCDateTime
+
+DIALECT = sqlite.dialect()
+
+
+def generic_text(value: datetime) -> str:
+    """The two-step path the one-step bind replaces: `process_bind_param`, then SQLite DATETIME's format."""
+    naive = UTCDateTime().process_bind_param(value, DIALECT)
+    process = DateTime(timezone=True).dialect_impl(DIALECT).bind_processor(DIALECT)
+    assert process is not None
+    text: str = process(naive)
+    return text
+
+
+def test_the_one_step_bind_writes_the_generic_text_for_any_time_and_offset() -> None:
+    bind = UTCDateTime().dialect_impl(DIALECT).bind_processor(DIALECT)
+    assert bind is not None
+    rnd = random.Random(14)
+    checked = 0
+    for _ in range(5000):
+        offset = timezone(timedelta(minutes=rnd.randint(-14 * 60, 14 * 60)))
+        value = datetime(
+            rnd.randint(2, 9998), rnd.randint(1, 12), rnd.randint(1, 28), rnd.randint(0, 23), rnd.randint(0, 59),
+            rnd.randint(0, 59), rnd.choice([0, rnd.randint(0, 999_999)]), tzinfo=rnd.choice([UTC, offset]),
+        )  # fmt: skip
+        assert bind(value) == generic_text(value), value
+        checked += 1
+    assert checked == 5000
+    assert bind(None) is None
+    assert bind(datetime(2026, 12, 1, 8, 0, tzinfo=UTC)) == "2026-12-01 08:00:00.000000"
+
+
+def test_the_one_step_bind_refuses_a_naive_time() -> None:
+    bind = UTCDateTime().dialect_impl(DIALECT).bind_processor(DIALECT)
+    assert bind is not None
+    with pytest.raises(ValueError, match="naive datetime"):
+        bind(datetime(2026, 12, 1, 8, 0))
+
+
+def test_a_comparison_binds_the_same_text_as_a_stored_time() -> None:
+    """A `WHERE run_after <= :now` compares text with text: both sides must be written alike."""
+    when = datetime(2026, 12, 1, 8, 0, 0, 5, tzinfo=timezone(timedelta(hours=2)))
+    compiled = select(JobRecord.id).where(JobRecord.run_after <= when).compile(dialect=DIALECT)  # type: ignore[arg-type]
+    binds = [bind for bind in compiled.binds.values() if bind.value is when]
+    assert binds
+    for bind in binds:
+        process = bind.type.dialect_impl(DIALECT).bind_processor(DIALECT)
+        assert process is not None
+        assert process(when) == "2026-12-01 06:00:00.000005" == generic_text(when)
