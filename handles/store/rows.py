@@ -81,4 +81,6 @@ def _from_json(table: Any, model: type[M], row: Mapping[str, Any]) -> M:
 
 
 _CONVERTERS = {table.name: _converters(table) for table in (_JOBS, _INPUTS, _STEPS)}
-_COLUMN_NAMES = {table.name: tuple(column.name for column in table.columns) for table in (_JOBS, _INPUTS, _STEPS)}
+_COLUMN_NAMES = {
+    table.name: tuple(column.name for column in table.columns) for table in (_JOBS, _INPUTS, _STEPS)
+}
