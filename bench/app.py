@@ -146,6 +146,42 @@ def build_fastmcp_server(jobs: Handles, *, auth: Any = None) -> Any:
     return server
 
 
+def time_progress_handler(path: Path) -> None:
+    """Time `JobTools.progress` and `JobRepository.snapshot` inside this server process (wall and the
+    thread's CPU, microseconds), written to `path` as JSON after every 100th call (bench profile)."""
+    from handles.server.handle_tools import JobTools
+    from handles.store.repository import JobRepository
+
+    samples: dict[str, list[float]] = {
+        "handler wall": [],
+        "handler cpu": [],
+        "snapshot wall": [],
+        "snapshot cpu": [],
+    }
+    progress, snapshot = JobTools.progress, JobRepository.snapshot
+
+    async def timed_progress(self: JobTools, principal: str, arguments: dict[str, Any]) -> Any:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return await progress(self, principal, arguments)
+        finally:
+            samples["handler wall"].append((time.perf_counter() - wall) * 1e6)
+            samples["handler cpu"].append((time.thread_time() - cpu) * 1e6)
+            if len(samples["handler wall"]) % 100 == 0:
+                path.write_text(json.dumps(samples))
+
+    def timed_snapshot(self: JobRepository, job_id: str) -> Any:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return snapshot(self, job_id)
+        finally:
+            samples["snapshot wall"].append((time.perf_counter() - wall) * 1e6)
+            samples["snapshot cpu"].append((time.thread_time() - cpu) * 1e6)
+
+    JobTools.progress = timed_progress  # type: ignore[method-assign]
+    JobRepository.snapshot = timed_snapshot  # type: ignore[method-assign]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.app", description=__doc__)
     parser.add_argument("--stdio", action="store_true")
@@ -155,6 +191,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fastmcp", action="store_true", help="serve from FastMCP 4 instead of MCPServer")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    handler_times = os.environ.get("BENCH_HANDLER_TIMES")
+    if handler_times:  # bench profile: the progress handler timed inside this process
+        time_progress_handler(Path(handler_times))
     switch = os.environ.get("BENCH_SWITCH_INTERVAL")
     if switch:  # an experiment knob: the GIL switch interval in seconds (CPython's default is 0.005)
         sys.setswitchinterval(float(switch))

@@ -1,14 +1,18 @@
 """Hot paths of `work_progress` and `work_start`: where the time of one call goes.
 
-Two views:
+The views:
 
-1. A breakdown, in-process: each layer of the call timed on its own (the handle check, one store
-   read with and without the worker-thread hop, the handler `JobTools.*`, the whole MCP tool call,
-   and the no-op call), so the differences show what each layer adds.
-2. A sampling profile of the server process (py-spy, all threads, CPU only) while one client calls
-   the tool back to back over Streamable HTTP: the share of the server's CPU samples spent in each
-   library, and the package's own functions (handles/...) by inclusive share. Skipped with a note
-   when py-spy is not installed (`pip install py-spy`) or cannot attach.
+1. A breakdown, in-process (Profile A): each layer of the call timed on its own (the handle check,
+   one store read with and without the worker-thread hop, the handler `JobTools.*`, the whole MCP
+   tool call, the no-op call, the client's output-schema check, and the handler and its read with
+   the CPU caches evicted before each call), so the differences show what each layer adds.
+2. The progress handler timed inside a stdio server process (Profile E), where the caches are as a
+   real server has them.
+3. A sampling profile of the server process (py-spy, all threads, CPU only) while one client calls
+   the tool back to back over Streamable HTTP (Profile B), and the CPU per call of server and client
+   by owner, over stdio and HTTP (Profile C). Skipped with a note when py-spy is not installed
+   (`pip install py-spy`) or cannot attach.
+4. The plan and cost of a start's per-principal active count at scale (Profile D).
 """
 
 from __future__ import annotations
@@ -32,15 +36,60 @@ SECTION = "profile"
 PRINCIPAL = "local:local"
 
 
-async def _sample(call: Callable[[], Awaitable[Any]], n: int, warmup: int) -> Stats:
+async def _sample(
+    call: Callable[[], Awaitable[Any]], n: int, warmup: int, between: Callable[[], Any] | None = None
+) -> Stats:
+    """`n` timed calls after `warmup` untimed ones; `between` runs, untimed, before each timed call."""
     for _ in range(warmup):
         await call()
     values = []
     for _ in range(n):
+        if between is not None:
+            between()
         started = time.perf_counter()
         await call()
         values.append(time.perf_counter() - started)
     return Stats.of(values)
+
+
+_EVICTION = bytearray(16 * 1024 * 1024)
+
+
+def _evict_caches() -> int:
+    """Touch every cache line of 16 MiB and make some Python objects: what a server's CPU caches hold
+    between two calls of one client, once the transport, the SDK and the other process have run."""
+    for index in range(0, len(_EVICTION), 64):
+        _EVICTION[index] ^= 1
+    return len([str(number) for number in range(20_000)])
+
+
+def _output_checks(schema: dict[str, Any], model: Any, result: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The SDK client's check of `result` (`jsonschema`, as `ClientSession.validate_tool_result` makes
+    it) against the tool's listed `schema`, and against pydantic's own schema of the same output model
+    (nested `$defs` and `anyOf`, as it was before the package published its output schemas flat)."""
+    from jsonschema import exceptions as jsonschema_exceptions
+    from jsonschema.validators import validator_for
+    from pydantic import create_model
+    from referencing import Registry
+
+    fields: dict[str, Any] = {name: (field.annotation, field) for name, field in model.model_fields.items()}
+    nested = create_model(f"{model.__name__}Nested", **fields).model_json_schema()
+    checks = []
+    for listed in (schema, nested):
+        validator = validator_for(listed)(listed, registry=Registry())
+
+        def check(validator: Any = validator) -> Any:
+            assert jsonschema_exceptions.best_match(validator.iter_errors(result)) is None
+            return asyncio.sleep(0)
+
+        checks.append(check)
+    return [
+        (
+            "the SDK client's check of a work_progress result against its listed (flat) output schema",
+            checks[0],
+        ),
+        ("the same check against pydantic's own nested schema of the same output model", checks[1]),
+    ]
 
 
 async def breakdown(options: Options) -> Table:
@@ -102,8 +151,33 @@ async def breakdown(options: Options) -> Table:
             ),
             ("no-op plain tool via mcp.Client in-process", lambda: c.call_tool("noop", {})),
         ]
+        from handles.server.handle_tools import ProgressOutput
+
+        listed = {tool.name: tool for tool in (await c.list_tools()).tools}
+        progress_result = await structured(c, "work_progress", {"handle": handle})
+        output_schema = listed["work_progress"].output_schema
+        assert output_schema is not None
+        layers += _output_checks(output_schema, ProgressOutput, progress_result)
         for label, call in layers:
             s = await _sample(call, n, 50)
+            table.rows.append([label, f"{s.p50 * 1000:.0f}", f"{s.p99 * 1000:.0f}"])
+            table.data[label] = s.as_dict()
+        for label, call in (
+            (
+                "JobTools.progress handler, CPU caches evicted before each call (16 MiB touched, untimed)",
+                lambda: tools.progress(PRINCIPAL, {"handle": handle}),
+            ),
+            (
+                "JobRepository.snapshot on the event loop (SQLite's own connection), caches evicted the same way",
+                lambda: asyncio.sleep(0, repo.read_inline(repo.snapshot, job_id)),
+            ),
+            (
+                "JobRepository.snapshot on the event loop, caches warm (called back to back)",
+                lambda: asyncio.sleep(0, repo.read_inline(repo.snapshot, job_id)),
+            ),
+        ):
+            cold = "evicted" in label
+            s = await _sample(call, n // 2 if cold else n, 50, _evict_caches if cold else None)
             table.rows.append([label, f"{s.p50 * 1000:.0f}", f"{s.p99 * 1000:.0f}"])
             table.data[label] = s.as_dict()
         starts = options.n(400, 60)
@@ -130,6 +204,14 @@ async def breakdown(options: Options) -> Table:
         "neighbouring rows to see what a layer adds.",
         "Start rows: each start of a 0 s job is timed alone; the job is then awaited (untimed) so starts do not "
         "overlap.",
+        "Output-schema rows: the check the official client makes of every structured result (`jsonschema`, "
+        "compiled once, `best_match` over `iter_errors`), of one real `work_progress` result, against the schema "
+        "`tools/list` gives (flat: `handles.server.output_schema`) and against pydantic's own nested schema of "
+        "the same model.",
+        "Evicted rows: before each timed call, 16 MiB are touched and 20,000 small strings made (untimed), "
+        "as the transport, the SDK and the client process do between two calls of a real server; the warm "
+        "rows call back to back. The handler's figure inside the stdio server process is in "
+        "docs/performance.md.",
     ]
     return table
 
@@ -301,7 +383,7 @@ OWNERS = (
     ("bench loop", r"^bench/"),
 )
 OWNED_ELSEWHERE = "event loop and the rest (asyncio, gc, stdlib)"
-OWNER_CALLS = ("noop", "work_progress", "work_start")
+OWNER_CALLS = ("noop", "progress_shaped", "work_progress", "work_start")
 
 
 def _owner(frames: list[str]) -> str:
@@ -393,6 +475,7 @@ async def owners(options: Options) -> list[Table]:
             running = (await structured(c, "work_start", {"seconds": 3600}))["handle"]
             calls_of: dict[str, tuple[str, dict[str, Any]]] = {
                 "noop": ("noop", {}),
+                "progress_shaped": ("progress_shaped", {}),
                 "work_progress": ("work_progress", {"handle": running}),
                 "work_start": ("work_start", {"seconds": 0}),
             }
@@ -461,9 +544,7 @@ async def owners(options: Options) -> list[Table]:
             [
                 "call latency p50 ms (recorders attached)",
                 *[f"{latency[c_]:.3f}" for c_ in OWNER_CALLS],
-                "",
-                "",
-                "",
+                *[""] * len(OWNER_CALLS),
             ]
         )
         table.data = {"per_call_ms": per_call, "latency_p50_ms": latency, "seconds": seconds, "rate_hz": rate}
@@ -478,6 +559,9 @@ async def owners(options: Options) -> list[Table]:
             "count for whichever of those called it. `work_start` starts a 0 s job: the server's figure includes "
             "running it and storing its outcome (what each start costs the server), as in section 1, where each "
             "started job is awaited untimed.",
+            "`progress_shaped` (section 1): an SDK tool that runs no package code and returns a prebuilt result of "
+            "`work_progress`'s size and output schema; like the no-op it is a sync function, which the SDK runs on "
+            "a worker thread (the handle tools are async and run on the event loop).",
         ]
     return tables
 
@@ -538,9 +622,65 @@ async def active_count(options: Options) -> Table:
     return table
 
 
+async def inside_server(options: Options) -> Table:
+    """The progress handler and its store read timed inside a stdio server process (cold caches between
+    calls, as a real server has them), against the same timed in-process back to back (warm)."""
+    import json
+
+    from mcp import StdioServerParameters
+
+    from bench.common import REPO_ROOT, handles_env
+
+    n = options.n(1000, 100)
+    table = Table(
+        section=SECTION,
+        title="Profile E. The work_progress handler timed inside the server process (stdio, SQLite file)",
+        columns=["measure", "n", "p50 us", "p90 us", "p99 us"],
+        command=options.section_command(SECTION),
+    )
+    data_dir = Path(tempfile.mkdtemp(prefix="inside-", dir=options.work_dir))
+    times = data_dir / "handler-times.json"
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "bench.app", "--stdio"],
+        env={**handles_env(data_dir), "BENCH_HANDLER_TIMES": str(times)},
+        cwd=REPO_ROOT,
+    )
+    async with client(params) as c:
+        running = (await structured(c, "work_start", {"seconds": 3600}))["handle"]
+        for _ in range(100 + n):
+            await c.call_tool("work_progress", {"handle": running})
+        await c.call_tool("work_cancel", {"handle": running})
+    samples: dict[str, list[float]] = json.loads(times.read_text())
+    for measure, values in samples.items():
+        kept = values[100 : 100 + n]  # after 100 warm-up calls
+        s = Stats.of([value / 1e6 for value in kept])  # microseconds, given to Stats in seconds
+        table.rows.append(
+            [
+                f"inside the stdio server: {measure}",
+                str(len(kept)),
+                f"{s.p50 * 1000:.0f}",
+                f"{s.p90 * 1000:.0f}",
+                f"{s.p99 * 1000:.0f}",
+            ]
+        )
+        table.data[measure] = s.as_dict()
+    table.notes += [
+        f"`python -m bench.app --stdio` with `BENCH_HANDLER_TIMES` set: `JobTools.progress` and "
+        "`JobRepository.snapshot` wrapped with `time.perf_counter` (wall) and `time.thread_time` (the event "
+        f"loop thread's CPU), while one client calls `work_progress` of a running job back to back over stdio "
+        f"({n} calls after 100 warm-up calls).",
+        "Compare Profile A's `JobTools.progress handler` and `JobRepository.snapshot` rows: the same code timed "
+        "in-process back to back (warm caches) and with the caches evicted before each call.",
+    ]
+    return table
+
+
 async def run(options: Options) -> list[Table]:
     log("profile: breakdown")
     tables = [await breakdown(options)]
+    log("profile: the progress handler inside the server process")
+    tables.append(await inside_server(options))
     log("profile: per-principal active count")
     tables.append(await active_count(options))
     log("profile: sampling (py-spy)")
