@@ -65,7 +65,17 @@ from handles.store.models import (
 )
 from handles.store.operator_reads import OperatorReads
 from handles.store.result_files import ResultFiles
-from handles.store.rows import _INPUTS, _JOBS, _STEPS, _column_values, _from_json, _json_document, _one, _rows
+from handles.store.rows import (
+    _INPUTS,
+    _JOBS,
+    _STEPS,
+    _column_values,
+    _detached,
+    _from_json,
+    _json_document,
+    _one,
+    _rows,
+)
 from handles.store.sqlite_direct import _Prepared, _SQLiteReads
 from handles.store.switch_rows import SwitchRows
 
@@ -273,7 +283,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
                         insert_input.sql,
                         [insert_input.parameters(_column_values(_INPUTS, q)) for q in questions],
                     )
-            return JobRecord.model_construct(**values), True
+            return _detached(JobRecord, values), True
         except IntegrityError:
             existing = self._find_idempotent(values) if values["idempotency_key"] is not None else None
             if existing is None:
@@ -342,7 +352,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
             return _from_json(_JOBS, JobRecord, stored), True
         if lease is not None:
             values["lease_expires_at"] = row["lease_expires_at"]
-        return JobRecord.model_construct(**values), True
+        return _detached(JobRecord, values), True
 
     def _own_earlier_try(self, values: Mapping[str, Any]) -> JobRecord | None:
         """The row of this very start (same id, principal, kind, creation time), if a try of it committed."""
@@ -359,7 +369,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         """The job that `job`'s principal already started with its kind and idempotency key."""
         with self._fast_reading() as connection:
             row = connection.execute(_JOB_BY_IDEMPOTENCY_KEY, dict(job)).mappings().first()
-        return None if row is None else JobRecord.model_construct(**row)
+        return None if row is None else _detached(JobRecord, row)
 
     # -- claiming and leases ----------------------------------------------
 
@@ -969,7 +979,7 @@ def _snapshot_in_one(
     row = connection.execute(_SNAPSHOT_IN_ONE, {"job_id": job_id}).mappings().first()
     if row is None:
         return None, [], []
-    job = JobRecord.model_construct(**{name: row[name] for name in _JOB_COLUMNS})
+    job = _detached(JobRecord, {name: row[name] for name in _JOB_COLUMNS})
     pending = [_from_json(_INPUTS, InputRequestRecord, q) for q in row["handles_open_questions"] or ()]
     return job, pending, [_from_json(_STEPS, StepRecord, step) for step in row["handles_steps"] or ()]
 

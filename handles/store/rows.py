@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Float
+from sqlalchemy.orm import instrumentation
 
 from handles.store.models import InputRequestRecord, JobRecord, StepRecord, UTCDateTime
 
@@ -28,16 +29,30 @@ def _column_values(table: Any, model: Any) -> dict[str, Any]:
     return {name: held[name] if name in held else getattr(model, name) for name in _COLUMN_NAMES[table.name]}
 
 
+def _detached(model: type[M], row: Mapping[Any, Any]) -> M:
+    """A detached model of a stored row, built as SQLAlchemy builds an instance it loads: every column's
+    value placed in the instance's dict, past the attribute events that `model_construct` fires for each
+    field (three times the cost: 9.5 against 3.3 us for a job). The same model (`==`, `model_dump`, the
+    fields set); it is read, never added to a session. A row without every column gets
+    `model_construct`, whose defaults fill the rest."""
+    if len(row) != len(model.model_fields):
+        return model.model_construct(**row)
+    instance: M = _MANAGERS[model].new_instance()
+    instance.__dict__.update(row)
+    object.__setattr__(instance, "__pydantic_fields_set__", set(row))
+    return instance
+
+
 def _rows(connection: Connection, model: type[M], statement: Any, job_id: str, **params: Any) -> list[M]:
     """The rows a prebuilt hot-read `statement` finds for `job_id`, as detached models, without an ORM
     session (the hot read path)."""
     result = connection.execute(statement, {"job_id": job_id, **params})
-    return [model.model_construct(**row) for row in result.mappings()]
+    return [_detached(model, row) for row in result.mappings()]
 
 
 def _one(connection: Connection, model: type[M], statement: Any, job_id: str, **params: Any) -> M | None:
     row = connection.execute(statement, {"job_id": job_id, **params}).mappings().first()
-    return None if row is None else model.model_construct(**row)
+    return None if row is None else _detached(model, row)
 
 
 def _json_value(value: Any) -> Any:
@@ -77,10 +92,13 @@ def _from_json(table: Any, model: type[M], row: Mapping[str, Any]) -> M:
         if value is not None and column_.name in convert:
             value = convert[column_.name](value)
         values[column_.name] = value
-    return model.model_construct(**values)
+    return _detached(model, values)
 
 
 _CONVERTERS = {table.name: _converters(table) for table in (_JOBS, _INPUTS, _STEPS)}
+_MANAGERS: dict[type[Any], Any] = {
+    model: instrumentation.manager_of_class(model) for model in (JobRecord, InputRequestRecord, StepRecord)
+}
 _COLUMN_NAMES = {
     table.name: tuple(column.name for column in table.columns) for table in (_JOBS, _INPUTS, _STEPS)
 }
