@@ -26,19 +26,22 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
-from mcp_types import CallToolResult, TextContent
+from mcp_types import CallToolResult
 from pydantic import BaseModel
 
 from example_server.__main__ import FileTokenVerifier
 from handles import Handles, HandlesConfig, JobContext, serve_stdio, streamable_http_app
-from handles.server.handle_tools import ProgressOutput, ProgressView
+from handles.server.bind_mcpserver import to_call_tool_result
+from handles.server.handle_tools import JobTools, ProgressOutput, ProgressView, ToolReply
 from handles.states import Status
+from handles.store import JobRecord
 
 STARTED: dict[str, float] = {}
 """`mark` -> `time.perf_counter()` when the job function began (in-process benchmarks only)."""
@@ -84,10 +87,13 @@ def noop() -> NoopResult:
     return NoopResult(ok=True)
 
 
-def _progress_shaped_result() -> CallToolResult:
-    """A `work_progress` result of a running `work` job, as the handle tool answers it: the structured
-    content (same fields, same text lengths) and the same JSON as text."""
+def progress_shaped_tool(jobs: Handles) -> Callable[[], Annotated[CallToolResult, ProgressOutput]]:
+    """The tool `progress_shaped`: it runs no `handles` code when called and returns, prebuilt, the
+    result `work_progress` gives for a running `work` job, made once here by the package's own parts
+    (the same fields, guidance text and text content)."""
+    tools = JobTools(jobs.specs["work"], jobs._machinery())  # no database needed
     now = datetime.now(UTC)
+    running = JobRecord.model_construct(status=Status.WORKING.value, expires_at=now + timedelta(hours=6))
     content = ProgressOutput(
         job="work",
         status=Status.WORKING,
@@ -96,24 +102,17 @@ def _progress_shaped_result() -> CallToolResult:
         attempts=1,
         created_at=now,
         updated_at=now,
-        expires_at=now + timedelta(hours=6),
-        poll_after_ms=100,
-        next=(
-            "The job is still running. Call work_progress with this handle in about 0.1 s (set wait_seconds "
-            "(up to 50) to wait for the change instead of polling), or work_fetch with wait_seconds to wait "
-            "for the result."
-        ),
+        expires_at=running.expires_at,
+        poll_after_ms=tools.poll_after_ms,
+        next=tools.next_step(running, []),
     ).model_dump(mode="json")
-    text = json.dumps(content, ensure_ascii=False)
-    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=content)
+    result = to_call_tool_result(ToolReply(content))
 
+    def progress_shaped() -> Annotated[CallToolResult, ProgressOutput]:
+        """Return a prebuilt result shaped like `work_progress`'s (no handles code runs)."""
+        return result
 
-_PROGRESS_SHAPED = _progress_shaped_result()
-
-
-def progress_shaped() -> Annotated[CallToolResult, ProgressOutput]:
-    """Return a prebuilt result shaped like `work_progress`'s (no handles code runs)."""
-    return _PROGRESS_SHAPED
+    return progress_shaped
 
 
 def create_jobs(config: HandlesConfig | None = None) -> Handles:
@@ -131,7 +130,7 @@ def build_server(jobs: Handles, *, token_verifier: Any = None, auth: Any = None)
         extensions=[jobs.tasks_extension()],
     )
     server.add_tool(noop, structured_output=True)
-    server.add_tool(progress_shaped, structured_output=True)
+    server.add_tool(progress_shaped_tool(jobs), structured_output=True)
     jobs.bind(server)
     return server
 
