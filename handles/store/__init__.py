@@ -142,6 +142,12 @@ class Store:
         When a writer is at work it runs on a worker thread like any write. Falling back is safe: an
         inline try that failed stored nothing (its BEGIN IMMEDIATE never took the lock, or the
         transaction rolled back), so the second try is the first.
+
+        On PostgreSQL only a job that waits for a worker is published: idle workers on other nodes
+        look for it at once. A job stored claimed by this node, or waiting for its first answer, is
+        news to no one: nobody can wait for a job before its start commits (its handle is minted
+        after), and every waiter reads the job before it waits. So that start sends no notice, and
+        no node's listener wakes for it.
         """
         call = functools.partial(self.repo.insert, job, **options)
         if self.repo.writes_inline:
@@ -152,11 +158,11 @@ class Store:
             else:
                 self.notifier.notify(job.id)
                 return stored
-        return await self._write(job.id, queued, call)
+        return await self._write(job.id, queued, call, publish=queued)
 
-    async def _write(self, job_id: str, queued: bool, call: Callable[[], T]) -> T:
+    async def _write(self, job_id: str, queued: bool, call: Callable[[], T], *, publish: bool = True) -> T:
         try:
-            if self._publishes:
+            if publish and self._publishes:
                 return await self._run(
                     functools.partial(self.repo.publishing, job_id, self.origin, queued, call)
                 )

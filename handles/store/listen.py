@@ -1,7 +1,9 @@
 """Cross-node wake-ups on PostgreSQL: LISTEN for job changes other nodes publish with NOTIFY.
 
 Every write that may change a job publishes `"<job_id> <origin> <event>"` on the
-`handles_jobs` channel (`event` is `changed`, or `queued` when the job waits for a worker). Each node keeps one listening connection and passes
+`handles_jobs` channel (`event` is `changed`, or `queued` when the job waits for a worker); a start
+publishes only a job that waits for a worker (`Store.insert`: nobody can wait for a job before it
+exists). Each node keeps one listening connection and passes
 changes made elsewhere to a callback (waking long-polls, answers and cancels at
 once instead of at the next store poll). When the connection drops, the node
 falls back to polling the store until it reconnects.

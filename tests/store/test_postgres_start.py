@@ -54,12 +54,16 @@ def listener(postgres_url: str) -> Iterator[psycopg.Connection]:
         connection.close()
 
 
-def _notices(listener: psycopg.Connection, job_id: str, seconds: float = 0.5) -> list[str]:
+def _payloads(listener: psycopg.Connection, seconds: float = 0.5) -> list[str]:
     payloads = []
     deadline = time.monotonic() + seconds
     while (left := deadline - time.monotonic()) > 0:
         payloads += [notice.payload for notice in listener.notifies(timeout=left, stop_after=1)]
-    return [payload for payload in payloads if payload.split(" ")[0] == job_id]
+    return payloads
+
+
+def _notices(listener: psycopg.Connection, job_id: str, seconds: float = 0.5) -> list[str]:
+    return [payload for payload in _payloads(listener, seconds) if payload.split(" ")[0] == job_id]
 
 
 def _round_trips(repo: JobRepository, operation: Callable[[], Any]) -> tuple[int, list[str]]:
@@ -124,6 +128,30 @@ def test_a_start_over_the_limit_stores_nothing_and_announces_nothing(
 
     other = job_row(_id(), principal=_principal())  # another principal's count is its own
     assert repo.insert(other, active_limit=1)[1]
+
+
+def test_only_a_start_that_waits_for_a_worker_is_announced(
+    repo: JobRepository, listener: psycopg.Connection
+) -> None:
+    """A job stored claimed by its node, or waiting for its first answer, is news to no one (nobody
+    can wait for a job before its start commits): no notice, no listener woken on any node. A job
+    that waits for a worker is announced, so idle workers elsewhere look for it at once."""
+    principal = _principal()
+    claimed = job_row(_id(), principal=principal, lease_owner="node-a", attempts=1)
+    waiting = job_row(_id(), principal=principal, status="input_required")
+    queued = job_row(_id(), principal=principal)
+    store = Store(repo)
+    store.origin = "node-a"
+
+    async def start_all() -> None:
+        assert (await store.insert(claimed, queued=False, active_limit=50, lease_seconds=30))[1]
+        assert (await store.insert(waiting, queued=False, active_limit=50))[1]
+        assert (await store.insert(queued, queued=True, active_limit=50))[1]
+
+    asyncio.run(start_all())
+    payloads = _payloads(listener)
+    assert payloads == [f"{queued.id} node-a queued"]
+    assert all(repo.get(job.id) is not None for job in (claimed, waiting, queued))
 
 
 def test_an_idempotency_key_returns_the_stored_job_exactly_as_stored(
