@@ -4,11 +4,18 @@
 so its latency is the time to a durable handle. Measured through the official client in-process
 (the whole MCP tool path without a transport) and at the handler (`JobTools.start`, no MCP), in
 alternation; after each start the job (0 s) is awaited, untimed, so starts do not overlap.
+
+The floor, in the same loop: the same job row inserted, durably, by the database driver alone on a
+connection of its own (no package code, no SQLAlchemy, no MCP): what a start cannot cost less than
+on this host and store.
 """
 
 from __future__ import annotations
 
+import secrets
+import sqlite3
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,24 +35,90 @@ from bench.common import (
 SECTION = "durable"
 
 
+NEWEST_JOB = "SELECT * FROM handles_jobs ORDER BY created_at DESC LIMIT 1"
+
+
+class _DriverInsert:
+    """The floor of a start: the newest stored job's row inserted again (a fresh id each time) by the DB-API driver
+    alone, on a connection of its own, committed as durably as the store commits (SQLite: WAL,
+    synchronous=NORMAL, `BEGIN IMMEDIATE` ... `COMMIT`; PostgreSQL: autocommit, the server's default
+    synchronous_commit). The row's values are the stored ones, so the same columns and indexes are
+    written."""
+
+    def __init__(self, jobs: Any) -> None:
+        repo = jobs.service.store.repo
+        if repo.dialect == "postgresql":
+            import psycopg
+            from psycopg.types.json import Json
+
+            from handles.store.listen import libpq_url
+
+            self._connection: Any = psycopg.connect(libpq_url(repo.url), autocommit=True)
+            cursor = self._connection.execute(NEWEST_JOB)
+            json_types = {114, 3802}  # json, jsonb
+            row = [
+                Json(value) if column.type_code in json_types and value is not None else value
+                for column, value in zip(cursor.description, cursor.fetchone(), strict=True)
+            ]
+            marker, self._transaction = "%s", False
+        else:
+            self._connection = sqlite3.connect(repo.url.split("///", 1)[1], isolation_level=None)
+            self._connection.execute("PRAGMA journal_mode=WAL")
+            self._connection.execute("PRAGMA synchronous=NORMAL")
+            self._connection.execute("PRAGMA busy_timeout=5000")
+            cursor = self._connection.execute(NEWEST_JOB)
+            row = list(cursor.fetchone())
+            marker, self._transaction = "?", True
+        columns = [column[0] for column in cursor.description]
+        self._id_at = columns.index("id")
+        self._row = row
+        self._sql = (
+            f"INSERT INTO handles_jobs ({', '.join(columns)}) VALUES ({', '.join([marker] * len(columns))})"
+        )
+
+    def __call__(self) -> None:
+        row = list(self._row)
+        row[self._id_at] = secrets.token_urlsafe(18)
+        if self._transaction:
+            self._connection.execute("BEGIN IMMEDIATE")
+            self._connection.execute(self._sql, row)
+            self._connection.execute("COMMIT")
+        else:
+            self._connection.execute(self._sql, row)
+
+    def close(self) -> None:
+        self._connection.close()
+
+
 async def measure(data_dir: Path, database_url: str, n: int, warmup: int) -> dict[str, list[float]]:
     from handles.server.handle_tools import JobTools
 
     async with inprocess(data_dir, database_url) as (jobs, c):
         tools = JobTools(jobs.specs["work"], jobs.service)
         principal = "local:local"
-        samples: dict[str, list[float]] = {"mcp": [], "handler": [], "noop": []}
-        for index in range(warmup + n):
-            elapsed, data = await timed(lambda: structured(c, "work_start", {"seconds": 0}))
-            await structured(c, "work_fetch", {"handle": data["handle"], "wait_seconds": 10})
-            direct, reply = await timed(lambda: tools.start(principal, {"seconds": 0}))
-            assert not reply.is_error, reply.structured
-            await structured(c, "work_fetch", {"handle": reply.structured["handle"], "wait_seconds": 10})
-            base, _ = await timed(lambda: c.call_tool("noop", {}))
-            if index >= warmup:
-                samples["mcp"].append(elapsed)
-                samples["handler"].append(direct)
-                samples["noop"].append(base)
+        samples: dict[str, list[float]] = {"mcp": [], "handler": [], "floor": [], "noop": []}
+        floor: _DriverInsert | None = None
+        try:
+            for index in range(warmup + n):
+                elapsed, data = await timed(lambda: structured(c, "work_start", {"seconds": 0}))
+                await structured(c, "work_fetch", {"handle": data["handle"], "wait_seconds": 10})
+                direct, reply = await timed(lambda: tools.start(principal, {"seconds": 0}))
+                assert not reply.is_error, reply.structured
+                await structured(c, "work_fetch", {"handle": reply.structured["handle"], "wait_seconds": 10})
+                if floor is None:
+                    floor = _DriverInsert(jobs)
+                started = time.perf_counter()
+                floor()
+                driver = time.perf_counter() - started
+                base, _ = await timed(lambda: c.call_tool("noop", {}))
+                if index >= warmup:
+                    samples["mcp"].append(elapsed)
+                    samples["handler"].append(direct)
+                    samples["floor"].append(driver)
+                    samples["noop"].append(base)
+        finally:
+            if floor is not None:
+                floor.close()
         return samples
 
 
@@ -73,6 +146,7 @@ async def run(options: Options) -> list[Table]:
             for path, key in (
                 ("work_start via mcp.Client (in-process)", "mcp"),
                 ("JobTools.start handler (no MCP)", "handler"),
+                ("floor: the same job row inserted durably by the driver alone", "floor"),
                 ("no-op plain tool via mcp.Client (reference)", "noop"),
             ):
                 s = Stats.of(samples[key])
@@ -84,5 +158,10 @@ async def run(options: Options) -> list[Table]:
         "PostgreSQL: local server over TCP (127.0.0.1), psycopg 3, default synchronous_commit; each run works "
         "in a fresh schema.",
         "Each sample is one start of a 0 s job; the job is awaited (untimed) before the next start.",
+        "Floor: in the same loop, right after the handler's job is awaited, the newest stored job's row is "
+        "inserted again with a fresh id by the DB-API driver alone (sqlite3 / psycopg) on a connection of its "
+        "own, committed as durably as the store commits (SQLite: BEGIN IMMEDIATE ... COMMIT; PostgreSQL: "
+        "autocommit): the same columns and indexes written, no package code, no SQLAlchemy, no MCP. No start "
+        "can cost less on this host and store; the handler minus the floor is the package's share.",
     ]
     return [table]
