@@ -30,11 +30,18 @@ QUIET = {"heartbeat_seconds": 30.0, "sweep_interval_seconds": 3600.0, "store_pol
 
 
 class Tracer:
-    """libpq protocol traces of every connection the given engines check out, one file per connection."""
+    """libpq protocol traces of every connection the given engines check out, one file per connection.
+
+    libpq writes a trace through a buffered C stream of its own: what a file holds lags behind what
+    was sent (by about one statement's lines), so `mark` and `since` flush each stream first, by
+    ending its trace (`PQuntrace` flushes it) and starting it again on the same file."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.files: dict[int, Any] = {}
+        # Each traced connection, by id, kept alive here: a closed connection freed while another is made
+        # could hand its id on, and the new one would pass for traced.
+        self._connections: dict[int, Any] = {}
 
     def attach(self, engine: Any) -> None:
         from sqlalchemy import event
@@ -42,22 +49,36 @@ class Tracer:
         event.listen(engine, "checkout", self._on_checkout)
 
     def _on_checkout(self, dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
-        import psycopg
-
         key = id(dbapi_connection)
         if key in self.files:
             return
         handle = open(self.directory / f"conn-{len(self.files)}.trace", "w")  # noqa: SIM115 - lives with the connection
         self.files[key] = handle
+        self._connections[key] = dbapi_connection
+        self._trace(dbapi_connection, handle)
+
+    @staticmethod
+    def _trace(dbapi_connection: Any, handle: Any) -> None:
+        import psycopg
+
         dbapi_connection.pgconn.trace(handle.fileno())
         dbapi_connection.pgconn.set_trace_flags(
             psycopg.pq.Trace.SUPPRESS_TIMESTAMPS | psycopg.pq.Trace.REGRESS_MODE
         )
 
-    def mark(self) -> dict[str, int]:
-        """Where each trace file ends now."""
+    def _flush(self) -> None:
+        """Everything libpq has traced so far, in the files (call between operations, not during one)."""
+        for key, connection in self._connections.items():
+            if connection.closed:
+                continue
+            connection.pgconn.untrace()  # flushes libpq's stream
+            self._trace(connection, self.files[key])
         for handle in self.files.values():
             handle.flush()
+
+    def mark(self) -> dict[str, int]:
+        """Where each trace file ends now."""
+        self._flush()
         return {path.name: path.stat().st_size for path in self.directory.glob("*.trace")}
 
     def since(self, mark: dict[str, int]) -> tuple[int, list[str]]:
@@ -68,8 +89,7 @@ class Tracer:
         """
         trips = 0
         sent: list[str] = []
-        for handle in self.files.values():
-            handle.flush()
+        self._flush()
         for path in sorted(self.directory.glob("*.trace")):
             prepared: dict[str, str] = {}
             start = mark.get(path.name, 0)
