@@ -18,6 +18,7 @@ import asyncio
 import os
 import statistics
 import tempfile
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,8 @@ class Tracer:
 
     libpq writes a trace through a buffered C stream of its own: what a file holds lags behind what
     was sent (by about one statement's lines), so `mark` and `since` flush each stream first, by
-    ending its trace (`PQuntrace` flushes it) and starting it again on the same file."""
+    ending its trace (`PQuntrace` flushes it) and starting it again on the same file. Each connection
+    has a file of its own (two sharing one would write over each other)."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -42,6 +44,7 @@ class Tracer:
         # Each traced connection, by id, kept alive here: a closed connection freed while another is made
         # could hand its id on, and the new one would pass for traced.
         self._connections: dict[int, Any] = {}
+        self._lock = threading.Lock()
 
     def attach(self, engine: Any) -> None:
         from sqlalchemy import event
@@ -49,13 +52,16 @@ class Tracer:
         event.listen(engine, "checkout", self._on_checkout)
 
     def _on_checkout(self, dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
-        key = id(dbapi_connection)
-        if key in self.files:
-            return
-        handle = open(self.directory / f"conn-{len(self.files)}.trace", "w")  # noqa: SIM115 - lives with the connection
-        self.files[key] = handle
-        self._connections[key] = dbapi_connection
-        self._trace(dbapi_connection, handle)
+        # Checkouts happen on several threads at once: without the lock two new connections could both
+        # be named after the same count and write over each other in one file.
+        with self._lock:
+            key = id(dbapi_connection)
+            if key in self.files:
+                return
+            handle = open(self.directory / f"conn-{len(self.files)}.trace", "w")  # noqa: SIM115 - lives with the connection
+            self.files[key] = handle
+            self._connections[key] = dbapi_connection
+            self._trace(dbapi_connection, handle)
 
     @staticmethod
     def _trace(dbapi_connection: Any, handle: Any) -> None:
