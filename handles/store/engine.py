@@ -263,13 +263,28 @@ class Database:
             if not inline or acquire is not None:
                 self._write_lock.__exit__(None, None, None)
 
-    def _sqlite_reading(self) -> contextlib.AbstractContextManager[sqlite3.Connection | None]:
+    @contextmanager
+    def _sqlite_reading(self) -> Iterator[sqlite3.Connection | None]:
         """SQLite's own long-lived connection of the inline-read engine, for a hot read made on the event
         loop (`read_inline`) past SQLAlchemy's statement execution; None elsewhere (read through
         SQLAlchemy then). In autocommit, as the inline reads through SQLAlchemy: each statement is its
         own snapshot, ended when its rows are all fetched. A database error comes out as SQLAlchemy's
         exception (`OperationalError` for a lock, which sends the read to a worker thread)."""
-        return _InlineSQLiteRead(self)
+        if not (_INLINE.get() and self._inline_engine is not None):
+            yield None
+            return
+        with self._inline_lock:
+            if self._inline_read_raw is None:
+                self._inline_read_raw = self._inline_engine.raw_connection()
+            pooled = self._inline_read_raw
+            try:
+                yield pooled.driver_connection
+            except BaseException as exc:
+                pooled.invalidate()  # a fresh connection next time, in a known state
+                self._inline_read_raw = None
+                if isinstance(exc, sqlite3.Error):
+                    raise DBAPIError.instance(None, None, exc, sqlite3.Error) from exc
+                raise
 
     @contextmanager
     def _postgres_autocommit(self) -> Iterator[Any]:
@@ -349,48 +364,3 @@ class Database:
             if notice is not None:
                 # Inside the transaction: PostgreSQL delivers it when (and only if) the change commits.
                 session.execute(select(func.pg_notify(NOTIFY_CHANNEL, notice)))
-
-
-class _InlineSQLiteRead:
-    """`Database._sqlite_reading`: a plain context manager, not a generator-based one, because it wraps
-    every hot read on the event loop (each progress poll) and, with the CPU caches cold as a server finds
-    them between two calls, the generator's machinery cost about as much as the read's own statements.
-
-    Entered: the inline-read connection under the inline lock, or None off the event loop. On an error
-    in the block the connection is dropped (a fresh one next time, in a known state), and an SQLite
-    error comes out as SQLAlchemy's exception."""
-
-    __slots__ = ("_database", "_pooled")
-
-    def __init__(self, database: Database) -> None:
-        self._database = database
-        self._pooled: Any = None
-
-    def __enter__(self) -> sqlite3.Connection | None:
-        database = self._database
-        if not (_INLINE.get() and database._inline_engine is not None):
-            return None
-        database._inline_lock.acquire()
-        try:
-            if database._inline_read_raw is None:
-                database._inline_read_raw = database._inline_engine.raw_connection()
-        except BaseException:
-            database._inline_lock.release()
-            raise
-        self._pooled = database._inline_read_raw
-        connection: sqlite3.Connection = self._pooled.driver_connection
-        return connection
-
-    def __exit__(self, kind: object, exc: BaseException | None, traceback: object) -> None:
-        pooled = self._pooled
-        if pooled is None:
-            return
-        database = self._database
-        try:
-            if exc is not None:
-                pooled.invalidate()  # a fresh connection next time, in a known state
-                database._inline_read_raw = None
-                if isinstance(exc, sqlite3.Error):
-                    raise DBAPIError.instance(None, None, exc, sqlite3.Error) from exc
-        finally:
-            database._inline_lock.release()

@@ -207,19 +207,17 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
             return _rows(connection, InputRequestRecord, _QUESTIONS_OF_JOB, job_id)
 
     def snapshot(self, job_id: str) -> tuple[JobRecord | None, list[InputRequestRecord], list[StepRecord]]:
-        """The job, its open questions (when it waits for answers) and its steps, read in one go.
-
-        On the event loop on an SQLite file (every progress poll there) the statements run straight on
-        SQLite's own connection, past the layers the other hot reads share (`_hot_reading`): with the CPU
-        caches cold, as a server finds them between two calls, those layers cost as much as the reads."""
-        key = {"job_id": job_id}
-        with self._sqlite_reading() as raw:
-            if raw is not None:
-                return _snapshot_of(lambda statement: self._prepare(statement).rows(raw, key))
+        """The job, its open questions (when it waits for answers) and its steps, read in one go."""
         with self._hot_reading() as connection:
             if self.dialect == "postgresql":
                 return _snapshot_in_one(connection, job_id)
-            return _snapshot_of(lambda statement: list(connection.execute(statement, key).mappings()))
+            job = _one(connection, JobRecord, _JOB_BY_ID, job_id)
+            if job is None:
+                return None, [], []
+            pending: list[InputRequestRecord] = []
+            if job.status == Status.INPUT_REQUIRED.value:
+                pending = _rows(connection, InputRequestRecord, _OPEN_QUESTIONS_OF_JOB, job_id)
+            return job, pending, _rows(connection, StepRecord, _STEPS_OF_JOB, job_id)
 
     def replay_state(self, job_id: str) -> tuple[dict[str, dict[str, Any]], dict[str, StepRecord]]:
         """What a run replays: the job's recorded answers by key, and its steps by name, read in one go."""
@@ -973,21 +971,6 @@ _SNAPSHOT_IN_ONE = sa_select(
     .label("handles_steps"),
 ).where(_JOBS.c.id == bindparam("job_id"))
 _JOB_COLUMNS = tuple(c.name for c in _JOBS.columns)
-
-
-def _snapshot_of(
-    read: Callable[[Any], Sequence[Mapping[str, Any]]],
-) -> tuple[JobRecord | None, list[InputRequestRecord], list[StepRecord]]:
-    """A job's snapshot from `read` (the rows of a prebuilt statement for the job): its row, its open
-    questions while it waits for answers, its steps."""
-    found = read(_JOB_BY_ID)
-    if not found:
-        return None, [], []
-    job = _detached(JobRecord, found[0])
-    pending: list[InputRequestRecord] = []
-    if job.status == Status.INPUT_REQUIRED.value:
-        pending = [_detached(InputRequestRecord, row) for row in read(_OPEN_QUESTIONS_OF_JOB)]
-    return job, pending, [_detached(StepRecord, row) for row in read(_STEPS_OF_JOB)]
 
 
 def _snapshot_in_one(
