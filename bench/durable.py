@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.engine import make_url
+
 from bench.common import (
     Options,
     Stats,
@@ -62,7 +64,7 @@ class _DriverInsert:
             ]
             marker, self._transaction = "%s", False
         else:
-            self._connection = sqlite3.connect(repo.url.split("///", 1)[1], isolation_level=None)
+            self._connection = sqlite3.connect(make_url(repo.url).database, isolation_level=None)
             self._connection.execute("PRAGMA journal_mode=WAL")
             self._connection.execute("PRAGMA synchronous=NORMAL")
             self._connection.execute("PRAGMA busy_timeout=5000")

@@ -40,10 +40,9 @@ class Tracer:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.files: dict[int, Any] = {}
-        # Each traced connection, by id, kept alive here: a closed connection freed while another is made
-        # could hand its id on, and the new one would pass for traced.
-        self._connections: dict[int, Any] = {}
+        # Each traced connection by id, with its trace file. The connection is kept alive here: a closed
+        # one freed while another is made could hand its id on, and the new one would pass for traced.
+        self._traced: dict[int, tuple[Any, Any]] = {}
         self._lock = threading.Lock()
 
     def attach(self, engine: Any) -> None:
@@ -56,11 +55,10 @@ class Tracer:
         # be named after the same count and write over each other in one file.
         with self._lock:
             key = id(dbapi_connection)
-            if key in self.files:
+            if key in self._traced:
                 return
-            handle = open(self.directory / f"conn-{len(self.files)}.trace", "w")  # noqa: SIM115 - lives with the connection
-            self.files[key] = handle
-            self._connections[key] = dbapi_connection
+            handle = open(self.directory / f"conn-{len(self._traced)}.trace", "w")  # noqa: SIM115 - lives with the connection
+            self._traced[key] = (dbapi_connection, handle)
             self._trace(dbapi_connection, handle)
 
     @staticmethod
@@ -74,13 +72,11 @@ class Tracer:
 
     def _flush(self) -> None:
         """Everything libpq has traced so far, in the files (call between operations, not during one)."""
-        for key, connection in self._connections.items():
+        for connection, handle in self._traced.values():
             if connection.closed:
                 continue
-            connection.pgconn.untrace()  # flushes libpq's stream
-            self._trace(connection, self.files[key])
-        for handle in self.files.values():
-            handle.flush()
+            connection.pgconn.untrace()  # flushes libpq's stream (nothing is written through `handle` itself)
+            self._trace(connection, handle)
 
     def mark(self) -> dict[str, int]:
         """Where each trace file ends now."""
@@ -122,7 +118,7 @@ class Tracer:
         return trips, sent
 
     def close(self) -> None:
-        for handle in self.files.values():
+        for _, handle in self._traced.values():
             handle.close()
 
 

@@ -13,17 +13,14 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from handles.store import InputRequestRecord, JobRepository, utc_now
+from tests.harness.postgres import repository
 from tests.runtime.support import job_row
 
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Iterator[JobRepository]:
-    repository = JobRepository(f"sqlite:///{tmp_path / 'handles.db'}")
-    repository.create_schema()
-    try:
-        yield repository
-    finally:
-        repository.dispose()
+    with repository(f"sqlite:///{tmp_path / 'handles.db'}") as repo:
+        yield repo
 
 
 def _failing_read(repo: JobRepository, error: BaseException) -> object:
