@@ -23,6 +23,7 @@ import base64
 import hashlib
 import hmac
 import secrets
+import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -58,6 +59,9 @@ class HandleClaims:
 class HandleCodec:
     """Mints and verifies handles with a list of secret keys (newest first)."""
 
+    REMEMBERED = 4096
+    """How many verified (handle, principal) pairs `verify` remembers (the oldest are forgotten first)."""
+
     def __init__(self, secret_keys: tuple[str, ...] | list[str]) -> None:
         if not secret_keys:
             raise ValueError("HandleCodec needs at least one secret key")
@@ -68,6 +72,9 @@ class HandleCodec:
         )
         self._signers = [Signer(key, salt=HANDLE_SALT, digest_method=hashlib.sha256) for key in keys]
         self._tag_keys = [hmac.new(key, _TAG_LABEL, hashlib.sha256).digest() for key in keys]
+        # (handle, principal) -> claims, for pairs that verified: a caller polls with the same handle.
+        self._verified: dict[tuple[str, str], HandleClaims] = {}
+        self._verified_lock = threading.Lock()
 
     def mint(self, *, job_id: str, kind: str, principal: str, expires_at: datetime) -> str:
         """A new handle for `job_id`, bound to `principal`, valid until `expires_at`."""
@@ -82,8 +89,26 @@ class HandleCodec:
         Forged, truncated, re-spelled, oversized, non-ASCII, retired-key and
         other-principal handles all return None, so callers cannot tell them apart,
         not even by the time the refusal takes (see `_open`).
+
+        A pair of the exact handle string and `principal` that verified is remembered (the newest
+        `REMEMBERED` of them): the same principal presenting the same string again gets the same claims
+        without the signature work, as it would have anyway (the keys of a codec never change, and the
+        claims are all in the string; expiry is judged by the caller on every call). Only verified pairs
+        are remembered, so every refusal still does all the work: another principal presenting a genuine
+        handle is refused exactly as before, and as slowly as a forged one.
         """
-        return self._open(token, principal)
+        key = (token, principal) if type(token) is str else None
+        if key is not None:
+            claims = self._verified.get(key)
+            if claims is not None:
+                return claims
+        claims = self._open(token, principal)
+        if claims is not None and key is not None:
+            with self._verified_lock:
+                if len(self._verified) >= self.REMEMBERED:
+                    del self._verified[next(iter(self._verified))]  # the oldest
+                self._verified[key] = claims
+        return claims
 
     def inspect(self, token: object) -> HandleClaims | None:
         """Operator use only: the claims of a genuine handle, whoever it belongs to (no principal check)."""

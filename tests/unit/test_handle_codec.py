@@ -201,3 +201,51 @@ def test_refusals_do_the_same_work_whatever_the_handle_is(monkeypatch: pytest.Mo
         assert codec.verify(handle, principal=ALICE) is None
         traces.append(list(steps))
     assert all(trace == ["parse", "tag", "tag"] for trace in traces), traces
+
+
+def test_a_handle_verified_for_its_principal_is_remembered_for_that_principal_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A poll repeats the same handle: once verified for its principal, the same string from the same principal
+    skips the signature work; any other principal, a forged or re-spelled handle, still does all of it and is
+    refused (so a refusal still costs what it did, and tells nobody the handle is genuine)."""
+    codec = HandleCodec([KEY, OLD_KEY])
+    handle = mint(codec, principal=ALICE)
+    opened: list[str | None] = []
+    real_open = codec._open
+
+    def counted(token: object, principal: str | None) -> HandleClaims | None:
+        opened.append(principal)
+        return real_open(token, principal)
+
+    monkeypatch.setattr(codec, "_open", counted)
+    first = codec.verify(handle, principal=ALICE)
+    assert first is not None
+    assert codec.verify(handle, principal=ALICE) == first
+    assert opened == [ALICE], "the second call of the same principal does no signature work"
+    assert codec.verify(handle, principal=BOB) is None
+    assert codec.verify(handle, principal=BOB) is None
+    assert opened == [ALICE, BOB, BOB], "another principal is never answered from memory"
+    respelled = last_char_spellings(handle)[0]
+    assert codec.verify(respelled, principal=ALICE) is None
+    assert codec.verify(f" {handle}", principal=ALICE) == first
+    assert opened == [ALICE, BOB, BOB, ALICE, ALICE], "only the exact string that verified is remembered"
+    assert codec.inspect(handle) == first
+    assert opened[-1] is None, "inspect (the operator's) always does the work"
+
+
+def test_the_memory_of_verified_handles_is_bounded() -> None:
+    codec = HandleCodec([KEY])
+    handles = [mint(codec, job_id=new_job_id()) for _ in range(HandleCodec.REMEMBERED + 10)]
+    for handle in handles:
+        assert codec.verify(handle, principal=ALICE) is not None
+    assert len(codec._verified) == HandleCodec.REMEMBERED
+    assert codec.verify(handles[0], principal=ALICE) is not None, "a forgotten handle is verified again"
+
+
+def test_a_codec_with_other_keys_remembers_nothing_of_another() -> None:
+    """A new codec (new keys: a rotation that retired the key) starts with an empty memory."""
+    handle = mint(HandleCodec([OLD_KEY]))
+    old = HandleCodec([KEY, OLD_KEY])
+    assert old.verify(handle, principal=ALICE) is not None
+    assert HandleCodec([KEY]).verify(handle, principal=ALICE) is None
