@@ -12,7 +12,7 @@ import json
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from handles.ask_first import FIRST_KEY
 from handles.config import HandlesConfig
@@ -35,19 +35,22 @@ from handles.limits import MAX_ARGUMENTS_BYTES, MAX_IDEMPOTENCY_KEY, MAX_RESPONS
 from handles.runtime import Runtime
 from handles.sealing import Sealer, sensitive_fields, shown
 from handles.states import Status
-from handles.store import AnswerOutcome, InputRequestRecord, JobRecord, StepRecord, Store
+from handles.store import AnswerOutcome, InputRequestRecord, JobRecord, JobState, StepRecord, Store
 from handles.store.models import claim_entry, principal_key
 from handles.store.repository import ActiveLimitReached
 from handles.store.schema import SchemaGate
 from handles.switches import SwitchBoard
 from handles.telemetry import start_context
 
+Opened = TypeVar("Opened", JobRecord, JobState)
+"""A job read whole, or its state alone (`JobRepository.snapshot`)."""
+
 
 @dataclass(frozen=True)
 class JobView:
-    """A job with its open questions and its durable steps."""
+    """A job's state with its open questions and its durable steps."""
 
-    job: JobRecord
+    job: JobState
     pending: list[InputRequestRecord]
     steps: list[StepRecord]
 
@@ -349,10 +352,10 @@ class JobOperations:
         record, pending, steps = await self.store.read(self.store.repo.snapshot, claims.job_id)
         return JobView(await self._owned(spec, principal, claims, record), pending, steps)
 
-    async def view(self, record: JobRecord) -> JobView:
+    async def view(self, record: JobRecord | JobState) -> JobView:
         """The latest state of a job already opened, with its open questions and steps."""
         latest, pending, steps = await self.store.read(self.store.repo.snapshot, record.id)
-        return JobView(latest or record, pending, steps)
+        return JobView(latest or JobState.of(record), pending, steps)
 
     async def _claims(self, spec: JobSpec, principal: str, handle: object) -> HandleClaims:
         """Signature, principal, job kind and expiry of `handle`, all checked before the store is read."""
@@ -370,8 +373,8 @@ class JobOperations:
         return claims
 
     async def _owned(
-        self, spec: JobSpec, principal: str, claims: HandleClaims, record: JobRecord | None
-    ) -> JobRecord:
+        self, spec: JobSpec, principal: str, claims: HandleClaims, record: Opened | None
+    ) -> Opened:
         if record is None:
             raise self.expired_handle(spec, claims.expires_at.isoformat(), purged=True)
         if record.principal != principal or record.kind != spec.name:
@@ -379,7 +382,7 @@ class JobOperations:
         await self._keep_alive(record)
         return record
 
-    async def _keep_alive(self, record: JobRecord) -> None:
+    async def _keep_alive(self, record: JobRecord | JobState) -> None:
         """Someone is following the job: push back its abandonment deadline (at most a few writes per period)."""
         if record.abandon_after_seconds is None or record.abandon_at is None:
             return
@@ -431,27 +434,29 @@ class JobOperations:
     # -- waiting -----------------------------------------------------------
 
     async def wait(
-        self, record: JobRecord, wait_seconds: float, until: Callable[[JobRecord], bool]
-    ) -> JobRecord:
+        self, record: Opened, wait_seconds: float, until: Callable[[JobRecord | JobState], bool]
+    ) -> Opened | JobRecord:
         """Re-read the job until `until(job)` holds or `wait_seconds` (capped) pass; returns the latest state."""
         if wait_seconds <= 0 or until(record):
             return record
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(wait_seconds, self.config.max_wait_seconds)
+        job_id = record.id
+        current: Opened | JobRecord = record
         while True:
             # Watch, then read: a change landing after the read still ends the wait at once.
-            changed = self.store.notifier.watch(record.id)
-            latest = await self.store.read(self.store.repo.get, record.id)
+            changed = self.store.notifier.watch(job_id)
+            latest = await self.store.read(self.store.repo.get, job_id)
             if latest is None:
-                return record
-            record = latest
+                return current
+            current = latest
             remaining = deadline - loop.time()
-            if until(record) or remaining <= 0 or self.runtime.closed:
-                return record  # a draining node answers long-polls at once
+            if until(latest) or remaining <= 0 or self.runtime.closed:
+                return latest  # a draining node answers long-polls at once
             # Woken by a change in this process, by another node's notice, or by the runtime's poll of
             # every watched job (each store_poll_seconds), which sees changes made by any process.
-            self.store.notifier.seen(record.id, record.version)
-            await self.store.notifier.wait(record.id, remaining, event=changed)
+            self.store.notifier.seen(job_id, latest.version)
+            await self.store.notifier.wait(job_id, remaining, event=changed)
 
     async def changes(self, record: JobRecord, *, reread_seconds: float = 60.0) -> AsyncGenerator[JobRecord]:
         """Each new version of an opened job, as it is stored here or on any other node, until it ends.

@@ -27,7 +27,7 @@ from handles.jobs import JobSpec, describe_duration
 from handles.results import ResultLink, link_of, tool_error_text
 from handles.server.output_schema import FlatSchemaModel
 from handles.states import Status
-from handles.store import InputRequestRecord, JobRecord
+from handles.store import InputRequestRecord, JobRecord, JobState
 from handles.tool_layout import FOLLOW_VERBS, SHARED_PREFIX, ToolNames
 
 HANDLE_DESCRIPTION = "The handle string returned by the start tool, exactly as given."
@@ -210,7 +210,9 @@ class JobTools:
     def poll_after_ms(self) -> int:
         return int(self.spec.poll_after.total_seconds() * 1000)
 
-    def next_step(self, job: JobRecord, pending: list[InputRequestRecord], *, fetching: bool = False) -> str:
+    def next_step(
+        self, job: JobRecord | JobState, pending: list[InputRequestRecord], *, fetching: bool = False
+    ) -> str:
         status = Status(job.status)
         seconds = max(self.spec.poll_after.total_seconds(), 0.1)
         wait_hint = f"set wait_seconds (up to {int(self.max_wait)}) to wait for the change instead of polling"
@@ -292,16 +294,16 @@ class JobTools:
 
     async def progress(self, principal: str, arguments: dict[str, Any]) -> ToolReply:
         view = await self.service.open_view(self.spec, principal, arguments.get("handle"))
-        job, version = view.job, view.job.version
+        opened = view.job
         # Wait only while the job works on its own: one waiting for the caller's answer, or ended, is
         # reported at once (the caller may not have seen it get there; waiting would only stall them).
-        if _seconds(arguments) > 0 and job.status == Status.WORKING:
-            job = await self.service.wait(
-                job,
+        if _seconds(arguments) > 0 and opened.status == Status.WORKING:
+            latest = await self.service.wait(
+                opened,
                 _seconds(arguments),
-                lambda j: j.version != version or Status(j.status) is not Status.WORKING,
+                lambda j: j.version != opened.version or Status(j.status) is not Status.WORKING,
             )
-            view = await self.service.view(job)
+            view = await self.service.view(latest)
         job = view.job
         out = ProgressOutput(
             job=self.spec.name,
@@ -638,7 +640,7 @@ def _seconds(arguments: dict[str, Any]) -> float:
     return float(value)
 
 
-def _progress(job: JobRecord) -> ProgressView:
+def _progress(job: JobRecord | JobState) -> ProgressView:
     fraction = None
     if job.progress_done is not None and job.progress_total:
         fraction = max(0.0, min(1.0, job.progress_done / job.progress_total))

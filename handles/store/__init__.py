@@ -22,7 +22,15 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from handles.errors import StoreUnavailable
 from handles.store.engine import WriterBusy
-from handles.store.models import Clock, InputRequestRecord, JobRecord, StepRecord, SwitchRecord, utc_now
+from handles.store.models import (
+    Clock,
+    InputRequestRecord,
+    JobRecord,
+    JobState,
+    StepRecord,
+    SwitchRecord,
+    utc_now,
+)
 from handles.store.repository import AnswerOutcome, CancelOutcome, JobRepository
 
 __all__ = [
@@ -33,6 +41,7 @@ __all__ = [
     "InputRequestRecord",
     "JobRecord",
     "JobRepository",
+    "JobState",
     "StepRecord",
     "Store",
     "SwitchRecord",

@@ -176,6 +176,43 @@ class JobRecord(SQLModel, table=True):
     abandon_after_seconds: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """A job as the caller following it sees it: its status, progress and times, and what its owner and
+    kind checks need, without its arguments, result, lease or policies.
+
+    `JobRepository.snapshot` (a progress poll, the hottest read) reads only these columns of the job's
+    row: decoding the rest (its JSON and its times) cost about as much again as the read itself.
+    """
+
+    id: str
+    kind: str
+    principal: str
+    status: str
+    status_message: str | None
+    error: dict[str, Any] | None
+    progress_done: float | None
+    progress_total: float | None
+    attempts: int
+    version: int
+    created_at: datetime
+    updated_at: datetime
+    expires_at: datetime
+    abandon_at: datetime | None
+    abandon_after_seconds: float | None
+
+    @classmethod
+    def of(cls, job: JobRecord | JobState) -> JobState:
+        """The state of a job read whole (or `job` itself)."""
+        if isinstance(job, JobState):
+            return job
+        return cls(**{name: getattr(job, name) for name in JOB_STATE_COLUMNS})
+
+
+JOB_STATE_COLUMNS = tuple(JobState.__dataclass_fields__)
+"""The columns of the job's row a `JobState` holds, in its fields' order."""
+
+
 class InputRequestRecord(SQLModel, table=True):
     """A question a job asked; `key` is unique over the job's life."""
 

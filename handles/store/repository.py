@@ -54,9 +54,11 @@ from handles.store.engine import NOTICE, NOTIFY_CHANNEL, is_sqlite
 from handles.store.housekeeping import Housekeeping
 from handles.store.models import (
     CLAIM_ENTRY_HEAD,
+    JOB_STATE_COLUMNS,
     Clock,
     InputRequestRecord,
     JobRecord,
+    JobState,
     StepRecord,
     UTCDateTime,
     claim_entry_tail,
@@ -206,14 +208,16 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         with self._hot_reading() as connection:
             return _rows(connection, InputRequestRecord, _QUESTIONS_OF_JOB, job_id)
 
-    def snapshot(self, job_id: str) -> tuple[JobRecord | None, list[InputRequestRecord], list[StepRecord]]:
-        """The job, its open questions (when it waits for answers) and its steps, read in one go."""
+    def snapshot(self, job_id: str) -> tuple[JobState | None, list[InputRequestRecord], list[StepRecord]]:
+        """The job's state (only the columns a caller following it is shown), its open questions (when it
+        waits for answers) and its steps, read in one go."""
         with self._hot_reading() as connection:
             if self.dialect == "postgresql":
                 return _snapshot_in_one(connection, job_id)
-            job = _one(connection, JobRecord, _JOB_BY_ID, job_id)
-            if job is None:
+            row = connection.execute(_JOB_STATE_BY_ID, {"job_id": job_id}).mappings().first()
+            if row is None:
                 return None, [], []
+            job = JobState(**row)
             pending: list[InputRequestRecord] = []
             if job.status == Status.INPUT_REQUIRED.value:
                 pending = _rows(connection, InputRequestRecord, _OPEN_QUESTIONS_OF_JOB, job_id)
@@ -911,6 +915,8 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
 
 # The hot reads' statements, built once (building a statement costs more than SQLite runs it).
 _JOB_BY_ID = sa_select(_JOBS).where(_JOBS.c.id == bindparam("job_id"))
+_JOB_STATE = tuple(_JOBS.c[name] for name in JOB_STATE_COLUMNS)
+_JOB_STATE_BY_ID = sa_select(*_JOB_STATE).where(_JOBS.c.id == bindparam("job_id"))
 _STEPS_OF_JOB = sa_select(_STEPS).where(_STEPS.c.job_id == bindparam("job_id")).order_by(_STEPS.c.started_at)
 _QUESTIONS_OF_JOB = (
     sa_select(_INPUTS)
@@ -955,7 +961,7 @@ _COUNT_ACTIVE = (
 _Q = _INPUTS.alias("q")
 _S = _STEPS.alias("s")
 _SNAPSHOT_IN_ONE = sa_select(
-    _JOBS,
+    *_JOB_STATE,
     case(
         (
             _JOBS.c.status == Status.INPUT_REQUIRED.value,
@@ -975,11 +981,11 @@ _JOB_COLUMNS = tuple(c.name for c in _JOBS.columns)
 
 def _snapshot_in_one(
     connection: Connection, job_id: str
-) -> tuple[JobRecord | None, list[InputRequestRecord], list[StepRecord]]:
+) -> tuple[JobState | None, list[InputRequestRecord], list[StepRecord]]:
     row = connection.execute(_SNAPSHOT_IN_ONE, {"job_id": job_id}).mappings().first()
     if row is None:
         return None, [], []
-    job = _detached(JobRecord, {name: row[name] for name in _JOB_COLUMNS})
+    job = JobState(**{name: row[name] for name in JOB_STATE_COLUMNS})
     pending = [_from_json(_INPUTS, InputRequestRecord, q) for q in row["handles_open_questions"] or ()]
     return job, pending, [_from_json(_STEPS, StepRecord, step) for step in row["handles_steps"] or ()]
 

@@ -22,7 +22,7 @@ from sqlalchemy.exc import OperationalError
 
 from bench.round_trips import Tracer
 from handles.errors import StoreUnavailable
-from handles.store import InputRequestRecord, JobRepository, Store, utc_now
+from handles.store import InputRequestRecord, JobRepository, JobState, Store, utc_now
 from handles.store.engine import NOTIFY_CHANNEL
 from handles.store.listen import libpq_url
 from handles.store.repository import ActiveLimitReached
@@ -293,7 +293,8 @@ def test_a_progress_poll_is_one_round_trip_and_reads_what_three_reads_read(repo:
     repo.answer_inputs(job.id, {"q2": {"ok": True}})
 
     stored, pending, steps = repo.snapshot(job.id)
-    assert stored == repo.get(job.id) and stored is not None and stored.status == "input_required"
+    whole = repo.get(job.id)
+    assert whole is not None and stored == JobState.of(whole) and stored.status == "input_required"
     assert pending == repo.pending_inputs(job.id) and [q.key for q in pending] == ["q1"]
     assert steps == repo.steps(job.id) and [s.name for s in steps] == ["fetch", "bill", "send"]
     assert steps[0].result == {"rows": 3, "at": "é"} and steps[1].error == "refused"

@@ -20,7 +20,7 @@ from handles.errors import LeaseLost
 from handles.handle import new_job_id
 from handles.principal import principal_match, token_form
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
-from handles.store import JobRecord, JobRepository
+from handles.store import JobRecord, JobRepository, JobState
 from handles.store.models import claims_of
 
 T = TypeVar("T")
@@ -407,6 +407,32 @@ def test_progress_is_written_only_by_the_lease_holder_of_an_active_job(repo: Job
     assert record is not None
     assert (record.progress_done, record.progress_total, record.status_message) == (1, 4, "a quarter")
     assert record.version == job.version + 1
+
+
+@pytest.mark.parametrize("status", list(Status))
+def test_the_snapshot_holds_the_state_of_the_stored_row(repo: JobRepository, status: Status) -> None:
+    """`snapshot` reads only the columns a follower is shown: each holds what the whole row holds, with the
+    same types (aware UTC times, JSON as dicts, floats), in every status."""
+    job = reach(repo, status)
+    if status is Status.WORKING:
+        assert repo.set_progress(job.id, OWNER, 2.5, 10, "a quarter")
+    whole = repo.get(job.id)
+    assert whole is not None
+    state, pending, steps = repo.snapshot(job.id)
+    assert state == JobState.of(whole)
+    assert {name: type(getattr(state, name)) for name in ("created_at", "expires_at", "version")} == {
+        "created_at": datetime,
+        "expires_at": datetime,
+        "version": int,
+    }
+    assert state is not None and state.created_at.utcoffset() == timedelta(0)
+    if status is Status.WORKING:
+        assert (state.progress_done, state.progress_total, state.status_message) == (2.5, 10, "a quarter")
+    if status is Status.FAILED:
+        assert state.error == {"code": -32603, "message": "boom"}
+    assert [q.key for q in pending] == (["q1"] if status is Status.INPUT_REQUIRED else [])
+    assert steps == []
+    assert repo.snapshot("no-such-job") == (None, [], [])
 
 
 # -- cancellation ---------------------------------------------------------------------------------
