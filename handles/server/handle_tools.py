@@ -332,9 +332,7 @@ class JobTools:
 
     async def fetch(self, principal: str, arguments: dict[str, Any]) -> ToolReply:
         job = await self.service.open(self.spec, principal, arguments.get("handle"))
-        job = await self.service.wait(
-            job, _seconds(arguments), lambda j: Status(j.status) is not Status.WORKING
-        )
+        job = await self.service.wait(job, _seconds(arguments), _fetchable)
         status = Status(job.status)
         pending = await self.service.pending_inputs(job)
         fields: dict[str, Any] = {
@@ -638,6 +636,18 @@ def follow_definitions(
 def _seconds(arguments: dict[str, Any]) -> float:
     value = arguments.get("wait_seconds") or 0
     return float(value)
+
+
+def _fetchable(job: JobRecord | JobState) -> bool:
+    """What a fetch waits for: the job's end, or a question for the caller. A job asked to cancel while a
+    worker still holds it (handing back its lease after asking, say) is on its way to `cancelled`, and its
+    question is no longer the caller's to answer: that is not it yet."""
+    status = Status(job.status)
+    if status is Status.WORKING:
+        return False
+    if status.is_terminal or not isinstance(job, JobRecord):
+        return True
+    return job.cancel_requested_at is None or job.lease_owner is None
 
 
 def _progress(job: JobRecord | JobState) -> ProgressView:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
 
 from handles import Handles, JobContext
 
@@ -93,5 +97,51 @@ def test_cancel_racing_completion_ends_in_one_consistent_terminal_state(tmp_path
                 assert later["status"] == status
                 outcomes[status] = outcomes.get(status, 0) + 1
         assert sum(outcomes.values()) == trials
+
+    asyncio.run(main())
+
+
+def test_a_fetch_right_after_cancelling_a_job_that_is_parking_waits_for_the_cancel_to_land(
+    tmp_path: Path,
+) -> None:
+    """A job has asked its question (input_required) and is still handing back its lease when the caller
+    cancels: the cancel is recorded and lands with the park. A `fetch` with `wait_seconds` made in between
+    waits for that (ms), instead of answering "input_required: answer q1" to a caller who just cancelled."""
+
+    class Go(BaseModel):
+        ok: bool
+
+    async def main() -> None:
+        jobs = Handles(config(tmp_path))
+        park_may_land = threading.Event()
+
+        @jobs.job(asks_input=True)
+        async def asks(ctx: JobContext) -> bool:
+            return (await ctx.ask("Go on?", Go)).ok
+
+        async with rig(jobs) as r:
+            repo = jobs.service.store.repo
+            real_park = repo.park
+
+            def held_park(job_id: str, owner: str) -> Any:
+                park_may_land.wait(10)  # a worker thread: the park lands when the test says so
+                return real_park(job_id, owner)
+
+            repo.park = held_park  # type: ignore[method-assign]
+            handle = (await r.ok("asks_start"))["handle"]
+            asked = await r.ok("asks_progress", handle=handle, wait_seconds=5)
+            assert asked["status"] == "input_required"
+            cancelled = await r.ok("asks_cancel", handle=handle)
+            assert cancelled["cancel_requested"] is True and cancelled["status"] == "input_required", (
+                cancelled
+            )
+            fetch = asyncio.create_task(r.ok("asks_fetch", handle=handle, wait_seconds=10))
+            await asyncio.sleep(0.3)
+            assert not fetch.done(), "the fetch answered before the cancel landed"
+            park_may_land.set()
+            final = await fetch
+            assert final["status"] == "cancelled", final
+            no_wait = await r.ok("asks_fetch", handle=handle)
+            assert no_wait["status"] == "cancelled"
 
     asyncio.run(main())
