@@ -13,6 +13,7 @@ switch_rows.py) build on it: every query lives there.
 from __future__ import annotations
 
 import contextlib
+import logging
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from handles.errors import ConfigurationError
 
 P = ParamSpec("P")
 T = TypeVar("T")
+logger = logging.getLogger("handles.store")
 _INLINE: ContextVar[bool] = ContextVar("handles_inline_read", default=False)
 _INLINE_WRITE: ContextVar[bool] = ContextVar("handles_inline_write", default=False)
 NOTICE: ContextVar[str | None] = ContextVar("handles_change_notice", default=None)
@@ -36,6 +38,11 @@ NOTICE: ContextVar[str | None] = ContextVar("handles_change_notice", default=Non
 NOTIFY_CHANNEL = "handles_jobs"
 CONNECT_TIMEOUT_SECONDS = 10
 """How long a new PostgreSQL connection may take before the attempt fails (`connect_timeout`)."""
+INLINE_COMMITS_PER_CHECKPOINT = 100
+"""How many commits on the event loop's write connection (SQLite) a checkpoint follows. That connection
+never checkpoints itself: SQLite's automatic checkpoint (past 1,000 WAL pages, about a hundred starts)
+writes and syncs the database file in the committing connection, which on the event loop stalled every
+request for several milliseconds. A passive checkpoint runs on a thread of its own instead."""
 
 
 class WriterBusy(Exception):
@@ -85,7 +92,9 @@ def make_engines(url: str) -> tuple[Engine, Engine, Engine | None, Engine | None
         )
     kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 30}}
 
-    def configure(engine: Engine, begin: str | None, busy_ms: int = 30000) -> Engine:
+    def configure(
+        engine: Engine, begin: str | None, busy_ms: int = 30000, *, checkpoints: bool = True
+    ) -> Engine:
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_connection: Any, _record: Any) -> None:
             # Take transaction control away from pysqlite so BEGIN is ours to issue.
@@ -95,6 +104,8 @@ def make_engines(url: str) -> tuple[Engine, Engine, Engine | None, Engine | None
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
             cursor.execute("PRAGMA foreign_keys=ON")
+            if not checkpoints:
+                cursor.execute("PRAGMA wal_autocheckpoint=0")  # see INLINE_COMMITS_PER_CHECKPOINT
             cursor.close()
 
         if begin is not None:
@@ -109,7 +120,7 @@ def make_engines(url: str) -> tuple[Engine, Engine, Engine | None, Engine | None
     read = configure(create_engine(url, **kwargs), "BEGIN")
     # No BEGIN: each read statement is its own snapshot, with nothing to end afterwards.
     inline = configure(create_engine(url, **kwargs), None, busy_ms=50)
-    inline_write = configure(create_engine(url, **kwargs), "BEGIN IMMEDIATE", busy_ms=0)
+    inline_write = configure(create_engine(url, **kwargs), "BEGIN IMMEDIATE", busy_ms=0, checkpoints=False)
     return read, write, inline, inline_write
 
 
@@ -125,6 +136,8 @@ class Database:
         self._inline_write_raw: Any = None  # the inline-write engine's DB-API connection (`_sqlite_writing`)
         self._inline_read_raw: Any = None  # the inline-read engine's DB-API connection (`_sqlite_reading`)
         self._inline_lock = threading.Lock()
+        self._inline_commits = 0  # since the last checkpoint (see INLINE_COMMITS_PER_CHECKPOINT)
+        self._checkpointer: threading.Thread | None = None
         # SQLite has one writer at a time. Queue this process's writers on a lock rather than in
         # SQLite's busy handler, which sleeps in coarse steps (up to 100 ms) while the lock is held.
         self._write_lock: contextlib.AbstractContextManager[Any] = (
@@ -161,6 +174,7 @@ class Database:
             connection.exec_driver_sql("select 1")
 
     def dispose(self) -> None:
+        self.wait_for_checkpoint(30)
         if self._inline_connection is not None:
             self._inline_connection.close()
             self._inline_connection = None
@@ -210,6 +224,54 @@ class Database:
             _INLINE.reset(tokens[1])
             _INLINE_WRITE.reset(tokens[0])
 
+    def checkpoint(self) -> None:
+        """Copy the WAL's committed pages into an SQLite file, behind this process's writer lock (a passive
+        checkpoint: it waits for no reader, and copies what no reader still needs). With this process's
+        writers held meanwhile (an inline start that meets the lock goes to a worker thread), the WAL is
+        wholly copied when it ends, so the next writer starts it over; a checkpoint made beside a stream
+        of starts would never let it start over, and it would grow by every page they write. Nothing to
+        do elsewhere."""
+        if self._inline_write_engine is None:
+            return
+        with self._write_lock:
+            pooled = self._write_engine.raw_connection()
+            try:
+                connection: Any = pooled.driver_connection
+                connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            finally:
+                pooled.close()
+
+    def wait_for_checkpoint(self, timeout: float) -> None:
+        """Return once the checkpoint under way (if any) has ended, or after `timeout` seconds."""
+        checkpointer = self._checkpointer
+        if checkpointer is not None:
+            checkpointer.join(timeout)
+
+    def _after_inline_commit(self) -> None:
+        """Count a commit of the event loop's write connection; every INLINE_COMMITS_PER_CHECKPOINT of them,
+        start a checkpoint on a thread of its own (one at a time; a busy one lets the count run on)."""
+        self._inline_commits += 1
+        if self._inline_commits < INLINE_COMMITS_PER_CHECKPOINT:
+            return
+        if self._checkpointer is not None and self._checkpointer.is_alive():
+            return
+        self._inline_commits = 0
+        checkpointer = threading.Thread(
+            target=self._checkpoint_quietly, name="handles-sqlite-checkpoint", daemon=True
+        )
+        try:
+            checkpointer.start()
+        except RuntimeError as exc:  # no thread to be had now: the next hundred commits try again
+            logger.warning("could not start an SQLite checkpoint: %s", exc)
+            return
+        self._checkpointer = checkpointer
+
+    def _checkpoint_quietly(self) -> None:
+        try:
+            self.checkpoint()
+        except Exception as exc:  # the next one tries again; SQLite's data is safe in the WAL meanwhile
+            logger.warning("SQLite checkpoint failed: %s", exc)
+
     @contextmanager
     def _sqlite_writing(self) -> Iterator[sqlite3.Connection]:
         """A write transaction (`BEGIN IMMEDIATE` ... `COMMIT`) on SQLite's own DB-API connection, past
@@ -246,6 +308,8 @@ class Database:
                 statement = None  # the caller's own statements
                 yield connection
                 connection.execute("COMMIT")
+                if inline:
+                    self._after_inline_commit()
             except BaseException as exc:
                 if connection.in_transaction:
                     try:
