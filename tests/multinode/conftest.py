@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -76,7 +77,17 @@ class Cluster:
         return self._start(name, python_module("example_server", "--http", "--port", str(port)), port, env)
 
     def worker(self, name: str, app: str, **env: str) -> ServerProcess:
-        return self._start(name, python_module("handles.cli", "worker", "--app", app), None, env)
+        """A `handles worker`, returned once it runs jobs (it listens on no port: its log says so). Jobs
+        started before every worker runs would all go to whichever came up first."""
+        node = self._start(name, python_module("handles.cli", "worker", "--app", app), None, env)
+        deadline = time.monotonic() + 60
+        while " running jobs " not in node.log():
+            if not node.alive:
+                raise RuntimeError(f"worker {name} exited early:\n{node.log()[-4000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"worker {name} did not start within 60 s:\n{node.log()[-4000:]}")
+            time.sleep(0.05)
+        return node
 
     def close(self) -> None:
         for node in self.nodes:
