@@ -56,7 +56,8 @@ def python_module(module: str, *args: str) -> list[str]:
 class ServerProcess:
     """A subprocess on 127.0.0.1 (stdout and stderr in `log_path`), up once it listens on `port`.
 
-    `port=None` is a process that serves nothing (a worker): `start` returns as soon as it runs.
+    `port=None` is a process that serves nothing (a worker): `start` returns as soon as it runs, or, with
+    `ready_line`, once what it writes from this start on contains that text (a worker's "running jobs").
     `append_log` keeps what earlier runs wrote (a restarted server's log reads as one story).
     """
 
@@ -69,6 +70,7 @@ class ServerProcess:
         *,
         name: str = "the server",
         ready: Readiness = "tcp",
+        ready_line: str | None = None,
         start_timeout: float = 30.0,
         stop_timeout: float = 15.0,
         append_log: bool = False,
@@ -76,6 +78,7 @@ class ServerProcess:
     ) -> None:
         self.args, self.env, self.log_path, self.port, self.name = args, env, log_path, port, name
         self.ready, self.start_timeout, self.stop_timeout = ready, start_timeout, stop_timeout
+        self.ready_line = ready_line
         self.append_log, self.cwd = append_log, cwd
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -96,6 +99,7 @@ class ServerProcess:
         """Start the process and return once it is up; a process that exits or never listens is an error."""
         assert not self.alive, f"{self.name} is already running"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        earlier = len(self.log()) if self.append_log else 0  # an earlier run's lines do not count
         with self.log_path.open("ab" if self.append_log else "wb") as log:
             self.process = subprocess.Popen(
                 self.args,
@@ -105,20 +109,22 @@ class ServerProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        if self.port is None:
+        if self.port is None and self.ready_line is None:
             return self
         seconds = self.start_timeout if timeout is None else timeout
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"{self.name} exited early:\n{self.log()[-4000:]}")
-            if self._answers():
+            if self._answers(earlier):
                 return self
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"{self.name} did not answer within {seconds} s:\n{self.log()[-4000:]}")
 
-    def _answers(self) -> bool:
+    def _answers(self, earlier: int) -> bool:
+        if self.port is None:
+            return self.ready_line is not None and self.ready_line in self.log()[earlier:]
         if self.ready == "tcp":
             try:
                 with socket.create_connection(("127.0.0.1", self.port or 0), timeout=0.2):

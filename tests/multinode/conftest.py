@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,13 +58,21 @@ class Cluster:
         self.tmp, self.database_url = tmp, database_url
         self.nodes: list[ServerProcess] = []
 
-    def _start(self, name: str, args: list[str], port: int | None, env: dict[str, str]) -> ServerProcess:
+    def _start(
+        self,
+        name: str,
+        args: list[str],
+        port: int | None,
+        env: dict[str, str],
+        ready_line: str | None = None,
+    ) -> ServerProcess:
         node = ServerProcess(
             args,
             node_env(self.tmp, self.database_url, **env),
             self.tmp / f"{name}.log",
             port,
             name=name,
+            ready_line=ready_line,
             stop_timeout=10,
             append_log=True,
         )
@@ -79,15 +86,8 @@ class Cluster:
     def worker(self, name: str, app: str, **env: str) -> ServerProcess:
         """A `handles worker`, returned once it runs jobs (it listens on no port: its log says so). Jobs
         started before every worker runs would all go to whichever came up first."""
-        node = self._start(name, python_module("handles.cli", "worker", "--app", app), None, env)
-        deadline = time.monotonic() + 60
-        while " running jobs " not in node.log():
-            if not node.alive:
-                raise RuntimeError(f"worker {name} exited early:\n{node.log()[-4000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"worker {name} did not start within 60 s:\n{node.log()[-4000:]}")
-            time.sleep(0.05)
-        return node
+        args = python_module("handles.cli", "worker", "--app", app)
+        return self._start(name, args, None, env, ready_line=" running jobs ")
 
     def close(self) -> None:
         for node in self.nodes:
