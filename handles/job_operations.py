@@ -434,7 +434,7 @@ class JobOperations:
     # -- waiting -----------------------------------------------------------
 
     async def wait(
-        self, record: Opened, wait_seconds: float, until: Callable[[JobRecord | JobState], bool]
+        self, record: Opened, wait_seconds: float, until: Callable[[Opened | JobRecord], bool]
     ) -> Opened | JobRecord:
         """Re-read the job until `until(job)` holds or `wait_seconds` (capped) pass; returns the latest state."""
         if wait_seconds <= 0 or until(record):

@@ -638,16 +638,14 @@ def _seconds(arguments: dict[str, Any]) -> float:
     return float(value)
 
 
-def _fetchable(job: JobRecord | JobState) -> bool:
+def _fetchable(job: JobRecord) -> bool:
     """What a fetch waits for: the job's end, or a question for the caller. A job asked to cancel while a
     worker still holds it (handing back its lease after asking, say) is on its way to `cancelled`, and its
     question is no longer the caller's to answer: that is not it yet."""
     status = Status(job.status)
     if status is Status.WORKING:
         return False
-    if status.is_terminal or not isinstance(job, JobRecord):
-        return True
-    return job.cancel_requested_at is None or job.lease_owner is None
+    return status.is_terminal or job.cancel_requested_at is None or job.lease_owner is None
 
 
 def _progress(job: JobRecord | JobState) -> ProgressView:

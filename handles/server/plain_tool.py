@@ -41,7 +41,7 @@ from handles.server.first_round import first_round
 from handles.server.handle_tools import InputRequestView, JobTools, ToolReply, error_reply
 from handles.server.tasks_extension import declares_tasks, missing_tasks_capability
 from handles.states import Status
-from handles.store import JobRecord, JobState
+from handles.store import JobRecord
 from handles.tasks_wire import TASKS_EXTENSION
 from handles.tool_layout import PlainCall, ToolNames, job_meta
 
@@ -252,5 +252,5 @@ class PlainTool:
             logger.warning("could not cancel job %s after its caller went away", job.id, exc_info=True)
 
 
-def _changed_since(version: int) -> Callable[[JobRecord | JobState], bool]:
+def _changed_since(version: int) -> Callable[[JobRecord], bool]:
     return lambda job: job.version != version
