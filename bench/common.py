@@ -327,10 +327,11 @@ async def shuffled_rounds(
     calls: dict[str, Callable[[], Awaitable[Any]]],
     rounds: int,
     warmup: int,
-    after_round: Callable[[], Awaitable[Any]] | None = None,
+    after_call: Callable[[], Awaitable[Any]] | None = None,
 ) -> dict[str, list[float]]:
     """Each call once a round, in a fresh random order each round, for `warmup` untimed rounds and then
-    `rounds` timed ones; `after_round` runs untimed after every round. Samples in seconds, by call."""
+    `rounds` timed ones; `after_call` runs untimed after every call (to let the work a call started end
+    before the next call is timed). Samples in seconds, by call."""
     samples: dict[str, list[float]] = {name: [] for name in calls}
     order = list(calls)
     for index in range(warmup + rounds):
@@ -339,8 +340,8 @@ async def shuffled_rounds(
             elapsed, _ = await timed(calls[name])
             if index >= warmup:
                 samples[name].append(elapsed)
-        if after_round is not None:
-            await after_round()
+            if after_call is not None:
+                await after_call()
     return samples
 
 

@@ -7,9 +7,9 @@ the same completed job, the plain tool `work` declaring Tasks (a 0 s job: the ca
 `CreateTaskResult`), and, on the SDK's own server, `progress_shaped`: an ordinary tool that runs no
 `handles` code and returns a prebuilt result of `work_progress`'s size and output schema (what the SDK
 and the transport alone spend on such a result). Each is reported as a ratio to the no-op call
-measured in the same rounds. After each round the jobs that `work_start` and the task creation
-started are awaited (untimed) so that their background execution does not overlap the next round's
-timings.
+measured in the same rounds. After each call the job that `work_start` or the task creation
+started is awaited (untimed), so that its execution, which may go on after the reply, overlaps no
+other timed call.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ async def measure_client(c: Any, rounds: int, warmup: int) -> dict[str, list[flo
     if "progress_shaped" in {tool.name for tool in (await c.list_tools()).tools}:
         calls[SHAPED] = shaped
 
-    async def finish_started() -> None:  # untimed: let the started job finish before the next round
+    async def finish_started() -> None:  # untimed: let the started job finish before the next call
         while started:
             await structured(c, "work_fetch", {"handle": started.pop(), "wait_seconds": 10})
 
@@ -172,9 +172,10 @@ async def run(options: Options) -> list[Table]:
         "checks every structured result against the tool's output schema; the no-op tool returns a structured "
         "result too, so both sides pay that check.",
         "`work_progress` reads a running job; `work_fetch` and `tasks/get` read a completed job (with its result); "
-        "`work_start` stores a 0 s job (its execution is awaited, untimed, before the next round).",
+        "`work_start` stores a 0 s job (its execution is awaited, untimed, before the next call: a job may run on "
+        "after its start's reply, and its work must not land in another call's time).",
         f"{TASKS_CREATE}: `tools/call` of the plain tool `work` (a 0 s job) with the Tasks extension declared, "
-        "answered with `CreateTaskResult`; the task is awaited, untimed, before the next round.",
+        "answered with `CreateTaskResult`; the task is awaited, untimed, before the next call.",
         f"{SHAPED}: an ordinary tool on the SDK's own server (not on FastMCP) that runs no `handles` code and "
         "returns a prebuilt result with `work_progress`'s output schema, fields and text lengths: the share of "
         "`work_progress` that the SDK and the transport spend on such a result (the server's check against the "

@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import secrets
 import threading
 from dataclasses import dataclass
@@ -66,11 +67,17 @@ class HandleCodec:
         if not secret_keys:
             raise ValueError("HandleCodec needs at least one secret key")
         keys = [key.encode() for key in secret_keys]
-        # itsdangerous signs with the *last* key and tries all when verifying.
+        # The format is itsdangerous's URL-safe serializer's (compact JSON in URL-safe base64, zlib-compressed
+        # behind a leading "." when that is shorter, then "." and the signature); it reads the payloads here.
+        # itsdangerous signs with the *last* key: the newest.
         self._serializer = URLSafeSerializer(
             list(reversed(keys)), salt=HANDLE_SALT, signer_kwargs={"digest_method": hashlib.sha256}
         )
-        self._signers = [Signer(key, salt=HANDLE_SALT, digest_method=hashlib.sha256) for key in keys]
+        # Each key as itsdangerous's `Signer` derives it, derived once here: the signer derives it again at
+        # every signature, and the serializer builds a new signer for every handle it writes.
+        self._signing_keys = [
+            Signer(key, salt=HANDLE_SALT, digest_method=hashlib.sha256).derive_key() for key in keys
+        ]
         self._tag_keys = [hmac.new(key, _TAG_LABEL, hashlib.sha256).digest() for key in keys]
         # (handle, principal) -> claims, for pairs that verified: a caller polls with the same handle.
         self._verified: dict[tuple[str, str], HandleClaims] = {}
@@ -80,8 +87,13 @@ class HandleCodec:
         """A new handle for `job_id`, bound to `principal`, valid until `expires_at`."""
         tag = self._tag(self._tag_keys[0], job_id, principal)
         payload = [_FORMAT_VERSION, job_id, kind, int(expires_at.timestamp()), tag]
-        token = self._serializer.dumps(payload)
-        return token if isinstance(token, str) else token.decode()
+        # What `self._serializer.dumps(payload)` writes, byte for byte, when it leaves the payload
+        # uncompressed (a handle's payload is mostly random ids, which zlib cannot shorten); never
+        # compressed here, which every verifier reads all the same. A third of the time: no zlib
+        # attempt, no `Signer` built and no key derived per handle.
+        text = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+        value = base64.urlsafe_b64encode(text).rstrip(b"=")
+        return (value + b"." + self._signature(self._signing_keys[0], value)).decode()
 
     def verify(self, token: object, *, principal: str) -> HandleClaims | None:
         """The claims of `token` if it is genuine and bound to `principal`; otherwise None.
@@ -130,7 +142,8 @@ class HandleCodec:
             return None
         value, _, signature = token.strip().rpartition(".")
         presented = signature.encode()
-        signed = [hmac.compare_digest(signer.get_signature(value), presented) for signer in self._signers]
+        data = value.encode()
+        signed = [hmac.compare_digest(self._signature(key, data), presented) for key in self._signing_keys]
         payload = self._parse(value)
         job_id, kind, expires, tag = payload or _PLACEHOLDER
         bound = principal is None or any(
@@ -159,6 +172,11 @@ class HandleCodec:
         return job_id, kind, expires, tag
 
     @staticmethod
+    def _signature(key: bytes, value: bytes) -> bytes:
+        """itsdangerous's signature of `value` (HMAC-SHA256 under the derived `key`, URL-safe base64)."""
+        return base64.urlsafe_b64encode(hmac.digest(key, value, "sha256")).rstrip(b"=")
+
+    @staticmethod
     def _tag(key: bytes, job_id: str, principal: str) -> str:
-        digest = hmac.new(key, f"{job_id}\x00{principal}".encode(), hashlib.sha256).digest()[:16]
+        digest = hmac.digest(key, f"{job_id}\x00{principal}".encode(), "sha256")[:16]
         return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()

@@ -1,0 +1,99 @@
+"""A start's reply goes before its job's first step (issue 14, change 26).
+
+A job stored claimed by the process that started it is handed to the runtime at once; its run now waits
+`REPLY_FIRST_TURNS` turns of the event loop, so the start's reply, on its way out through the same loop,
+is not held behind the job's first stretch of Python (for a short job, its whole run up to the outcome
+write). Each test drives the real `Handles` on an SQLite file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from handles import Handles, JobContext
+from handles.states import Status
+from tests.durability.harness import config, rig
+
+from .support import start_as, stored
+
+
+def test_the_start_returns_before_its_job_takes_its_first_step(tmp_path: Path) -> None:
+    async def main() -> None:
+        jobs = Handles(config(tmp_path))
+        began: list[str] = []
+
+        @jobs.job
+        async def quick(ctx: JobContext) -> str:
+            began.append(ctx.job_id)
+            return "done"
+
+        try:
+            handle = await start_as(jobs, "alice", "quick")
+            assert began == [], "the job's first step ran before its start returned"
+            assert stored(jobs, handle).status == Status.WORKING.value
+            for _ in range(500):
+                if stored(jobs, handle).status == Status.COMPLETED.value:
+                    break
+                await asyncio.sleep(0.01)
+            assert stored(jobs, handle).status == Status.COMPLETED.value
+            assert len(began) == 1
+        finally:
+            await jobs.aclose()
+
+    asyncio.run(main())
+
+
+def test_an_mcp_client_has_the_start_reply_before_the_job_begins(tmp_path: Path) -> None:
+    async def main() -> None:
+        order: list[str] = []
+
+        def declare(jobs: Handles) -> None:
+            @jobs.job
+            async def quick(ctx: JobContext) -> str:
+                order.append("job")
+                return "done"
+
+        async with rig(Handles(config(tmp_path)), declare) as r:
+            handle = (await r.ok("quick_start"))["handle"]
+            order.append("reply")
+            final = await r.ok("quick_fetch", handle=handle, wait_seconds=10)
+            assert final["status"] == "completed"
+            assert order == ["reply", "job"]
+
+    asyncio.run(main())
+
+
+def test_a_job_interrupted_by_a_stop_before_its_first_step_is_handed_over_and_runs_once(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        runs: list[str] = []
+
+        def declare(jobs: Handles) -> None:
+            @jobs.job(on_interrupt="retry", max_attempts=2)
+            async def report(ctx: JobContext) -> str:
+                runs.append(ctx.job_id)
+                return "done"
+
+        first = Handles(config(tmp_path, drain_seconds=0, lease_seconds=30))
+        declare(first)
+        handle = await start_as(first, "alice", "report")
+        await first.aclose()  # before the job's first step
+        record = stored(first, handle)
+        assert runs == [] and record.status == Status.WORKING.value and record.lease_owner is None
+
+        second = Handles(config(tmp_path, lease_seconds=30))
+        declare(second)
+        await second.start()
+        try:
+            for _ in range(500):
+                if stored(second, handle).status == Status.COMPLETED.value:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            await second.aclose()
+        assert stored(second, handle).status == Status.COMPLETED.value
+        assert len(runs) == 1, "the job ran once, on the node that took it over"
+
+    asyncio.run(main())
