@@ -140,7 +140,8 @@ async def run(options: Options) -> list[Table]:
     table.notes += [
         "Pickup includes the whole work_start call (validation, the durable insert, the handle); with a free "
         "worker slot the job is inserted already leased to the local runtime (claim at insert), so no separate "
-        "claim write is needed and the job function starts as the insert commits.",
+        "claim write is needed; the job function starts a few turns of the event loop after the start has answered "
+        "(its reply goes first), and this in-process client, on the same loop, takes its reply in those turns.",
         "Wake includes the job's outcome write (a compare-and-set transition), the in-process notification, "
         "the waiter's re-read and the reply through the MCP client.",
         "Across nodes a waiter wakes through PostgreSQL LISTEN/NOTIFY, else within store_poll_seconds (1 s); "

@@ -93,8 +93,9 @@ def _output_checks(schema: dict[str, Any], model: Any, result: dict[str, Any]) -
 
 
 def _held_back(adopt: Callable[..., None]) -> Callable[..., None]:
-    """`Runtime.adopt`, called 2 ms later (bench only): the start handler is timed without its job's first
-    step, which asyncio runs before the start resumes when the job is handed over at once."""
+    """`Runtime.adopt`, called 2 ms later (bench only): the start handler timed with its job surely out of
+    its window. Before change 26 asyncio ran the job's first step before the start resumed; since, the job
+    lets the start's reply go first, so this row and the handler's should agree (the check that it does)."""
 
     def later(*args: Any, **kwargs: Any) -> None:
         asyncio.get_running_loop().call_later(0.002, lambda: adopt(*args, **kwargs))
@@ -227,9 +228,10 @@ async def breakdown(options: Options) -> Table:
         "neighbouring rows to see what a layer adds.",
         "Start rows: each start of a 0 s job is timed alone; the job is then awaited (untimed) so starts do not "
         "overlap. The three start rows take turns in one loop. The held-back row hands the stored job to the "
-        "runtime 2 ms later (a bench-only wrapper of `Runtime.adopt`): the handler without the job's first step, "
-        "which asyncio otherwise runs before the start resumes (for a 0 s job, its whole run up to the outcome "
-        "write). The handler row minus the held-back row is that step's share.",
+        "runtime 2 ms later (a bench-only wrapper of `Runtime.adopt`): the handler with its job surely out of "
+        "its window. Before change 26 asyncio ran the job's first step (for a 0 s job, its whole run up to the "
+        "outcome write) before the start resumed, and the difference of the two rows was that step; since, the "
+        "job lets the start's reply go first, and the two rows agree.",
         "Output-schema rows: the check the official client makes of every structured result (`jsonschema`, "
         "compiled once, `best_match` over `iter_errors`), of one real `work_progress` result, against the schema "
         "`tools/list` gives (flat: `handles.server.output_schema`) and against pydantic's own nested schema of "

@@ -22,6 +22,11 @@ def failed(message: str, reason: str, **data: Any) -> Outcome:
     return Status.FAILED, {"error": error, "status_message": clean_message(message)}
 
 
+def cancelled_at_request() -> Outcome:
+    """Cancelled by its caller (or an operator) and interrupted once the grace period ran out."""
+    return Status.CANCELLED, {"status_message": "Cancelled at the caller's request."}
+
+
 def cancelled_with_unknown_steps(steps: list[str], waited: float) -> Outcome:
     """Cancelled while durable steps still executed past the limit: their outcome is unknown."""
     names = ", ".join(repr(name) for name in steps)

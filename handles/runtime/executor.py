@@ -33,7 +33,13 @@ from handles.config import HandlesConfig
 from handles.errors import JobFailed, LeaseLost, StepOutcomeUnknown, StoreUnavailable
 from handles.jobs import JobContext, JobParked, JobSpec
 from handles.limits import clean_message, json_size
-from handles.outcomes import Outcome, cancelled_with_unknown_steps, failed, result_to_json
+from handles.outcomes import (
+    Outcome,
+    cancelled_at_request,
+    cancelled_with_unknown_steps,
+    failed,
+    result_to_json,
+)
 from handles.results import ResultFile, ResultLink, ResultTooLarge, linked_result, write_result_file
 from handles.runtime.leases import LeaseKeeper, every
 from handles.runtime.slots import Slots
@@ -386,11 +392,15 @@ class Runtime:
     async def _execute(self, entry: _Running, record: JobRecord) -> None:
         spec, ctx = entry.spec, entry.ctx
         job_id = record.id
-        claims = claims_of(record)
-        if len(claims) == 1:  # its first claim: how long it waited for a worker
-            self.telemetry.queue_wait(spec.name, (claims[0].claimed_at - record.created_at).total_seconds())
-        began = asyncio.get_running_loop().time()
         try:
+            if entry.reply_first and not await self._reply_first(entry, record):
+                return
+            claims = claims_of(record)
+            if len(claims) == 1:  # its first claim: how long it waited for a worker
+                self.telemetry.queue_wait(
+                    spec.name, (claims[0].claimed_at - record.created_at).total_seconds()
+                )
+            began = asyncio.get_running_loop().time()
             with self.telemetry.attempt(spec.name, job_id, record.attempts, record.trace_context) as span:
                 outcome = await self._run_job(entry, record)
                 self.telemetry.run_time(spec.name, asyncio.get_running_loop().time() - began)
@@ -418,6 +428,31 @@ class Runtime:
             self.slots.release(job_id)
             if self._backlog and not self.closed:
                 self._wake.set()  # a slot is free and jobs may be waiting for one
+
+    async def _reply_first(self, entry: _Running, record: JobRecord) -> bool:
+        """Let the reply of the start that stored this job, on its way out through this event loop, go before
+        the job's first step (for a short job, its whole run up to its outcome write): `REPLY_FIRST_TURNS`
+        turns of the loop. True to run the job now. False when it was interrupted meanwhile, and dealt with
+        here: dropped (it ended elsewhere), handed back to the queue for any node by a stop (it never ran
+        here, so no interrupt policy applies: as `adopt` sends back a job it cannot run), or ended
+        `cancelled` by a cancel whose grace ran out."""
+        try:
+            for _ in range(REPLY_FIRST_TURNS):
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            if entry.lost:
+                return False
+            if entry.stopping:
+                await self._hand_back(record.id)
+                return False
+            if not entry.ctx.cancelled:
+                raise
+            status, values = cancelled_at_request()
+            entry.settling = True
+            if await self._record_outcome(record.id, status, values):
+                self.telemetry.ended(entry.spec.name, status.value)
+            return False
+        return True
 
     def running_by_kind(self) -> dict[str, int]:
         """How many jobs of each kind run here now (the `handles.jobs.running` gauge)."""
@@ -473,13 +508,6 @@ class Runtime:
         spec, ctx = entry.spec, entry.ctx
         try:
             try:
-                if entry.reply_first:
-                    # The start's reply is on its way out through the same event loop: a few turns of
-                    # the loop let it go first, instead of waiting behind this run's first step (for a
-                    # short job, its whole run up to its outcome write). A cancel meanwhile is handled
-                    # below, as one at the job's first await.
-                    for _ in range(REPLY_FIRST_TURNS):
-                        await asyncio.sleep(0)
                 arguments = self.sealer.unseal(record.arguments)
                 ctx.redact.add(arguments, spec.sensitive_arguments)
                 kwargs = spec.call_arguments(arguments)
@@ -537,7 +565,7 @@ class Runtime:
                     await self.store.announce(record.id, queued=True)  # another node takes it now
                 return None
             if ctx.cancelled:
-                return Status.CANCELLED, {"status_message": "Cancelled at the caller's request."}
+                return cancelled_at_request()
             raise
         except Exception as exc:
             reference = secrets.token_hex(6)

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Literal
+
+import pytest
 
 from handles import Handles, JobContext
 from handles.states import Status
@@ -64,14 +67,18 @@ def test_an_mcp_client_has_the_start_reply_before_the_job_begins(tmp_path: Path)
     asyncio.run(main())
 
 
-def test_a_job_interrupted_by_a_stop_before_its_first_step_is_handed_over_and_runs_once(
-    tmp_path: Path,
+@pytest.mark.parametrize("on_interrupt", ["retry", "fail"])
+def test_a_job_stopped_before_its_first_step_is_handed_over_and_runs_once(
+    tmp_path: Path, on_interrupt: Literal["retry", "fail"]
 ) -> None:
+    """Whatever its interrupt policy: a job that never ran here was not interrupted, so it goes back to the
+    queue for any node, as `Runtime.adopt` sends back a job it cannot run."""
+
     async def main() -> None:
         runs: list[str] = []
 
         def declare(jobs: Handles) -> None:
-            @jobs.job(on_interrupt="retry", max_attempts=2)
+            @jobs.job(on_interrupt=on_interrupt)
             async def report(ctx: JobContext) -> str:
                 runs.append(ctx.job_id)
                 return "done"
@@ -95,5 +102,34 @@ def test_a_job_interrupted_by_a_stop_before_its_first_step_is_handed_over_and_ru
             await second.aclose()
         assert stored(second, handle).status == Status.COMPLETED.value
         assert len(runs) == 1, "the job ran once, on the node that took it over"
+
+    asyncio.run(main())
+
+
+def test_a_job_whose_cancel_runs_out_of_grace_before_its_first_step_ends_cancelled_without_running(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        jobs = Handles(config(tmp_path, cancel_grace_seconds=0))
+        began: list[str] = []
+
+        @jobs.job
+        async def quick(ctx: JobContext) -> str:
+            began.append(ctx.job_id)
+            return "done"
+
+        try:
+            handle = await start_as(jobs, "alice", "quick")
+            job_id = stored(jobs, handle).id
+            assert jobs.runtime.signal_cancel(job_id), "the job is held here, before its first step"
+            for _ in range(500):
+                if stored(jobs, handle).status != Status.WORKING.value:
+                    break
+                await asyncio.sleep(0.01)
+            record = stored(jobs, handle)
+            assert record.status == Status.CANCELLED.value, record.status_message
+            assert began == [], "a job cancelled before its first step never runs"
+        finally:
+            await jobs.aclose()
 
     asyncio.run(main())
