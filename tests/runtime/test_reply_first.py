@@ -10,36 +10,52 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 
 from handles import Handles, JobContext
 from handles.states import Status
+from handles.store import JobRecord
 from tests.durability.harness import config, rig
 
 from .support import start_as, stored
 
 
+def quick_jobs(
+    tmp_path: Path, on_interrupt: Literal["retry", "fail"] = "fail", **settings: Any
+) -> tuple[Handles, list[str]]:
+    """`Handles` serving one job, `quick`, which returns at once; the list gets the job id of every run's
+    first step."""
+    jobs = Handles(config(tmp_path, **settings))
+    began: list[str] = []
+
+    @jobs.job(on_interrupt=on_interrupt)
+    async def quick(ctx: JobContext) -> str:
+        began.append(ctx.job_id)
+        return "done"
+
+    return jobs, began
+
+
+async def settled(jobs: Handles, handle: str) -> JobRecord:
+    """The stored job once it no longer works (or as it is after 5 s)."""
+    for _ in range(500):
+        record = stored(jobs, handle)
+        if record.status != Status.WORKING.value:
+            return record
+        await asyncio.sleep(0.01)
+    return stored(jobs, handle)
+
+
 def test_the_start_returns_before_its_job_takes_its_first_step(tmp_path: Path) -> None:
     async def main() -> None:
-        jobs = Handles(config(tmp_path))
-        began: list[str] = []
-
-        @jobs.job
-        async def quick(ctx: JobContext) -> str:
-            began.append(ctx.job_id)
-            return "done"
-
+        jobs, began = quick_jobs(tmp_path)
         try:
             handle = await start_as(jobs, "alice", "quick")
             assert began == [], "the job's first step ran before its start returned"
             assert stored(jobs, handle).status == Status.WORKING.value
-            for _ in range(500):
-                if stored(jobs, handle).status == Status.COMPLETED.value:
-                    break
-                await asyncio.sleep(0.01)
-            assert stored(jobs, handle).status == Status.COMPLETED.value
+            assert (await settled(jobs, handle)).status == Status.COMPLETED.value
             assert len(began) == 1
         finally:
             await jobs.aclose()
@@ -75,33 +91,19 @@ def test_a_job_stopped_before_its_first_step_is_handed_over_and_runs_once(
     queue for any node, as `Runtime.adopt` sends back a job it cannot run."""
 
     async def main() -> None:
-        runs: list[str] = []
-
-        def declare(jobs: Handles) -> None:
-            @jobs.job(on_interrupt=on_interrupt)
-            async def report(ctx: JobContext) -> str:
-                runs.append(ctx.job_id)
-                return "done"
-
-        first = Handles(config(tmp_path, drain_seconds=0, lease_seconds=30))
-        declare(first)
-        handle = await start_as(first, "alice", "report")
+        first, began = quick_jobs(tmp_path, on_interrupt, drain_seconds=0, lease_seconds=30)
+        handle = await start_as(first, "alice", "quick")
         await first.aclose()  # before the job's first step
         record = stored(first, handle)
-        assert runs == [] and record.status == Status.WORKING.value and record.lease_owner is None
+        assert began == [] and record.status == Status.WORKING.value and record.lease_owner is None
 
-        second = Handles(config(tmp_path, lease_seconds=30))
-        declare(second)
+        second, began_there = quick_jobs(tmp_path, on_interrupt, lease_seconds=30)
         await second.start()
         try:
-            for _ in range(500):
-                if stored(second, handle).status == Status.COMPLETED.value:
-                    break
-                await asyncio.sleep(0.01)
+            assert (await settled(second, handle)).status == Status.COMPLETED.value
         finally:
             await second.aclose()
-        assert stored(second, handle).status == Status.COMPLETED.value
-        assert len(runs) == 1, "the job ran once, on the node that took it over"
+        assert began == [] and len(began_there) == 1, "the job ran once, on the node that took it over"
 
     asyncio.run(main())
 
@@ -110,23 +112,12 @@ def test_a_job_whose_cancel_runs_out_of_grace_before_its_first_step_ends_cancell
     tmp_path: Path,
 ) -> None:
     async def main() -> None:
-        jobs = Handles(config(tmp_path, cancel_grace_seconds=0))
-        began: list[str] = []
-
-        @jobs.job
-        async def quick(ctx: JobContext) -> str:
-            began.append(ctx.job_id)
-            return "done"
-
+        jobs, began = quick_jobs(tmp_path, cancel_grace_seconds=0)
         try:
             handle = await start_as(jobs, "alice", "quick")
             job_id = stored(jobs, handle).id
             assert jobs.runtime.signal_cancel(job_id), "the job is held here, before its first step"
-            for _ in range(500):
-                if stored(jobs, handle).status != Status.WORKING.value:
-                    break
-                await asyncio.sleep(0.01)
-            record = stored(jobs, handle)
+            record = await settled(jobs, handle)
             assert record.status == Status.CANCELLED.value, record.status_message
             assert began == [], "a job cancelled before its first step never runs"
         finally:
