@@ -15,6 +15,7 @@ from typing import Any, Literal
 import pytest
 
 from handles import Handles, JobContext
+from handles.runtime import executor
 from handles.states import Status
 from handles.store import JobRecord
 from tests.durability.harness import config, rig
@@ -85,18 +86,22 @@ def test_an_mcp_client_has_the_start_reply_before_the_job_begins(tmp_path: Path)
 
 @pytest.mark.parametrize("on_interrupt", ["retry", "fail"])
 def test_a_job_stopped_before_its_first_step_is_handed_over_and_runs_once(
-    tmp_path: Path, on_interrupt: Literal["retry", "fail"]
+    tmp_path: Path, on_interrupt: Literal["retry", "fail"], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Whatever its interrupt policy: a job that never ran here was not interrupted, so it goes back to the
     queue for any node, as `Runtime.adopt` sends back a job it cannot run."""
 
     async def main() -> None:
+        # The stop's own path may wait on worker threads (the dispatcher's query in flight, say), longer
+        # than eight turns of the loop take: the turns are widened here so that the stop lands in them.
+        monkeypatch.setattr(executor, "REPLY_FIRST_TURNS", 200_000)
         first, began = quick_jobs(tmp_path, on_interrupt, drain_seconds=0, lease_seconds=30)
         handle = await start_as(first, "alice", "quick")
         await first.aclose()  # before the job's first step
         record = stored(first, handle)
         assert began == [] and record.status == Status.WORKING.value and record.lease_owner is None
 
+        monkeypatch.undo()  # the node that takes it over runs it as any node does
         second, began_there = quick_jobs(tmp_path, on_interrupt, lease_seconds=30)
         await second.start()
         try:
