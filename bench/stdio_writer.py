@@ -3,7 +3,8 @@
 The SDK's `stdio_server` writes every message on a worker thread (`anyio.wrap_file`: the write, then the flush,
 each a thread hop). A worker thread needs the GIL to run, so while the event loop runs Python (a job's first
 step, say) the reply waits in that thread. This script measures, over stdio against `python -m bench.app
---stdio`, in shuffled rounds (each started job awaited untimed after its call, as in section 1):
+--stdio`, with section 1's calls and rounds (`bench.overhead.measure_client`: each started job awaited
+untimed after its call):
 
 - `sdk`: the SDK as it is;
 - `on-loop`: the same server with the SDK's stdout writer patched (in the server process only, bench only) to
@@ -62,41 +63,24 @@ def serve_on_loop() -> None:
 
 
 async def measure(root: Path, on_loop: bool, rounds: int) -> dict[str, float]:
+    """p50 of each of section 1's calls (`bench.overhead.measure_client`) against the stdio server of `root`."""
     from mcp import StdioServerParameters
 
-    from bench.common import client, handles_env, shuffled_rounds, structured
+    from bench.common import client, handles_env
+    from bench.overhead import measure_client
 
     data_dir = Path(tempfile.mkdtemp(prefix="stdio-writer-"))
     args = [str(Path(__file__).resolve()), "--serve-on-loop"] if on_loop else ["-m", "bench.app", "--stdio"]
     env = handles_env(data_dir) | {"PYTHONPATH": str(root)}
     params = StdioServerParameters(command=sys.executable, args=args, env=env, cwd=str(root))
     async with client(params) as c:
-        running = (await structured(c, "work_start", {"seconds": 3600}))["handle"]
-        started: list[str] = []
-
-        async def start() -> None:
-            started.append((await structured(c, "work_start", {"seconds": 0}))["handle"])
-
-        async def create() -> None:
-            created = await c.session.call_tool("work", {"seconds": 0}, allow_claimed=True)
-            started.append(created.task_id)
-
-        async def finish() -> None:
-            while started:
-                await structured(c, "work_fetch", {"handle": started.pop(), "wait_seconds": 10})
-
-        calls = {
-            "noop": lambda: c.call_tool("noop", {}),
-            "work_start": start,
-            "Tasks create": create,
-            "work_progress": lambda: structured(c, "work_progress", {"handle": running}),
-        }
-        samples = await shuffled_rounds(calls, rounds, 30, finish)
-        await structured(c, "work_cancel", {"handle": running})
+        samples = await measure_client(c, rounds, 30)
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
 async def main(roots: list[Path], rounds: int) -> None:
+    from bench.overhead import TASKS_CREATE
+
     print(
         "| server | stdout writer | no-op p50 ms | work_start / no-op | Tasks create / no-op | work_progress / no-op |"
     )
@@ -107,7 +91,7 @@ async def main(roots: list[Path], rounds: int) -> None:
             base = p50["noop"]
             print(
                 f"| {root} | {'on the event loop (patched)' if on_loop else 'the SDK (worker thread)'} "
-                f"| {base * 1000:.2f} | {p50['work_start'] / base:.2f}x | {p50['Tasks create'] / base:.2f}x "
+                f"| {base * 1000:.2f} | {p50['work_start'] / base:.2f}x | {p50[TASKS_CREATE] / base:.2f}x "
                 f"| {p50['work_progress'] / base:.2f}x |",
                 flush=True,
             )

@@ -23,7 +23,7 @@ import sys
 import traceback
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
@@ -49,6 +49,9 @@ from handles.states import Status
 from handles.store import JobRecord, Store
 from handles.store.models import claims_of, principal_key
 from handles.telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 logger = logging.getLogger("handles.runtime")
 
@@ -405,19 +408,7 @@ class Runtime:
                 outcome = await self._run_job(entry, record)
                 self.telemetry.run_time(spec.name, asyncio.get_running_loop().time() - began)
                 if outcome is not None:
-                    # From here on nothing interrupts the run (a cancel, a drain): its outcome is written.
-                    entry.settling = True
-                    with contextlib.suppress(Exception):
-                        await ctx.flush()
-                    status, values = outcome
-                    reason = ((values.get("error") or {}).get("data") or {}).get("reason")
-                    if await self._record_outcome(job_id, status, values):
-                        self.telemetry.ended(spec.name, status.value, reason)
-                        self.telemetry.outcome(span, status.value, reason)
-                    else:
-                        logger.info(
-                            "job %s ended %s here, but its stored state had already moved on", job_id, status
-                        )
+                    await self._settle(entry, job_id, outcome, span)
         except Exception:
             logger.exception("could not record the outcome of job %s (%s)", job_id, spec.name)
         finally:
@@ -447,12 +438,24 @@ class Runtime:
                 return False
             if not entry.ctx.cancelled:
                 raise
-            status, values = cancelled_at_request()
-            entry.settling = True
-            if await self._record_outcome(record.id, status, values):
-                self.telemetry.ended(entry.spec.name, status.value)
+            await self._settle(entry, record.id, cancelled_at_request(), None)
             return False
         return True
+
+    async def _settle(self, entry: _Running, job_id: str, outcome: Outcome, span: Span | None) -> None:
+        """Write a run's outcome (and count it, on the attempt's `span` too when it has one). From here on
+        nothing interrupts the run (a cancel, a drain)."""
+        entry.settling = True
+        with contextlib.suppress(Exception):
+            await entry.ctx.flush()
+        status, values = outcome
+        reason = ((values.get("error") or {}).get("data") or {}).get("reason")
+        if await self._record_outcome(job_id, status, values):
+            self.telemetry.ended(entry.spec.name, status.value, reason)
+            if span is not None:
+                self.telemetry.outcome(span, status.value, reason)
+        else:
+            logger.info("job %s ended %s here, but its stored state had already moved on", job_id, status)
 
     def running_by_kind(self) -> dict[str, int]:
         """How many jobs of each kind run here now (the `handles.jobs.running` gauge)."""

@@ -64,6 +64,16 @@ async def until_running(jobs: Handles, handle: str, seconds: float = 10.0) -> No
     raise AssertionError(f"the job never started: {stored(jobs, handle).status_message}")
 
 
+async def settled(jobs: Handles, handle: str, seconds: float = 5.0) -> JobRecord:
+    """The stored job once it no longer works (or as it is after `seconds`)."""
+    for _ in range(int(seconds / 0.01)):
+        record = stored(jobs, handle)
+        if record.status != Status.WORKING.value:
+            return record
+        await asyncio.sleep(0.01)
+    return stored(jobs, handle)
+
+
 def job_row(job_id: str, **fields: Any) -> JobRecord:
     """A `working` job row of principal alice, due now and kept an hour; `fields` override any column."""
     now = utc_now()

@@ -17,10 +17,9 @@ import pytest
 from handles import Handles, JobContext
 from handles.runtime import executor
 from handles.states import Status
-from handles.store import JobRecord
 from tests.durability.harness import config, rig
 
-from .support import start_as, stored
+from .support import settled, start_as, stored
 
 
 def quick_jobs(
@@ -37,16 +36,6 @@ def quick_jobs(
         return "done"
 
     return jobs, began
-
-
-async def settled(jobs: Handles, handle: str) -> JobRecord:
-    """The stored job once it no longer works (or as it is after 5 s)."""
-    for _ in range(500):
-        record = stored(jobs, handle)
-        if record.status != Status.WORKING.value:
-            return record
-        await asyncio.sleep(0.01)
-    return stored(jobs, handle)
 
 
 def test_the_start_returns_before_its_job_takes_its_first_step(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from handles.states import Status
 from handles.store import JobRepository, utc_now
 from tests.durability.harness import config
 
-from .support import job_row, slowed, start_as, stored, until_running
+from .support import job_row, settled, slowed, start_as, stored, until_running
 
 
 def test_graceful_stop_lets_a_nearly_finished_job_complete(tmp_path: Path) -> None:
@@ -85,10 +85,7 @@ def test_a_retry_job_longer_than_the_drain_is_handed_over_at_once(tmp_path: Path
         declare(second)
         await second.start()
         try:
-            for _ in range(100):
-                if stored(second, handle).status == Status.COMPLETED.value:
-                    break
-                await asyncio.sleep(0.05)
+            await settled(second, handle)
         finally:
             await second.aclose()
         assert stored(second, handle).status == Status.COMPLETED.value
