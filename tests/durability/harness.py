@@ -55,16 +55,19 @@ async def crash(jobs: Handles) -> None:
 
     Its leases stay in the store until they run out; another node's sweep then settles its jobs.
     A step executing on a worker thread finishes in the background, as it would not after a real crash.
+    Its background tasks die too: the dispatcher's claim is shielded from the dispatcher's own cancel
+    (a drain must run what a claim took), and left alone it would start jobs on the dead runtime.
     """
     runtime = jobs.runtime
+    runtime._closed = True
     tasks = [entry.task for entry in runtime._running.values() if entry.task is not None]
     tasks += runtime._loops + ([runtime._dispatcher] if runtime._dispatcher is not None else [])
+    tasks += list(runtime._background)
     for entry in runtime._running.values():
         entry.lost = True
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    runtime._closed = True
     jobs.service.store.repo.dispose()
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import tempfile
 import time
@@ -61,7 +62,18 @@ class World:
         self.violations: list[str] = []
         self.dead_owners: set[str] = set()
         self.applied: list[tuple[str, str, str]] = []  # (job, step, owner) of every applied effect
+        self.runtime_log: list[str] = []  # the runtime's warnings and notices, for a failure's message
         self.repo = JobRepository(url)
+
+    def explain(self, job_id: str) -> str:
+        """What the store and the runtime's log say of `job_id` (a failure's message)."""
+        record = self.repo.get(job_id)
+        stored = None if record is None else (record.status, record.attempts, record.error)
+        applied = [(step, owner) for job, step, owner in self.applied if job == job_id]
+        lines = [line for line in self.runtime_log if job_id in line]
+        return (
+            f"stored {stored}; applied (step, owner) {applied}; dead {sorted(self.dead_owners)}; log {lines}"
+        )
 
     def status(self, job_id: str) -> str | None:
         record = self.repo.get(job_id)
@@ -100,6 +112,15 @@ def declare(jobs: Handles, world: World, node: str) -> None:
                 running.remove((ctx.job_id, ctx._owner))
 
 
+class _Recorder(logging.Handler):
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(logging.INFO)
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname} {record.getMessage()}")
+
+
 class RuntimeMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -116,6 +137,11 @@ class RuntimeMachine(RuleBasedStateMachine):
             store_poll_seconds=0.05,
         )
         self.world = World(self.settings.resolved_database_url())
+        self.recorder = _Recorder(self.world.runtime_log)
+        runtime_logger = logging.getLogger("handles.runtime")
+        self.log_level = runtime_logger.level
+        runtime_logger.setLevel(logging.INFO)
+        runtime_logger.addHandler(self.recorder)
         self.nodes: dict[str, Handles] = {}
         self.generation: Counter[str] = Counter()
         self.jobs: list[tuple[str, str]] = []  # (principal, job id)
@@ -231,6 +257,9 @@ class RuntimeMachine(RuleBasedStateMachine):
                 self.run(jobs.aclose())
             self.world.repo.dispose()
             self.loop.close()
+            runtime_logger = logging.getLogger("handles.runtime")
+            runtime_logger.removeHandler(self.recorder)
+            runtime_logger.setLevel(self.log_level)
 
     def quiesce(self) -> None:
         """Let the nodes run undisturbed: every job ends or waits for an answer, nothing runs twice."""
@@ -253,7 +282,7 @@ class RuntimeMachine(RuleBasedStateMachine):
             steps = {step.name: step.status for step in self.world.repo.steps(job_id)}
             if job_id in {j for _, j in self.jobs} and steps:
                 assert steps.get(name) in ("completed", "unknown"), (
-                    f"{job_id}/{name} applied, ledger: {steps}"
+                    f"{job_id}/{name} applied by {owner}, ledger: {steps}; {self.world.explain(job_id)}"
                 )
 
 
