@@ -475,7 +475,7 @@ class Runtime:
         delay = 0.2
         while True:
             try:
-                return await self.store.write(
+                return await self.store.write_short(
                     job_id, self.store.repo.transition, job_id, status, owner=self.owner, **values
                 )
             except StoreUnavailable:

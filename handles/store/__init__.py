@@ -4,6 +4,8 @@
 also wakes every local waiter of the job it changed (long-polls, `ask`). Waiters
 in other processes notice within `store_poll_seconds`: each process reads the
 versions of all the jobs it waits on once per interval (`Store.poll_watched`).
+On an SQLite file the reads by key (`read`), a start's insert (`insert`) and a job's outcome
+(`write_short`) run on the event loop itself when they need not wait for a lock.
 """
 
 from __future__ import annotations
@@ -159,15 +161,26 @@ class Store:
         no node's listener wakes for it.
         """
         call = functools.partial(self.repo.insert, job, **options)
+        return await self._write_short(job.id, queued, call, publish=queued)
+
+    async def write_short(self, job_id: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Like `write`, for a short write that SQLite runs on its own connection (`JobRepository.transition`,
+        as a job's outcome): on an SQLite file it runs on the event loop when the writer lock is free,
+        as a start's insert does (see `insert`), and on a worker thread otherwise."""
+        return await self._write_short(job_id, False, functools.partial(fn, *args, **kwargs))
+
+    async def _write_short(
+        self, job_id: str, queued: bool, call: Callable[[], T], *, publish: bool = True
+    ) -> T:
         if self.repo.writes_inline:
             try:
-                stored = self.repo.write_inline(call)
+                result = self.repo.write_inline(call)
             except (WriterBusy, OperationalError):
-                pass  # nothing was stored: `_write` makes the first try (and wakes the waiters itself)
+                pass  # nothing was written: `_write` makes the first try (and wakes the waiters itself)
             else:
-                self.notifier.notify(job.id)
-                return stored
-        return await self._write(job.id, queued, call, publish=queued)
+                self.notifier.notify(job_id)
+                return result
+        return await self._write(job_id, queued, call, publish=publish)
 
     async def _write(self, job_id: str, queued: bool, call: Callable[[], T], *, publish: bool = True) -> T:
         try:

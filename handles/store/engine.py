@@ -275,7 +275,8 @@ class Database:
     @contextmanager
     def _sqlite_writing(self) -> Iterator[sqlite3.Connection]:
         """A write transaction (`BEGIN IMMEDIATE` ... `COMMIT`) on SQLite's own DB-API connection, past
-        SQLAlchemy's session and statement execution, for the hottest write (a start's insert).
+        SQLAlchemy's session and statement execution, for the hottest writes (a start's insert, a job's
+        outcome).
 
         The connection is configured as every other (WAL, synchronous=NORMAL, foreign keys). On the
         event loop (`write_inline`) it is the long-lived inline-write connection, with this process's

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import event
 
 from handles.store import JobRepository, Store
 from handles.store.repository import ActiveLimitReached
 from tests.runtime.support import job_row
+from tests.store.sqlite_trace import statement_threads
 
 
 @pytest.fixture
@@ -37,22 +37,8 @@ def repo(path: Path) -> Iterator[JobRepository]:
 
 
 def _insert_threads(repo: JobRepository) -> list[int]:
-    """The threads that run each INSERT into handles_jobs, on any connection of the repository's write
-    engines: traced by SQLite itself, so whether the statement went through SQLAlchemy's execution or
-    straight to the DB-API connection (the start's insert does)."""
-    threads: list[int] = []
-
-    def seen(statement: str) -> None:
-        if statement.startswith("INSERT INTO handles_jobs"):
-            threads.append(threading.get_ident())
-
-    def traced(dbapi_connection: sqlite3.Connection, _record: object) -> None:
-        dbapi_connection.set_trace_callback(seen)
-
-    for engine in (repo._write_engine, repo._inline_write_engine):
-        engine.dispose()  # every connection from here on is new, and traced from its connect
-        event.listen(engine, "connect", traced)
-    return threads
+    """The threads that run each INSERT into handles_jobs."""
+    return statement_threads(repo, "INSERT INTO handles_jobs")
 
 
 def _committed(path: Path, job_id: str) -> bool:

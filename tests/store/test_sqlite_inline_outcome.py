@@ -1,0 +1,146 @@
+"""A job's outcome on an SQLite file is written on the event loop when the writer lock is free (no
+worker-thread hop, issue 14, change 27), as a start's insert is, and on a worker thread when a writer
+is at work; either way it is committed before the write returns, its waiters wake, and a run that no
+longer holds its job writes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from handles import Handles, JobContext
+from handles.states import Status
+from handles.store import JobRepository, Store, utc_now
+from tests.durability.harness import config
+from tests.runtime.support import job_row, settled, start_as
+from tests.store.sqlite_trace import statement_threads
+
+UPDATE = "UPDATE handles_jobs"
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    return tmp_path / "store.db"
+
+
+@pytest.fixture
+def repo(path: Path) -> Iterator[JobRepository]:
+    repository = JobRepository(f"sqlite:///{path.as_posix()}")
+    repository.create_schema()
+    try:
+        yield repository
+    finally:
+        repository.dispose()
+
+
+def _status(path: Path, job_id: str) -> str:
+    """Read by a connection of its own: what is on disk, committed."""
+    connection = sqlite3.connect(path)
+    try:
+        return str(
+            connection.execute("select status from handles_jobs where id = ?", (job_id,)).fetchone()[0]
+        )
+    finally:
+        connection.close()
+
+
+def _held_job(repo: JobRepository, owner: str) -> str:
+    job = job_row(
+        f"o-{secrets.token_hex(4)}", lease_owner=owner, lease_expires_at=utc_now() + timedelta(hours=1)
+    )
+    repo.insert(job)
+    return job.id
+
+
+def _outcome(store: Store, job_id: str, owner: str) -> asyncio.Task[bool]:
+    repo = store.repo
+    return asyncio.ensure_future(
+        store.write_short(
+            job_id, repo.transition, job_id, Status.COMPLETED, owner=owner, result={"content": []}
+        )
+    )
+
+
+def test_an_outcome_is_written_on_the_event_loop_committed_and_its_waiters_woken(
+    repo: JobRepository, path: Path
+) -> None:
+    job_id = _held_job(repo, "me")
+    threads = statement_threads(repo, UPDATE)
+
+    async def main() -> None:
+        store = Store(repo)
+        changed = store.notifier.watch(job_id)
+        assert await _outcome(store, job_id, "me")
+        assert changed.is_set()
+        assert _status(path, job_id) == "completed"
+        assert threads == [threading.get_ident()], "written on the event loop's thread"
+
+    asyncio.run(main())
+
+
+def test_an_outcome_of_a_job_held_by_another_runtime_writes_nothing(repo: JobRepository, path: Path) -> None:
+    job_id = _held_job(repo, "someone-else")
+    threads = statement_threads(repo, UPDATE)
+
+    async def main() -> None:
+        store = Store(repo)
+        assert not await _outcome(store, job_id, "me")
+        assert _status(path, job_id) == "working"
+        assert threads == []
+
+    asyncio.run(main())
+
+
+def test_an_outcome_goes_to_a_worker_thread_while_another_process_writes_and_the_loop_stays_free(
+    repo: JobRepository, path: Path
+) -> None:
+    job_id = _held_job(repo, "me")
+    threads = statement_threads(repo, UPDATE)
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # another process's writer holds SQLite's write lock
+
+    async def main() -> None:
+        store = Store(repo)
+        outcome = _outcome(store, job_id, "me")
+        ticks = 0
+        began = time.monotonic()
+        while time.monotonic() - began < 0.3:  # the loop keeps serving while the outcome waits
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert not outcome.done()
+        other.execute("COMMIT")
+        assert await asyncio.wait_for(outcome, 10)
+        assert _status(path, job_id) == "completed"
+        assert ticks >= 10
+        assert threads and threads[-1] != threading.get_ident(), "written on a worker thread"
+
+    try:
+        asyncio.run(main())
+    finally:
+        other.close()
+
+
+def test_a_runtime_writes_a_short_jobs_outcome_on_its_event_loop(tmp_path: Path) -> None:
+    jobs = Handles(config(tmp_path))
+
+    @jobs.job()
+    async def quick(ctx: JobContext) -> str:
+        return "done"
+
+    async def main() -> None:
+        async with jobs.running():
+            threads = statement_threads(jobs.service.store.repo, UPDATE)
+            handle = await start_as(jobs, "alice", "quick")
+            record = await settled(jobs, handle)
+            assert record.status == Status.COMPLETED.value
+            assert threads == [threading.get_ident()], "the outcome, and nothing else, written on the loop"
+
+    asyncio.run(main())
