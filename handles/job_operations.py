@@ -187,12 +187,15 @@ class JobOperations:
         idempotency_key: str | None,
         *,
         first_answer: dict[str, Any] | None = None,
+        awaited: bool = False,
     ) -> StartedJob:
         """Validate, store durably, then mint the handle and hand the job to the runtime.
 
         A job with an `ask_first` question starts only once it is answered: with
         `first_answer` it runs at once; without, it is stored waiting in `input_required`.
         Refused, before anything is read or stored, while the job kind is paused.
+        `awaited`: the caller waits for the job's result in this request (a plain call): no reply of
+        the start goes out before the job, so a job run here begins at once (no reply-first turns).
         """
         await self.check_accepting(spec)
         retry_hint = f"Fix the arguments and call {spec.name}_start again."
@@ -259,7 +262,7 @@ class JobOperations:
         # Shielded: once the insert is under way, the job is stored and handed to the runtime (or
         # queued) even if the caller's request is cancelled, so a committed start always runs.
         insert = asyncio.ensure_future(
-            self._store_and_hand_over(record, question, claimed=claimed, waiting=waiting)
+            self._store_and_hand_over(record, question, claimed=claimed, waiting=waiting, awaited=awaited)
         )
         insert.add_done_callback(_retrieve)
         try:
@@ -285,7 +288,13 @@ class JobOperations:
         return StartedJob(job=stored, handle=handle, created=created)
 
     async def _store_and_hand_over(
-        self, record: JobRecord, question: InputRequestRecord | None, *, claimed: bool, waiting: bool
+        self,
+        record: JobRecord,
+        question: InputRequestRecord | None,
+        *,
+        claimed: bool,
+        waiting: bool,
+        awaited: bool,
     ) -> tuple[JobRecord, bool]:
         """Insert the job, then run it here (claimed at insert) or queue it for any worker."""
         queued = not claimed and not waiting
@@ -307,7 +316,7 @@ class JobOperations:
                 if question is not None and question.answer is not None
                 else {}
             )
-            self.runtime.adopt(stored, answers)
+            self.runtime.adopt(stored, answers, reply_first=not awaited)
         elif claimed:
             self.runtime.unreserve()
         if created and queued:

@@ -300,19 +300,23 @@ class Runtime:
             )
         return "Queued; it starts in turn, after the jobs that were waiting before it."
 
-    def adopt(self, record: JobRecord, answers: dict[str, dict[str, Any]]) -> None:
+    def adopt(
+        self, record: JobRecord, answers: dict[str, dict[str, Any]], *, reply_first: bool = True
+    ) -> None:
         """Run a job that was stored already leased to this runtime, in the slot `reserve` held.
 
         `answers` are the answers it was stored with (by question key): a job that never ran has
         no steps, so its first run needs nothing else from the store. If the runtime began to
         drain while the insert was under way, the job is handed to the queue instead, for any node.
+        `reply_first`: the start's reply goes out before the job's first step (`_reply_first`); False
+        when the caller waits for the job's own result instead (a plain call).
         """
         if self.closed:
             self.slots.unreserve(1)
             self._spawn(self._hand_back(record.id), name=f"handles-hand-back-{record.id}")
             return
         self.slots.take(record.id, principal_key(record.principal))
-        self._start_task(self.specs[record.kind], record, replay=(answers, {}), reply_first=True)
+        self._start_task(self.specs[record.kind], record, replay=(answers, {}), reply_first=reply_first)
 
     def submit(self, job_id: str) -> None:
         """A job was just stored or became claimable: let the dispatcher take it, fairly, if a slot is free."""

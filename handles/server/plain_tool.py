@@ -167,8 +167,14 @@ class PlainTool:
     ) -> CallToolResult:
         """Start the job and answer it; call `refusal` first."""
         try:
+            # An adaptive call waits for the job's result: its job need not let a reply go first.
             started = await self.service.start(
-                self.spec, principal, arguments, None, first_answer=first_answer
+                self.spec,
+                principal,
+                arguments,
+                None,
+                first_answer=first_answer,
+                awaited=self.policy.mode == "adaptive",
             )
         except CallerError as error:
             return to_call_tool_result(error_reply(error))

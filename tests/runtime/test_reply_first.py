@@ -19,7 +19,7 @@ from handles.runtime import executor
 from handles.states import Status
 from tests.durability.harness import config, rig
 
-from .support import settled, start_as, stored
+from .support import job_id_of, settled, start_as, stored
 
 
 def quick_jobs(
@@ -69,6 +69,49 @@ def test_an_mcp_client_has_the_start_reply_before_the_job_begins(tmp_path: Path)
             final = await r.ok("quick_fetch", handle=handle, wait_seconds=10)
             assert final["status"] == "completed"
             assert order == ["reply", "job"]
+
+    asyncio.run(main())
+
+
+def test_a_plain_call_s_job_lets_no_reply_go_first_its_caller_waits_for_its_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain call's reply is the job's own result: its job starts at once. A start's job still lets the
+    start's reply go first."""
+    turned: list[str] = []
+    reply_first = executor.Runtime._reply_first
+
+    async def spied(self: executor.Runtime, entry: Any, record: Any) -> bool:
+        turned.append(record.id)
+        return await reply_first(self, entry, record)
+
+    monkeypatch.setattr(executor.Runtime, "_reply_first", spied)
+
+    async def main() -> None:
+        def declare(jobs: Handles) -> None:
+            @jobs.job
+            async def quick(ctx: JobContext) -> str:
+                return "done"
+
+        async with rig(Handles(config(tmp_path)), declare) as r:
+            plain = await r.client.call_tool("quick", {})
+            assert not plain.is_error and plain.structured_content == {"result": "done"}, plain
+            assert turned == [], "the plain call's job waited for a reply that was its own result"
+            handle = (await r.ok("quick_start"))["handle"]
+            assert (await r.ok("quick_fetch", handle=handle, wait_seconds=10))["status"] == "completed"
+            assert turned == [job_id_of(handle)]
+
+    asyncio.run(main())
+
+
+def test_an_awaited_start_runs_its_job_before_it_returns(tmp_path: Path) -> None:
+    async def main() -> None:
+        jobs, began = quick_jobs(tmp_path)
+        try:
+            started = await jobs.service.start(jobs.specs["quick"], "alice", {}, None, awaited=True)
+            assert began == [started.job.id], "the job's first step waited although its caller waits for it"
+        finally:
+            await jobs.aclose()
 
     asyncio.run(main())
 
