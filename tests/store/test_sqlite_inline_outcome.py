@@ -9,8 +9,6 @@ import asyncio
 import secrets
 import sqlite3
 import threading
-import time
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,24 +20,9 @@ from handles.states import Status
 from handles.store import JobRepository, Store, utc_now
 from tests.durability.harness import config
 from tests.runtime.support import job_row, settled, start_as
-from tests.store.sqlite_trace import statement_threads
+from tests.store.sqlite_support import another_process_writing, statement_threads, ticks_while_pending
 
 UPDATE = "UPDATE handles_jobs"
-
-
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "store.db"
-
-
-@pytest.fixture
-def repo(path: Path) -> Iterator[JobRepository]:
-    repository = JobRepository(f"sqlite:///{path.as_posix()}")
-    repository.create_schema()
-    try:
-        yield repository
-    finally:
-        repository.dispose()
 
 
 def _status(path: Path, job_id: str) -> str:
@@ -62,71 +45,63 @@ def _held_job(repo: JobRepository, owner: str) -> str:
 
 
 def _outcome(store: Store, job_id: str, owner: str) -> asyncio.Task[bool]:
-    repo = store.repo
     return asyncio.ensure_future(
         store.write_short(
-            job_id, repo.transition, job_id, Status.COMPLETED, owner=owner, result={"content": []}
+            job_id, store.repo.transition, job_id, Status.COMPLETED, owner=owner, result={"content": []}
         )
     )
 
 
 def test_an_outcome_is_written_on_the_event_loop_committed_and_its_waiters_woken(
-    repo: JobRepository, path: Path
+    sqlite_repo: JobRepository, sqlite_path: Path
 ) -> None:
-    job_id = _held_job(repo, "me")
-    threads = statement_threads(repo, UPDATE)
+    job_id = _held_job(sqlite_repo, "me")
+    threads = statement_threads(sqlite_repo, UPDATE)
 
     async def main() -> None:
-        store = Store(repo)
+        store = Store(sqlite_repo)
         changed = store.notifier.watch(job_id)
         assert await _outcome(store, job_id, "me")
         assert changed.is_set()
-        assert _status(path, job_id) == "completed"
+        assert _status(sqlite_path, job_id) == "completed"
         assert threads == [threading.get_ident()], "written on the event loop's thread"
 
     asyncio.run(main())
 
 
-def test_an_outcome_of_a_job_held_by_another_runtime_writes_nothing(repo: JobRepository, path: Path) -> None:
-    job_id = _held_job(repo, "someone-else")
-    threads = statement_threads(repo, UPDATE)
+def test_an_outcome_of_a_job_held_by_another_runtime_writes_nothing(
+    sqlite_repo: JobRepository, sqlite_path: Path
+) -> None:
+    job_id = _held_job(sqlite_repo, "someone-else")
+    threads = statement_threads(sqlite_repo, UPDATE)
 
     async def main() -> None:
-        store = Store(repo)
+        store = Store(sqlite_repo)
         assert not await _outcome(store, job_id, "me")
-        assert _status(path, job_id) == "working"
+        assert _status(sqlite_path, job_id) == "working"
         assert threads == []
 
     asyncio.run(main())
 
 
 def test_an_outcome_goes_to_a_worker_thread_while_another_process_writes_and_the_loop_stays_free(
-    repo: JobRepository, path: Path
+    sqlite_repo: JobRepository, sqlite_path: Path
 ) -> None:
-    job_id = _held_job(repo, "me")
-    threads = statement_threads(repo, UPDATE)
-    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    other.execute("BEGIN IMMEDIATE")  # another process's writer holds SQLite's write lock
+    job_id = _held_job(sqlite_repo, "me")
+    threads = statement_threads(sqlite_repo, UPDATE)
 
     async def main() -> None:
-        store = Store(repo)
-        outcome = _outcome(store, job_id, "me")
-        ticks = 0
-        began = time.monotonic()
-        while time.monotonic() - began < 0.3:  # the loop keeps serving while the outcome waits
-            await asyncio.sleep(0.01)
-            ticks += 1
-        assert not outcome.done()
-        other.execute("COMMIT")
+        store = Store(sqlite_repo)
+        with another_process_writing(sqlite_path) as other:
+            outcome = _outcome(store, job_id, "me")
+            ticks = await ticks_while_pending(outcome)  # the loop keeps serving while the outcome waits
+            other.execute("COMMIT")
         assert await asyncio.wait_for(outcome, 10)
-        assert _status(path, job_id) == "completed"
+        assert _status(sqlite_path, job_id) == "completed"
         assert ticks >= 10
         assert threads and threads[-1] != threading.get_ident(), "written on a worker thread"
 
-    try:
-        asyncio.run(main())
-    finally:
-        other.close()
+    asyncio.run(main())
 
 
 def test_a_runtime_offers_a_jobs_outcome_to_the_event_loop_first(
@@ -146,14 +121,14 @@ def test_a_runtime_offers_a_jobs_outcome_to_the_event_loop_first(
 
     async def main() -> None:
         async with jobs.running():
-            repo = jobs.service.store.repo
-            write_inline = repo.write_inline
+            sqlite_repo = jobs.service.store.repo
+            write_inline = sqlite_repo.write_inline
 
             def spied(fn: Any, *args: Any, **kwargs: Any) -> Any:
                 offered.append(getattr(fn, "func", fn).__name__)
                 return write_inline(fn, *args, **kwargs)
 
-            monkeypatch.setattr(repo, "write_inline", spied)
+            monkeypatch.setattr(sqlite_repo, "write_inline", spied)
             handle = await start_as(jobs, "alice", "quick")
             record = await settled(jobs, handle)
             assert record.status == Status.COMPLETED.value

@@ -9,8 +9,6 @@ import asyncio
 import secrets
 import sqlite3
 import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,22 +16,7 @@ import pytest
 from handles.store import JobRepository, Store
 from handles.store.repository import ActiveLimitReached
 from tests.runtime.support import job_row
-from tests.store.sqlite_trace import statement_threads
-
-
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "store.db"
-
-
-@pytest.fixture
-def repo(path: Path) -> Iterator[JobRepository]:
-    repository = JobRepository(f"sqlite:///{path.as_posix()}")
-    repository.create_schema()
-    try:
-        yield repository
-    finally:
-        repository.dispose()
+from tests.store.sqlite_support import another_process_writing, statement_threads, ticks_while_pending
 
 
 def _insert_threads(repo: JobRepository) -> list[int]:
@@ -53,24 +36,24 @@ def _committed(path: Path, job_id: str) -> bool:
 
 
 def test_a_start_is_written_on_the_event_loop_and_committed_before_it_returns(
-    repo: JobRepository, path: Path
+    sqlite_repo: JobRepository, sqlite_path: Path
 ) -> None:
-    threads = _insert_threads(repo)
+    threads = _insert_threads(sqlite_repo)
 
     async def main() -> None:
-        store = Store(repo)
+        store = Store(sqlite_repo)
         job = job_row(f"i-{secrets.token_hex(4)}")
         stored, created = await store.insert(job, queued=False, active_limit=5)
         assert created and stored.id == job.id
-        assert _committed(path, job.id)
+        assert _committed(sqlite_path, job.id)
         assert threads == [threading.get_ident()], "written on the event loop's thread"
 
     asyncio.run(main())
 
 
-def test_the_limit_and_the_idempotency_key_hold_on_the_event_loop(repo: JobRepository) -> None:
+def test_the_limit_and_the_idempotency_key_hold_on_the_event_loop(sqlite_repo: JobRepository) -> None:
     async def main() -> None:
-        store = Store(repo)
+        store = Store(sqlite_repo)
         first = job_row(f"i-{secrets.token_hex(4)}", idempotency_key="k")
         assert (await store.insert(first, queued=False, active_limit=1))[1]
         again, created = await store.insert(
@@ -80,52 +63,45 @@ def test_the_limit_and_the_idempotency_key_hold_on_the_event_loop(repo: JobRepos
         refused = job_row(f"i-{secrets.token_hex(4)}")
         with pytest.raises(ActiveLimitReached):
             await store.insert(refused, queued=False, active_limit=1)
-        assert repo.get(refused.id) is None
+        assert sqlite_repo.get(refused.id) is None
 
     asyncio.run(main())
 
 
 def test_a_start_goes_to_a_worker_thread_while_another_process_writes_and_the_loop_stays_free(
-    repo: JobRepository, path: Path
+    sqlite_repo: JobRepository, sqlite_path: Path
 ) -> None:
-    threads = _insert_threads(repo)
-    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    other.execute("BEGIN IMMEDIATE")  # another process's writer holds SQLite's write lock
+    threads = _insert_threads(sqlite_repo)
 
     async def main() -> None:
-        store = Store(repo)
+        store = Store(sqlite_repo)
         job = job_row(f"i-{secrets.token_hex(4)}")
-        start = asyncio.create_task(store.insert(job, queued=False, active_limit=5))
-        ticks = 0
-        began = time.monotonic()
-        while time.monotonic() - began < 0.3:  # the loop keeps serving while the start waits
-            await asyncio.sleep(0.01)
-            ticks += 1
-        assert not start.done()
-        other.execute("COMMIT")
+        with another_process_writing(sqlite_path) as other:
+            start = asyncio.create_task(store.insert(job, queued=False, active_limit=5))
+            ticks = await ticks_while_pending(start)  # the loop keeps serving while the start waits
+            other.execute("COMMIT")
         _, created = await asyncio.wait_for(start, 10)
-        assert created and _committed(path, job.id)
+        assert created and _committed(sqlite_path, job.id)
         assert ticks >= 10
         assert threads and threads[-1] != threading.get_ident(), "written on a worker thread"
 
-    try:
-        asyncio.run(main())
-    finally:
-        other.close()
+    asyncio.run(main())
 
 
-def test_a_start_goes_to_a_worker_thread_while_this_process_writes(repo: JobRepository, path: Path) -> None:
-    threads = _insert_threads(repo)
+def test_a_start_goes_to_a_worker_thread_while_this_process_writes(
+    sqlite_repo: JobRepository, sqlite_path: Path
+) -> None:
+    threads = _insert_threads(sqlite_repo)
     held = threading.Event()
     release = threading.Event()
 
     def writer() -> None:  # another write of this process, on a worker thread
-        with repo._writing():
+        with sqlite_repo._writing():
             held.set()
             release.wait(5)
 
     async def main() -> None:
-        store = Store(repo)
+        store = Store(sqlite_repo)
         thread = threading.Thread(target=writer)
         thread.start()
         assert held.wait(5)
@@ -136,18 +112,18 @@ def test_a_start_goes_to_a_worker_thread_while_this_process_writes(repo: JobRepo
         release.set()
         assert (await asyncio.wait_for(start, 10))[1]
         thread.join(5)
-        assert _committed(path, job.id)
+        assert _committed(sqlite_path, job.id)
         assert threads == [threads[0]] and threads[0] != threading.get_ident()
 
     asyncio.run(main())
 
 
-def test_sqlite_refuses_a_database_lease_clock_and_says_what_to_use(path: Path) -> None:
+def test_sqlite_refuses_a_database_lease_clock_and_says_what_to_use(sqlite_path: Path) -> None:
     """SQLite runs in this process: it has no clock of its own to judge leases by, so asking for one is a
-    mistake said at once, not a second start path that quietly behaves like the first."""
+    mistake said at once, not a second start sqlite_path that quietly behaves like the first."""
     with pytest.raises(ValueError, match=r"PostgreSQL.*use 'local'"):
-        JobRepository(f"sqlite:///{path.as_posix()}", lease_clock="database")
-    repository = JobRepository(f"sqlite:///{path.as_posix()}", lease_clock="local")
+        JobRepository(f"sqlite:///{sqlite_path.as_posix()}", lease_clock="database")
+    repository = JobRepository(f"sqlite:///{sqlite_path.as_posix()}", lease_clock="local")
     try:
         assert not repository.database_leases
     finally:

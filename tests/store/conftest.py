@@ -1,0 +1,24 @@
+"""Fixtures of the store tests that run on an SQLite file."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from handles.store import JobRepository
+from tests.harness.postgres import repository
+
+
+@pytest.fixture
+def sqlite_path(tmp_path: Path) -> Path:
+    """The path of the test's SQLite file."""
+    return tmp_path / "store.db"
+
+
+@pytest.fixture
+def sqlite_repo(sqlite_path: Path) -> Iterator[JobRepository]:
+    """A `JobRepository` on the test's SQLite file, its tables created; disposed afterwards."""
+    with repository(f"sqlite:///{sqlite_path.as_posix()}") as repo:
+        yield repo
