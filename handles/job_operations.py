@@ -32,6 +32,7 @@ from handles.errors import (
 from handles.handle import HandleClaims, HandleCodec, new_job_id
 from handles.jobs import JobSpec, describe_duration
 from handles.limits import MAX_ARGUMENTS_BYTES, MAX_IDEMPOTENCY_KEY, MAX_RESPONSE_BYTES, check_size
+from handles.outcomes import Outcome
 from handles.runtime import Runtime
 from handles.sealing import Sealer, sensitive_fields, shown
 from handles.states import Status
@@ -187,15 +188,16 @@ class JobOperations:
         idempotency_key: str | None,
         *,
         first_answer: dict[str, Any] | None = None,
-        awaited: bool = False,
+        settled: asyncio.Future[Outcome] | None = None,
     ) -> StartedJob:
         """Validate, store durably, then mint the handle and hand the job to the runtime.
 
         A job with an `ask_first` question starts only once it is answered: with
         `first_answer` it runs at once; without, it is stored waiting in `input_required`.
         Refused, before anything is read or stored, while the job kind is paused.
-        `awaited`: the caller waits for the job's result in this request (a plain call): no reply of
-        the start goes out before the job, so a job run here begins at once (no reply-first turns).
+        `settled`: the caller waits for the job's result in this request (a plain call). No reply of the
+        start goes out before the job, so a job run here begins at once (no reply-first turns), and the
+        outcome that run stores is set on `settled` once committed (see `Runtime.adopt`).
         """
         await self.check_accepting(spec)
         retry_hint = f"Fix the arguments and call {spec.name}_start again."
@@ -262,7 +264,7 @@ class JobOperations:
         # Shielded: once the insert is under way, the job is stored and handed to the runtime (or
         # queued) even if the caller's request is cancelled, so a committed start always runs.
         insert = asyncio.ensure_future(
-            self._store_and_hand_over(record, question, claimed=claimed, waiting=waiting, awaited=awaited)
+            self._store_and_hand_over(record, question, claimed=claimed, waiting=waiting, settled=settled)
         )
         insert.add_done_callback(_retrieve)
         try:
@@ -294,7 +296,7 @@ class JobOperations:
         *,
         claimed: bool,
         waiting: bool,
-        awaited: bool,
+        settled: asyncio.Future[Outcome] | None,
     ) -> tuple[JobRecord, bool]:
         """Insert the job, then run it here (claimed at insert) or queue it for any worker."""
         queued = not claimed and not waiting
@@ -316,7 +318,7 @@ class JobOperations:
                 if question is not None and question.answer is not None
                 else {}
             )
-            self.runtime.adopt(stored, answers, reply_first=not awaited)
+            self.runtime.adopt(stored, answers, settled=settled)
         elif claimed:
             self.runtime.unreserve()
         if created and queued:

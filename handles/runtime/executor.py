@@ -85,6 +85,9 @@ class _Running:
     replay: tuple[dict[str, dict[str, Any]], dict[str, Any]] | None = None
     # Started by a request of this process, whose reply is on its way out: the run lets it go first.
     reply_first: bool = False
+    # Started by a request of this process that waits for the job's result (a plain call): the outcome
+    # this run stores is set on it once committed, so that request needs no read of it.
+    settled: asyncio.Future[Outcome] | None = None
 
 
 class Runtime:
@@ -301,22 +304,33 @@ class Runtime:
         return "Queued; it starts in turn, after the jobs that were waiting before it."
 
     def adopt(
-        self, record: JobRecord, answers: dict[str, dict[str, Any]], *, reply_first: bool = True
+        self,
+        record: JobRecord,
+        answers: dict[str, dict[str, Any]],
+        *,
+        settled: asyncio.Future[Outcome] | None = None,
     ) -> None:
         """Run a job that was stored already leased to this runtime, in the slot `reserve` held.
 
         `answers` are the answers it was stored with (by question key): a job that never ran has
         no steps, so its first run needs nothing else from the store. If the runtime began to
         drain while the insert was under way, the job is handed to the queue instead, for any node.
-        `reply_first`: the start's reply goes out before the job's first step (`_reply_first`); False
-        when the caller waits for the job's own result instead (a plain call).
+        The start's reply goes out before the job's first step (`_reply_first`), unless the caller waits
+        for the job's own result instead (a plain call): then `settled` gets the outcome this run stores,
+        once committed (it stays pending when the run stores none here: parked, dropped, handed over).
         """
         if self.closed:
             self.slots.unreserve(1)
             self._spawn(self._hand_back(record.id), name=f"handles-hand-back-{record.id}")
             return
         self.slots.take(record.id, principal_key(record.principal))
-        self._start_task(self.specs[record.kind], record, replay=(answers, {}), reply_first=reply_first)
+        self._start_task(
+            self.specs[record.kind],
+            record,
+            replay=(answers, {}),
+            reply_first=settled is None,
+            settled=settled,
+        )
 
     def submit(self, job_id: str) -> None:
         """A job was just stored or became claimable: let the dispatcher take it, fairly, if a slot is free."""
@@ -344,6 +358,7 @@ class Runtime:
         replay: tuple[dict[str, dict[str, Any]], dict[str, Any]] | None = None,
         *,
         reply_first: bool = False,
+        settled: asyncio.Future[Outcome] | None = None,
     ) -> None:
         ctx = JobContext(
             spec=spec,
@@ -355,7 +370,7 @@ class Runtime:
             progress_flush_seconds=self.config.progress_flush_seconds,
             sealer=self.sealer,
         )
-        entry = _Running(spec=spec, ctx=ctx, replay=replay, reply_first=reply_first)
+        entry = _Running(spec=spec, ctx=ctx, replay=replay, reply_first=reply_first, settled=settled)
         self._running[record.id] = entry
         entry.task = asyncio.create_task(self._execute(entry, record), name=f"handles-job-{spec.name}")
 
@@ -455,6 +470,8 @@ class Runtime:
         status, values = outcome
         reason = ((values.get("error") or {}).get("data") or {}).get("reason")
         if await self._record_outcome(job_id, status, values):
+            if entry.settled is not None and not entry.settled.done():
+                entry.settled.set_result(outcome)
             self.telemetry.ended(entry.spec.name, status.value, reason)
             if span is not None:
                 self.telemetry.outcome(span, status.value, reason)

@@ -36,6 +36,7 @@ from pydantic import BaseModel, Field
 from handles.errors import CallerError
 from handles.job_operations import JobOperations
 from handles.jobs import JobSpec, describe_duration
+from handles.outcomes import Outcome
 from handles.server.bind_mcpserver import to_call_tool_result
 from handles.server.first_round import first_round
 from handles.server.handle_tools import InputRequestView, JobTools, ToolReply, error_reply
@@ -166,15 +167,17 @@ class PlainTool:
         first_answer: dict[str, Any] | None = None,
     ) -> CallToolResult:
         """Start the job and answer it; call `refusal` first."""
+        # An adaptive call waits for the job's result: its job lets no reply go first, and a run here
+        # hands over the outcome it stored, so that it needs no read.
+        settled: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         try:
-            # An adaptive call waits for the job's result: its job need not let a reply go first.
             started = await self.service.start(
                 self.spec,
                 principal,
                 arguments,
                 None,
                 first_answer=first_answer,
-                awaited=self.policy.mode == "adaptive",
+                settled=settled if self.policy.mode == "adaptive" else None,
             )
         except CallerError as error:
             return to_call_tool_result(error_reply(error))
@@ -184,7 +187,7 @@ class PlainTool:
             lead = "No task was created for this call (new tasks are switched off), so this answer is the job's handle. "
             return await self._handoff(started.job, started.handle, lead=lead)
         try:
-            job = await self._follow(started.job, report)
+            job = await self._follow(started.job, report, settled)
         except anyio.get_cancelled_exc_class():
             # The caller went away and only this call knew the handle: stop the orphaned job.
             with anyio.CancelScope(shield=True):
@@ -194,12 +197,17 @@ class PlainTool:
             job = started.job  # the store faltered while we waited; the job itself is stored and running
         return await self._answer(job, started.handle)
 
-    async def _follow(self, job: JobRecord, report: ProgressReporter) -> JobRecord:
-        """Wait for the job to end or park, within the budget, relaying progress as it grows."""
+    async def _follow(
+        self, job: JobRecord, report: ProgressReporter, settled: asyncio.Future[Outcome]
+    ) -> JobRecord | Outcome:
+        """Wait for the job to end or park, within the budget, relaying progress as it grows. The job as
+        last read, or the outcome its run in this process stored (`settled`), whichever comes first."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.budget_seconds
         reported: float | None = None
         while True:
+            if settled.done():
+                return settled.result()
             status = Status(job.status)
             if status.is_terminal or status is Status.INPUT_REQUIRED:
                 return job
@@ -212,21 +220,14 @@ class PlainTool:
                 return job
             job = await self.service.wait(job, remaining, _changed_since(job.version))
 
-    async def _answer(self, job: JobRecord, handle: str) -> CallToolResult:
-        status = Status(job.status)
-        if status is Status.COMPLETED and job.result is not None:
-            return CallToolResult.model_validate(job.result)
-        if status is Status.FAILED:
-            error = job.error or {}
-            raise MCPError(
-                code=int(error.get("code", INTERNAL_ERROR)),
-                message=str(error.get("message") or job.status_message or "The job failed."),
-                data=error.get("data"),
-            )
-        if status is Status.CANCELLED:
-            message = job.status_message or "The job was cancelled."
-            return CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
-        return await self._handoff(job, handle)
+    async def _answer(self, job: JobRecord | Outcome, handle: str) -> CallToolResult:
+        if isinstance(job, tuple):  # the outcome its run here stored
+            status, values = job
+            ended = _ended(status, values.get("result"), values.get("error"), values.get("status_message"))
+            assert ended is not None, "a stored outcome is terminal"
+            return ended
+        ended = _ended(Status(job.status), job.result, job.error, job.status_message)
+        return ended if ended is not None else await self._handoff(job, handle)
 
     async def _handoff(self, job: JobRecord, handle: str, *, lead: str | None = None) -> CallToolResult:
         pending = await self.service.pending_inputs(job)
@@ -256,6 +257,26 @@ class PlainTool:
             await self.service.cancel(job)
         except Exception:
             logger.warning("could not cancel job %s after its caller went away", job.id, exc_info=True)
+
+
+def _ended(
+    status: Status, result: dict[str, Any] | None, error: dict[str, Any] | None, message: str | None
+) -> CallToolResult | None:
+    """The answer of a job that ended (a failed job's is its JSON-RPC error, raised), else None."""
+    if status is Status.COMPLETED and result is not None:
+        return CallToolResult.model_validate(result)
+    if status is Status.FAILED:
+        error = error or {}
+        raise MCPError(
+            code=int(error.get("code", INTERNAL_ERROR)),
+            message=str(error.get("message") or message or "The job failed."),
+            data=error.get("data"),
+        )
+    if status is Status.CANCELLED:
+        return CallToolResult(
+            content=[TextContent(type="text", text=message or "The job was cancelled.")], is_error=True
+        )
+    return None
 
 
 def _changed_since(version: int) -> Callable[[JobRecord], bool]:

@@ -1,0 +1,95 @@
+"""A plain call answers from the outcome its job's run in this process stored (change 29), and that answer
+is the one a read of the stored job gives: a result, a tool error, the author's failure, a sanitized
+unexpected failure, a cancellation. Each job is called plainly through an `mcp.Client` without the Tasks
+extension, then read back through its handle tools."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.shared.exceptions import MCPError
+
+from handles import Handles, JobContext, JobFailed
+from tests.durability.harness import Rig, config, rig
+
+
+def declare(jobs: Handles) -> None:
+    @jobs.job
+    async def fine(ctx: JobContext) -> str:
+        return "done"
+
+    @jobs.job
+    async def refuses(ctx: JobContext) -> str:
+        raise ToolError("not for this account")
+
+    @jobs.job
+    async def gives_up(ctx: JobContext) -> str:
+        raise JobFailed("the upstream API said no")
+
+    @jobs.job
+    async def breaks(ctx: JobContext) -> str:
+        raise RuntimeError("secret internals")
+
+
+async def stored_answer(r: Rig, job: str) -> dict[str, Any]:
+    """The same job started again through its handle tools and fetched once it ended: the stored state."""
+    handle = (await r.ok(f"{job}_start"))["handle"]
+    body, _ = await r.call(f"{job}_fetch", handle=handle, wait_seconds=10)
+    return body
+
+
+def test_a_plain_call_answers_each_ending_as_the_stored_job_says(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with rig(Handles(config(tmp_path)), declare) as r:
+            fine = await r.client.call_tool("fine", {})
+            assert not fine.is_error and fine.structured_content == {"result": "done"}
+            assert (await stored_answer(r, "fine"))["result"] == {"result": "done"}
+
+            refused = await r.client.call_tool("refuses", {})
+            assert refused.is_error and "not for this account" in refused.content[0].text  # type: ignore[union-attr]
+            assert (await stored_answer(r, "refuses"))["status"] == "completed"
+
+            with pytest.raises(MCPError) as gave_up:
+                await r.client.call_tool("gives_up", {})
+            stored = await stored_answer(r, "gives_up")
+            assert stored["status"] == "failed"
+            assert gave_up.value.error.message == "the upstream API said no" == stored["error"]["message"]
+
+            with pytest.raises(MCPError) as broke:
+                await r.client.call_tool("breaks", {})
+            assert "secret internals" not in broke.value.error.message
+            assert "reference" in broke.value.error.message
+            assert (await stored_answer(r, "breaks"))["status"] == "failed"
+
+    asyncio.run(main())
+
+
+def test_a_plain_call_of_a_job_cancelled_while_it_waits_answers_cancelled(tmp_path: Path) -> None:
+    release = asyncio.Event()
+
+    def declare_slow(jobs: Handles) -> None:
+        @jobs.job
+        async def slow(ctx: JobContext) -> str:
+            await release.wait()
+            return "late"
+
+    async def main() -> None:
+        async with rig(Handles(config(tmp_path, cancel_grace_seconds=0)), declare_slow) as r:
+            call = asyncio.create_task(r.client.call_tool("slow", {}))
+            for _ in range(500):
+                running = r.jobs.service.store.repo.count_active()
+                if running:
+                    break
+                await asyncio.sleep(0.01)
+            [job] = [record for record in r.jobs.runtime._running]
+            record = r.jobs.service.store.repo.get(job)
+            assert record is not None
+            await r.jobs.service.cancel(record)
+            answer = await asyncio.wait_for(call, 10)
+            assert answer.is_error and "Cancelled" in answer.content[0].text  # type: ignore[union-attr]
+
+    asyncio.run(main())
