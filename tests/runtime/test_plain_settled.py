@@ -80,13 +80,12 @@ def test_a_plain_call_of_a_job_cancelled_while_it_waits_answers_cancelled(tmp_pa
     async def main() -> None:
         async with rig(Handles(config(tmp_path, cancel_grace_seconds=0)), declare_slow) as r:
             call = asyncio.create_task(r.client.call_tool("slow", {}))
-            for _ in range(500):
-                running = r.jobs.service.store.repo.count_active()
-                if running:
+            for _ in range(500):  # until the plain call's job runs here
+                if r.jobs.runtime._running:
                     break
                 await asyncio.sleep(0.01)
-            [job] = [record for record in r.jobs.runtime._running]
-            record = r.jobs.service.store.repo.get(job)
+            [job_id] = r.jobs.runtime._running
+            record = r.jobs.service.store.repo.get(job_id)
             assert record is not None
             await r.jobs.service.cancel(record)
             answer = await asyncio.wait_for(call, 10)
