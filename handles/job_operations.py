@@ -12,6 +12,7 @@ import json
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import cached_property, partial
 from typing import Any, TypeVar
 
 from handles.ask_first import FIRST_KEY
@@ -59,8 +60,14 @@ class JobView:
 @dataclass(frozen=True)
 class StartedJob:
     job: JobRecord
-    handle: str
     created: bool
+    mint: Callable[[], str]
+    """Signs the job's handle (about 30 us): a plain call answered inline never needs one."""
+
+    @cached_property
+    def handle(self) -> str:
+        """The signed handle of `job`, minted on first use."""
+        return self.mint()
 
 
 UNKNOWN_HANDLE = (
@@ -190,7 +197,7 @@ class JobOperations:
         first_answer: dict[str, Any] | None = None,
         settled: asyncio.Future[Outcome] | None = None,
     ) -> StartedJob:
-        """Validate, store durably, then mint the handle and hand the job to the runtime.
+        """Validate, store durably and hand the job to the runtime; its handle is minted when first read.
 
         A job with an `ask_first` question starts only once it is answered: with
         `first_answer` it runs at once; without, it is stored waiting in `input_required`.
@@ -284,10 +291,17 @@ class JobOperations:
             )
         if created:
             self.runtime.telemetry.started(spec.name)
-        handle = self.codec.mint(
-            job_id=stored.id, kind=spec.name, principal=principal, expires_at=stored.expires_at
+        return StartedJob(
+            job=stored,
+            created=created,
+            mint=partial(
+                self.codec.mint,
+                job_id=stored.id,
+                kind=spec.name,
+                principal=principal,
+                expires_at=stored.expires_at,
+            ),
         )
-        return StartedJob(job=stored, handle=handle, created=created)
 
     async def _store_and_hand_over(
         self,

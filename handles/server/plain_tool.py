@@ -34,7 +34,7 @@ from mcp_types import INTERNAL_ERROR, CallToolResult, InputRequiredResult, TextC
 from pydantic import BaseModel, Field
 
 from handles.errors import CallerError
-from handles.job_operations import JobOperations
+from handles.job_operations import JobOperations, StartedJob
 from handles.jobs import JobSpec, describe_duration
 from handles.outcomes import Outcome
 from handles.server.bind_mcpserver import to_call_tool_result
@@ -195,7 +195,7 @@ class PlainTool:
             raise
         except CallerError:
             job = started.job  # the store faltered while we waited; the job itself is stored and running
-        return await self._answer(job, started.handle)
+        return await self._answer(job, started)
 
     async def _follow(
         self, job: JobRecord, report: ProgressReporter, settled: asyncio.Future[Outcome]
@@ -220,14 +220,15 @@ class PlainTool:
                 return job
             job = await self.service.wait(job, remaining, _changed_since(job.version))
 
-    async def _answer(self, job: JobRecord | Outcome, handle: str) -> CallToolResult:
+    async def _answer(self, job: JobRecord | Outcome, started: StartedJob) -> CallToolResult:
+        """The job's ending, or its handle (signed only now: an answer inline never shows one)."""
         if isinstance(job, tuple):  # the outcome its run here stored
             status, values = job
             ended = _ended(status, values.get("result"), values.get("error"), values.get("status_message"))
             assert ended is not None, "a stored outcome is terminal"
             return ended
         ended = _ended(Status(job.status), job.result, job.error, job.status_message)
-        return ended if ended is not None else await self._handoff(job, handle)
+        return ended if ended is not None else await self._handoff(job, started.handle)
 
     async def _handoff(self, job: JobRecord, handle: str, *, lead: str | None = None) -> CallToolResult:
         pending = await self.service.pending_inputs(job)

@@ -92,3 +92,41 @@ def test_a_plain_call_of_a_job_cancelled_while_it_waits_answers_cancelled(tmp_pa
             assert answer.is_error and "Cancelled" in answer.content[0].text  # type: ignore[union-attr]
 
     asyncio.run(main())
+
+
+def test_a_handle_is_signed_only_for_a_plain_call_that_hands_one_back(tmp_path: Path) -> None:
+    """A plain call answered inline never shows its handle, so none is signed (about 30 us a call); a call
+    that outlasts its budget gets a handle that opens its job."""
+    release = asyncio.Event()
+
+    def declare_both(jobs: Handles) -> None:
+        declare(jobs)
+
+        @jobs.job
+        async def slow(ctx: JobContext) -> str:
+            await release.wait()
+            return "late"
+
+    async def main() -> None:
+        async with rig(Handles(config(tmp_path, inline_budget_seconds=0.2)), declare_both) as r:
+            codec = r.jobs.service.codec
+            signed: list[str] = []
+            mint = codec.mint
+
+            def counting_mint(**claims: Any) -> str:
+                signed.append(claims["kind"])
+                return mint(**claims)
+
+            codec.mint = counting_mint  # type: ignore[method-assign]
+            fine = await r.client.call_tool("fine", {})
+            assert fine.structured_content == {"result": "done"}
+            assert signed == []
+
+            handed = await r.client.call_tool("slow", {})
+            assert signed == ["slow"]
+            handle = handed.structured_content["handle"]  # type: ignore[index]
+            release.set()
+            body, _ = await r.call("slow_fetch", handle=handle, wait_seconds=10)
+            assert body["status"] == "completed" and body["result"] == {"result": "late"}
+
+    asyncio.run(main())
