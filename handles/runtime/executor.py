@@ -385,6 +385,13 @@ class Runtime:
         await asyncio.shield(self._spawn(self._claim_into_slots(), name="handles-claim"))
 
     async def _claim_into_slots(self) -> None:
+        if self.slots.free <= 0:
+            return
+        # Unless work is known to wait, look before reserving: a claim holds every free slot until it
+        # returns, and a start that meets them held is queued (behind nothing, when nothing waits).
+        if not self._backlog and not await self.store.read(self.store.repo.has_claimable, list(self.specs)):
+            return
+        self._backlog = True  # work waits: a start meanwhile queues behind it, as `reserve` says
         wanted = self.slots.reserve(self.slots.free)
         if wanted <= 0:
             return

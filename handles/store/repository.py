@@ -388,6 +388,18 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
             ).rowcount
             return session.get(JobRecord, job_id) if claimed == 1 else None
 
+    def has_claimable(self, kinds: Sequence[str]) -> bool:
+        """Whether a queued job of `kinds` is due now: one indexed read, no write lock. A dispatcher pass
+        looks before it reserves slots for a claim (`claim_next`), so a pass that finds nothing holds no
+        slot from a start meanwhile."""
+        if not kinds:
+            return False
+        query = sa_select(col(JobRecord.id)).where(
+            *_claimable(self.clock()), col(JobRecord.kind).in_(list(kinds))
+        )
+        with self._fast_reading() as connection:
+            return connection.execute(query.limit(1)).first() is not None
+
     def claim_next(
         self,
         owner: str,

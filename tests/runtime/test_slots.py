@@ -249,3 +249,30 @@ def test_a_start_beyond_its_principals_share_says_so(tmp_path: Path) -> None:
             await jobs.aclose()
 
     asyncio.run(main())
+
+
+def test_a_dispatcher_pass_that_finds_nothing_queued_holds_no_slot(tmp_path: Path) -> None:
+    """A pass looks for queued work before it reserves free slots for it: while it looks, and nothing
+    waits, a start still finds a free slot and runs at once (stored claimed), instead of being queued
+    behind nothing and taken by the next pass (two more writes and a wait)."""
+
+    async def main() -> None:
+        # Passes every 2 ms, so that starts keep meeting one.
+        jobs = Handles(config(tmp_path, store_poll_seconds=0.002))
+
+        @jobs.job
+        async def quick(ctx: JobContext, n: int) -> int:
+            return n
+
+        await jobs.start()
+        handles: list[str] = []
+        try:
+            for _ in range(40):
+                handles += await asyncio.gather(*(start_as(jobs, "alice", "quick", n=n) for n in range(8)))
+                await asyncio.sleep(0.001)
+        finally:
+            await jobs.aclose()
+        queued = [h for h in handles if stored(jobs, h).started_at != stored(jobs, h).created_at]
+        assert not queued, f"{len(queued)} of {len(handles)} starts were queued though slots were free"
+
+    asyncio.run(main())
