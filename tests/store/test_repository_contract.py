@@ -358,6 +358,23 @@ def test_claim_next_takes_startable_jobs_oldest_first(repo: JobRepository, clock
     assert repo.claim_next(OWNER, ["report"], 10, 30) == []
 
 
+def test_has_claimable_sees_exactly_what_claim_next_would_take(repo: JobRepository, clock: MovableClock) -> None:
+    """The dispatcher's look before it reserves slots: no false "nothing waits" (a job would sit until the
+    next start), and no false "something waits" for jobs no claim may take."""
+    assert not repo.has_claimable(["report"]) and not repo.has_claimable([])
+    later = new_job(repo, run_after=clock() + timedelta(seconds=10))  # not yet due
+    new_job(repo, kind="export")  # another kind
+    claimed_job(repo)  # running
+    reach(repo, Status.COMPLETED)
+    repo.request_cancel(new_job(repo).id)  # cancelled before it ran
+    assert not repo.has_claimable(["report"])
+    assert repo.has_claimable(["report", "export"])
+    clock.advance(10)
+    assert repo.has_claimable(["report"])
+    assert [job.id for job in repo.claim_next(OWNER, ["report"], 10, 30)] == [later.id]
+    assert not repo.has_claimable(["report"])
+
+
 def test_heartbeat_extends_leases_and_reports_cancels_and_losses(
     repo: JobRepository, clock: MovableClock
 ) -> None:
