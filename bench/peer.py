@@ -176,9 +176,10 @@ async def _paired(
 
 
 async def _throughput(
-    url: str, target: Target, workers: int, seconds: float, kind: str
-) -> tuple[int, float, int]:
-    """(completed calls, elapsed seconds, errors) of `workers` concurrent clients looping for `seconds`."""
+    url: str, target: Target, workers: int, seconds: float, kind: str, pid: int
+) -> tuple[int, float, int, float]:
+    """(completed calls, elapsed seconds, errors, the server's CPU seconds meanwhile) of `workers` concurrent
+    clients looping for `seconds` against the server process `pid`."""
     done = 0
     errors = 0
     stop_at = 0.0
@@ -203,28 +204,32 @@ async def _throughput(
     ready = asyncio.Event()
     tasks = [asyncio.create_task(worker()) for _ in range(workers)]
     await asyncio.sleep(1.0)  # let the clients connect
+    cpu_before = cpu_seconds(pid) or 0.0
     began = time.perf_counter()
     stop_at = began + seconds
     ready.set()
     await asyncio.gather(*tasks)
-    return done, time.perf_counter() - began, errors
+    elapsed = time.perf_counter() - began
+    return done, elapsed, errors, (cpu_seconds(pid) or 0.0) - cpu_before
 
 
 async def _alternating_throughput(
-    targets: dict[str, tuple[str, Target]], workers: int, window: float, rounds: int, kind: str
-) -> dict[str, tuple[float, int]]:
-    """Calls/s and errors of each server over `rounds` windows of `window / rounds` s each, the servers
+    targets: dict[str, tuple[str, Target, int]], workers: int, window: float, rounds: int, kind: str
+) -> dict[str, tuple[float, int, float]]:
+    """Calls/s, errors and server CPU ms per call of each server over `rounds` windows of `window / rounds` s each, the servers
     taking turns in shuffled order each round, so that both see the same spells of machine noise (one
     window each, one after the other, moved the ratio by 0.4x between runs on a noisy host)."""
-    totals = {name: [0, 0.0, 0] for name in targets}
+    totals = {name: [0, 0.0, 0, 0.0] for name in targets}
     for _ in range(rounds):
         for name in random.sample(list(targets), len(targets)):
-            url, target = targets[name]
-            done, elapsed, errors = await _throughput(url, target, workers, window / rounds, kind)
-            totals[name][0] += done
-            totals[name][1] += elapsed
-            totals[name][2] += errors
-    return {name: (done / elapsed, int(errors)) for name, (done, elapsed, errors) in totals.items()}
+            url, target, pid = targets[name]
+            measured = await _throughput(url, target, workers, window / rounds, kind, pid)
+            for index, value in enumerate(measured):
+                totals[name][index] += value
+    return {
+        name: (done / elapsed, int(errors), 1000 * cpu / done if done else 0.0)
+        for name, (done, elapsed, errors, cpu) in totals.items()
+    }
 
 
 # -- the section ----------------------------------------------------------------------------
@@ -322,11 +327,11 @@ async def run(options: Options) -> list[Table]:
             ]
 
         log(f"peer: calls/s, {workers} workers x {window:g} s each, in {rounds} alternating windows")
-        throughput: dict[str, dict[str, tuple[float, int]]] = {"task": {}, "plain": {}}
+        throughput: dict[str, dict[str, tuple[float, int, float]]] = {"task": {}, "plain": {}}
         async with client(mine.url) as a, client(theirs.url) as b:
             targets = {
-                "handles": (mine.url, Target("handles", a, a, handle_tools=True)),
-                "peer": (theirs.url, Target("peer", b, b, handle_tools=False)),
+                "handles": (mine.url, Target("handles", a, a, handle_tools=True), mine.pid),
+                "peer": (theirs.url, Target("peer", b, b, handle_tools=False), theirs.pid),
             }
             for kind in ("task", "plain"):
                 throughput[kind] = await _alternating_throughput(targets, workers, window, rounds, kind)
@@ -382,6 +387,15 @@ async def run(options: Options) -> list[Table]:
                 verdict(ours[0] > peer_[0]),
             ]
         )
+        table.rows.append(
+            [
+                f"server CPU per call during the {kind} calls/s row (ms)",
+                f"{ours[2]:.2f}",
+                f"{peer_[2]:.2f}",
+                f"{ours[2] / peer_[2]:.2f}x" if peer_[2] else "n/a",
+                "",
+            ]
+        )
     row("plain call, 0 s job (no extension: inline on both)", "plain_0", faster=False)
     row("plain call, 100 ms job (no extension: inline on both)", "plain_100", faster=False)
     for label, values in (
@@ -410,6 +424,8 @@ async def run(options: Options) -> list[Table]:
         "Plain calls: the peer runs the tool inline in the request; handles stores the job, runs it, and answers "
         "its result inline (durable, adaptive plain call).",
         f"calls/s: {workers} clients per server, looping for {window:g} s in all, in {rounds} window{'s' if rounds != 1 else ''} of "
-        f"{window / rounds:g} s; the servers take turns window by window (shuffled each round), never at once.",
+        f"{window / rounds:g} s; the servers take turns window by window (shuffled each round), never at once. Server CPU per call: "
+        "the server process's user + system CPU time over its windows (from /proc) divided by the calls it "
+        "completed in them; the clients run in the measuring process, on the same 2 cores.",
     ]
     return [table]
