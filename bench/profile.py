@@ -9,7 +9,7 @@ The views:
 2. The progress handler timed inside a stdio server process (Profile E), where the caches are as a
    real server has them.
 3. A sampling profile of the server process (py-spy, all threads, CPU only) while one client calls
-   the tool back to back over Streamable HTTP (Profile B), and the CPU per call of server and client
+   the tool back to back over Streamable HTTP (Profile B; also the plain call of the job, `work`), and the CPU per call of server and client
    by owner, over stdio and HTTP (Profile C). Skipped with a note when py-spy is not installed
    (`pip install py-spy`) or cannot attach.
 4. The plan and cost of a start's per-principal active count at scale (Profile D).
@@ -319,10 +319,11 @@ async def sampled(options: Options) -> list[Table]:
     spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     tables: list[Table] = []
     seconds = options.n(12, 2)
-    for tool in ("work_progress", "work_start"):
+    for tool in ("work_progress", "work_start", "work"):
+        what = "plain `work` calls of a 0 s job (answered inline)" if tool == "work" else f"{tool} calls"
         table = Table(
             section=SECTION,
-            title=f"Profile B. Sampling profile of the server during back-to-back {tool} calls (Streamable HTTP, SQLite file)",
+            title=f"Profile B. Sampling profile of the server during back-to-back {what} (Streamable HTTP, SQLite file)",
             columns=["where the server's CPU samples are", "share"],
             command=options.section_command(SECTION),
         )
@@ -366,6 +367,8 @@ async def sampled(options: Options) -> list[Table]:
                 while time.perf_counter() < deadline and recorder.poll() is None:
                     if tool == "work_progress":
                         await structured(c, "work_progress", {"handle": running})
+                    elif tool == "work":
+                        await structured(c, "work", {"seconds": 0})
                     else:
                         data = await structured(c, "work_start", {"seconds": 0})
                         await structured(c, "work_fetch", {"handle": data["handle"], "wait_seconds": 10})
