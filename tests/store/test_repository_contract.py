@@ -358,7 +358,9 @@ def test_claim_next_takes_startable_jobs_oldest_first(repo: JobRepository, clock
     assert repo.claim_next(OWNER, ["report"], 10, 30) == []
 
 
-def test_has_claimable_sees_exactly_what_claim_next_would_take(repo: JobRepository, clock: MovableClock) -> None:
+def test_has_claimable_sees_exactly_what_claim_next_would_take(
+    repo: JobRepository, clock: MovableClock
+) -> None:
     """The dispatcher's look before it reserves slots: no false "nothing waits" (a job would sit until the
     next start), and no false "something waits" for jobs no claim may take."""
     assert not repo.has_claimable(["report"]) and not repo.has_claimable([])
