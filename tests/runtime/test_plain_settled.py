@@ -6,6 +6,7 @@ extension, then read back through its handle tools."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,17 +69,23 @@ def test_a_plain_call_answers_each_ending_as_the_stored_job_says(tmp_path: Path)
     asyncio.run(main())
 
 
-def test_a_plain_call_of_a_job_cancelled_while_it_waits_answers_cancelled(tmp_path: Path) -> None:
-    release = asyncio.Event()
+def declare_slow(release: asyncio.Event) -> Callable[[Handles], None]:
+    """Declares `slow`, a job that returns "late" once `release` is set."""
 
-    def declare_slow(jobs: Handles) -> None:
+    def declare(jobs: Handles) -> None:
         @jobs.job
         async def slow(ctx: JobContext) -> str:
             await release.wait()
             return "late"
 
+    return declare
+
+
+def test_a_plain_call_of_a_job_cancelled_while_it_waits_answers_cancelled(tmp_path: Path) -> None:
+    release = asyncio.Event()
+
     async def main() -> None:
-        async with rig(Handles(config(tmp_path, cancel_grace_seconds=0)), declare_slow) as r:
+        async with rig(Handles(config(tmp_path, cancel_grace_seconds=0)), declare_slow(release)) as r:
             call = asyncio.create_task(r.client.call_tool("slow", {}))
             for _ in range(500):  # until the plain call's job runs here
                 if r.jobs.runtime._running:
@@ -101,11 +108,7 @@ def test_a_handle_is_signed_only_for_a_plain_call_that_hands_one_back(tmp_path: 
 
     def declare_both(jobs: Handles) -> None:
         declare(jobs)
-
-        @jobs.job
-        async def slow(ctx: JobContext) -> str:
-            await release.wait()
-            return "late"
+        declare_slow(release)(jobs)
 
     async def main() -> None:
         async with rig(Handles(config(tmp_path, inline_budget_seconds=0.2)), declare_both) as r:
