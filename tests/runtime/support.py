@@ -55,13 +55,22 @@ async def start_as(jobs: Handles, principal: str, kind: str, **arguments: Any) -
 
 async def until_running(jobs: Handles, handle: str, seconds: float = 10.0) -> None:
     """Wait until the job has been claimed by a runtime: it holds a lease, or a run of it has begun
-    (a quick job can start and finish between two reads, and then holds no lease any more)."""
+    (a quick job can start and finish between two reads, and then holds no lease any more). Claimed is
+    not yet running: a start stores its job claimed before its first step (see `until_begun`)."""
     for _ in range(int(seconds / 0.01)):
         record = stored(jobs, handle)
         if record.lease_owner is not None or record.started_at is not None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"the job never started: {stored(jobs, handle).status_message}")
+
+
+async def until_begun(began: asyncio.Event, seconds: float = 10.0) -> None:
+    """Wait until a job function has set `began` (its first statement): the job runs, not only stored
+    claimed. A job a start stores claimed waits a few turns of the loop before its first step (the start's
+    reply goes first), and a stop in those turns hands it back to the queue as a job that never ran, so
+    a test of what a stop does to a running job waits for this, not for `until_running`."""
+    await asyncio.wait_for(began.wait(), seconds)
 
 
 async def settled(jobs: Handles, handle: str, seconds: float = 5.0) -> JobRecord:

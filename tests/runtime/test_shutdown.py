@@ -17,20 +17,22 @@ from handles.states import Status
 from handles.store import JobRepository, utc_now
 from tests.durability.harness import config
 
-from .support import job_row, settled, slowed, start_as, stored, until_running
+from .support import job_row, settled, slowed, start_as, stored, until_begun
 
 
 def test_graceful_stop_lets_a_nearly_finished_job_complete(tmp_path: Path) -> None:
     async def main() -> None:
         jobs = Handles(config(tmp_path))  # default drain
+        began = asyncio.Event()
 
         @jobs.job
         async def almost_done(ctx: JobContext) -> str:
+            began.set()
             await asyncio.sleep(0.5)
             return "finished"
 
         handle = await start_as(jobs, "alice", "almost_done")
-        await until_running(jobs, handle)
+        await until_begun(began)
         await jobs.aclose()
         record = stored(jobs, handle)
         assert record.status == Status.COMPLETED.value, record.status_message
@@ -75,7 +77,11 @@ def test_a_retry_job_longer_than_the_drain_is_handed_over_at_once(tmp_path: Path
         first = Handles(config(tmp_path, drain_seconds=0.2, lease_seconds=30))
         declare(first)
         handle = await start_as(first, "alice", "long_report")
-        await until_running(first, handle)
+        for _ in range(2000):  # until the job function itself has begun (not only been stored claimed)
+            if runs:
+                break
+            await asyncio.sleep(0.005)
+        assert runs, "the job never began"
         await first.aclose()
         record = stored(first, handle)
         assert record.status == Status.WORKING.value and record.lease_owner is None
@@ -98,14 +104,16 @@ def test_a_retry_job_longer_than_the_drain_is_handed_over_at_once(tmp_path: Path
 def test_a_fail_job_longer_than_the_drain_ends_failed_saying_it_was_a_shutdown(tmp_path: Path) -> None:
     async def main() -> None:
         jobs = Handles(config(tmp_path, drain_seconds=0.2))
+        began = asyncio.Event()
 
         @jobs.job
         async def slow_export(ctx: JobContext) -> int:
+            began.set()
             await asyncio.sleep(30)
             return 1
 
         handle = await start_as(jobs, "alice", "slow_export")
-        await until_running(jobs, handle)
+        await until_begun(began)
         await jobs.aclose()
         record = stored(jobs, handle)
         assert record.status == Status.FAILED.value
@@ -119,14 +127,16 @@ def test_cancel_then_stop_ends_cancelled(tmp_path: Path) -> None:
 
     async def main() -> None:
         jobs = Handles(config(tmp_path, drain_seconds=0.2, cancel_grace_seconds=30))
+        began = asyncio.Event()
 
         @jobs.job(on_interrupt="retry")
         async def stubborn(ctx: JobContext) -> int:
+            began.set()
             await asyncio.sleep(30)
             return 1
 
         handle = await start_as(jobs, "alice", "stubborn")
-        await until_running(jobs, handle)
+        await until_begun(began)
         job = await jobs.service.open(jobs.specs["stubborn"], "alice", handle)
         await jobs.service.cancel(job)
         await jobs.aclose()
