@@ -394,9 +394,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         slot from a start meanwhile."""
         if not kinds:
             return False
-        query = sa_select(col(JobRecord.id)).where(
-            *_claimable(self.clock()), col(JobRecord.kind).in_(list(kinds))
-        )
+        query = sa_select(col(JobRecord.id)).where(*_claimable_of(self.clock(), kinds))
         with self._fast_reading() as connection:
             return connection.execute(query.limit(1)).first() is not None
 
@@ -451,11 +449,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
             )
             .label("place")
         )
-        queue = (
-            sa_select(col(JobRecord.id).label("id"), place)
-            .where(*_claimable(now), col(JobRecord.kind).in_(list(kinds)))
-            .subquery()
-        )
+        queue = sa_select(col(JobRecord.id).label("id"), place).where(*_claimable_of(now, kinds)).subquery()
         first = sa_select(queue.c.id).where(queue.c.place <= limit)
         rows = sa_select(col(JobRecord.id), col(JobRecord.principal_key), col(JobRecord.run_after)).where(
             col(JobRecord.id).in_(first), *_claimable(now)
@@ -1039,6 +1033,12 @@ def _claimable(now: datetime) -> tuple[Any, ...]:
         col(JobRecord.cancel_requested_at).is_(None),
         col(JobRecord.run_after) <= now,
     )
+
+
+def _claimable_of(now: datetime, kinds: Sequence[str]) -> tuple[Any, ...]:
+    """A job any worker may take now (`_claimable`) of one of `kinds`: what a dispatcher pass looks for
+    (`has_claimable`) and then claims from (`claim_next`)."""
+    return (*_claimable(now), col(JobRecord.kind).in_(list(kinds)))
 
 
 def _take_turns(
