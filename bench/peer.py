@@ -216,9 +216,10 @@ async def _throughput(
 async def _alternating_throughput(
     targets: dict[str, tuple[str, Target, int]], workers: int, window: float, rounds: int, kind: str
 ) -> dict[str, tuple[float, int, float]]:
-    """Calls/s, errors and server CPU ms per call of each server over `rounds` windows of `window / rounds` s each, the servers
-    taking turns in shuffled order each round, so that both see the same spells of machine noise (one
-    window each, one after the other, moved the ratio by 0.4x between runs on a noisy host)."""
+    """Calls/s, errors and server CPU ms per call of each server over `rounds` windows of `window / rounds`
+    s each, the servers taking turns in shuffled order each round, so that both see the same spells of
+    machine noise (one window each, one after the other, moved the ratio by 0.4x between runs on a noisy
+    host)."""
     totals = {name: [0, 0.0, 0, 0.0] for name in targets}
     for _ in range(rounds):
         for name in random.sample(list(targets), len(targets)):
@@ -423,9 +424,10 @@ async def run(options: Options) -> list[Table]:
         "SQLite commits.",
         "Plain calls: the peer runs the tool inline in the request; handles stores the job, runs it, and answers "
         "its result inline (durable, adaptive plain call).",
-        f"calls/s: {workers} clients per server, looping for {window:g} s in all, in {rounds} window{'s' if rounds != 1 else ''} of "
-        f"{window / rounds:g} s; the servers take turns window by window (shuffled each round), never at once. Server CPU per call: "
-        "the server process's user + system CPU time over its windows (from /proc) divided by the calls it "
-        "completed in them; the clients run in the measuring process, on the same 2 cores.",
+        f"calls/s: {workers} clients per server, looping for {window:g} s in all, in {rounds} "
+        f"window{'s' if rounds != 1 else ''} of {window / rounds:g} s; the servers take turns window by window "
+        "(shuffled each round), never at once. Server CPU per call: the server process's user + system CPU "
+        "time over its windows (from /proc) divided by the calls it completed in them; the clients run in "
+        "the measuring process, on the same 2 cores.",
     ]
     return [table]

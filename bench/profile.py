@@ -9,8 +9,8 @@ The views:
 2. The progress handler timed inside a stdio server process (Profile E), where the caches are as a
    real server has them.
 3. A sampling profile of the server process (py-spy, all threads, CPU only) while one client calls
-   the tool back to back over Streamable HTTP (Profile B; also the plain call of the job, `work`), and the CPU per call of server and client
-   by owner, over stdio and HTTP (Profile C). Skipped with a note when py-spy is not installed
+   the tool back to back over Streamable HTTP (Profile B; also the plain call of the job, `work`), and
+   the CPU per call of server and client by owner, over stdio and HTTP (Profile C). Skipped with a note when py-spy is not installed
    (`pip install py-spy`) or cannot attach.
 4. The plan and cost of a start's per-principal active count at scale (Profile D).
 """

@@ -66,10 +66,12 @@ def test_a_retry_job_longer_than_the_drain_is_handed_over_at_once(tmp_path: Path
 
     async def main() -> None:
         runs: list[int] = []
+        began = asyncio.Event()
 
         def declare(jobs: Handles) -> None:
             @jobs.job(on_interrupt="retry", max_attempts=2)
             async def long_report(ctx: JobContext) -> int:
+                began.set()
                 runs.append(ctx.attempt)
                 await asyncio.sleep(1.0 if len(runs) == 1 else 0.05)
                 return len(runs)
@@ -77,11 +79,7 @@ def test_a_retry_job_longer_than_the_drain_is_handed_over_at_once(tmp_path: Path
         first = Handles(config(tmp_path, drain_seconds=0.2, lease_seconds=30))
         declare(first)
         handle = await start_as(first, "alice", "long_report")
-        for _ in range(2000):  # until the job function itself has begun (not only been stored claimed)
-            if runs:
-                break
-            await asyncio.sleep(0.005)
-        assert runs, "the job never began"
+        await until_begun(began)
         await first.aclose()
         record = stored(first, handle)
         assert record.status == Status.WORKING.value and record.lease_owner is None

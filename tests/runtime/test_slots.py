@@ -281,7 +281,8 @@ def test_a_dispatcher_pass_that_finds_nothing_queued_holds_no_slot(tmp_path: Pat
                 await asyncio.sleep(0.001)
         finally:
             await jobs.aclose()
-        queued = [h for h in handles if stored(jobs, h).started_at != stored(jobs, h).created_at]
+        records = [stored(jobs, h) for h in handles]
+        queued = [r.id for r in records if r.started_at != r.created_at]
         assert not queued, f"{len(queued)} of {len(handles)} starts were queued though slots were free"
 
     asyncio.run(main())
