@@ -177,12 +177,15 @@ async def test_following_the_same_key_after_the_deadline_resumes_the_same_job(
     counted: Counted, face: str, tmp_path: Path
 ) -> None:
     journal = Journal(tmp_path / "journal.db")
+    # The deadline passes after the start's reply (so the error carries the handle) and long before the
+    # job ends; 0.3 s once did not cover the first call's start on a loaded CI host (the error then rightly
+    # had no handle, and said the start may not have been sent).
     async with counted.client() as client:
         with pytest.raises(DeadlineExceeded) as late:
             await follow(
-                client, "slow", {"seconds": 1.5}, key="k", journal=journal, prefer=face, deadline=0.3
+                client, "slow", {"seconds": 3.0}, key="k", journal=journal, prefer=face, deadline=1.0
             )  # type: ignore[arg-type]
-        result = await follow(client, "slow", {"seconds": 1.5}, key="k", journal=journal, prefer=face)  # type: ignore[arg-type]
+        result = await follow(client, "slow", {"seconds": 3.0}, key="k", journal=journal, prefer=face)  # type: ignore[arg-type]
     assert result == {"steps": 10}
     assert counted.jobs_of("slow") == 1
     entry = journal.get("k")
@@ -198,7 +201,7 @@ async def test_a_deadline_with_cancel_on_abandon_cancels_the_job(counted: Counte
                 "slow",
                 {"seconds": 20},
                 prefer=face,  # type: ignore[arg-type]
-                deadline=0.5,
+                deadline=1.0,  # after the start's reply, as in the test above
                 cancel_on_abandon=True,
             )
         assert late.value.cancelled and late.value.handle
