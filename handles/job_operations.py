@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import cached_property, partial
@@ -268,14 +269,22 @@ class JobOperations:
         )
         if question is not None:
             question.job_id = record.id
-        # Shielded: once the insert is under way, the job is stored and handed to the runtime (or
-        # queued) even if the caller's request is cancelled, so a committed start always runs.
-        insert = asyncio.ensure_future(
-            self._store_and_hand_over(record, question, claimed=claimed, waiting=waiting, settled=settled)
-        )
-        insert.add_done_callback(_retrieve)
+        queued = not claimed and not waiting
         try:
-            stored, created = await asyncio.shield(insert)
+            # On an SQLite file with its writer lock free, the insert runs right here, with no await: nothing
+            # can cancel it, so it needs no task of its own (and no turns of the loop to wait for one).
+            done = self._store_now(record, question, claimed=claimed, queued=queued, settled=settled)
+            if done is None:
+                # Shielded: once the insert is under way, the job is stored and handed to the runtime (or
+                # queued) even if the caller's request is cancelled, so a committed start always runs.
+                insert = asyncio.ensure_future(
+                    self._store_and_hand_over(
+                        record, question, claimed=claimed, queued=queued, settled=settled
+                    )
+                )
+                insert.add_done_callback(_retrieve)
+                done = await asyncio.shield(insert)
+            stored, created = done
         except ActiveLimitReached as exc:
             raise LimitReached(
                 f"You already have {exc.active} active jobs on this server; the limit is {exc.limit}.",
@@ -303,29 +312,67 @@ class JobOperations:
             ),
         )
 
+    def _insert_options(self, question: InputRequestRecord | None) -> dict[str, Any]:
+        """What `Store.insert` takes beside the job: the active limit, the first question, the lease."""
+        return {
+            "active_limit": self.config.max_active_per_principal,
+            "questions": [question] if question is not None else [],
+            "lease_seconds": self.config.lease_seconds,
+        }
+
+    def _store_now(
+        self,
+        record: JobRecord,
+        question: InputRequestRecord | None,
+        *,
+        claimed: bool,
+        queued: bool,
+        settled: asyncio.Future[Outcome] | None,
+    ) -> tuple[JobRecord, bool] | None:
+        """Insert the job and hand it over (`_hand_over`) here, with no await, when the store can
+        (`Store.insert_now`); None when nothing was stored and the insert waits for a worker thread
+        (`_store_and_hand_over`)."""
+        with self._reservation(claimed):
+            done = self.store.insert_now(record, **self._insert_options(question))
+        if done is None:
+            return None
+        return self._hand_over(question, *done, claimed=claimed, queued=queued, settled=settled)
+
     async def _store_and_hand_over(
         self,
         record: JobRecord,
         question: InputRequestRecord | None,
         *,
         claimed: bool,
-        waiting: bool,
+        queued: bool,
         settled: asyncio.Future[Outcome] | None,
     ) -> tuple[JobRecord, bool]:
-        """Insert the job, then run it here (claimed at insert) or queue it for any worker."""
-        queued = not claimed and not waiting
+        """Insert the job, on a worker thread if need be, then hand it over (`_hand_over`)."""
+        with self._reservation(claimed):
+            stored, created = await self.store.insert(record, queued=queued, **self._insert_options(question))
+        return self._hand_over(question, stored, created, claimed=claimed, queued=queued, settled=settled)
+
+    @contextmanager
+    def _reservation(self, claimed: bool) -> Iterator[None]:
+        """Give back the slot a start claiming its job reserved (`Runtime.reserve`) if its insert fails."""
         try:
-            stored, created = await self.store.insert(
-                record,
-                queued=queued,
-                active_limit=self.config.max_active_per_principal,
-                questions=[question] if question is not None else [],
-                lease_seconds=self.config.lease_seconds,
-            )
+            yield
         except BaseException:
             if claimed:
                 self.runtime.unreserve()
             raise
+
+    def _hand_over(
+        self,
+        question: InputRequestRecord | None,
+        stored: JobRecord,
+        created: bool,
+        *,
+        claimed: bool,
+        queued: bool,
+        settled: asyncio.Future[Outcome] | None,
+    ) -> tuple[JobRecord, bool]:
+        """After the insert: run the job here (claimed at insert) or queue it for any worker."""
         if claimed and created:
             answers = (
                 {question.key: question.answer}

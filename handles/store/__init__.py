@@ -163,6 +163,14 @@ class Store:
         call = functools.partial(self.repo.insert, job, **options)
         return await self._write_short(job.id, queued, call, publish=queued)
 
+    def insert_now(self, job: JobRecord, **options: Any) -> tuple[JobRecord, bool] | None:
+        """`insert`'s inline try alone, with no await: the stored job and whether it was created, when the
+        insert ran here on the event loop (an SQLite file whose writer lock was free); None when nothing
+        was written and the insert needs `insert` (a writer is at work, or the store is not an SQLite
+        file). A start that tries this first has no task to make and no turn of the loop to wait for."""
+        done = self._write_now(job.id, functools.partial(self.repo.insert, job, **options))
+        return None if done is None else done[0]
+
     async def write_short(self, job_id: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Like `write`, for a short write that SQLite runs on its own connection (`JobRepository.transition`,
         as a job's outcome): on an SQLite file it runs on the event loop when the writer lock is free,
@@ -172,15 +180,23 @@ class Store:
     async def _write_short(
         self, job_id: str, queued: bool, call: Callable[[], T], *, publish: bool = True
     ) -> T:
-        if self.repo.writes_inline:
-            try:
-                result = self.repo.write_inline(call)
-            except (WriterBusy, OperationalError):
-                pass  # nothing was written: `_write` makes the first try (and wakes the waiters itself)
-            else:
-                self.notifier.notify(job_id)
-                return result
+        done = self._write_now(job_id, call)
+        if done is not None:
+            return done[0]
         return await self._write(job_id, queued, call, publish=publish)
+
+    def _write_now(self, job_id: str, call: Callable[[], T]) -> tuple[T] | None:
+        """Run the short write `call` here on the event loop, if it can have the writer lock without waiting
+        (SQLite files only), and wake `job_id`'s waiters: its result, in a 1-tuple. None when nothing was
+        written: then `_write` makes the first try on a worker thread (and wakes the waiters itself)."""
+        if not self.repo.writes_inline:
+            return None
+        try:
+            result = self.repo.write_inline(call)
+        except (WriterBusy, OperationalError):
+            return None
+        self.notifier.notify(job_id)
+        return (result,)
 
     async def _write(self, job_id: str, queued: bool, call: Callable[[], T], *, publish: bool = True) -> T:
         try:

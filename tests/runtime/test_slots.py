@@ -6,13 +6,17 @@ Issue 12 items 2, 6 and 7, and the fair-slots requirement.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+import threading
 import time
 from pathlib import Path
 
 from pydantic import BaseModel
+from sqlalchemy.engine import make_url
 
 from handles import Handles, JobContext
 from handles.states import Status
+from handles.store import JobRepository
 from tests.durability.harness import config
 
 from .support import slowed, start_as, stored, until_running
@@ -81,6 +85,73 @@ def test_a_start_cancelled_after_its_commit_still_runs(tmp_path: Path) -> None:
         assert record.status == Status.COMPLETED.value, record.status_message
 
     asyncio.run(main())
+
+
+def test_a_start_cancelled_while_its_insert_waits_for_the_writer_still_runs(tmp_path: Path) -> None:
+    """The start's insert waits on a worker thread (another write of this process holds SQLite's writer),
+    and the caller's request dies meanwhile: the insert still commits once the writer is free, and the job
+    runs. A start whose insert runs at once on the event loop (the writer free) has no await to die at."""
+
+    async def main() -> None:
+        jobs = Handles(config(tmp_path))
+
+        @jobs.job
+        async def quick(ctx: JobContext) -> int:
+            return 7
+
+        await jobs.start()
+        repo = jobs.service.store.repo
+        held, release = threading.Event(), threading.Event()
+
+        def writer() -> None:
+            with repo._writing():
+                held.set()
+                release.wait(10)
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        try:
+            assert held.wait(5)
+            request = asyncio.create_task(jobs.service.start(jobs.specs["quick"], "alice", {}, "key-2"))
+            await asyncio.sleep(0.2)
+            assert not request.done(), "the insert did not wait for the writer"
+            request.cancel()
+            await asyncio.gather(request, return_exceptions=True)
+            assert request.cancelled()
+        finally:
+            release.set()
+            thread.join(5)
+        try:
+            for _ in range(100):  # the shielded insert commits once the writer is free
+                if _stored_keys(repo, "key-2") == 1:
+                    break
+                await asyncio.sleep(0.05)
+            retried = await jobs.service.start(jobs.specs["quick"], "alice", {}, "key-2")
+            assert not retried.created, "the cancelled start stored its job"
+            for _ in range(100):
+                if stored(jobs, retried.job.id).status != Status.WORKING.value:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await jobs.aclose()
+        record = stored(jobs, retried.job.id)
+        assert record.status == Status.COMPLETED.value, record.status_message
+
+    asyncio.run(main())
+
+
+def _stored_keys(repo: JobRepository, key: str) -> int:
+    """How many jobs with idempotency key `key` are committed in `repo`'s SQLite file (read on a connection of
+    its own)."""
+    connection = sqlite3.connect(make_url(repo.url).database or "")
+    try:
+        return int(
+            connection.execute(
+                "select count(*) from handles_jobs where idempotency_key = ?", (key,)
+            ).fetchone()[0]
+        )
+    finally:
+        connection.close()
 
 
 class Go(BaseModel):

@@ -10,11 +10,14 @@ import secrets
 import sqlite3
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from handles import Handles, JobContext
 from handles.store import JobRepository, Store
 from handles.store.repository import ActiveLimitReached
+from tests.durability.harness import config
 from tests.runtime.support import job_row
 from tests.store.sqlite_support import another_process_writing, statement_threads, ticks_while_pending
 
@@ -128,3 +131,38 @@ def test_sqlite_refuses_a_database_lease_clock_and_says_what_to_use(sqlite_path:
         assert not repository.database_leases
     finally:
         repository.dispose()
+
+
+def test_a_start_with_the_writer_free_makes_no_task_but_its_jobs(tmp_path: Path) -> None:
+    """`JobOperations.start` on an SQLite file whose writer is free runs the insert right where it is (no
+    await: nothing can cancel it half-way), so the only task a start makes is the job's own run. A start
+    whose insert must wait for the writer makes one more, shielded (tests/runtime/test_slots.py)."""
+
+    async def main() -> None:
+        jobs = Handles(config(tmp_path))
+
+        @jobs.job
+        async def quick(ctx: JobContext) -> int:
+            return 7
+
+        await jobs.start()
+        loop = asyncio.get_running_loop()
+        made: list[asyncio.Task[Any]] = []
+
+        def counting(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+            task = asyncio.Task(coro, loop=loop, **kwargs)
+            made.append(task)  # named by `create_task` once made
+            return task
+
+        try:
+            await jobs.service.start(jobs.specs["quick"], "alice", {}, None)  # warm: the schema, the switches
+            loop.set_task_factory(counting)
+            started = await jobs.service.start(jobs.specs["quick"], "alice", {}, None)
+            loop.set_task_factory(None)
+            assert started.created
+            assert [task.get_name() for task in made] == ["handles-job-quick"]
+        finally:
+            loop.set_task_factory(None)
+            await jobs.aclose()
+
+    asyncio.run(main())
