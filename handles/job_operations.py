@@ -284,6 +284,11 @@ class JobOperations:
                 )
                 insert.add_done_callback(_retrieve)
                 done = await asyncio.shield(insert)
+            elif settled is not None:
+                # The caller waits for the job's result: the job's first step (for a short job, its whole
+                # run up to its outcome) goes before the start returns, so the caller finds `settled` done
+                # instead of waiting for the job and reading it back.
+                await asyncio.sleep(0)
             stored, created = done
         except ActiveLimitReached as exc:
             raise LimitReached(

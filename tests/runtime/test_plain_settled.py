@@ -15,6 +15,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
 
 from handles import Handles, JobContext, JobFailed
+from handles.runtime.sweeper import Sweeper
 from tests.durability.harness import Rig, config, rig
 
 
@@ -131,5 +132,48 @@ def test_a_handle_is_signed_only_for_a_plain_call_that_hands_one_back(tmp_path: 
             release.set()
             body, _ = await r.call("slow_fetch", handle=handle, wait_seconds=10)
             assert body["status"] == "completed" and body["result"] == {"result": "late"}
+
+    asyncio.run(main())
+
+
+def test_a_plain_call_of_a_short_job_reads_nothing_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain call's job takes its first step before the start returns (no reply goes first: the call's
+    reply is the job's result), so a short job has stored its outcome by then and the call answers from it:
+    no wait for a change and no read of the job (`JobRepository.get`) after the start.
+
+    With SQLite's writer free, that is: the sweep a node makes as it starts (at its first call), which
+    writes on a worker thread, is over first, and no heartbeat comes due. A start or an outcome that meets
+    a writer at work goes to a worker thread, and the call may then wait for the job and read it back, as
+    it should."""
+    swept = asyncio.Event()
+    sweep_once = Sweeper.sweep_once
+
+    async def sweep_and_say(self: Sweeper) -> dict[str, int]:
+        try:
+            return await sweep_once(self)
+        finally:
+            swept.set()
+
+    monkeypatch.setattr(Sweeper, "sweep_once", sweep_and_say)
+
+    async def main() -> None:
+        async with rig(Handles(config(tmp_path, lease_seconds=120, heartbeat_seconds=60)), declare) as r:
+            await r.client.call_tool("fine", {})  # the node starts at its first call, with a sweep
+            await asyncio.wait_for(swept.wait(), 10)
+            repo = r.jobs.service.store.repo
+            reads: list[str] = []
+            get = repo.get
+
+            def counting_get(job_id: str) -> Any:
+                reads.append(job_id)
+                return get(job_id)
+
+            repo.get = counting_get  # type: ignore[method-assign]
+            for _ in range(5):
+                fine = await r.client.call_tool("fine", {})
+                assert fine.structured_content == {"result": "done"}
+            assert reads == []
 
     asyncio.run(main())

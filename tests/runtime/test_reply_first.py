@@ -104,17 +104,12 @@ def test_a_plain_call_s_job_lets_no_reply_go_first_its_caller_waits_for_its_resu
     asyncio.run(main())
 
 
-def test_an_awaited_start_runs_its_job_at_the_next_turn_and_hands_over_its_outcome(tmp_path: Path) -> None:
-    """A start whose caller waits for the job's result (a plain call) lets no reply go first: its job's first
-    step runs at the first turn of the loop after the start returns (the start itself, its insert run on
-    the event loop, never yields), not `REPLY_FIRST_TURNS` turns later."""
-
+def test_an_awaited_start_runs_its_job_before_it_returns_and_hands_over_its_outcome(tmp_path: Path) -> None:
     async def main() -> None:
         jobs, began = quick_jobs(tmp_path)
         try:
             outcome = asyncio.get_running_loop().create_future()
             started = await jobs.service.start(jobs.specs["quick"], "alice", {}, None, settled=outcome)
-            await asyncio.sleep(0)
             assert began == [started.job.id], "the job's first step waited although its caller waits for it"
             status, values = await asyncio.wait_for(outcome, 5)
             stored_job = await settled(jobs, started.handle)
