@@ -71,6 +71,28 @@ class StartedJob:
         return self.mint()
 
 
+@dataclass(frozen=True)
+class _NewJob:
+    """A start's job row, ready to insert, and what becomes of it once stored (`JobOperations._hand_over`)."""
+
+    record: JobRecord
+    question: InputRequestRecord | None
+    claimed: bool
+    """Stored leased to this node, in the slot `Runtime.reserve` held: it runs here."""
+    queued: bool
+    """Stored waiting for a worker: any node's dispatcher takes it."""
+    settled: asyncio.Future[Outcome] | None
+    """The caller waits for the job's result (see `JobOperations.start`)."""
+
+    def insert_options(self, config: HandlesConfig) -> dict[str, Any]:
+        """What `Store.insert` takes beside the job: the active limit, the first question, the lease."""
+        return {
+            "active_limit": config.max_active_per_principal,
+            "questions": [self.question] if self.question is not None else [],
+            "lease_seconds": config.lease_seconds,
+        }
+
+
 UNKNOWN_HANDLE = (
     "This handle is not valid here: it may be mistyped, truncated, made up, signed by a retired key, "
     "or issued to someone else."
@@ -269,19 +291,15 @@ class JobOperations:
         )
         if question is not None:
             question.job_id = record.id
-        queued = not claimed and not waiting
+        new = _NewJob(record, question, claimed=claimed, queued=not claimed and not waiting, settled=settled)
         try:
             # On an SQLite file with its writer lock free, the insert runs right here, with no await: nothing
             # can cancel it, so it needs no task of its own (and no turns of the loop to wait for one).
-            done = self._store_now(record, question, claimed=claimed, queued=queued, settled=settled)
+            done = self._store_now(new)
             if done is None:
                 # Shielded: once the insert is under way, the job is stored and handed to the runtime (or
                 # queued) even if the caller's request is cancelled, so a committed start always runs.
-                insert = asyncio.ensure_future(
-                    self._store_and_hand_over(
-                        record, question, claimed=claimed, queued=queued, settled=settled
-                    )
-                )
+                insert = asyncio.ensure_future(self._store_and_hand_over(new))
                 insert.add_done_callback(_retrieve)
                 done = await asyncio.shield(insert)
             elif settled is not None:
@@ -317,77 +335,43 @@ class JobOperations:
             ),
         )
 
-    def _insert_options(self, question: InputRequestRecord | None) -> dict[str, Any]:
-        """What `Store.insert` takes beside the job: the active limit, the first question, the lease."""
-        return {
-            "active_limit": self.config.max_active_per_principal,
-            "questions": [question] if question is not None else [],
-            "lease_seconds": self.config.lease_seconds,
-        }
-
-    def _store_now(
-        self,
-        record: JobRecord,
-        question: InputRequestRecord | None,
-        *,
-        claimed: bool,
-        queued: bool,
-        settled: asyncio.Future[Outcome] | None,
-    ) -> tuple[JobRecord, bool] | None:
+    def _store_now(self, new: _NewJob) -> tuple[JobRecord, bool] | None:
         """Insert the job and hand it over (`_hand_over`) here, with no await, when the store can
         (`Store.insert_now`); None when nothing was stored and the insert waits for a worker thread
         (`_store_and_hand_over`)."""
-        with self._reservation(claimed):
-            done = self.store.insert_now(record, **self._insert_options(question))
-        if done is None:
-            return None
-        return self._hand_over(question, *done, claimed=claimed, queued=queued, settled=settled)
+        with self._reservation(new):
+            done = self.store.insert_now(new.record, **new.insert_options(self.config))
+        return None if done is None else self._hand_over(new, *done)
 
-    async def _store_and_hand_over(
-        self,
-        record: JobRecord,
-        question: InputRequestRecord | None,
-        *,
-        claimed: bool,
-        queued: bool,
-        settled: asyncio.Future[Outcome] | None,
-    ) -> tuple[JobRecord, bool]:
+    async def _store_and_hand_over(self, new: _NewJob) -> tuple[JobRecord, bool]:
         """Insert the job, on a worker thread if need be, then hand it over (`_hand_over`)."""
-        with self._reservation(claimed):
-            stored, created = await self.store.insert(record, queued=queued, **self._insert_options(question))
-        return self._hand_over(question, stored, created, claimed=claimed, queued=queued, settled=settled)
+        with self._reservation(new):
+            done = await self.store.insert(new.record, queued=new.queued, **new.insert_options(self.config))
+        return self._hand_over(new, *done)
 
     @contextmanager
-    def _reservation(self, claimed: bool) -> Iterator[None]:
+    def _reservation(self, new: _NewJob) -> Iterator[None]:
         """Give back the slot a start claiming its job reserved (`Runtime.reserve`) if its insert fails."""
         try:
             yield
         except BaseException:
-            if claimed:
+            if new.claimed:
                 self.runtime.unreserve()
             raise
 
-    def _hand_over(
-        self,
-        question: InputRequestRecord | None,
-        stored: JobRecord,
-        created: bool,
-        *,
-        claimed: bool,
-        queued: bool,
-        settled: asyncio.Future[Outcome] | None,
-    ) -> tuple[JobRecord, bool]:
+    def _hand_over(self, new: _NewJob, stored: JobRecord, created: bool) -> tuple[JobRecord, bool]:
         """After the insert: run the job here (claimed at insert) or queue it for any worker."""
-        if claimed and created:
+        question = new.question
+        if new.claimed and created:
             answers = (
                 {question.key: question.answer}
                 if question is not None and question.answer is not None
                 else {}
             )
-            self.runtime.adopt(stored, answers, settled=settled)
-        elif claimed:
+            self.runtime.adopt(stored, answers, settled=new.settled)
+        elif new.claimed:
             self.runtime.unreserve()
-        if created and queued:
+        if created and new.queued:
             self.runtime.submit(stored.id)  # other nodes heard of it as the insert committed
         return stored, created
 

@@ -11,13 +11,17 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
-from handles import Handles
+import pytest
+
+from handles import Handles, JobContext
 from handles.handle import HandleCodec
+from handles.runtime.sweeper import Sweeper
 from handles.states import Status
 from handles.store import JobRecord, JobRepository, StepRecord, utc_now
-from tests.durability.harness import KEY
+from tests.durability.harness import KEY, config
 
 
 def job_id_of(handle: str) -> str:
@@ -45,6 +49,39 @@ def stored_steps(jobs: Handles, handle_or_id: str) -> dict[str, StepRecord]:
         return {step.name: step for step in repo.steps(job_id)}
     finally:
         repo.dispose()
+
+
+def quick_jobs(
+    tmp_path: Path, on_interrupt: Literal["retry", "fail"] = "fail", **settings: Any
+) -> tuple[Handles, list[str]]:
+    """`Handles` serving one job, `quick`, which returns at once; the list gets the job id of every run's
+    first step."""
+    jobs = Handles(config(tmp_path, **settings))
+    began: list[str] = []
+
+    @jobs.job(on_interrupt=on_interrupt)
+    async def quick(ctx: JobContext) -> str:
+        began.append(ctx.job_id)
+        return "done"
+
+    return jobs, began
+
+
+def sweeps_done(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """An event set as each sweep pass ends, from the first on: the pass a node makes as it starts writes on
+    a worker thread, so a test that needs SQLite's writer free (a start or an outcome written on the event
+    loop) waits for it first."""
+    done = asyncio.Event()
+    sweep_once = Sweeper.sweep_once
+
+    async def sweep_and_say(self: Sweeper) -> dict[str, int]:
+        try:
+            return await sweep_once(self)
+        finally:
+            done.set()
+
+    monkeypatch.setattr(Sweeper, "sweep_once", sweep_and_say)
+    return done
 
 
 async def start_as(jobs: Handles, principal: str, kind: str, **arguments: Any) -> str:

@@ -15,8 +15,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
 
 from handles import Handles, JobContext, JobFailed
-from handles.runtime.sweeper import Sweeper
 from tests.durability.harness import Rig, config, rig
+from tests.runtime.support import sweeps_done
 
 
 def declare(jobs: Handles) -> None:
@@ -147,16 +147,7 @@ def test_a_plain_call_of_a_short_job_reads_nothing_back(
     writes on a worker thread, is over first, and no heartbeat comes due. A start or an outcome that meets
     a writer at work goes to a worker thread, and the call may then wait for the job and read it back, as
     it should."""
-    swept = asyncio.Event()
-    sweep_once = Sweeper.sweep_once
-
-    async def sweep_and_say(self: Sweeper) -> dict[str, int]:
-        try:
-            return await sweep_once(self)
-        finally:
-            swept.set()
-
-    monkeypatch.setattr(Sweeper, "sweep_once", sweep_and_say)
+    swept = sweeps_done(monkeypatch)
 
     async def main() -> None:
         async with rig(Handles(config(tmp_path, lease_seconds=120, heartbeat_seconds=60)), declare) as r:

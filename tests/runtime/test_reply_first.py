@@ -19,23 +19,7 @@ from handles.runtime import executor
 from handles.states import Status
 from tests.durability.harness import config, rig
 
-from .support import job_id_of, settled, start_as, stored
-
-
-def quick_jobs(
-    tmp_path: Path, on_interrupt: Literal["retry", "fail"] = "fail", **settings: Any
-) -> tuple[Handles, list[str]]:
-    """`Handles` serving one job, `quick`, which returns at once; the list gets the job id of every run's
-    first step."""
-    jobs = Handles(config(tmp_path, **settings))
-    began: list[str] = []
-
-    @jobs.job(on_interrupt=on_interrupt)
-    async def quick(ctx: JobContext) -> str:
-        began.append(ctx.job_id)
-        return "done"
-
-    return jobs, began
+from .support import job_id_of, quick_jobs, settled, start_as, stored
 
 
 def test_the_start_returns_before_its_job_takes_its_first_step(tmp_path: Path) -> None:

@@ -14,11 +14,9 @@ from typing import Any
 
 import pytest
 
-from handles import Handles, JobContext
 from handles.store import JobRepository, Store
 from handles.store.repository import ActiveLimitReached
-from tests.durability.harness import config
-from tests.runtime.support import job_row
+from tests.runtime.support import job_row, quick_jobs, sweeps_done
 from tests.store.sqlite_support import another_process_writing, statement_threads, ticks_while_pending
 
 
@@ -133,18 +131,16 @@ def test_sqlite_refuses_a_database_lease_clock_and_says_what_to_use(sqlite_path:
         repository.dispose()
 
 
-def test_a_start_with_the_writer_free_makes_no_task_but_its_jobs(tmp_path: Path) -> None:
+def test_a_start_with_the_writer_free_makes_no_task_but_its_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`JobOperations.start` on an SQLite file whose writer is free runs the insert right where it is (no
     await: nothing can cancel it half-way), so the only task a start makes is the job's own run. A start
     whose insert must wait for the writer makes one more, shielded (tests/runtime/test_slots.py)."""
+    swept = sweeps_done(monkeypatch)
 
     async def main() -> None:
-        jobs = Handles(config(tmp_path))
-
-        @jobs.job
-        async def quick(ctx: JobContext) -> int:
-            return 7
-
+        jobs, _ = quick_jobs(tmp_path, lease_seconds=120, heartbeat_seconds=60)  # no heartbeat comes due
         await jobs.start()
         loop = asyncio.get_running_loop()
         made: list[asyncio.Task[Any]] = []
@@ -155,6 +151,7 @@ def test_a_start_with_the_writer_free_makes_no_task_but_its_jobs(tmp_path: Path)
             return task
 
         try:
+            await asyncio.wait_for(swept.wait(), 10)  # the node's first sweep writes on a worker thread
             await jobs.service.start(jobs.specs["quick"], "alice", {}, None)  # warm: the schema, the switches
             loop.set_task_factory(counting)
             started = await jobs.service.start(jobs.specs["quick"], "alice", {}, None)
