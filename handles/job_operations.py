@@ -85,7 +85,8 @@ class _NewJob:
     """The caller waits for the job's result (see `JobOperations.start`)."""
 
     def insert_options(self, config: HandlesConfig) -> dict[str, Any]:
-        """What `Store.insert` takes beside the job: the active limit, the first question, the lease."""
+        """What `Store.insert_now` and `Store.insert_off_loop` take beside the job: the active limit, the first
+        question, the lease."""
         return {
             "active_limit": config.max_active_per_principal,
             "questions": [self.question] if self.question is not None else [],
@@ -344,9 +345,12 @@ class JobOperations:
         return None if done is None else self._hand_over(new, *done)
 
     async def _store_and_hand_over(self, new: _NewJob) -> tuple[JobRecord, bool]:
-        """Insert the job, on a worker thread if need be, then hand it over (`_hand_over`)."""
+        """Insert the job on a worker thread (its try on the event loop found a writer at work, or the store
+        is not an SQLite file), then hand it over (`_hand_over`)."""
         with self._reservation(new):
-            done = await self.store.insert(new.record, queued=new.queued, **new.insert_options(self.config))
+            done = await self.store.insert_off_loop(
+                new.record, queued=new.queued, **new.insert_options(self.config)
+            )
         return self._hand_over(new, *done)
 
     @contextmanager

@@ -160,13 +160,22 @@ class Store:
         after), and every waiter reads the job before it waits. So that start sends no notice, and
         no node's listener wakes for it.
         """
-        call = functools.partial(self.repo.insert, job, **options)
-        return await self._write_short(job.id, queued, call, publish=queued)
+        done = self.insert_now(job, **options)
+        return done if done is not None else await self.insert_off_loop(job, queued=queued, **options)
+
+    async def insert_off_loop(
+        self, job: JobRecord, *, queued: bool, **options: Any
+    ) -> tuple[JobRecord, bool]:
+        """`insert` on a worker thread, with no try on the event loop: for a start whose try there
+        (`insert_now`) found a writer at work, so that each start offers its insert to the loop once."""
+        return await self._write(
+            job.id, queued, functools.partial(self.repo.insert, job, **options), publish=queued
+        )
 
     def insert_now(self, job: JobRecord, **options: Any) -> tuple[JobRecord, bool] | None:
         """`insert`'s inline try alone, with no await: the stored job and whether it was created, when the
         insert ran here on the event loop (an SQLite file whose writer lock was free); None when nothing
-        was written and the insert needs `insert` (a writer is at work, or the store is not an SQLite
+        was written and the insert needs `insert_off_loop` (a writer is at work, or the store is not an SQLite
         file). A start that tries this first has no task to make and no turn of the loop to wait for."""
         done = self._write_now(job.id, functools.partial(self.repo.insert, job, **options))
         return None if done is None else done[0]

@@ -163,3 +163,49 @@ def test_a_start_with_the_writer_free_makes_no_task_but_its_jobs(
             await jobs.aclose()
 
     asyncio.run(main())
+
+
+def test_a_start_that_meets_a_writer_at_work_offers_its_insert_to_the_loop_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its try on the event loop finds the writer taken, so the insert waits for it on a worker thread
+    (`Store.insert_off_loop`), without a second try on the loop."""
+    swept = sweeps_done(monkeypatch)
+
+    async def main() -> None:
+        jobs, _ = quick_jobs(tmp_path, lease_seconds=120, heartbeat_seconds=60)
+        await jobs.start()
+        repo = jobs.service.store.repo
+        offered: list[str] = []
+        write_inline = repo.write_inline
+
+        def spied(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            offered.append(getattr(fn, "func", fn).__name__)
+            return write_inline(fn, *args, **kwargs)
+
+        held, release = threading.Event(), threading.Event()
+
+        def writer() -> None:  # another write of this process, on a worker thread
+            with repo._writing():
+                held.set()
+                release.wait(10)
+
+        thread = threading.Thread(target=writer)
+        try:
+            await asyncio.wait_for(swept.wait(), 10)
+            monkeypatch.setattr(repo, "write_inline", spied)
+            thread.start()
+            assert held.wait(5)
+            start = asyncio.create_task(jobs.service.start(jobs.specs["quick"], "alice", {}, None))
+            await asyncio.sleep(0.2)
+            assert not start.done(), "the insert did not wait for the writer"
+            release.set()
+            started = await asyncio.wait_for(start, 10)
+            assert started.created
+            assert offered[:1] == ["insert"] and "insert" not in offered[1:], offered
+        finally:
+            release.set()
+            thread.join(5)
+            await jobs.aclose()
+
+    asyncio.run(main())
