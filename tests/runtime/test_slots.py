@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import threading
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from handles import Handles, JobContext
 from handles.states import Status
 from handles.store import JobRepository
 from tests.durability.harness import config
+from tests.store.sqlite_support import this_process_writing
 
 from .support import quick_jobs, settled, slowed, start_as, stored, until_running
 
@@ -96,26 +96,13 @@ def test_a_start_cancelled_while_its_insert_waits_for_the_writer_still_runs(tmp_
         jobs, _ = quick_jobs(tmp_path)
         await jobs.start()
         repo = jobs.service.store.repo
-        held, release = threading.Event(), threading.Event()
-
-        def writer() -> None:
-            with repo._writing():
-                held.set()
-                release.wait(10)
-
-        thread = threading.Thread(target=writer)
-        thread.start()
-        try:
-            assert held.wait(5)
+        with this_process_writing(repo):  # the writer is free again at the end of the block
             request = asyncio.create_task(jobs.service.start(jobs.specs["quick"], "alice", {}, "key-2"))
             await asyncio.sleep(0.2)
             assert not request.done(), "the insert did not wait for the writer"
             request.cancel()
             await asyncio.gather(request, return_exceptions=True)
             assert request.cancelled()
-        finally:
-            release.set()
-            thread.join(5)
         try:
             for _ in range(100):  # the shielded insert commits once the writer is free
                 if _stored_keys(repo, "key-2") == 1:

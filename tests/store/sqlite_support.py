@@ -1,6 +1,7 @@
 """Helpers of the store tests on an SQLite file: which thread ran a kind of statement (traced by SQLite
 itself, so whether it went through SQLAlchemy's execution or straight to the DB-API connection), and a
-writer of another process holding SQLite's write lock while the event loop goes on serving."""
+writer of another process, or another write of this one, holding SQLite's write lock while the event loop goes
+on serving."""
 
 from __future__ import annotations
 
@@ -46,6 +47,27 @@ def another_process_writing(path: Path) -> Iterator[sqlite3.Connection]:
         yield other
     finally:
         other.close()
+
+
+@contextmanager
+def this_process_writing(repo: JobRepository) -> Iterator[threading.Event]:
+    """This process's writer lock, and SQLite's, held by a write of `repo` on a thread of its own (as a sweep
+    or a heartbeat holds them) until the caller sets the event it gets, or the block ends."""
+    held, release = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        with repo._writing():
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        assert held.wait(5), "the writer never took the lock"
+        yield release
+    finally:
+        release.set()
+        thread.join(5)
 
 
 async def ticks_while_pending(pending: asyncio.Future[Any], seconds: float = 0.3) -> int:

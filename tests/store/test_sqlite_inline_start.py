@@ -17,7 +17,12 @@ import pytest
 from handles.store import JobRepository, Store
 from handles.store.repository import ActiveLimitReached
 from tests.runtime.support import job_row, quick_jobs, sweeps_done
-from tests.store.sqlite_support import another_process_writing, statement_threads, ticks_while_pending
+from tests.store.sqlite_support import (
+    another_process_writing,
+    statement_threads,
+    this_process_writing,
+    ticks_while_pending,
+)
 
 
 def _insert_threads(repo: JobRepository) -> list[int]:
@@ -93,26 +98,16 @@ def test_a_start_goes_to_a_worker_thread_while_this_process_writes(
     sqlite_repo: JobRepository, sqlite_path: Path
 ) -> None:
     threads = _insert_threads(sqlite_repo)
-    held = threading.Event()
-    release = threading.Event()
-
-    def writer() -> None:  # another write of this process, on a worker thread
-        with sqlite_repo._writing():
-            held.set()
-            release.wait(5)
 
     async def main() -> None:
         store = Store(sqlite_repo)
-        thread = threading.Thread(target=writer)
-        thread.start()
-        assert held.wait(5)
-        job = job_row(f"i-{secrets.token_hex(4)}")
-        start = asyncio.create_task(store.insert(job, queued=False))
-        await asyncio.sleep(0.2)
-        assert not start.done()
-        release.set()
-        assert (await asyncio.wait_for(start, 10))[1]
-        thread.join(5)
+        with this_process_writing(sqlite_repo) as release:
+            job = job_row(f"i-{secrets.token_hex(4)}")
+            start = asyncio.create_task(store.insert(job, queued=False))
+            await asyncio.sleep(0.2)
+            assert not start.done()
+            release.set()
+            assert (await asyncio.wait_for(start, 10))[1]
         assert _committed(sqlite_path, job.id)
         assert threads == [threads[0]] and threads[0] != threading.get_ident()
 
@@ -183,29 +178,18 @@ def test_a_start_that_meets_a_writer_at_work_offers_its_insert_to_the_loop_once(
             offered.append(getattr(fn, "func", fn).__name__)
             return write_inline(fn, *args, **kwargs)
 
-        held, release = threading.Event(), threading.Event()
-
-        def writer() -> None:  # another write of this process, on a worker thread
-            with repo._writing():
-                held.set()
-                release.wait(10)
-
-        thread = threading.Thread(target=writer)
         try:
             await asyncio.wait_for(swept.wait(), 10)
             monkeypatch.setattr(repo, "write_inline", spied)
-            thread.start()
-            assert held.wait(5)
-            start = asyncio.create_task(jobs.service.start(jobs.specs["quick"], "alice", {}, None))
-            await asyncio.sleep(0.2)
-            assert not start.done(), "the insert did not wait for the writer"
-            release.set()
-            started = await asyncio.wait_for(start, 10)
+            with this_process_writing(repo) as release:
+                start = asyncio.create_task(jobs.service.start(jobs.specs["quick"], "alice", {}, None))
+                await asyncio.sleep(0.2)
+                assert not start.done(), "the insert did not wait for the writer"
+                release.set()
+                started = await asyncio.wait_for(start, 10)
             assert started.created
             assert offered[:1] == ["insert"] and "insert" not in offered[1:], offered
         finally:
-            release.set()
-            thread.join(5)
             await jobs.aclose()
 
     asyncio.run(main())
