@@ -4,7 +4,8 @@
 - `progress_shaped()`: an ordinary tool that runs no `handles` code and returns, prebuilt, a result of
   the size and output schema of a `work_progress` result (the SDK's and the transport's share of one).
 - `work(seconds=0.0, mark="")`: a `handles` job that sleeps `seconds` (0: returns at once) and
-  returns a small structured result. In-process benchmarks pass a `mark` to learn the moment the
+  returns a small structured result. `work_inline` is the same job with `task_after` (1 s): a call
+  that declares Tasks gets its result in the first response when it ends that soon. In-process benchmarks pass a `mark` to learn the moment the
   job function started (`STARTED[mark]`, `time.perf_counter()`), and can hold a job open until
   they release it (`gate(mark)`).
 
@@ -119,6 +120,13 @@ def create_jobs(config: HandlesConfig | None = None) -> Handles:
     jobs = Handles(config)
     # poll_after 0.1 s: the Tasks face advertises pollIntervalMs=100 (the peer's default is 5 s).
     jobs.job(retention=timedelta(hours=6), poll_after=timedelta(milliseconds=100))(work)
+    # The same job answering a declaring call inline when it ends within a second (section 6).
+    jobs.job(
+        name="work_inline",
+        retention=timedelta(hours=6),
+        poll_after=timedelta(milliseconds=100),
+        task_after=timedelta(seconds=1),
+    )(work)
     return jobs
 
 

@@ -143,6 +143,14 @@ class Target:
             raise RuntimeError(f"{self.name}: a declaring call did not become a task")
         return created
 
+    async def declared_call(self, tool: str, seconds: float) -> None:
+        """A declaring call of `tool`, followed to its result if it became a task (as a Tasks client does)."""
+        answer = await self.tasks.session.call_tool(tool, {"seconds": seconds}, allow_claimed=True)
+        if getattr(answer, "result_type", None) == "task":
+            await self.follow(answer.task_id)
+        elif answer.is_error or (answer.structured_content or {}).get("slept") != seconds:
+            raise RuntimeError(f"{self.name}: declaring call of {tool} failed: {answer}")
+
     async def plain_call(self, seconds: float) -> None:
         result = await self.plain.call_tool("work", {"seconds": seconds})
         if result.is_error or (result.structured_content or {}).get("slept") != seconds:
@@ -316,6 +324,18 @@ async def run(options: Options) -> list[Table]:
             )
             polls_100 = {t.name: sorted(t.polls)[len(t.polls) // 2] for t in both}
 
+            log(
+                "peer: start -> result, 0 s job, handles' work_inline (task_after: its result in the first response)"
+            )
+            results["inline_0"] = await _paired(
+                both,
+                samples,
+                warmup,
+                lambda t: lambda: t.declared_call("work_inline" if t is h else "work", 0.0),
+            )
+            for t in both:
+                t.polls.clear()
+
             log("peer: plain calls (no extension)")
             results["plain_0"] = await _paired(both, samples, warmup, lambda t: lambda: t.plain_call(0.0))
             results["plain_100"] = await _paired(both, slow_samples, 2, lambda t: lambda: t.plain_call(0.1))
@@ -397,6 +417,11 @@ async def run(options: Options) -> list[Table]:
                 "",
             ]
         )
+    row(
+        "start -> result, 0 s job, Tasks declared: handles' `work_inline` (`task_after` 1 s: the result in "
+        "the first response, no task), the peer's task",
+        "inline_0",
+    )
     row("plain call, 0 s job (no extension: inline on both)", "plain_0", faster=False)
     row("plain call, 100 ms job (no extension: inline on both)", "plain_100", faster=False)
     for label, values in (

@@ -74,6 +74,7 @@ class JobPolicies(TypedDict, total=False):
     abandon_after: timedelta | None
     ask_first: AskFirst | None
     link_results_over: int | None
+    task_after: timedelta | None
 
 
 class JobOptions(JobPolicies, total=False):
@@ -95,7 +96,10 @@ class JobSpec:
     - `on_interrupt`: when its process dies, "fail" (default) or "retry" up to `max_attempts`;
     - `ask_first`: a question the job needs answered before it starts (see `handles.ask_first`);
     - `link_results_over`: a result whose JSON is larger than this many bytes is stored as a file and
-      answered as a link (default `HandlesConfig.link_results_over`); see `handles.results`.
+      answered as a link (default `HandlesConfig.link_results_over`); see `handles.results`;
+    - `task_after`: a call that declares the Tasks extension waits this long for the job to end and then
+      gets its result as an ordinary tool result, with no task; a job still running then (or waiting for
+      an answer) becomes a task. None (the default): every declaring call becomes a task at once.
     """
 
     name: str
@@ -114,6 +118,7 @@ class JobSpec:
     abandon_after: timedelta | None = None
     ask_first: AskFirst | None = None
     link_results_over: int | None = None
+    task_after: timedelta | None = None
 
     def __post_init__(self) -> None:
         job = f"Job {self.name!r}"
@@ -121,7 +126,7 @@ class JobSpec:
             raise ConfigurationError(f"{job}: retention must be positive.")
         if self.on_interrupt not in ("fail", "retry"):
             raise ConfigurationError(f"{job}: on_interrupt must be 'fail' or 'retry'.")
-        for label in ("keep_result_for", "input_timeout", "abandon_after"):
+        for label in ("keep_result_for", "input_timeout", "abandon_after", "task_after"):
             value = getattr(self, label)
             if value is not None and value <= timedelta(0):
                 raise ConfigurationError(f"{job}: {label} must be positive (or None).")

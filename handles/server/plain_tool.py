@@ -21,7 +21,6 @@ Calls of a paused job kind are refused (retryable `paused`) before any question 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -29,8 +28,7 @@ from typing import Any
 
 import anyio
 from mcp.server.context import ServerRequestContext
-from mcp.shared.exceptions import MCPError
-from mcp_types import INTERNAL_ERROR, CallToolResult, InputRequiredResult, TextContent
+from mcp_types import CallToolResult, InputRequiredResult
 from pydantic import BaseModel, Field
 
 from handles.errors import CallerError
@@ -38,6 +36,7 @@ from handles.job_operations import JobOperations, StartedJob
 from handles.jobs import JobSpec, describe_duration
 from handles.outcomes import Outcome
 from handles.server.bind_mcpserver import to_call_tool_result
+from handles.server.endings import cancel_orphaned, ended_answer, outcome_answer
 from handles.server.first_round import first_round
 from handles.server.handle_tools import InputRequestView, JobTools, ToolReply, error_reply
 from handles.server.tasks_extension import declares_tasks, missing_tasks_capability
@@ -45,8 +44,6 @@ from handles.states import Status
 from handles.store import JobRecord
 from handles.tasks_wire import TASKS_EXTENSION
 from handles.tool_layout import PlainCall, ToolNames, job_meta
-
-logger = logging.getLogger("handles.server.plain_tool")
 
 ProgressReporter = Callable[[float, float | None, str | None], Awaitable[None]]
 """`(progress, total, message)`: sends `notifications/progress` (a no-op without a progress token)."""
@@ -191,7 +188,7 @@ class PlainTool:
         except anyio.get_cancelled_exc_class():
             # The caller went away and only this call knew the handle: stop the orphaned job.
             with anyio.CancelScope(shield=True):
-                await self._cancel_quietly(started.job)
+                await cancel_orphaned(self.service, started.job)
             raise
         except CallerError:
             job = started.job  # the store faltered while we waited; the job itself is stored and running
@@ -223,11 +220,8 @@ class PlainTool:
     async def _answer(self, job: JobRecord | Outcome, started: StartedJob) -> CallToolResult:
         """The job's ending, or its handle (signed only now: an answer inline never shows one)."""
         if isinstance(job, tuple):  # the outcome its run here stored
-            status, values = job
-            ended = _ended(status, values.get("result"), values.get("error"), values.get("status_message"))
-            assert ended is not None, "a stored outcome is terminal"
-            return ended
-        ended = _ended(Status(job.status), job.result, job.error, job.status_message)
+            return outcome_answer(job)
+        ended = ended_answer(Status(job.status), job.result, job.error, job.status_message)
         return ended if ended is not None else await self._handoff(job, started.handle)
 
     async def _handoff(self, job: JobRecord, handle: str, *, lead: str | None = None) -> CallToolResult:
@@ -252,32 +246,6 @@ class PlainTool:
             + " Keep the handle: it is the only way back to this job.",
         )
         return to_call_tool_result(ToolReply(out.model_dump(mode="json")))
-
-    async def _cancel_quietly(self, job: JobRecord) -> None:
-        try:
-            await self.service.cancel(job)
-        except Exception:
-            logger.warning("could not cancel job %s after its caller went away", job.id, exc_info=True)
-
-
-def _ended(
-    status: Status, result: dict[str, Any] | None, error: dict[str, Any] | None, message: str | None
-) -> CallToolResult | None:
-    """The answer of a job that ended (a failed job's is its JSON-RPC error, raised), else None."""
-    if status is Status.COMPLETED and result is not None:
-        return CallToolResult.model_validate(result)
-    if status is Status.FAILED:
-        error = error or {}
-        raise MCPError(
-            code=int(error.get("code", INTERNAL_ERROR)),
-            message=str(error.get("message") or message or "The job failed."),
-            data=error.get("data"),
-        )
-    if status is Status.CANCELLED:
-        return CallToolResult(
-            content=[TextContent(type="text", text=message or "The job was cancelled.")], is_error=True
-        )
-    return None
 
 
 def _changed_since(version: int) -> Callable[[JobRecord], bool]:

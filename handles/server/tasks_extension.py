@@ -10,6 +10,7 @@ extension's wire shapes; the rules it follows are those of
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -54,7 +55,9 @@ from handles.errors import (
     WrongJobKind,
 )
 from handles.jobs import JobSpec
+from handles.outcomes import Outcome
 from handles.server.bind_mcpserver import resolve_principal, to_call_tool_result
+from handles.server.endings import cancel_orphaned, outcome_answer
 from handles.server.envelope import SdkServer
 from handles.server.first_round import first_round
 from handles.server.handle_tools import error_reply
@@ -317,10 +320,36 @@ class TasksExtension(Extension):
             first = first_round(spec, given, ctx, input_responses)
             if first.reply is not None:
                 return first.reply
-            started = await self.service.start(spec, principal, given, None, first_answer=first.answer)
+            # A job with `task_after` answers inline if its run here ends that soon (the outcome it stored).
+            settled = None if spec.task_after is None else asyncio.get_running_loop().create_future()
+            started = await self.service.start(
+                spec, principal, given, None, first_answer=first.answer, settled=settled
+            )
         except CallerError as error:
             return to_call_tool_result(error_reply(error))
+        if settled is not None and spec.task_after is not None and started.job.lease_owner is not None:
+            # Only a job claimed at its insert runs here at once (not one queued, or waiting for its
+            # first answer): none other can end within the wait.
+            ended = await self._ended_within(settled, spec.task_after.total_seconds(), started.job)
+            if ended is not None:
+                return ended
         return create_task_result(spec, started.job, started.handle)
+
+    async def _ended_within(
+        self, settled: asyncio.Future[Outcome], seconds: float, job: JobRecord
+    ) -> CallToolResult | None:
+        """The job's ending as an ordinary tool result (a failed job's JSON-RPC error, raised) if its run in
+        this process stores its outcome within `seconds`; None when it still runs (or waits for an answer,
+        or runs elsewhere): the call becomes a task. A caller that goes away meanwhile never learned the
+        task id, so the job is cancelled, as a plain call's is."""
+        if not settled.done():
+            try:
+                await asyncio.wait({settled}, timeout=seconds)
+            except anyio.get_cancelled_exc_class():
+                with anyio.CancelScope(shield=True):
+                    await cancel_orphaned(self.service, job)
+                raise
+        return outcome_answer(settled.result()) if settled.done() else None
 
     # -- tasks/* -----------------------------------------------------------------
 

@@ -2,13 +2,14 @@
 
 Runs in bench/.peer-venv (created by `bench.peer.ensure_peer_venv`), never in the project's environment:
 
-    bench/.peer-venv/bin/python tests/interop/fastmcp_client.py URL TOKEN tasks|plain|tasks-off
+    bench/.peer-venv/bin/python tests/interop/fastmcp_client.py URL TOKEN tasks|plain|tasks-off|task-after
 
 `tasks`: imports `fastmcp_tasks`, which turns on FastMCP's Tasks client; follows a report to its
 result, answers a deployment's question (through `tasks/update`), reads an export's CSV through the
 resource_link of its result, and cancels another export (`tasks/cancel`).
 `plain`: FastMCP's client without the Tasks extension, on the plain and handle tools.
 `tasks-off`: `fastmcp_tasks` imported while the server's Tasks kill switch is on: plain answers.
+`task-after`: `fastmcp_tasks` imported, against bench.app's `work_inline` (a job with `task_after`).
 Prints what it observed as one JSON object on stdout; the pytest side asserts on it.
 """
 
@@ -126,7 +127,36 @@ async def tasks_switched_off(url: str, token: str) -> dict[str, Any]:
     return seen
 
 
-MODES = {"tasks": with_tasks, "plain": without_tasks, "tasks-off": tasks_switched_off}
+async def quick_in_the_first_response(url: str, token: str) -> dict[str, Any]:
+    """With `fastmcp_tasks` on, against bench.app's `work_inline` (`task_after` 1 s): a call whose job ends
+    that soon is answered with its result, one that takes longer becomes a task."""
+    import fastmcp_tasks
+    from fastmcp_tasks import call_tool_task
+
+    seen: dict[str, Any] = {"fastmcp_tasks": fastmcp_tasks.__version__}
+    async with connect(url, token) as client:
+        # The plain call a FastMCP user makes takes either answer.
+        seen["quick"] = (await client.call_tool("work_inline", {"seconds": 0})).structured_content
+        seen["slow"] = (await client.call_tool("work_inline", {"seconds": 1.5})).structured_content
+        # The explicit task API: a job that outlasts task_after is a task...
+        slow = await call_tool_task(client, "work_inline", {"seconds": 1.5})
+        seen["slow_task_id"] = slow.task_id
+        seen["slow_task"] = (await slow.result()).structured_content
+        # ...and one that ends at once is not: fastmcp-tasks' call_tool_task refuses a result for a task.
+        try:
+            quick = await call_tool_task(client, "work_inline", {"seconds": 0})
+            seen["explicit_quick"] = {"task_id": quick.task_id}
+        except Exception as exc:
+            seen["explicit_quick"] = {"raised": type(exc).__name__, "message": str(exc)}
+    return seen
+
+
+MODES = {
+    "tasks": with_tasks,
+    "plain": without_tasks,
+    "tasks-off": tasks_switched_off,
+    "task-after": quick_in_the_first_response,
+}
 
 
 def main() -> None:

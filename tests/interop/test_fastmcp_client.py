@@ -21,7 +21,8 @@ import pytest
 
 from bench.peer import PEER_PYTHON, ensure_peer_venv
 from handles.config import HandlesConfig
-from tests.support import FRAMEWORKS, HttpExampleServer
+from tests.harness.process import ServerProcess, free_port, python_module
+from tests.support import FRAMEWORKS, HttpExampleServer, new_key
 from tests.tasks.wire import example_process
 
 pytestmark = pytest.mark.timeout(420)  # the first run creates the client's virtual environment (~40 s)
@@ -123,6 +124,39 @@ def test_fastmcp_with_fastmcp_tasks_gets_plain_answers_while_the_kill_switch_is_
     assert seen["deploy_handoff"]["job"] == "deploy_release"
     assert seen["deploy_handoff"]["status"] in ("working", "input_required")
     assert "deploy_release_progress" in seen["deploy_handoff"]["next"]
+
+
+def test_fastmcp_with_fastmcp_tasks_takes_a_quick_jobs_result_in_the_first_response(
+    peer_python: str, tmp_path: Path
+) -> None:
+    """A job with `task_after` (bench.app's `work_inline`, 1 s): FastMCP's `call_tool` takes the result of
+    a job that ends that soon and follows the task of one that does not. fastmcp-tasks' explicit
+    `call_tool_task` refuses a result where it expects a task (the extension lets the server answer either
+    way; docs/tasks.md says so)."""
+    port = free_port()
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({TOKEN: "fastmcp-user"}))
+    settings = dict(os.environ, HANDLES_DATA_DIR=str(tmp_path / "data"), HANDLES_SECRET_KEYS=new_key())
+    settings.pop("HANDLES_DATABASE_URL", None)
+    server = ServerProcess(
+        python_module("bench.app", "--http", "--port", str(port), "--tokens", str(tokens)),
+        settings,
+        tmp_path / "server.log",
+        port,
+        ready="http",
+        start_timeout=30,
+        stop_timeout=10,
+    ).start()
+    try:
+        seen = run_client(peer_python, server.url, "task-after")
+    finally:
+        server.stop()
+    assert seen["fastmcp_tasks"] == "4.1.4"
+    assert seen["quick"] == {"slept": 0.0, "mark": ""}
+    assert seen["slow"] == {"slept": 1.5, "mark": ""}
+    assert seen["slow_task_id"] and seen["slow_task"] == {"slept": 1.5, "mark": ""}
+    assert seen["explicit_quick"]["raised"] == "ToolError"
+    assert "did not run as a task" in seen["explicit_quick"]["message"]
 
 
 def assert_export_link(link: dict[str, object]) -> None:
