@@ -15,13 +15,13 @@ from typing import Any
 import anyio
 import pytest
 from fastmcp import FastMCP
-from mcp import Client
+from mcp import Client, ClientSession
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult
 
 from handles import Handles, JobContext
-from handles.client.tasks import CreateTaskResult, TasksClientExtension, get_task
+from handles.client.tasks import CreateTaskResult, DetailedTask, TasksClientExtension, get_task
 from handles.errors import ConfigurationError
 from handles.server.bind_fastmcp import low_level
 from handles.states import Status
@@ -59,18 +59,26 @@ async def ask(ctx: JobContext) -> Answers:
     return Answers(color=choice.color, confirm=confirm.confirm)
 
 
+async def until_cancelled(ctx: JobContext) -> Done:
+    """Run until cancelled."""
+    while True:
+        await ctx.checkpoint()
+        await asyncio.sleep(0.01)
+
+
 def declare(jobs: Handles) -> None:
     jobs.job(task_after=SOON)(quick)
     jobs.job(task_after=timedelta(milliseconds=100))(held)
     jobs.job(task_after=SOON)(tool_error)
     jobs.job(task_after=SOON)(failing)
     jobs.job(task_after=timedelta(milliseconds=100), asks_input=True)(ask)
+    jobs.job(task_after=timedelta(seconds=30))(until_cancelled)
     jobs.job(name="quick_as_task")(quick)  # no task_after: a task at once
 
 
 @asynccontextmanager
-async def served(tmp_path: Path, framework: str) -> AsyncIterator[tuple[Handles, Any]]:
-    """(jobs, the server to hand `mcp.Client`) on `framework`, the runtime started."""
+async def connected(tmp_path: Path, framework: str) -> AsyncIterator[tuple[Handles, ClientSession]]:
+    """(jobs, a session of the official client declaring Tasks) against the jobs served on `framework`."""
     jobs = Handles(tasks_config(tmp_path / "data", "task-after-key-" + "k" * 32))
     declare(jobs)
     server: Any
@@ -81,8 +89,18 @@ async def served(tmp_path: Path, framework: str) -> AsyncIterator[tuple[Handles,
         fast: FastMCP[Any] = FastMCP("task-after")
         jobs.bind(fast)
         server = low_level(fast)
-    async with jobs.running():
-        yield jobs, server
+    async with jobs.running(), Client(server, extensions=[TasksClientExtension()]) as client:
+        yield jobs, client.session
+
+
+async def task_state(session: ClientSession, task_id: str, until: str) -> DetailedTask:
+    """The task once its status is `until` (or as it is after about four seconds)."""
+    for _ in range(200):
+        state = await get_task(session, task_id)
+        if state.status == until:
+            break
+        await anyio.sleep(0.02)
+    return state
 
 
 @pytest.fixture(params=["mcpserver", "fastmcp"])
@@ -97,11 +115,8 @@ def stored_kinds(jobs: Handles, kind: str) -> list[Any]:
 async def test_a_job_that_ends_within_task_after_answers_its_result_and_makes_no_task(
     tmp_path: Path, framework: str
 ) -> None:
-    async with (
-        served(tmp_path, framework) as (jobs, server),
-        Client(server, extensions=[TasksClientExtension()]) as client,
-    ):
-        answer = await client.session.call_tool("quick", {"text": "inline"}, allow_claimed=True)
+    async with connected(tmp_path, framework) as (jobs, session):
+        answer = await session.call_tool("quick", {"text": "inline"}, allow_claimed=True)
         assert isinstance(answer, CallToolResult), answer
         assert answer.is_error is False
         assert answer.structured_content == {"text": "inline", "length": 6}
@@ -109,25 +124,18 @@ async def test_a_job_that_ends_within_task_after_answers_its_result_and_makes_no
         assert job.status == Status.COMPLETED.value
 
         # Without the option the same job becomes a task at once.
-        created = await client.session.call_tool("quick_as_task", {"text": "t"}, allow_claimed=True)
+        created = await session.call_tool("quick_as_task", {"text": "t"}, allow_claimed=True)
         assert isinstance(created, CreateTaskResult)
 
 
 async def test_a_job_still_running_after_task_after_becomes_a_task(tmp_path: Path, framework: str) -> None:
     name = f"held-{framework}"
-    async with (
-        served(tmp_path, framework) as (_jobs, server),
-        Client(server, extensions=[TasksClientExtension()]) as client,
-    ):
-        created = await client.session.call_tool("held", {"name": name}, allow_claimed=True)
+    async with connected(tmp_path, framework) as (_jobs, session):
+        created = await session.call_tool("held", {"name": name}, allow_claimed=True)
         assert isinstance(created, CreateTaskResult), created
         assert created.status == "working"
         release(name).set()
-        for _ in range(200):
-            state = await get_task(client.session, created.task_id)
-            if state.status != "working":
-                break
-            await anyio.sleep(0.02)
+        state = await task_state(session, created.task_id, "completed")
         assert state.status == "completed"
         assert state.result is not None and state.result["structuredContent"] == {"steps": 1}
 
@@ -135,16 +143,13 @@ async def test_a_job_still_running_after_task_after_becomes_a_task(tmp_path: Pat
 async def test_a_tool_error_and_a_failure_within_task_after_answer_as_an_ordinary_call(
     tmp_path: Path, framework: str
 ) -> None:
-    async with (
-        served(tmp_path, framework) as (jobs, server),
-        Client(server, extensions=[TasksClientExtension()]) as client,
-    ):
-        refused = await client.session.call_tool("tool_error", {}, allow_claimed=True)
+    async with connected(tmp_path, framework) as (jobs, session):
+        refused = await session.call_tool("tool_error", {}, allow_claimed=True)
         assert isinstance(refused, CallToolResult) and refused.is_error
         assert "The input was refused" in refused.content[0].text  # type: ignore[union-attr]
 
         with pytest.raises(MCPError) as failed:
-            await client.session.call_tool("failing", {}, allow_claimed=True)
+            await session.call_tool("failing", {}, allow_claimed=True)
         [job] = stored_kinds(jobs, "failing")
         assert job.status == Status.FAILED.value
         # The same JSON-RPC error object the task would carry in tasks/get.
@@ -158,44 +163,26 @@ async def test_a_tool_error_and_a_failure_within_task_after_answer_as_an_ordinar
 async def test_a_job_that_asks_within_task_after_becomes_a_task_waiting_for_its_answer(
     tmp_path: Path, framework: str
 ) -> None:
-    async with (
-        served(tmp_path, framework) as (_jobs, server),
-        Client(server, extensions=[TasksClientExtension()]) as client,
-    ):
-        created = await client.session.call_tool("ask", {}, allow_claimed=True)
+    async with connected(tmp_path, framework) as (_jobs, session):
+        created = await session.call_tool("ask", {}, allow_claimed=True)
         assert isinstance(created, CreateTaskResult), created
-        for _ in range(200):
-            state = await get_task(client.session, created.task_id)
-            if state.status == "input_required":
-                break
-            await anyio.sleep(0.02)
+        state = await task_state(session, created.task_id, "input_required")
         assert state.status == "input_required"
 
 
 async def test_a_caller_that_goes_away_within_task_after_cancels_its_job(
-    tmp_path: Path,
+    tmp_path: Path, framework: str
 ) -> None:
     """Its task id never went out, so nobody else can follow the job: it is cancelled, as a plain call's is."""
-
-    async def slow_held(ctx: JobContext) -> Done:
-        """Run until cancelled."""
-        while True:
-            await ctx.checkpoint()
-            await asyncio.sleep(0.01)
-
-    jobs = Handles(tasks_config(tmp_path / "data", "task-after-key-" + "k" * 32))
-    jobs.job(task_after=timedelta(seconds=30))(slow_held)
-    server: MCPServer[Any] = MCPServer("task-after", extensions=[jobs.tasks_extension()])
-    jobs.bind(server)
-    async with jobs.running(), Client(server, extensions=[TasksClientExtension()]) as client:
+    async with connected(tmp_path, framework) as (jobs, session):
         with anyio.move_on_after(0.5):
-            await client.session.call_tool("slow_held", {}, allow_claimed=True)
+            await session.call_tool("until_cancelled", {}, allow_claimed=True)
         repo = jobs.service.store.repo
         for _ in range(100):
             if repo.count_active() == 0:
                 break
             await anyio.sleep(0.05)
-        [job] = repo.list_jobs(kind="slow_held")
+        [job] = stored_kinds(jobs, "until_cancelled")
         assert job.status == Status.CANCELLED.value
 
 
