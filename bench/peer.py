@@ -31,7 +31,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import BENCH_DIR, Options, Stats, Table, client, handles_http_server, log, ms, verdict
+from bench.common import (
+    BENCH_DIR,
+    Options,
+    Stats,
+    Table,
+    client,
+    handles_http_server,
+    log,
+    ms,
+    shuffled_rounds,
+    verdict,
+)
 from tests.harness.process import ServerProcess, cpu_seconds, free_port, status_kib
 
 SECTION = "peer"
@@ -150,6 +161,13 @@ class Target:
             await self.follow(answer.task_id)
         elif answer.is_error or (answer.structured_content or {}).get("slept") != seconds:
             raise RuntimeError(f"{self.name}: declaring call of {tool} failed: {answer}")
+
+    async def resolved_call(self, tool: str, seconds: float) -> None:
+        """`call_tool` as an application makes it: the client's `TasksClientExtension` follows a task to its
+        result (a `tasks/get` at once, or the state the server pushes; then `pollIntervalMs` between polls)."""
+        result = await self.tasks.call_tool(tool, {"seconds": seconds})
+        if result.is_error or (result.structured_content or {}).get("slept") != seconds:
+            raise RuntimeError(f"{self.name}: call_tool {tool} failed: {result}")
 
     async def plain_call(self, seconds: float) -> None:
         result = await self.plain.call_tool("work", {"seconds": seconds})
@@ -346,6 +364,15 @@ async def run(options: Options) -> list[Table]:
             handle_100 = (await _paired([h], slow_samples, 2, lambda t: lambda: t.handle_roundtrip(0.1)))[
                 "handles"
             ]
+            log("peer: handles only, call_tool through TasksClientExtension: work (a task) and work_inline")
+            honoured = await shuffled_rounds(
+                {
+                    "work": lambda: h.resolved_call("work", 0.0),
+                    "work_inline": lambda: h.resolved_call("work_inline", 0.0),
+                },
+                slow_samples,
+                2,
+            )
 
         log(f"peer: calls/s, {workers} workers x {window:g} s each, in {rounds} alternating windows")
         throughput: dict[str, dict[str, tuple[float, int, float]]] = {"task": {}, "plain": {}}
@@ -427,6 +454,15 @@ async def run(options: Options) -> list[Table]:
     for label, values in (
         ("handles only: work_start + long-polling work_fetch, 0 s job", handle_0),
         ("handles only: work_start + long-polling work_fetch, 100 ms job", handle_100),
+        (
+            "handles only: `call_tool` of a 0 s job as an application makes it, through `TasksClientExtension` "
+            "(which follows a task to its result): `work`, a task",
+            honoured["work"],
+        ),
+        (
+            "handles only: the same call of `work_inline` (`task_after` 1 s: the result in the first response)",
+            honoured["work_inline"],
+        ),
     ):
         s = Stats.of(values)
         table.data[label] = s.as_dict()
