@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+import anyio
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, CallToolResult, TextContent
 
@@ -55,8 +56,10 @@ def outcome_answer(outcome: Outcome) -> CallToolResult:
 
 
 async def cancel_orphaned(service: JobOperations, job: JobRecord) -> None:
-    """Cancel a job whose only caller went away before it learned the job's handle or task id."""
-    try:
-        await service.cancel(job)
-    except Exception:
-        logger.warning("could not cancel job %s after its caller went away", job.id, exc_info=True)
+    """Cancel a job whose only caller went away before it learned the job's handle or task id. Shielded:
+    it runs while that caller's request is being cancelled."""
+    with anyio.CancelScope(shield=True):
+        try:
+            await service.cancel(job)
+        except Exception:
+            logger.warning("could not cancel job %s after its caller went away", job.id, exc_info=True)

@@ -187,8 +187,7 @@ class PlainTool:
             job = await self._follow(started.job, report, settled)
         except anyio.get_cancelled_exc_class():
             # The caller went away and only this call knew the handle: stop the orphaned job.
-            with anyio.CancelScope(shield=True):
-                await cancel_orphaned(self.service, started.job)
+            await cancel_orphaned(self.service, started.job)
             raise
         except CallerError:
             job = started.job  # the store faltered while we waited; the job itself is stored and running

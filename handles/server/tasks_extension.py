@@ -346,8 +346,7 @@ class TasksExtension(Extension):
             try:
                 await asyncio.wait({settled}, timeout=seconds)
             except anyio.get_cancelled_exc_class():
-                with anyio.CancelScope(shield=True):
-                    await cancel_orphaned(self.service, job)
+                await cancel_orphaned(self.service, job)
                 raise
         return outcome_answer(settled.result()) if settled.done() else None
 

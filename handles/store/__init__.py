@@ -184,15 +184,9 @@ class Store:
         """Like `write`, for a short write that SQLite runs on its own connection (`JobRepository.transition`,
         as a job's outcome): on an SQLite file it runs on the event loop when the writer lock is free,
         as a start's insert does (see `insert`), and on a worker thread otherwise."""
-        return await self._write_short(job_id, False, functools.partial(fn, *args, **kwargs))
-
-    async def _write_short(
-        self, job_id: str, queued: bool, call: Callable[[], T], *, publish: bool = True
-    ) -> T:
+        call = functools.partial(fn, *args, **kwargs)
         done = self._write_now(job_id, call)
-        if done is not None:
-            return done[0]
-        return await self._write(job_id, queued, call, publish=publish)
+        return done[0] if done is not None else await self._write(job_id, False, call)
 
     def _write_now(self, job_id: str, call: Callable[[], T]) -> tuple[T] | None:
         """Run the short write `call` here on the event loop, if it can have the writer lock without waiting
