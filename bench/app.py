@@ -4,10 +4,11 @@
 - `progress_shaped()`: an ordinary tool that runs no `handles` code and returns, prebuilt, a result of
   the size and output schema of a `work_progress` result (the SDK's and the transport's share of one).
 - `work(seconds=0.0, mark="")`: a `handles` job that sleeps `seconds` (0: returns at once) and
-  returns a small structured result. `work_inline` is the same job with `task_after` (1 s): a call
-  that declares Tasks gets its result in the first response when it ends that soon. In-process benchmarks pass a `mark` to learn the moment the
+  returns a small structured result. In-process benchmarks pass a `mark` to learn the moment the
   job function started (`STARTED[mark]`, `time.perf_counter()`), and can hold a job open until
   they release it (`gate(mark)`).
+- `work_inline(...)`: the same job with `task_after` (1 s): a call that declares Tasks gets its result
+  in the first response when the job ends that soon.
 
 Run it as a server process:
 

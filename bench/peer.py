@@ -159,20 +159,21 @@ class Target:
         answer = await self.tasks.session.call_tool(tool, {"seconds": seconds}, allow_claimed=True)
         if getattr(answer, "result_type", None) == "task":
             await self.follow(answer.task_id)
-        elif answer.is_error or (answer.structured_content or {}).get("slept") != seconds:
-            raise RuntimeError(f"{self.name}: declaring call of {tool} failed: {answer}")
+        else:
+            self._check(answer, seconds, f"declaring call of {tool}")
 
     async def resolved_call(self, tool: str, seconds: float) -> None:
         """`call_tool` as an application makes it: the client's `TasksClientExtension` follows a task to its
         result (a `tasks/get` at once, or the state the server pushes; then `pollIntervalMs` between polls)."""
-        result = await self.tasks.call_tool(tool, {"seconds": seconds})
-        if result.is_error or (result.structured_content or {}).get("slept") != seconds:
-            raise RuntimeError(f"{self.name}: call_tool {tool} failed: {result}")
+        self._check(await self.tasks.call_tool(tool, {"seconds": seconds}), seconds, f"call_tool {tool}")
 
     async def plain_call(self, seconds: float) -> None:
-        result = await self.plain.call_tool("work", {"seconds": seconds})
+        self._check(await self.plain.call_tool("work", {"seconds": seconds}), seconds, "plain call")
+
+    def _check(self, result: Any, seconds: float, what: str) -> None:
+        """`work`'s own result for `seconds`, or the call failed."""
         if result.is_error or (result.structured_content or {}).get("slept") != seconds:
-            raise RuntimeError(f"{self.name}: plain call failed: {result}")
+            raise RuntimeError(f"{self.name}: {what} failed: {result}")
 
     async def handle_roundtrip(self, seconds: float) -> None:
         started = await self.plain.call_tool("work_start", {"seconds": seconds})
