@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 from handles import Handles, JobContext
 from handles.ask_first import FIRST_KEY, AskFirst
 from handles.client.tasks import TasksClientExtension, get_task, update_task
+from tests.support import wait_task
 from tests.tasks.app import tasks_config
 
 
@@ -151,8 +152,6 @@ async def test_tasks_clients_get_it_before_the_task_or_on_the_task(server: Any) 
             created.task_id,
             {FIRST_KEY: {"action": "accept", "content": {"confirm": True, "reason": "later"}}},
         )
-        for _ in range(100):
-            task = await get_task(client.session, created.task_id)
-            if task.status == "completed":
-                break
+        task = await wait_task(client, created.task_id, "completed", "failed", "cancelled")
+        assert task.status == "completed", task
         assert task.result["structuredContent"] == {"prefix": "b/", "reason": "later"}
