@@ -38,7 +38,15 @@ from handles.outcomes import Outcome
 from handles.runtime import Runtime
 from handles.sealing import Sealer, sensitive_fields, shown
 from handles.states import Status
-from handles.store import AnswerOutcome, InputRequestRecord, JobRecord, JobState, StepRecord, Store
+from handles.store import (
+    AnswerOutcome,
+    InputRequestRecord,
+    JobRecord,
+    JobState,
+    StepRecord,
+    Store,
+    run_shielded,
+)
 from handles.store.models import claim_entry, principal_key
 from handles.store.repository import ActiveLimitReached
 from handles.store.schema import SchemaGate
@@ -85,7 +93,7 @@ class _NewJob:
     """The caller waits for the job's result (see `JobOperations.start`)."""
 
     def insert_options(self, config: HandlesConfig) -> dict[str, Any]:
-        """What `Store.insert_now` and `Store.insert_off_loop` take beside the job: the active limit, the first
+        """What `Store.insert_now` and `Store.insert_later` take beside the job: the active limit, the first
         question, the lease."""
         return {
             "active_limit": config.max_active_per_principal,
@@ -107,12 +115,6 @@ def arguments_digest(arguments: dict[str, Any], sensitive: frozenset[str] = froz
     compared = {key: value for key, value in arguments.items() if key not in sensitive}
     canonical = json.dumps(compared, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    """Mark a shielded task's outcome as seen (its caller may have gone; the outcome is in the store)."""
-    if not task.cancelled():
-        task.exception()
 
 
 def _seconds(delta: timedelta | None) -> float | None:
@@ -300,9 +302,7 @@ class JobOperations:
             if done is None:
                 # Shielded: once the insert is under way, the job is stored and handed to the runtime (or
                 # queued) even if the caller's request is cancelled, so a committed start always runs.
-                insert = asyncio.ensure_future(self._store_and_hand_over(new))
-                insert.add_done_callback(_retrieve)
-                done = await asyncio.shield(insert)
+                done = await run_shielded(self._store_and_hand_over(new))
             elif settled is not None:
                 # The caller waits for the job's result: the job's first step (for a short job, its whole
                 # run up to its outcome) goes before the start returns, so the caller finds `settled` done
@@ -338,17 +338,18 @@ class JobOperations:
 
     def _store_now(self, new: _NewJob) -> tuple[JobRecord, bool] | None:
         """Insert the job and hand it over (`_hand_over`) here, with no await, when the store can
-        (`Store.insert_now`); None when nothing was stored and the insert waits for a worker thread
+        (`Store.insert_now`); None when nothing was stored and the insert waits for the writer
         (`_store_and_hand_over`)."""
         with self._reservation(new):
             done = self.store.insert_now(new.record, **new.insert_options(self.config))
         return None if done is None else self._hand_over(new, *done)
 
     async def _store_and_hand_over(self, new: _NewJob) -> tuple[JobRecord, bool]:
-        """Insert the job on a worker thread (its try on the event loop found a writer at work, or the store
-        is not an SQLite file), then hand it over (`_hand_over`)."""
+        """Insert the job once its try on the event loop found a writer at work (on an SQLite file: on the
+        loop once this process's writer is free, or on a worker thread while another process writes), or on
+        a worker thread (a store that is not an SQLite file); then hand it over (`_hand_over`)."""
         with self._reservation(new):
-            done = await self.store.insert_off_loop(
+            done = await self.store.insert_later(
                 new.record, queued=new.queued, **new.insert_options(self.config)
             )
         return self._hand_over(new, *done)

@@ -15,7 +15,7 @@ import contextlib
 import functools
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
 import anyio
@@ -47,6 +47,7 @@ __all__ = [
     "StepRecord",
     "Store",
     "SwitchRecord",
+    "run_shielded",
     "utc_now",
 ]
 
@@ -54,6 +55,31 @@ logger = logging.getLogger("handles.store")
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+
+def _wake(loop: asyncio.AbstractEventLoop, free: asyncio.Future[None]) -> None:
+    """From whichever thread released the writer lock: resolve `free` on its event loop."""
+    with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
+        loop.call_soon_threadsafe(_resolve, free)
+
+
+def _resolve(free: asyncio.Future[None]) -> None:
+    if not free.done():
+        free.set_result(None)
+
+
+async def run_shielded(work: Coroutine[Any, Any, T]) -> T:
+    """Await `work` in a task of its own that no cancellation of the caller stops: the caller is cancelled at
+    once, and `work` goes on to its end (a write once offered is made, as one handed to a worker thread is)."""
+    task = asyncio.ensure_future(work)
+    task.add_done_callback(_retrieve)
+    return await asyncio.shield(task)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark a shielded task's outcome as seen (its caller may have gone; the outcome is in the store)."""
+    if not task.cancelled():
+        task.exception()
 
 
 class ChangeNotifier:
@@ -150,9 +176,10 @@ class Store:
 
         On an SQLite file the short insert transaction runs here, on the event loop, when the writer
         lock is free in this process and in SQLite (no waiting for either): no hop to a worker thread.
-        When a writer is at work it runs on a worker thread like any write. Falling back is safe: an
-        inline try that failed stored nothing (its BEGIN IMMEDIATE never took the lock, or the
-        transaction rolled back), so the second try is the first.
+        When a writer of this process is at work, the insert waits for it on the event loop and then
+        runs there (`insert_later`); when another process writes, it runs on a worker thread. Trying
+        again is safe: an inline try that failed stored nothing (its BEGIN IMMEDIATE never took the
+        lock, or the transaction rolled back), so the next try is the first.
 
         On PostgreSQL only a job that waits for a worker is published: idle workers on other nodes
         look for it at once. A job stored claimed by this node, or waiting for its first answer, is
@@ -161,45 +188,80 @@ class Store:
         no node's listener wakes for it.
         """
         done = self.insert_now(job, **options)
-        return done if done is not None else await self.insert_off_loop(job, queued=queued, **options)
+        return done if done is not None else await self.insert_later(job, queued=queued, **options)
 
-    async def insert_off_loop(
-        self, job: JobRecord, *, queued: bool, **options: Any
-    ) -> tuple[JobRecord, bool]:
-        """`insert` on a worker thread, with no try on the event loop: for a start whose try there
-        (`insert_now`) found a writer at work, so that each start offers its insert to the loop once."""
-        return await self._write(
-            job.id, queued, functools.partial(self.repo.insert, job, **options), publish=queued
-        )
+    async def insert_later(self, job: JobRecord, *, queued: bool, **options: Any) -> tuple[JobRecord, bool]:
+        """`insert` once its try on the event loop (`insert_now`) found a writer at work, or on a store that
+        is not an SQLite file: see `_write_later`."""
+        call = functools.partial(self.repo.insert, job, **options)
+        return await self._write_later(job.id, call, queued=queued, publish=queued)
 
     def insert_now(self, job: JobRecord, **options: Any) -> tuple[JobRecord, bool] | None:
         """`insert`'s inline try alone, with no await: the stored job and whether it was created, when the
         insert ran here on the event loop (an SQLite file whose writer lock was free); None when nothing
-        was written and the insert needs `insert_off_loop` (a writer is at work, or the store is not an SQLite
-        file). A start that tries this first has no task to make and no turn of the loop to wait for."""
+        was written and the insert needs `insert_later` (a writer is at work, or the store is not an
+        SQLite file). A start that tries this first has no task to make and no turn of the loop to wait
+        for."""
         done = self._write_now(job.id, functools.partial(self.repo.insert, job, **options))
         return None if done is None else done[0]
 
     async def write_short(self, job_id: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Like `write`, for a short write that SQLite runs on its own connection (`JobRepository.transition`,
-        as a job's outcome): on an SQLite file it runs on the event loop when the writer lock is free,
-        as a start's insert does (see `insert`), and on a worker thread otherwise."""
+        as a job's outcome): on an SQLite file it runs on the event loop, at once when the writer lock is
+        free, else once this process's writer is done (`_write_later`), as a start's insert does."""
         call = functools.partial(fn, *args, **kwargs)
         done = self._write_now(job_id, call)
-        return done[0] if done is not None else await self._write(job_id, False, call)
+        return done[0] if done is not None else await self._write_later(job_id, call)
 
     def _write_now(self, job_id: str, call: Callable[[], T]) -> tuple[T] | None:
         """Run the short write `call` here on the event loop, if it can have the writer lock without waiting
         (SQLite files only), and wake `job_id`'s waiters: its result, in a 1-tuple. None when nothing was
-        written: then `_write` makes the first try on a worker thread (and wakes the waiters itself)."""
+        written (`_write_later` then writes it)."""
         if not self.repo.writes_inline:
             return None
-        try:
-            result = self.repo.write_inline(call)
-        except (WriterBusy, OperationalError):
-            return None
+        with contextlib.suppress(WriterBusy, OperationalError):
+            return self._write_here(job_id, call)
+        return None
+
+    def _write_here(self, job_id: str, call: Callable[[], T]) -> tuple[T]:
+        """`_write_now`'s try, which raises `WriterBusy` (this process's writer is at work) or
+        `OperationalError` (another process holds SQLite's lock) when nothing was written."""
+        result = self.repo.write_inline(call)
         self.notifier.notify(job_id)
         return (result,)
+
+    async def _write_later(
+        self, job_id: str, call: Callable[[], T], *, queued: bool = False, publish: bool = True
+    ) -> T:
+        """A short write whose try on the event loop found a writer at work, or on a store that is not an
+        SQLite file (there: `_write` on a worker thread).
+
+        On an SQLite file it waits on the event loop for this process's writer lock and writes there
+        once the lock is free (`_write_when_free`). It does not queue on a worker thread for the lock: the
+        thread's hop would hold the lock longer, and every write meeting it would go to a thread in turn
+        (after each checkpoint, a stream of concurrent starts stayed on threads until it thinned out).
+        It runs in a task of its own, shielded: once offered, the write is made even if the caller is
+        cancelled meanwhile, as a write handed to a worker thread is.
+        """
+        if not self.repo.writes_inline:
+            return await self._write(job_id, queued, call, publish=publish)
+        return await run_shielded(self._write_when_free(job_id, call, queued, publish))
+
+    async def _write_when_free(self, job_id: str, call: Callable[[], T], queued: bool, publish: bool) -> T:
+        """Write on the event loop once this process's writer lock is free; on a worker thread (`_write`,
+        whose connection waits for SQLite's lock) when another process writes."""
+        loop = asyncio.get_running_loop()
+        while True:
+            free: asyncio.Future[None] = loop.create_future()
+            if self.repo.wake_when_writer_free(functools.partial(_wake, loop, free)):
+                await free
+            try:
+                return self._write_here(job_id, call)[0]
+            except WriterBusy:
+                continue  # another writer of this process took the lock first: wait for it in turn
+            except OperationalError:
+                break
+        return await self._write(job_id, queued, call, publish=publish)
 
     async def _write(self, job_id: str, queued: bool, call: Callable[[], T], *, publish: bool = True) -> T:
         try:

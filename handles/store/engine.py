@@ -46,7 +46,49 @@ request for several milliseconds. A passive checkpoint runs on a thread of its o
 
 
 class WriterBusy(Exception):
-    """An inline write found the writer lock taken (in this process or another): nothing was written."""
+    """An inline write found this process's writer lock taken: nothing was written."""
+
+
+class WriterLock:
+    """This process's SQLite writer lock (reentrant), which tells whoever asked (`wake_when_free`) when it
+    is next released, from whichever thread releases it.
+
+    So a short write that found it taken on the event loop can wait for it there and then write there
+    (`Store`), instead of queueing on a worker thread for it: a write on a worker thread holds the lock
+    for a thread hop more, and each write that met it went to a thread in turn, so after a checkpoint a
+    stream of concurrent starts stayed on worker threads until it thinned out.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._guard = threading.Lock()  # the waiters, and the release that wakes them, one at a time
+        self._waiters: list[Callable[[], None]] = []
+
+    def acquire(self, blocking: bool = True) -> bool:
+        return self._lock.acquire(blocking)
+
+    def release(self) -> None:
+        with self._guard:
+            self._lock.release()
+            waiters, self._waiters = self._waiters, []
+        for wake in waiters:
+            wake()
+
+    def __enter__(self) -> bool:
+        return self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def wake_when_free(self, wake: Callable[[], None]) -> bool:
+        """Call `wake` (on the releasing thread) once the lock is next released, and return True; return
+        False, and never call it, when the lock is free now (or held by this very thread)."""
+        with self._guard:
+            if self._lock.acquire(blocking=False):
+                self._lock.release()
+                return False
+            self._waiters.append(wake)
+            return True
 
 
 def is_sqlite(url: str) -> bool:
@@ -140,8 +182,8 @@ class Database:
         self._checkpointer: threading.Thread | None = None
         # SQLite has one writer at a time. Queue this process's writers on a lock rather than in
         # SQLite's busy handler, which sleeps in coarse steps (up to 100 ms) while the lock is held.
-        self._write_lock: contextlib.AbstractContextManager[Any] = (
-            threading.RLock() if is_sqlite(url) else contextlib.nullcontext()
+        self._write_lock: WriterLock | contextlib.nullcontext[None] = (
+            WriterLock() if is_sqlite(url) else contextlib.nullcontext()
         )
 
     @property
@@ -213,9 +255,11 @@ class Database:
     def write_inline(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run the short write method `fn` here, if it can have the writer lock without waiting.
 
-        Raises `WriterBusy` (nothing written) when this process's writer lock is held, and SQLite's
-        "database is locked" (`OperationalError`, nothing written) when another process writes: the
-        caller then runs `fn` on a worker thread. Its reads, too, are the inline reads that fail fast.
+        Raises `WriterBusy` (nothing written) when this process's writer lock is held: the caller may wait
+        for it on the event loop (`wake_when_writer_free`) and try again. Raises SQLite's "database is
+        locked" (`OperationalError`, nothing written) when another process writes: the caller then runs
+        `fn` on a worker thread, whose connection waits for SQLite's lock. Its reads, too, are the inline
+        reads that fail fast.
         """
         tokens = (_INLINE_WRITE.set(True), _INLINE.set(True))
         try:
@@ -223,6 +267,12 @@ class Database:
         finally:
             _INLINE.reset(tokens[1])
             _INLINE_WRITE.reset(tokens[0])
+
+    def wake_when_writer_free(self, wake: Callable[[], None]) -> bool:
+        """Call `wake` once this process's writer lock is next released (True), or return False at once when
+        it is free (or the store has no such lock): for an inline write that met `WriterBusy`."""
+        lock = self._write_lock
+        return isinstance(lock, WriterLock) and lock.wake_when_free(wake)
 
     def checkpoint(self) -> None:
         """Copy the WAL's committed pages into an SQLite file, behind this process's writer lock (a passive
@@ -287,12 +337,12 @@ class Database:
         `IntegrityError`, ...), as from any other method.
         """
         inline = _INLINE_WRITE.get() and self._inline_write_engine is not None
-        acquire = getattr(self._write_lock, "acquire", None)
+        lock = self._write_lock
         if inline:
-            if acquire is not None and not acquire(blocking=False):
+            if isinstance(lock, WriterLock) and not lock.acquire(blocking=False):
                 raise WriterBusy
         else:
-            self._write_lock.__enter__()
+            lock.__enter__()
         pooled: Any = None
         try:
             if inline:
@@ -325,8 +375,8 @@ class Database:
         finally:
             if not inline and pooled is not None:
                 pooled.close()  # back to the pool
-            if not inline or acquire is not None:
-                self._write_lock.__exit__(None, None, None)
+            if not inline or isinstance(lock, WriterLock):
+                lock.__exit__(None, None, None)
 
     @contextmanager
     def _sqlite_reading(self) -> Iterator[sqlite3.Connection | None]:

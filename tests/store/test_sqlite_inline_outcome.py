@@ -1,6 +1,6 @@
 """A job's outcome on an SQLite file is written on the event loop when the writer lock is free (no
-worker-thread hop, issue 14, change 27), as a start's insert is, and on a worker thread when a writer
-is at work; either way it is committed before the write returns, its waiters wake, and a run that no
+worker-thread hop, issue 14, change 27), as a start's insert is; on the loop too once a writer of this
+process is done (change 34), and on a worker thread while another process writes; either way it is committed before the write returns, its waiters wake, and a run that no
 longer holds its job writes nothing."""
 
 from __future__ import annotations
@@ -20,7 +20,12 @@ from handles.states import Status
 from handles.store import JobRepository, Store, utc_now
 from tests.durability.harness import config
 from tests.runtime.support import job_row, settled, start_as
-from tests.store.sqlite_support import another_process_writing, statement_threads, ticks_while_pending
+from tests.store.sqlite_support import (
+    another_process_writing,
+    statement_threads,
+    this_process_writing,
+    ticks_while_pending,
+)
 
 UPDATE = "UPDATE handles_jobs"
 
@@ -100,6 +105,33 @@ def test_an_outcome_goes_to_a_worker_thread_while_another_process_writes_and_the
         assert _status(sqlite_path, job_id) == "completed"
         assert ticks >= 10
         assert threads and threads[-1] != threading.get_ident(), "written on a worker thread"
+
+    asyncio.run(main())
+
+
+def test_an_outcome_waits_on_the_event_loop_while_this_process_writes_and_is_written_there(
+    sqlite_repo: JobRepository, sqlite_path: Path
+) -> None:
+    """A writer of this process holds the lock (a sweep, a heartbeat, a checkpoint): the outcome waits for it on
+    the event loop, which keeps serving, and is written there once it is free, its waiters woken."""
+    job_id = _held_job(sqlite_repo, "me")
+    threads = statement_threads(sqlite_repo, UPDATE)
+
+    async def main() -> None:
+        store = Store(sqlite_repo)
+        changed = store.notifier.watch(job_id)
+        with this_process_writing(sqlite_repo) as release:
+            outcome = _outcome(store, job_id, "me")
+            ticks = await ticks_while_pending(outcome)
+            assert not changed.is_set()
+            release.set()
+            assert await asyncio.wait_for(outcome, 10)
+        assert changed.is_set()
+        assert ticks >= 10
+        assert _status(sqlite_path, job_id) == "completed"
+        assert threads == [threading.get_ident()], (
+            "written on the event loop's thread once the writer was done"
+        )
 
     asyncio.run(main())
 

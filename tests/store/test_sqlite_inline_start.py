@@ -1,7 +1,7 @@
 """A start on an SQLite file is written on the event loop when the writer lock is free (no worker-thread
-hop, issue 14), and on a worker thread when a writer is at work, in this process or another one; the
-limit and the idempotency key mean the same either way, and the job is committed before the start
-returns."""
+hop, issue 14); when a writer of this process is at work it waits for it on the loop and is written there,
+and when another process writes it goes to a worker thread. The limit and the idempotency key mean the
+same either way, and the job is committed before the start returns."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from handles.store import JobRepository, Store
+from handles.store.engine import WriterLock
 from handles.store.repository import ActiveLimitReached
 from tests.runtime.support import job_row, quick_jobs, sweeps_done
 from tests.store.sqlite_support import (
@@ -94,9 +95,11 @@ def test_a_start_goes_to_a_worker_thread_while_another_process_writes_and_the_lo
     asyncio.run(main())
 
 
-def test_a_start_goes_to_a_worker_thread_while_this_process_writes(
+def test_a_start_waits_on_the_event_loop_while_this_process_writes_and_is_written_there(
     sqlite_repo: JobRepository, sqlite_path: Path
 ) -> None:
+    """A writer of this process (a sweep, a heartbeat, a checkpoint) holds the lock: the start waits for it on
+    the event loop, which keeps serving meanwhile, and inserts there once it is free, not on a worker thread."""
     threads = _insert_threads(sqlite_repo)
 
     async def main() -> None:
@@ -104,12 +107,40 @@ def test_a_start_goes_to_a_worker_thread_while_this_process_writes(
         with this_process_writing(sqlite_repo) as release:
             job = job_row(f"i-{secrets.token_hex(4)}")
             start = asyncio.create_task(store.insert(job, queued=False))
-            await asyncio.sleep(0.2)
-            assert not start.done()
+            ticks = await ticks_while_pending(start)  # the loop keeps serving while the start waits
             release.set()
             assert (await asyncio.wait_for(start, 10))[1]
+        assert ticks >= 10
         assert _committed(sqlite_path, job.id)
-        assert threads == [threads[0]] and threads[0] != threading.get_ident()
+        assert threads == [threading.get_ident()], (
+            "written on the event loop's thread once the writer was done"
+        )
+
+    asyncio.run(main())
+
+
+def test_a_start_cancelled_while_it_waits_for_this_processs_writer_is_still_written(
+    sqlite_repo: JobRepository, sqlite_path: Path
+) -> None:
+    """Once offered, the insert is made, as one handed to a worker thread is: the caller's cancellation does
+    not take it back (a start's caller may go away; its job is committed all the same, see `JobOperations`)."""
+
+    async def main() -> None:
+        store = Store(sqlite_repo)
+        job = job_row(f"i-{secrets.token_hex(4)}")
+        with this_process_writing(sqlite_repo) as release:
+            start = asyncio.create_task(store.insert(job, queued=False))
+            await asyncio.sleep(0.1)
+            start.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await start
+            assert not _committed(sqlite_path, job.id), "nothing is written while the writer is at work"
+            release.set()
+            for _ in range(200):
+                if _committed(sqlite_path, job.id):
+                    break
+                await asyncio.sleep(0.01)
+        assert _committed(sqlite_path, job.id)
 
     asyncio.run(main())
 
@@ -160,11 +191,12 @@ def test_a_start_with_the_writer_free_makes_no_task_but_its_jobs(
     asyncio.run(main())
 
 
-def test_a_start_that_meets_a_writer_at_work_offers_its_insert_to_the_loop_once(
+def test_a_start_that_meets_this_processs_writer_inserts_on_the_loop_once_it_is_free(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Its try on the event loop finds the writer taken, so the insert waits for it on a worker thread
-    (`Store.insert_off_loop`), without a second try on the loop."""
+    """Its try on the event loop finds the writer taken, so the insert waits for it on the loop
+    (`Store.insert_later`) and is tried there again once the writer is done: it never goes to a worker
+    thread, and the start returns its job, created."""
     swept = sweeps_done(monkeypatch)
 
     async def main() -> None:
@@ -180,16 +212,55 @@ def test_a_start_that_meets_a_writer_at_work_offers_its_insert_to_the_loop_once(
 
         try:
             await asyncio.wait_for(swept.wait(), 10)
+            threads = _insert_threads(repo)
             monkeypatch.setattr(repo, "write_inline", spied)
             with this_process_writing(repo) as release:
                 start = asyncio.create_task(jobs.service.start(jobs.specs["quick"], "alice", {}, None))
                 await asyncio.sleep(0.2)
                 assert not start.done(), "the insert did not wait for the writer"
+                assert offered == ["insert"], offered
                 release.set()
                 started = await asyncio.wait_for(start, 10)
             assert started.created
-            assert offered[:1] == ["insert"] and "insert" not in offered[1:], offered
+            assert offered[:2] == ["insert", "insert"], offered
+            assert threads and set(threads) == {threading.get_ident()}, "inserted on the event loop's thread"
         finally:
             await jobs.aclose()
 
     asyncio.run(main())
+
+
+def test_the_writer_lock_wakes_every_event_loop_waiter_while_threads_take_it_in_turn() -> None:
+    """No lost wake-up: a waiter that found the lock taken is woken by the release that follows, however the
+    release and its registration interleave (four threads take the lock 2,000 times meanwhile)."""
+    lock = WriterLock()
+    stop = threading.Event()
+
+    def taker() -> None:
+        while not stop.is_set():
+            with lock:
+                pass
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        waited = 0
+        for _ in range(2000):
+            free: asyncio.Future[None] = loop.create_future()
+
+            def wake(free: asyncio.Future[None] = free) -> None:
+                loop.call_soon_threadsafe(lambda: free.done() or free.set_result(None))
+
+            if lock.wake_when_free(wake):
+                waited += 1
+                await asyncio.wait_for(free, 5)  # a lost wake-up times out here
+        assert waited > 0, "the threads never held the lock when asked: the test proved nothing"
+
+    threads = [threading.Thread(target=taker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        asyncio.run(main())
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(5)
