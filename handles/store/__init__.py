@@ -5,7 +5,8 @@ also wakes every local waiter of the job it changed (long-polls, `ask`). Waiters
 in other processes notice within `store_poll_seconds`: each process reads the
 versions of all the jobs it waits on once per interval (`Store.poll_watched`).
 On an SQLite file the reads by key (`read`), a start's insert (`insert`) and a job's outcome
-(`write_short`) run on the event loop itself when they need not wait for a lock.
+(`write_short`) run on the event loop itself: the insert and the outcome wait there for a writer of
+this process, and go to a worker thread only while another process holds SQLite's lock.
 """
 
 from __future__ import annotations

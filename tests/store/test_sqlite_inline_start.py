@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from handles.store import JobRepository, Store
-from handles.store.engine import WriterLock
+from handles.store.engine import Database, WriterLock
 from handles.store.repository import ActiveLimitReached
 from tests.runtime.support import job_row, quick_jobs, sweeps_done
 from tests.store.sqlite_support import (
@@ -264,3 +264,43 @@ def test_the_writer_lock_wakes_every_event_loop_waiter_while_threads_take_it_in_
         stop.set()
         for thread in threads:
             thread.join(5)
+
+
+def test_concurrent_starts_through_checkpoints_all_insert_on_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight starts at a time, 400 in all: every hundred commits a checkpoint holds this process's writer on a
+    thread of its own, and the starts that meet it wait for it on the loop. None goes to a worker thread
+    (where it would hold the writer a thread hop longer, and the next start that met it would follow)."""
+    swept = sweeps_done(monkeypatch)
+    checkpoints: list[int] = []
+    checkpoint = Database.checkpoint
+
+    def counted(self: Database) -> None:
+        checkpoints.append(threading.get_ident())
+        checkpoint(self)
+
+    monkeypatch.setattr(Database, "checkpoint", counted)
+
+    async def main() -> None:
+        jobs, began = quick_jobs(tmp_path, lease_seconds=120, heartbeat_seconds=60)
+        await jobs.start()
+        try:
+            await asyncio.wait_for(swept.wait(), 10)
+            threads = _insert_threads(jobs.service.store.repo)
+            for wave in range(50):
+                await asyncio.gather(
+                    *(jobs.service.start(jobs.specs["quick"], f"p{wave}-{n}", {}, None) for n in range(8))
+                )
+            for _ in range(500):
+                if len(began) == 400:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            await jobs.aclose()
+        assert len(checkpoints) >= 3, "no checkpoint held the writer: the test proved nothing"
+        assert len(threads) == 400 and set(threads) == {threading.get_ident()}, (
+            "an insert ran on a worker thread"
+        )
+
+    asyncio.run(main())
