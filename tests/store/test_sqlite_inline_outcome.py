@@ -140,9 +140,9 @@ def test_a_runtime_offers_a_jobs_outcome_to_the_event_loop_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The runtime writes a run's outcome through `Store.write_short`: tried on the event loop first.
-    Whether the try succeeds depends on the writer lock (a sweep at startup, a heartbeat may hold it for a
-    moment: then a worker thread writes it, as the tests above show), so what is checked here is the offer
-    and the outcome."""
+    Whether the first try succeeds depends on the writer lock (a sweep at startup, a heartbeat may hold it
+    for a moment: then the write waits for it and is tried on the loop again, as the tests above show), so
+    what is checked here is the order of the offers (the start's insert, then the outcome) and the outcome."""
     jobs = Handles(config(tmp_path))
 
     @jobs.job()
@@ -164,6 +164,8 @@ def test_a_runtime_offers_a_jobs_outcome_to_the_event_loop_first(
             handle = await start_as(jobs, "alice", "quick")
             record = await settled(jobs, handle)
             assert record.status == Status.COMPLETED.value
-            assert offered == ["insert", "transition"], offered
+            inserts, outcomes = offered.count("insert"), offered.count("transition")
+            assert inserts >= 1 and outcomes >= 1, offered
+            assert offered == ["insert"] * inserts + ["transition"] * outcomes, offered
 
     asyncio.run(main())
