@@ -51,13 +51,8 @@ class WriterBusy(Exception):
 
 class WriterLock:
     """This process's SQLite writer lock (reentrant), which tells whoever asked (`wake_when_free`) when it
-    is next released, from whichever thread releases it.
-
-    So a short write that found it taken on the event loop can wait for it there and then write there
-    (`Store`), instead of queueing on a worker thread for it: a write on a worker thread holds the lock
-    for a thread hop more, and each write that met it went to a thread in turn, so after a checkpoint a
-    stream of concurrent starts stayed on worker threads until it thinned out.
-    """
+    is next released, from whichever thread releases it: a short write that found it taken on the event
+    loop waits for it there and then writes there (why: `Store._write_later`)."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()

@@ -143,12 +143,13 @@ def test_a_plain_call_of_a_short_job_reads_nothing_back(
     reply is the job's result), so a short job has stored its outcome by then and the call answers from it:
     no wait for a change and no read of the job (`JobRepository.get`) after the start.
 
-    That holds for a call whose writes (its start's insert, its job's outcome) all ran on the event loop,
-    SQLite's writer being free. A write that meets a writer at work goes to a worker thread (`Store._write`),
-    and the call may then wait for the job and read it back, as it should. The sweep a node makes as it
-    starts (at its first call) writes on a worker thread, so the calls begin once it is over. A call that
-    still met a writer at work is not judged (a loaded CI run once saw one call of five read its job back),
-    and at least three of the five must meet the writer free, or the test says it could not judge."""
+    That holds for a call whose writes (its start's insert, its job's outcome) all ran on the event loop at
+    once, SQLite's writer being free. A write that meets a writer at work waits for it (`Store._write_later`:
+    on the loop for this process's writer, on a worker thread, `Store._write`, for another process's), and
+    the call may then wait for the job and read it back, as it should. The sweep a node makes as it starts
+    (at its first call) writes on a worker thread, so the calls begin once it is over. A call that still met
+    a writer at work is not judged (a loaded CI run once saw one call of five read its job back), and at
+    least three of the five must meet the writer free, or the test says it could not judge."""
     swept = sweeps_done(monkeypatch)
 
     async def main() -> None:
@@ -157,26 +158,30 @@ def test_a_plain_call_of_a_short_job_reads_nothing_back(
             await asyncio.wait_for(swept.wait(), 10)
             store = r.jobs.service.store
             reads: list[str] = []
-            off_loop: list[str] = []
-            get, write = store.repo.get, store._write
+            waited: list[str] = []  # the writes that met a writer at work
 
             def counting_get(job_id: str) -> Any:
                 reads.append(job_id)
                 return get(job_id)
 
-            async def counting_write(job_id: str, *args: Any, **kwargs: Any) -> Any:
-                off_loop.append(job_id)
-                return await write(job_id, *args, **kwargs)
+            def counting(write: Any) -> Any:
+                async def counted(job_id: str, *args: Any, **kwargs: Any) -> Any:
+                    waited.append(job_id)
+                    return await write(job_id, *args, **kwargs)
 
+                return counted
+
+            get = store.repo.get
             monkeypatch.setattr(store.repo, "get", counting_get)
-            monkeypatch.setattr(store, "_write", counting_write)
-            judged: list[list[str]] = []  # the reads of each call whose writes all ran on the event loop
+            monkeypatch.setattr(store, "_write", counting(store._write))
+            monkeypatch.setattr(store, "_write_later", counting(store._write_later))
+            judged: list[list[str]] = []  # the reads of each call whose writes all ran on the loop at once
             for _ in range(5):
                 reads.clear()
-                off_loop.clear()
+                waited.clear()
                 fine = await r.client.call_tool("fine", {})
                 assert fine.structured_content == {"result": "done"}
-                if not off_loop:
+                if not waited:
                     judged.append(list(reads))
             assert len(judged) >= 3, f"only {len(judged)} of 5 calls met SQLite's writer free"
             assert all(call_reads == [] for call_reads in judged), judged

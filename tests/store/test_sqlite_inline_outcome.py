@@ -1,7 +1,8 @@
 """A job's outcome on an SQLite file is written on the event loop when the writer lock is free (no
 worker-thread hop, issue 14, change 27), as a start's insert is; on the loop too once a writer of this
-process is done (change 34), and on a worker thread while another process writes; either way it is committed before the write returns, its waiters wake, and a run that no
-longer holds its job writes nothing."""
+process is done (change 34), and on a worker thread while another process writes. Either way it is
+committed before the write returns, its waiters wake, and a run that no longer holds its job writes
+nothing."""
 
 from __future__ import annotations
 

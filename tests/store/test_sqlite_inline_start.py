@@ -283,7 +283,7 @@ def test_concurrent_starts_through_checkpoints_all_insert_on_the_event_loop(
     monkeypatch.setattr(Database, "checkpoint", counted)
 
     async def main() -> None:
-        jobs, began = quick_jobs(tmp_path, lease_seconds=120, heartbeat_seconds=60)
+        jobs, _ = quick_jobs(tmp_path, lease_seconds=120, heartbeat_seconds=60)
         await jobs.start()
         try:
             await asyncio.wait_for(swept.wait(), 10)
@@ -292,12 +292,8 @@ def test_concurrent_starts_through_checkpoints_all_insert_on_the_event_loop(
                 await asyncio.gather(
                     *(jobs.service.start(jobs.specs["quick"], f"p{wave}-{n}", {}, None) for n in range(8))
                 )
-            for _ in range(500):
-                if len(began) == 400:
-                    break
-                await asyncio.sleep(0.01)
         finally:
-            await jobs.aclose()
+            await jobs.aclose()  # each start returned once its insert committed; the jobs are drained here
         assert len(checkpoints) >= 3, "no checkpoint held the writer: the test proved nothing"
         assert len(threads) == 400 and set(threads) == {threading.get_ident()}, (
             "an insert ran on a worker thread"
