@@ -9,17 +9,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, cast
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.stdio import stdio_server
 from starlette.applications import Starlette
 
 from handles.errors import DatabaseUnreachable
 from handles.server.bind_mcpserver import is_fastmcp
 from handles.server.health import health_routes
 from handles.server.startup import BackgroundStart
+from handles.server.stdio_stdout import LoopStdout, claimed_stdout
 
 # The largest request head (request line and headers) `serve_http` reads whole. A 2026-07-28 client
 # mirrors `params.taskId` or a tool's name into the `Mcp-Name` header, so a made-up id makes the head
@@ -39,14 +41,14 @@ async def serve_stdio(server: MCPServer[Any] | FastMCP[Any], handles: Handles) -
 
     On SIGTERM or SIGINT (or when stdin closes) the runtime drains: no new work, running
     jobs may finish for `drain_seconds`, the rest is handed over (see `Handles.aclose`).
+
+    An `MCPServer`'s replies are written to stdout from the event loop, not from a worker thread as the
+    SDK's `stdio_server` writes them, so a reply never waits for a job's step to let go of the GIL
+    (handles/server/stdio_stdout.py). fd 1 is claimed as the SDK claims it: while serving, a stray
+    `print` goes to stderr, not onto the wire. A FastMCP server is served by its own `run_stdio_async`.
     """
     async with handles.running():
-        running = (
-            cast("FastMCP[Any]", server).run_stdio_async(show_banner=False)
-            if is_fastmcp(server)
-            else cast("MCPServer[Any]", server).run_stdio_async()
-        )
-        serving = asyncio.create_task(running, name="handles-stdio")
+        serving = asyncio.create_task(_stdio_serving(server), name="handles-stdio")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -65,6 +67,26 @@ async def serve_stdio(server: MCPServer[Any] | FastMCP[Any], handles: Handles) -
                 serving.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await serving
+
+
+def _stdio_serving(server: MCPServer[Any] | FastMCP[Any]) -> Coroutine[Any, Any, None]:
+    """The server's stdio loop. An `MCPServer` runs its low-level server as `run_stdio_async` does, with the
+    SDK's `stdio_server` reading stdin and `LoopStdout` writing stdout on the event loop (see
+    handles/server/stdio_stdout.py); a FastMCP server (its own lifespan and logging around the same
+    loop), or an SDK without the low-level server this relies on, runs its own `run_stdio_async`."""
+    if is_fastmcp(server):
+        return cast("FastMCP[Any]", server).run_stdio_async(show_banner=False)
+    lowlevel = getattr(server, "_lowlevel_server", None)
+    if lowlevel is None:
+        return cast("MCPServer[Any]", server).run_stdio_async()
+    return _run_stdio(lowlevel)
+
+
+async def _run_stdio(lowlevel: Any) -> None:
+    with claimed_stdout() as wire:
+        stdout = None if wire is None else LoopStdout(wire)
+        async with stdio_server(stdout=cast(Any, stdout)) as (read_stream, write_stream):
+            await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
 
 
 def streamable_http_app(
