@@ -4,6 +4,9 @@ Runs in bench/.peer-venv (created by `bench.peer.ensure_peer_venv`), never in th
 
     bench/.peer-venv/bin/python tests/interop/fastmcp_client.py URL TOKEN tasks|plain|tasks-off|task-after
 
+URL is the server's Streamable HTTP endpoint, or `stdio:FILE` to launch the server over stdio: FILE holds
+`{"command", "args", "env", "cwd"}` as JSON (TOKEN is then not sent: stdio has no bearer token).
+
 `tasks`: imports `fastmcp_tasks`, which turns on FastMCP's Tasks client; follows a report to its
 result, answers a deployment's question (through `tasks/update`), reads an export's CSV through the
 resource_link of its result, and cancels another export (`tasks/cancel`).
@@ -18,10 +21,11 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from fastmcp import Client
-from fastmcp.client.transports import StreamableHttpTransport
+from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
 
 QUESTIONS: list[str] = []
 
@@ -32,7 +36,14 @@ async def approve(message: str, response_type: Any, params: Any, context: Any) -
 
 
 def connect(url: str, token: str) -> Client:
-    transport = StreamableHttpTransport(url, headers={"Authorization": f"Bearer {token}"})
+    transport: StdioTransport | StreamableHttpTransport
+    if url.startswith("stdio:"):
+        server = json.loads(Path(url.removeprefix("stdio:")).read_text())
+        transport = StdioTransport(
+            server["command"], server["args"], env=server["env"], cwd=server["cwd"], keep_alive=False
+        )
+    else:
+        transport = StreamableHttpTransport(url, headers={"Authorization": f"Bearer {token}"})
     return Client(transport, elicitation_handler=approve, timeout=60)
 
 

@@ -22,7 +22,7 @@ import pytest
 from bench.peer import PEER_PYTHON, ensure_peer_venv
 from handles.config import HandlesConfig
 from tests.harness.process import ServerProcess, free_port, python_module
-from tests.support import FRAMEWORKS, HttpExampleServer, new_key
+from tests.support import FRAMEWORKS, HttpExampleServer, example_env, new_key, stdio_params
 from tests.tasks.wire import example_process
 
 pytestmark = pytest.mark.timeout(420)  # the first run creates the client's virtual environment (~40 s)
@@ -67,7 +67,36 @@ def run_client(python: str, url: str, mode: str) -> dict[str, Any]:
 def test_fastmcp_with_fastmcp_tasks_follows_answers_and_cancels_through_tasks(
     peer_python: str, example: HttpExampleServer
 ) -> None:
-    seen = run_client(peer_python, example.url, "tasks")
+    assert_followed_through_tasks(run_client(peer_python, example.url, "tasks"))
+
+
+def test_fastmcp_without_the_tasks_extension_uses_plain_and_handle_tools(
+    peer_python: str, example: HttpExampleServer
+) -> None:
+    assert_followed_through_plain_and_handle_tools(run_client(peer_python, example.url, "plain"))
+
+
+@pytest.mark.parametrize("mode", ["tasks", "plain"])
+def test_fastmcp_over_stdio_with_and_without_fastmcp_tasks(
+    peer_python: str, tmp_path: Path, mode: str
+) -> None:
+    """The same two clients, launching the example server (`MCPServer`) over stdio with FastMCP's
+    `StdioTransport`: `serve_stdio` writes its replies from the event loop (handles/server/stdio_stdout.py)."""
+    params = stdio_params(example_env(tmp_path, [new_key()]))
+    server = tmp_path / "server.json"
+    server.write_text(
+        json.dumps(
+            {"command": params.command, "args": params.args, "env": params.env, "cwd": str(params.cwd)}
+        )
+    )
+    seen = run_client(peer_python, f"stdio:{server}", mode)
+    if mode == "tasks":
+        assert_followed_through_tasks(seen)
+    else:
+        assert_followed_through_plain_and_handle_tools(seen)
+
+
+def assert_followed_through_tasks(seen: dict[str, Any]) -> None:
     assert seen["fastmcp_tasks"] == "4.1.4"
     assert seen["report"]["account"] == "acme" and seen["report"]["months"] == 2
     assert len(seen["report"]["revenue_by_month"]) == 2
@@ -82,10 +111,7 @@ def test_fastmcp_with_fastmcp_tasks_follows_answers_and_cancels_through_tasks(
     assert_export_link(seen["export_link"])
 
 
-def test_fastmcp_without_the_tasks_extension_uses_plain_and_handle_tools(
-    peer_python: str, example: HttpExampleServer
-) -> None:
-    seen = run_client(peer_python, example.url, "plain")
+def assert_followed_through_plain_and_handle_tools(seen: dict[str, Any]) -> None:
     assert seen["fastmcp_tasks_imported"] is False
     assert seen["report"]["account"] == "acme" and seen["report"]["months"] == 2
     assert seen["deploy_handoff"] in ("working", "input_required")
