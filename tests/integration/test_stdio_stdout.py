@@ -20,13 +20,16 @@ from typing import Any
 
 import anyio
 import pytest
-from mcp import StdioServerParameters
+from mcp import Client, StdioServerParameters
+from mcp.client.session import ClientRequestContext
+from mcp_types import ElicitRequestParams, ElicitResult
 
+from handles.client.tasks import TasksClientExtension
 from handles.server import stdio_stdout
 from handles.server.stdio_stdout import LOOP_BYTES, LoopStdout
 from tests.harness.process import REPO_ROOT, server_env
 from tests.integration.stdio_app import AFTER_SERVING, STRAY_PRINT, STRAY_WRITE
-from tests.support import connect, new_key
+from tests.support import connect, example_env, new_key, stdio_params
 
 HOG_SECONDS = 4.0
 """How long the `hog` job's first step holds the GIL: a reply that waited for it would take this long."""
@@ -54,6 +57,41 @@ async def test_a_starts_reply_over_stdio_does_not_wait_for_its_jobs_first_step(t
         done = await client.call("hog_fetch", {"handle": started.data["handle"], "wait_seconds": 30})
         assert done.data["status"] == "completed", done.data
         assert done.data["result"] == {"held": HOG_SECONDS}
+
+
+async def approve(_context: ClientRequestContext, _params: ElicitRequestParams) -> ElicitResult:
+    return ElicitResult(action="accept", content={"approve": True, "environment": "staging"})
+
+
+@pytest.mark.parametrize(
+    ("mode", "version", "tasks"),
+    [
+        ("legacy", "2025-11-25", False),
+        ("2026-07-28", "2026-07-28", False),
+        ("2026-07-28", "2026-07-28", True),
+    ],
+)
+async def test_the_official_client_over_stdio_in_every_mode(
+    tmp_path: Path, mode: str, version: str, tasks: bool
+) -> None:
+    """The example server (`MCPServer`) over stdio, written from the loop, to the official client in handshake
+    mode, in 2026-07-28 mode, and declaring the Tasks extension (which follows a task, and answers a question
+    through `tasks/update`)."""
+    options: dict[str, Any] = (
+        {"extensions": [TasksClientExtension()], "elicitation_callback": approve} if tasks else {}
+    )
+    params = stdio_params(example_env(tmp_path, [new_key()]))
+    async with Client(params, mode=mode, read_timeout_seconds=60, **options) as client:
+        assert client.protocol_version == version
+        report = await client.call_tool("generate_report", {"account": "acme", "months": 2})
+        assert report.structured_content is not None and report.structured_content["months"] == 2
+        deployed = await client.call_tool("deploy_release", {"version": "1.0.0"})
+        assert deployed.structured_content is not None
+        if tasks:
+            assert deployed.structured_content["environment"] == "staging"
+        else:
+            assert deployed.structured_content["status"] == "input_required"
+            await client.call_tool("deploy_release_cancel", {"handle": deployed.structured_content["handle"]})
 
 
 def test_stray_output_misses_the_wire_and_the_wire_is_back_on_fd_1_after_serving(tmp_path: Path) -> None:
