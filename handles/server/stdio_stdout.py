@@ -12,9 +12,9 @@ write blocks the loop. When the pipe is full (the client is not reading) or a me
 `LOOP_BYTES` on the loop already, the rest of the message goes to a worker thread, and the next message
 waits for it: messages never interleave or change order.
 
-It needs fd 1 to itself, claimed as the SDK claims it (`claimed_stdout`): the wire moves to a private
-duplicate and fd 1 points at stderr while serving, so a stray `print` misses the wire. Where fd 1 cannot be
-claimed so (`sys.stdout` is not fd 1, Windows, no descriptor to spare), the SDK's own stdout serves.
+It needs fd 1 to itself, claimed by the SDK's own claim (`claimed_stdout`, which `stdio_server` skips for a
+stdout it is given): the wire moves to a private duplicate and fd 1 points at stderr while serving, so a
+stray `print` misses the wire. Where `sys.stdout` is not fd 1, or on Windows, the SDK's own stdout serves.
 """
 
 from __future__ import annotations
@@ -22,21 +22,21 @@ from __future__ import annotations
 import os
 import select
 import sys
-import threading
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
-from typing import Any
+from contextlib import contextmanager
 
 import anyio
+
+try:  # the SDK's own claim of fd 1 (private to `mcp.server.stdio`; an SDK without it serves stdio itself)
+    from mcp.server.stdio import _claim_fd, _open_stdout_diversion
+except ImportError:  # pragma: no cover
+    _claim_fd = None  # type: ignore[assignment]
 
 PIECE_BYTES = getattr(select, "PIPE_BUF", 512)
 """The most one write on the loop puts into the pipe: a pipe with any room takes this much whole (POSIX)."""
 
 LOOP_BYTES = 64 * 1024
 """The most of one message written on the loop; the rest of a larger one goes to a worker thread."""
-
-_claim_lock = threading.Lock()
-_claimed = False
 
 
 class LoopStdout:
@@ -68,59 +68,19 @@ def write_all(fd: int, data: memoryview) -> None:
 
 @contextmanager
 def claimed_stdout() -> Iterator[int | None]:
-    """The wire's private descriptor while fd 1 points at stderr, as the SDK's `stdio_server` claims fd 1 (its
-    `_claim_fd`); None when fd 1 cannot be claimed so, and the SDK's own stdout then serves. On exit the wire
-    is put back on fd 1. The private descriptor is never closed: a worker thread may still be writing to it."""
-    global _claimed
-    if sys.platform == "win32" or not _backed_by(sys.stdout, 1):
+    """The wire's descriptor while fd 1 is claimed by the SDK's own `_claim_fd`, as its `stdio_server` claims
+    fd 1 for itself (a private duplicate for the wire, fd 1 pointed at stderr, put back on exit; a second
+    claim in this process refused, by the SDK or by `serve_stdio`); None on Windows (no `poll` of a pipe),
+    when `sys.stdout` is not fd 1, or with an SDK that has no such function: the SDK's own stdout then
+    serves."""
+    if _claim_fd is None or sys.platform == "win32":
         yield None
         return
-    with _claim_lock:
-        if _claimed:
-            raise RuntimeError("another serve_stdio() in this process has already claimed fd 1")
-        _claimed = True
+    wire, release = _claim_fd(1, sys.stdout, "wb", _open_stdout_diversion)
+    if release is None:  # sys.stdout is not fd 1: not ours to claim
+        yield None
+        return
     try:
-        private = _divert_stdout()
-        try:
-            yield private
-        finally:
-            if private is not None:
-                os.dup2(private, 1)
+        yield wire.fileno()
     finally:
-        with _claim_lock:
-            _claimed = False
-
-
-def _divert_stdout() -> int | None:
-    """A close-on-exec duplicate of fd 1 above the standard range, with fd 1 then pointing at stderr (or the
-    null device); None, and fd 1 untouched, when either cannot be made."""
-    import fcntl
-
-    try:
-        private = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3)
-    except OSError:
-        return None
-    try:
-        diversion = os.dup(2)
-    except OSError:
-        try:
-            diversion = os.open(os.devnull, os.O_WRONLY)
-        except OSError:
-            os.close(private)
-            return None
-    try:
-        os.dup2(diversion, 1)
-    except OSError:
-        os.close(private)
-        return None
-    finally:
-        with suppress(OSError):
-            os.close(diversion)
-    return private
-
-
-def _backed_by(stream: Any, fd: int) -> bool:
-    try:
-        return bool(stream.buffer.fileno() == fd)
-    except (AttributeError, OSError, ValueError):
-        return False
+        release()
