@@ -175,6 +175,20 @@ class Target:
         if result.is_error or (result.structured_content or {}).get("slept") != seconds:
             raise RuntimeError(f"{self.name}: {what} failed: {result}")
 
+    async def noop(self) -> None:
+        """A no-op tool call by the declaring client: what one request costs with no work behind it."""
+        result = await self.tasks.call_tool("noop", {})
+        if result.is_error:
+            raise RuntimeError(f"{self.name}: noop failed: {result}")
+
+    async def get_completed(self, task_id: str) -> None:
+        """One `tasks/get` of a task that has completed: the second request of a start -> result, alone."""
+        from handles.client import get_task
+
+        state = await get_task(self.tasks.session, task_id)
+        if state.status != "completed":
+            raise RuntimeError(f"{self.name}: task {task_id} is {state.status}, not completed")
+
     async def handle_roundtrip(self, seconds: float) -> None:
         started = await self.plain.call_tool("work_start", {"seconds": seconds})
         handle = started.structured_content["handle"]
@@ -199,6 +213,28 @@ async def _paired(
             elapsed = time.perf_counter() - started
             if index >= warmup:
                 out[target.name].append(elapsed)
+    return out
+
+
+async def _shuffled_pairs(
+    targets: list[Target],
+    samples: int,
+    warmup: int,
+    makes: dict[str, Callable[[Target], Callable[[], Awaitable[Any]]]],
+) -> dict[str, dict[str, list[float]]]:
+    """Several measures of both targets in the same rounds, every (measure, target) pair once per round in
+    shuffled order, so that the measures can be compared with each other as well as across the targets."""
+    out: dict[str, dict[str, list[float]]] = {key: {t.name: [] for t in targets} for key in makes}
+    pairs = [(key, target) for key in makes for target in targets]
+    for index in range(warmup + samples):
+        random.shuffle(pairs)
+        for key, target in pairs:
+            call = makes[key](target)
+            started = time.perf_counter()
+            await call()
+            elapsed = time.perf_counter() - started
+            if index >= warmup:
+                out[key][target.name].append(elapsed)
     return out
 
 
@@ -314,7 +350,14 @@ async def run(options: Options) -> list[Table]:
                 await t.tasks.call_tool("noop", {})
                 await t.plain.call_tool("noop", {})
 
-            log(f"peer: task creation, {samples} samples each")
+            log(
+                f"peer: start -> result of a 0 s job, task creation, a no-op call and tasks/get of a completed task, "
+                f"{samples} samples each, in the same shuffled rounds"
+            )
+            completed = {t.name: (await t.create(0.0)).task_id for t in both}
+            for t in both:  # untimed: the task each server's tasks/get row reads
+                await t.follow(completed[t.name])
+                t.polls.clear()
             created_ids: dict[str, list[str]] = {"handles": [], "peer": []}
 
             def creation(t: Target) -> Callable[[], Awaitable[Any]]:
@@ -324,19 +367,26 @@ async def run(options: Options) -> list[Table]:
 
                 return call
 
-            results["creation"] = await _paired(both, samples, warmup, creation)
+            results.update(
+                await _shuffled_pairs(
+                    both,
+                    samples,
+                    warmup,
+                    {
+                        "result_0": lambda t: lambda: t.task_roundtrip(0.0),
+                        "creation": creation,
+                        "noop": lambda t: t.noop,
+                        "get_completed": lambda t: lambda: t.get_completed(completed[t.name]),
+                    },
+                )
+            )
+            # The median polls of the start -> result samples (the other three measures do not poll).
+            polls_0 = {t.name: sorted(t.polls)[len(t.polls) // 2] for t in both}
             for t in both:  # untimed: let every created task finish
                 for task_id in created_ids[t.name]:
                     await t.follow(task_id)
                 t.polls.clear()
 
-            log("peer: start -> result, 0 s job")
-            results["result_0"] = await _paired(
-                both, samples, warmup, lambda t: lambda: t.task_roundtrip(0.0)
-            )
-            polls_0 = {t.name: sorted(t.polls)[len(t.polls) // 2] for t in both}
-            for t in both:
-                t.polls.clear()
             log("peer: start -> result, 100 ms job")
             results["result_100"] = await _paired(
                 both, slow_samples, 2, lambda t: lambda: t.task_roundtrip(0.1)
@@ -414,6 +464,26 @@ async def run(options: Options) -> list[Table]:
         f"start -> result, 100 ms job (Tasks; median polls: handles {polls_100['handles']}, peer {polls_100['peer']})",
         "result_100",
     )
+    row("no-op tool call (the declaring client; no work behind it)", "noop", faster=False)
+    row(
+        "`tasks/get` of a completed task (the second request of start -> result, alone)",
+        "get_completed",
+        faster=False,
+    )
+    # A task at once takes two requests: the least they can take is one no-op call and one tasks/get.
+    least = Stats.of(results["noop"]["handles"]).p50 + Stats.of(results["get_completed"]["handles"]).p50
+    theirs_0 = Stats.of(results["result_0"]["peer"]).p50
+    table.data["two_requests_least"] = {"handles_ms": least, "peer_result_0_ms": theirs_0}
+    table.rows.append(
+        [
+            "the least two requests take on handles (its no-op p50 + its `tasks/get` p50), against the peer's "
+            "start -> result of a 0 s job",
+            ms(least),
+            ms(theirs_0),
+            f"{least / theirs_0:.2f}x",
+            "",
+        ]
+    )
     for kind, label in (
         ("task", "calls/s, Tasks (create -> poll -> result)"),
         ("plain", "calls/s, plain call (inline)"),
@@ -481,6 +551,10 @@ async def run(options: Options) -> list[Table]:
         f"{samples} samples per latency row ({slow_samples} for the 100 ms rows), alternating the two servers "
         "sample by sample in shuffled order; the client polls `tasks/get` back to back (no pause), so start -> "
         "result measures the servers, not a polling interval (both advertise pollIntervalMs=100).",
+        "Start -> result of a 0 s job, task creation, the no-op call and `tasks/get` of a completed task are "
+        "measured in the same rounds (each round runs every measure on both servers once, in shuffled order), "
+        "so they compare with each other: a task at once takes two requests, so the least its start -> result "
+        "can take on a server is about its no-op call plus its `tasks/get`.",
         "The peer runs Docket's defaults (worker concurrency 10, minimum_check_interval 50 ms); its state is in "
         "memory (`memory://`), so it is not durable across a restart, while every handles figure includes its "
         "SQLite commits.",
