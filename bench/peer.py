@@ -10,6 +10,8 @@ drives both, alternating between them sample by sample:
 
 - task creation: `tools/call work {seconds: 0}` declaring Tasks -> `CreateTaskResult`;
 - start -> result: creation, then `tasks/get` back to back until the task is completed (0 s and 100 ms jobs);
+- the requests alone, in the same rounds as start -> result of the 0 s job and creation: a no-op tool call
+  and a `tasks/get` of a completed task (the least a task's two requests take);
 - calls/s: concurrent workers each running create -> poll -> result cycles of the 0 s job;
 - for reference, the same job as a plain call (no extension: inline on both), and on `handles` its
   handle tools (`work_start`, then a long-polling `work_fetch` with `wait_seconds`).
