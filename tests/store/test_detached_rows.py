@@ -60,7 +60,9 @@ def test_a_row_without_every_column_gets_model_construct_defaults() -> None:
 
 
 @pytest.mark.parametrize("index", [0, 1, 2], ids=["job", "question", "step"])
-@pytest.mark.parametrize("left_out", [(), ("arguments", "version", "result", "started_at")], ids=["all", "some"])
+@pytest.mark.parametrize(
+    "left_out", [(), ("arguments", "version", "result", "started_at")], ids=["all", "some"]
+)
 def test_new_model_gives_what_model_construct_gives(index: int, left_out: tuple[str, ...]) -> None:
     """A start builds its job with `new_model`: the same model as `model_construct` of the same values, the
     fields left out at their defaults (a default factory called afresh for each model), the same fields set."""
