@@ -204,18 +204,7 @@ async def _paired(
     targets: list[Target], samples: int, warmup: int, make: Callable[[Target], Callable[[], Awaitable[Any]]]
 ) -> dict[str, list[float]]:
     """Alternate the targets sample by sample (in shuffled order) so both see the same machine noise."""
-    out: dict[str, list[float]] = {t.name: [] for t in targets}
-    for index in range(warmup + samples):
-        order = list(targets)
-        random.shuffle(order)
-        for target in order:
-            call = make(target)
-            started = time.perf_counter()
-            await call()
-            elapsed = time.perf_counter() - started
-            if index >= warmup:
-                out[target.name].append(elapsed)
-    return out
+    return (await _shuffled_pairs(targets, samples, warmup, {"": make}))[""]
 
 
 async def _shuffled_pairs(

@@ -259,7 +259,7 @@ class JobOperations:
         else:
             status_message = self.runtime.queued_message(principal)
         # Built without validation (every value is ours and typed): a validated table model
-        # costs several times what the insert does, and `model_construct` three times `new_model`.
+        # costs several times what the insert does, and `model_construct` twice what `new_model` does.
         claim: dict[str, Any] = {}
         if claimed:
             claim = {
