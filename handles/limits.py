@@ -47,15 +47,21 @@ def json_size(value: Any) -> int:
 
 def check_size(value: Any, limit: int, what: str, next_step: str) -> None:
     """Raise `InvalidArguments` when `value` serialises to more than `limit` bytes, or is not valid Unicode."""
-    try:
-        json.dumps(value, ensure_ascii=False, default=str).encode()
-    except UnicodeEncodeError:
-        # A lone surrogate (JSON "\ud800") parses, but can be neither hashed nor stored.
-        raise InvalidArguments(
-            f"The {what} contain text that is not valid Unicode (a lone surrogate such as \\ud800).",
-            next_step,
-        ) from None
-    size = json_size(value)
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    if text.isascii() and "\x7f" not in text:
+        # `json_size`'s figure, from the same JSON: nothing in it that ASCII-only JSON writes otherwise (DEL
+        # is the one ASCII character it escapes and this keeps), and nothing to encode.
+        size = len(text)
+    else:
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            # A lone surrogate (JSON "\ud800") parses, but can be neither hashed nor stored.
+            raise InvalidArguments(
+                f"The {what} contain text that is not valid Unicode (a lone surrogate such as \\ud800).",
+                next_step,
+            ) from None
+        size = json_size(value)
     if size > limit:
         raise InvalidArguments(
             f"The {what} are {size} bytes of JSON; the limit is {limit} bytes.",

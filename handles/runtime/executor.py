@@ -323,7 +323,7 @@ class Runtime:
             self.slots.unreserve(1)
             self._spawn(self._hand_back(record.id), name=f"handles-hand-back-{record.id}")
             return
-        self.slots.take(record.id, principal_key(record.principal))
+        self.slots.take(record.id, record.principal_key or principal_key(record.principal))
         self._start_task(
             self.specs[record.kind],
             record,

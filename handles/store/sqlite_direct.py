@@ -24,9 +24,14 @@ class _Prepared:
         compiled = statement.compile(dialect=dialect, column_keys=list(column_keys or ()) or None)
         self.sql: str = compiled.string
         self._positional = compiled.positiontup is not None
+        # Each parameter's bind processor, with what it binds None as, worked out once (`_bound_none`):
+        # most of a new job's columns are missing, and each JSON one costs a serialisation per bind.
         self._binds = [
-            (name, compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect))
-            for name in (compiled.positiontup if compiled.positiontup is not None else compiled.binds)
+            (name, process, _bound_none(process))
+            for name, process in (
+                (name, compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect))
+                for name in (compiled.positiontup if compiled.positiontup is not None else compiled.binds)
+            )
         ]
         # A SELECT's columns, each with its type's result processor (text to JSON, to aware UTC times).
         self._columns = [
@@ -35,14 +40,26 @@ class _Prepared:
         ]
 
     def parameters(self, values: Mapping[str, Any]) -> Any:
-        """The statement's parameters from `values`: a tuple (positional paramstyle) or a dict (by name)."""
+        """The statement's parameters from `values`: a tuple (positional paramstyle) or a dict (by name).
+
+        A value given for several parameters of one type (a new job's times are one `now`) is processed
+        once."""
+        bound: dict[tuple[int, int], Any] = {}
+        processed = []
+        for name, process, unset in self._binds:
+            value = values[name]
+            if process is None:
+                processed.append(value)
+            elif value is None and unset is not _PER_BIND:
+                processed.append(unset)
+            else:
+                key = (id(process), id(value))
+                if key not in bound:
+                    bound[key] = process(value)
+                processed.append(bound[key])
         if self._positional:
-            return tuple(
-                values[name] if process is None else process(values[name]) for name, process in self._binds
-            )
-        return {
-            name: values[name] if process is None else process(values[name]) for name, process in self._binds
-        }
+            return tuple(processed)
+        return {name: value for (name, _, _), value in zip(self._binds, processed, strict=True)}
 
     def rows(self, connection: Any, values: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Run the SELECT on the DB-API `connection` (sqlite3's, or psycopg's: both have `execute`):
@@ -60,6 +77,20 @@ class _Prepared:
             }
             for row in found
         ]
+
+
+_PER_BIND: Any = object()
+"""What `_bound_none` gives for a processor whose None is processed at each bind."""
+
+
+def _bound_none(process: Callable[[Any], Any] | None) -> Any:
+    """What `process` binds None as (SQL NULL for most types, JSON's `null` for a JSON column): the same at
+    every bind, so it is worked out once. `_PER_BIND` when that is not a plain immutable value (a type whose
+    None would bind as an object of its own), and None when there is no processor."""
+    if process is None:
+        return None
+    unset = process(None)
+    return unset if unset is None or type(unset) in (str, bytes, int, float, bool) else _PER_BIND
 
 
 class _SQLiteReads:

@@ -9,6 +9,8 @@ import secrets
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from itsdangerous import URLSafeSerializer
 
 from handles.handle import HANDLE_SALT, MAX_HANDLE_LENGTH, HandleClaims, HandleCodec, new_job_id
@@ -264,3 +266,41 @@ def test_a_minted_handle_is_what_itsdangerous_writes() -> None:
         )
     assert not mint(codec, kind="generate_report").startswith(".")
     assert mint(codec, kind="report_" * 7).startswith("."), "a payload zlib shortens is compressed"
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        'say "hi"',
+        "back\\slash",
+        "tab\there",
+        "line\nbreak",
+        "del\x7f",
+        "caf\u00e9",
+        "\u2028",
+        "\U0001f600",
+        "",
+    ],
+)
+def test_a_name_json_escapes_or_keeps_is_written_as_itsdangerous_writes_it(kind: str) -> None:
+    """`mint` writes the payload's JSON itself only when no string in it needs escaping; a job name with a
+    quote, a backslash or a control character (or a character JSON keeps as it is, like an accent) gives
+    the same bytes as itsdangerous's serializer, and verifies."""
+    codec = HandleCodec([KEY])
+    handle = mint(codec, kind=kind)
+    assert serializer(KEY).dumps(serializer(KEY).loads(handle)) == handle
+    assert codec.verify(handle, principal=ALICE) == HandleClaims(
+        job_id="job-1", kind=kind, expires_at=EXPIRES
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(job_id=st.text(max_size=40), kind=st.text(max_size=60), principal=st.text(max_size=40))
+def test_any_minted_handle_is_what_itsdangerous_writes(job_id: str, kind: str, principal: str) -> None:
+    codec = HandleCodec([KEY])
+    handle = codec.mint(job_id=job_id, kind=kind, principal=principal, expires_at=EXPIRES)
+    assert serializer(KEY).dumps(serializer(KEY).loads(handle)) == handle
+    if len(handle) <= MAX_HANDLE_LENGTH:
+        assert codec.verify(handle, principal=principal) == HandleClaims(
+            job_id=job_id, kind=kind, expires_at=EXPIRES
+        )
