@@ -88,8 +88,14 @@ CLAIM_ENTRY_HEAD = "["
 
 def claim_entry_tail(claimed_at: datetime, node: str) -> str:
     """The rest of a claim log entry after its attempt number: `,"CLAIMED_AT","NODE"]` and a newline,
-    so a whole entry is the JSON array `[ATTEMPT,"CLAIMED_AT","NODE"]` on a line of its own."""
-    return "," + json.dumps([claimed_at.astimezone(UTC).isoformat(), node], separators=(",", ":"))[1:] + "\n"
+    so a whole entry is the JSON array `[ATTEMPT,"CLAIMED_AT","NODE"]` on a line of its own. An ISO time
+    holds nothing JSON escapes, and a node's name is the same at every claim it makes (its JSON is kept)."""
+    return f',"{claimed_at.astimezone(UTC).isoformat()}",{_json_string(node)}]\n'
+
+
+@functools.lru_cache(maxsize=64)
+def _json_string(text: str) -> str:
+    return json.dumps(text)
 
 
 def claim_entry(attempt: int, claimed_at: datetime, node: str) -> str:
