@@ -364,6 +364,23 @@ def postgres_schema(base: str, label: str) -> Iterator[str | None]:
         yield url
 
 
+@contextlib.contextmanager
+def sqlite_and_postgres(options: Options, label: str, table: Table) -> Iterator[list[tuple[str, str, Path]]]:
+    """The stores a section measures on, each as (name, database URL, a fresh data directory): the SQLite
+    file (URL "": the default in the data directory) and PostgreSQL in a fresh schema (dropped afterwards).
+    When PostgreSQL is unreachable, `table` gets a row saying so instead."""
+    import tempfile
+
+    with postgres_schema(options.postgres_url, label) as pg_url:
+        stores: list[tuple[str, str, Path]] = []
+        for name, url in (("SQLite file", ""), ("PostgreSQL", pg_url)):
+            if url is None:
+                table.rows.append([name, "unreachable", 0] + ["n/a"] * (len(table.columns) - 3))
+                continue
+            stores.append((name, url, Path(tempfile.mkdtemp(prefix=f"{label}-", dir=options.work_dir))))
+        yield stores
+
+
 async def sleep_ms(value: float) -> None:
     await asyncio.sleep(value / 1000)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import secrets
 import sqlite3
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,8 +27,8 @@ from bench.common import (
     inprocess,
     log,
     ms,
-    postgres_schema,
     quiet_gc,
+    sqlite_and_postgres,
     structured,
     timed,
 )
@@ -133,16 +132,10 @@ async def run(options: Options) -> list[Table]:
         columns=["store", "path", "n", "p50 ms", "p90 ms", "p99 ms", "max ms"],
         command=options.section_command(SECTION),
     )
-    stores: list[tuple[str, Any]] = [("SQLite file", "")]
-    with postgres_schema(options.postgres_url, "durable") as pg_url:
-        stores.append(("PostgreSQL", pg_url))
-        for label, url in stores:
-            if url is None:
-                table.rows.append([label, "unreachable", 0, "n/a", "n/a", "n/a", "n/a"])
-                continue
+    with sqlite_and_postgres(options, "durable", table) as stores:
+        for label, url, data_dir in stores:
             log(f"durable: {label}, {n} starts")
             quiet_gc()
-            data_dir = Path(tempfile.mkdtemp(prefix="durable-", dir=options.work_dir))
             samples = await measure(data_dir, url, n, warmup)
             table.data[label] = {}
             for path, key in (

@@ -43,7 +43,7 @@ from handles.store import (
     InputRequestRecord,
     JobRecord,
     JobState,
-    StepRecord,
+    StepState,
     Store,
     run_shielded,
 )
@@ -64,7 +64,7 @@ class JobView:
 
     job: JobState
     pending: list[InputRequestRecord]
-    steps: list[StepRecord]
+    steps: list[StepState]
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from handles.store.models import (
     JobRecord,
     JobState,
     StepRecord,
+    StepState,
     SwitchRecord,
     utc_now,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "JobRepository",
     "JobState",
     "StepRecord",
+    "StepState",
     "Store",
     "SwitchRecord",
     "run_shielded",

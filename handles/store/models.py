@@ -256,6 +256,31 @@ class StepRecord(SQLModel, table=True):
     error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
 
 
+@dataclass(frozen=True, slots=True)
+class StepState:
+    """A durable step as the caller following its job sees it (`ProgressOutput.steps`): its name, status,
+    attempt and times, without its result or error, which a poll never shows.
+
+    `JobRepository.snapshot` reads only these columns of the job's steps: a step's result may be large,
+    and a poll decoded every one of them each time.
+    """
+
+    name: str
+    status: str
+    attempt: int
+    started_at: datetime
+    finished_at: datetime | None
+
+    @classmethod
+    def of(cls, step: StepRecord) -> StepState:
+        """The state of a step read whole."""
+        return cls(**{name: getattr(step, name) for name in STEP_STATE_COLUMNS})
+
+
+STEP_STATE_COLUMNS = tuple(StepState.__dataclass_fields__)
+"""The columns of a step's row a `StepState` holds, in its fields' order."""
+
+
 class ResultPartRecord(SQLModel, table=True):
     """One part of a job's result file (a result too large to travel inline, read through its link).
 

@@ -55,11 +55,13 @@ from handles.store.housekeeping import Housekeeping
 from handles.store.models import (
     CLAIM_ENTRY_HEAD,
     JOB_STATE_COLUMNS,
+    STEP_STATE_COLUMNS,
     Clock,
     InputRequestRecord,
     JobRecord,
     JobState,
     StepRecord,
+    StepState,
     UTCDateTime,
     claim_entry_tail,
     principal_key,
@@ -77,8 +79,9 @@ from handles.store.rows import (
     _json_document,
     _one,
     _rows,
+    _utc_time,
 )
-from handles.store.sqlite_direct import _Prepared, _SQLiteReads
+from handles.store.sqlite_direct import _Prepared, _SQLiteReads, sqlite_json_missing
 from handles.store.switch_rows import SwitchRows
 
 P = ParamSpec("P")
@@ -143,6 +146,13 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         self._sqlite_start: tuple[_Prepared, _Prepared, _Prepared] | None = None
         if self.dialect == "sqlite":
             dialect = self._write_engine.dialect
+            missing = sqlite_json_missing()
+            if missing is not None:
+                raise RuntimeError(missing)
+            # How a time read from SQLite's text comes back (the snapshot's steps, read as JSON).
+            read_time = UTCDateTime().dialect_impl(dialect).result_processor(dialect, None)
+            assert read_time is not None  # a TypeDecorator with `process_result_value` always has one
+            self._sqlite_time = read_time
             self._sqlite_start = (
                 _Prepared(_COUNT_ACTIVE, dialect),
                 _Prepared(_INSERT_JOB, dialect, _JOB_COLUMNS),
@@ -208,20 +218,22 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         with self._hot_reading() as connection:
             return _rows(connection, InputRequestRecord, _QUESTIONS_OF_JOB, job_id)
 
-    def snapshot(self, job_id: str) -> tuple[JobState | None, list[InputRequestRecord], list[StepRecord]]:
-        """The job's state (only the columns a caller following it is shown), its open questions (when it
-        waits for answers) and its steps, read in one go."""
+    def snapshot(self, job_id: str) -> tuple[JobState | None, list[InputRequestRecord], list[StepState]]:
+        """The job's state and its steps' (only the columns a caller following it is shown), and its open
+        questions (when it waits for answers), read in one go: one statement, and on SQLite a second
+        only while the job waits for answers."""
         with self._hot_reading() as connection:
             if self.dialect == "postgresql":
                 return _snapshot_in_one(connection, job_id)
-            row = connection.execute(_JOB_STATE_BY_ID, {"job_id": job_id}).mappings().first()
+            row = connection.execute(_SQLITE_SNAPSHOT, {"job_id": job_id}).mappings().first()
             if row is None:
                 return None, [], []
-            job = JobState(**row)
+            job = JobState(**{name: row[name] for name in JOB_STATE_COLUMNS})
+            steps = _step_states(json.loads(row["handles_steps"]), self._sqlite_time)
             pending: list[InputRequestRecord] = []
             if job.status == Status.INPUT_REQUIRED.value:
                 pending = _rows(connection, InputRequestRecord, _OPEN_QUESTIONS_OF_JOB, job_id)
-            return job, pending, _rows(connection, StepRecord, _STEPS_OF_JOB, job_id)
+            return job, pending, steps
 
     def replay_state(self, job_id: str) -> tuple[dict[str, dict[str, Any]], dict[str, StepRecord]]:
         """What a run replays: the job's recorded answers by key, and its steps by name, read in one go."""
@@ -961,11 +973,39 @@ _COUNT_ACTIVE = (
 )
 
 
-# The progress snapshot on PostgreSQL in one statement (one round trip): the job's row, with its open
-# questions (only while it waits for answers) and its steps as JSON arrays in the same order as
-# `_OPEN_QUESTIONS_OF_JOB` and `_STEPS_OF_JOB` read them.
-_Q = _INPUTS.alias("q")
+# The progress snapshot's steps: each step's `StepState` columns as a JSON array, all of them in one JSON
+# array (empty, or NULL on PostgreSQL, when there are none), in any order (`_step_states` sorts them).
+# Only these columns: a step's result may be large, and a poll never shows it.
 _S = _STEPS.alias("s")
+_STEP_STATE = tuple(_S.c[name] for name in STEP_STATE_COLUMNS)
+
+
+def _steps_as_json(array: Any, aggregate: Any) -> Any:
+    return sa_select(aggregate(array(*_STEP_STATE))).where(_S.c.job_id == _JOBS.c.id).scalar_subquery()
+
+
+def _step_states(arrays: Sequence[Sequence[Any]] | None, time: Callable[[Any], Any]) -> list[StepState]:
+    """The steps read as `_steps_as_json` gives them, in the order they started (by name where two started
+    at once), each time read by `time`."""
+    steps = [
+        StepState(name, status, attempt, time(started_at), None if finished_at is None else time(finished_at))
+        for name, status, attempt, started_at, finished_at in arrays or ()
+    ]
+    steps.sort(key=lambda step: (step.started_at, step.name))
+    return steps
+
+
+# The progress snapshot on SQLite in one statement: the job's state, with its steps as one JSON array of
+# arrays (`json_group_array`, SQLite 3.38+ or JSON1). A column's value is JSON text or a number there, and
+# a time is SQLite's text, read back by the column type's own result processor.
+_SQLITE_SNAPSHOT = sa_select(
+    *_JOB_STATE, _steps_as_json(func.json_array, func.json_group_array).label("handles_steps")
+).where(_JOBS.c.id == bindparam("job_id"))
+
+# The progress snapshot on PostgreSQL in one statement (one round trip): the job's state, with its open
+# questions (only while it waits for answers) as a JSON array in the order `_OPEN_QUESTIONS_OF_JOB` reads
+# them, and its steps as `_steps_as_json` gives them (times as ISO 8601).
+_Q = _INPUTS.alias("q")
 _SNAPSHOT_IN_ONE = sa_select(
     *_JOB_STATE,
     case(
@@ -977,23 +1017,20 @@ _SNAPSHOT_IN_ONE = sa_select(
         ),
         else_=None,
     ).label("handles_open_questions"),
-    sa_select(func.json_agg(aggregate_order_by(literal_column("s"), _S.c.started_at)))
-    .where(_S.c.job_id == _JOBS.c.id)
-    .scalar_subquery()
-    .label("handles_steps"),
+    _steps_as_json(func.json_build_array, func.json_agg).label("handles_steps"),
 ).where(_JOBS.c.id == bindparam("job_id"))
 _JOB_COLUMNS = tuple(c.name for c in _JOBS.columns)
 
 
 def _snapshot_in_one(
     connection: Connection, job_id: str
-) -> tuple[JobState | None, list[InputRequestRecord], list[StepRecord]]:
+) -> tuple[JobState | None, list[InputRequestRecord], list[StepState]]:
     row = connection.execute(_SNAPSHOT_IN_ONE, {"job_id": job_id}).mappings().first()
     if row is None:
         return None, [], []
     job = JobState(**{name: row[name] for name in JOB_STATE_COLUMNS})
     pending = [_from_json(_INPUTS, InputRequestRecord, q) for q in row["handles_open_questions"] or ()]
-    return job, pending, [_from_json(_STEPS, StepRecord, step) for step in row["handles_steps"] or ()]
+    return job, pending, _step_states(row["handles_steps"], _utc_time)
 
 
 # The start on PostgreSQL: one call of the function of migration 0011.

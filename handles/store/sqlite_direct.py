@@ -9,6 +9,7 @@ uses (JSON, aware UTC times): what is stored and read back is the same either wa
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -111,3 +112,21 @@ class _Mappings(list[dict[str, Any]]):
 
     def first(self) -> dict[str, Any] | None:
         return self[0] if self else None
+
+
+@functools.cache
+def sqlite_json_missing() -> str | None:
+    """Why this process's SQLite cannot run the store's JSON functions (`json_group_array`, `json_array`:
+    built in since SQLite 3.38, the JSON1 extension before), or None when it can."""
+    connection = sqlite3.connect(":memory:")
+    try:
+        connection.execute("SELECT json_group_array(json_array(1, 'a', NULL))").fetchone()
+    except sqlite3.OperationalError as exc:
+        return (
+            f"The SQLite library this Python uses ({sqlite3.sqlite_version}) has no JSON functions ({exc}): "
+            "handles needs SQLite 3.38 or later, or an earlier one built with JSON1. Use a Python built "
+            "with a newer SQLite, or PostgreSQL."
+        )
+    finally:
+        connection.close()
+    return None

@@ -70,11 +70,13 @@ def this_process_writing(repo: JobRepository) -> Iterator[threading.Event]:
         thread.join(5)
 
 
-async def ticks_while_pending(pending: asyncio.Future[Any], seconds: float = 0.3) -> int:
-    """How many 10 ms sleeps the event loop served in `seconds`, checking that `pending` still waits."""
+async def ticks_while_pending(pending: asyncio.Future[Any], wanted: int = 10, seconds: float = 5.0) -> int:
+    """How many 10 ms sleeps the event loop served, up to `wanted` (or as many as `seconds` allowed: a loaded
+    host serves them slower than one each 10 ms), checking that `pending` still waits after them. A loop
+    blocked by `pending` serves none before it is done."""
     ticks = 0
     began = time.monotonic()
-    while time.monotonic() - began < seconds:
+    while ticks < wanted and time.monotonic() - began < seconds:
         await asyncio.sleep(0.01)
         ticks += 1
     assert not pending.done()

@@ -82,3 +82,32 @@ def test_a_snapshot_reads_the_same_on_the_event_loop_and_off_it(repo: JobReposit
     threaded = repo.snapshot(job.id)
     assert inline == threaded
     assert [q.key for q in inline[1]] == ["a", "b"] and [s.name for s in inline[2]] == ["fetch"]
+
+
+def test_a_poll_on_the_event_loop_is_one_statement_and_two_while_the_job_waits_for_answers(
+    repo: JobRepository,
+) -> None:
+    """The job's state and its steps' come in one statement; its open questions in a second, only while it
+    waits for answers."""
+    job = job_row("inline-3", status="input_required")
+    question = InputRequestRecord(
+        job_id=job.id, key="q", message="?", requested_schema={}, created_at=utc_now()
+    )
+    repo.insert(job, questions=[question])
+    for name in ("fetch", "send"):
+        repo.begin_step(job.id, None, name, 1)
+    repo.read_inline(repo.snapshot, job.id)  # opens the inline connection
+    raw = repo._inline_read_raw
+    assert raw is not None
+    statements: list[str] = []
+    raw.set_trace_callback(statements.append)
+    try:
+        waiting = repo.read_inline(repo.snapshot, job.id)
+        assert [q.key for q in waiting[1]] == ["q"] and len(waiting[2]) == 2 and len(statements) == 2
+        repo.answer_inputs(job.id, {"q": {}})
+        statements.clear()
+        working = repo.read_inline(repo.snapshot, job.id)
+    finally:
+        raw.set_trace_callback(None)
+    assert working[0] is not None and working[0].status == "working" and working[1] == []
+    assert [s.name for s in working[2]] == ["fetch", "send"] and len(statements) == 1, statements

@@ -20,7 +20,7 @@ from handles.errors import LeaseLost
 from handles.handle import new_job_id
 from handles.principal import principal_match, token_form
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
-from handles.store import JobRecord, JobRepository, JobState
+from handles.store import JobRecord, JobRepository, JobState, StepState
 from handles.store.models import claims_of
 
 T = TypeVar("T")
@@ -452,6 +452,44 @@ def test_the_snapshot_holds_the_state_of_the_stored_row(repo: JobRepository, sta
     assert [q.key for q in pending] == (["q1"] if status is Status.INPUT_REQUIRED else [])
     assert steps == []
     assert repo.snapshot("no-such-job") == (None, [], [])
+
+
+def test_the_snapshot_holds_each_steps_state_in_the_order_they_started(
+    repo: JobRepository, clock: MovableClock
+) -> None:
+    """A poll shows each step's name, status, attempt and times as the step's whole row holds them (aware
+    UTC, to the microsecond), in the order the steps started, by name where two started at once; a
+    step's result, which may be large, is not part of it and stays stored as it was written."""
+    job = claimed_job(repo)
+    exact = {"sum": 0.1 + 0.2, "tiny": 5e-324, "big": 2**63 + 1, "text": 'é \u2028 " \\ \x01 \U0001f600'}
+    large = {"rows": list(range(20_000))}
+    clock.advance(0.000001)
+    repo.begin_step(job.id, OWNER, "zeta", 1)
+    repo.finish_step(job.id, OWNER, "zeta", result=exact)
+    clock.advance(1.5)
+    for name in ("beta 'quoted' \"name\" é", "alpha"):  # two steps started at the same instant
+        repo.begin_step(job.id, OWNER, name, 2)
+    repo.finish_step(job.id, OWNER, "alpha", result=large)
+    repo.finish_step(job.id, OWNER, "beta 'quoted' \"name\" é", error="refused")
+    clock.advance(0.25)
+    repo.begin_step(job.id, OWNER, "open", 3)  # still running
+
+    state, pending, steps = repo.snapshot(job.id)
+    whole = {step.name: step for step in repo.steps(job.id)}
+    assert state is not None and pending == []
+    assert [step.name for step in steps] == ["zeta", "alpha", "beta 'quoted' \"name\" é", "open"]
+    assert steps == [StepState.of(whole[step.name]) for step in steps]
+    assert all(type(step) is StepState for step in steps)
+    assert steps[0].started_at == clock.now - timedelta(seconds=1.75) and steps[0].started_at.microsecond == 1
+    assert all(step.started_at.utcoffset() == timedelta(0) for step in steps)
+    assert [step.finished_at is None for step in steps] == [False, False, False, True]
+    assert [(step.status, step.attempt) for step in steps] == [
+        ("completed", 1),
+        ("completed", 2),
+        ("failed", 2),
+        ("started", 3),
+    ]
+    assert whole["zeta"].result == exact and whole["alpha"].result == large
 
 
 # -- cancellation ---------------------------------------------------------------------------------
