@@ -81,7 +81,7 @@ from handles.store.rows import (
     _rows,
     _utc_time,
 )
-from handles.store.sqlite_direct import _Prepared, _SQLiteReads, sqlite_json_missing
+from handles.store.sqlite_direct import _DriverReads, _Prepared, sqlite_json_missing
 from handles.store.switch_rows import SwitchRows
 
 P = ParamSpec("P")
@@ -177,13 +177,19 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
 
     @contextmanager
     def _hot_reading(self) -> Iterator[Any]:
-        """What the hot reads by key (`_one`, `_rows`) run on: on the event loop on an SQLite file,
-        SQLite's own connection with each statement compiled once (SQLAlchemy's execution costs
-        several times SQLite's, as for a start); elsewhere a connection of `_fast_reading`."""
+        """What the hot reads by key (`_one`, `_rows`, the snapshot) run on, each statement compiled once and
+        run past SQLAlchemy's statement execution (which costs several times SQLite's own work, and about
+        a third of a PostgreSQL round trip, as for a start): on the event loop on an SQLite file, SQLite's
+        own connection; on PostgreSQL, psycopg's own (`_postgres_autocommit`); elsewhere (an SQLite file
+        read off the loop) a connection of `_fast_reading`."""
         with self._sqlite_reading() as raw:
             if raw is not None:
-                yield _SQLiteReads(raw, self._prepare)
+                yield _DriverReads(raw, self._prepare)
                 return
+        if self.dialect == "postgresql":
+            with self._postgres_autocommit() as connection:
+                yield _DriverReads(connection, self._prepare)
+            return
         with self._fast_reading() as connection:
             yield connection
 

@@ -3,8 +3,9 @@
 SQLAlchemy's statement execution costs several times what SQLite takes to run a short statement, so the
 hot paths on an SQLite file (a start, an outcome, the reads by key) run their statements here, each
 compiled once for the dialect, its values bound and its rows read through the type processors SQLAlchemy
-uses (JSON, aware UTC times): what is stored and read back is the same either way. PostgreSQL's start
-(`JobRepository._start`) runs its one statement the same way, on psycopg's own connection.
+uses (JSON, aware UTC times): what is stored and read back is the same either way. On PostgreSQL the start
+(`JobRepository._start`) and the hot reads by key run their statements the same way, on psycopg's own
+connection.
 """
 
 from __future__ import annotations
@@ -25,20 +26,30 @@ class _Prepared:
         compiled = statement.compile(dialect=dialect, column_keys=list(column_keys or ()) or None)
         self.sql: str = compiled.string
         self._positional = compiled.positiontup is not None
-        # Each parameter's bind processor, with what it binds None as, worked out once (`_bound_none`):
-        # most of a new job's columns are missing, and each JSON one costs a serialisation per bind.
-        self._binds = [
-            (name, process, _bound_none(process))
-            for name, process in (
-                (name, compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect))
-                for name in (compiled.positiontup if compiled.positiontup is not None else compiled.binds)
-            )
-        ]
-        # A SELECT's columns, each with its type's result processor (text to JSON, to aware UTC times).
-        self._columns = [
-            (column.name, column.type.dialect_impl(dialect).result_processor(dialect, None))
+        # Each parameter as it is named in the SQL, and the key of its value in `values` with its bind
+        # processor and what it binds None as, worked out once (`_bound_none`): most of a new job's columns
+        # are missing, and each JSON one costs a serialisation per bind. A constant written into the
+        # statement (`status == 'input_required'`: an anonymous parameter with its value) has no key, and
+        # its value is bound once here.
+        self._names: list[str] = []
+        self._binds: list[tuple[str | None, Callable[[Any], Any] | None, Any]] = []
+        for name, bind in _parameters_in_order(compiled):
+            process = bind.type.dialect_impl(dialect).bind_processor(dialect)
+            self._names.append(name)
+            if bind.unique and not bind.required:
+                value = bind.effective_value
+                self._binds.append((None, None, value if process is None else process(value)))
+            else:
+                self._binds.append((bind.key, process, _bound_none(process)))
+        # A SELECT's columns, each with its type's result processor (text to JSON, to aware UTC times), made
+        # at the first run from the cursor's description as SQLAlchemy makes them (on PostgreSQL a float
+        # column's depends on the type the server reports): `_result_columns`.
+        self._dialect = dialect
+        self._types = [
+            (column.name, column.type.dialect_impl(dialect))
             for column in getattr(statement, "selected_columns", ())
         ]
+        self._columns: list[tuple[str, Callable[[Any], Any] | None]] | None = None
 
     def parameters(self, values: Mapping[str, Any]) -> Any:
         """The statement's parameters from `values`: a tuple (positional paramstyle) or a dict (by name).
@@ -48,6 +59,9 @@ class _Prepared:
         bound: dict[tuple[int, int], Any] = {}
         processed = []
         for name, process, unset in self._binds:
+            if name is None:  # a constant of the statement, bound at compilation
+                processed.append(unset)
+                continue
             value = values[name]
             if process is None:
                 processed.append(value)
@@ -60,7 +74,7 @@ class _Prepared:
                 processed.append(bound[key])
         if self._positional:
             return tuple(processed)
-        return {name: value for (name, _, _), value in zip(self._binds, processed, strict=True)}
+        return dict(zip(self._names, processed, strict=True))
 
     def rows(self, connection: Any, values: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Run the SELECT on the DB-API `connection` (sqlite3's, or psycopg's: both have `execute`):
@@ -68,9 +82,9 @@ class _Prepared:
         cursor = connection.execute(self.sql, self.parameters(values))
         try:
             found = cursor.fetchall()
+            columns = self._columns or self._result_columns(cursor.description)
         finally:
             cursor.close()
-        columns = self._columns
         return [
             {
                 name: value if process is None else process(value)
@@ -78,6 +92,24 @@ class _Prepared:
             }
             for row in found
         ]
+
+    def _result_columns(self, description: Sequence[Any]) -> list[tuple[str, Callable[[Any], Any] | None]]:
+        """Each column's name and result processor, for the type the driver reports (`description`'s
+        `type_code`: psycopg's type OID; None on SQLite), as SQLAlchemy's result makes them. The same on
+        every run of the statement, so made once (two threads making them at once make the same)."""
+        self._columns = [
+            (name, impl.result_processor(self._dialect, reported[1]))
+            for (name, impl), reported in zip(self._types, description, strict=True)
+        ]
+        return self._columns
+
+
+def _parameters_in_order(compiled: Any) -> list[tuple[str, Any]]:
+    """A compiled statement's parameters as (the name its SQL gives it, its `BindParameter`): in their
+    order for a positional paramstyle, each once for a named one."""
+    if compiled.positiontup is not None:
+        return [(name, compiled.binds[name]) for name in compiled.positiontup]
+    return [(name, bind) for bind, name in compiled.bind_names.items()]
 
 
 _PER_BIND: Any = object()
@@ -94,11 +126,12 @@ def _bound_none(process: Callable[[Any], Any] | None) -> Any:
     return unset if unset is None or type(unset) in (str, bytes, int, float, bool) else _PER_BIND
 
 
-class _SQLiteReads:
-    """The hot reads' side of SQLAlchemy's `Connection` (`execute(...).mappings()`, `.first()`) on SQLite's
-    own connection, each statement compiled once (see `_Prepared`)."""
+class _DriverReads:
+    """The hot reads' side of SQLAlchemy's `Connection` (`execute(...).mappings()`, `.first()`) on the DB-API
+    connection itself (sqlite3's, or psycopg's in autocommit), each statement compiled once (see
+    `_Prepared`)."""
 
-    def __init__(self, connection: sqlite3.Connection, prepare: Callable[[Any], _Prepared]) -> None:
+    def __init__(self, connection: Any, prepare: Callable[[Any], _Prepared]) -> None:
         self._connection = connection
         self._prepare = prepare
 

@@ -357,3 +357,52 @@ def test_json_values_with_nul_travel_apart_from_the_row(repo: JobRepository) -> 
     repo.finish_step(job.id, "node-a", "s", result={"r": "\x00"})
     assert [s.result for s in repo.steps(job.id)] == [{"r": "\x00"}]
     assert [s.name for s in repo.snapshot(job.id)[2]] == ["s"]
+
+
+def test_the_hot_reads_on_psycopgs_own_connection_read_what_sqlalchemy_reads_with_the_same_types(
+    repo: JobRepository,
+) -> None:
+    """The reads by key run past SQLAlchemy's statement execution on PostgreSQL: each gives the models
+    SQLAlchemy's own execution of the same statement gives, value for value and type for type (floats
+    as the server reports them, aware times, JSON), for a job with every kind of column set."""
+    from handles.store.models import JobRecord, StepRecord
+    from handles.store.repository import _JOB_BY_ID, _OPEN_QUESTIONS_OF_JOB, _STEPS_OF_JOB, _snapshot_in_one
+    from handles.store.rows import _one, _rows
+
+    job = job_row(
+        _id(),
+        principal=_principal(),
+        lease_owner="node-a",
+        attempts=1,
+        arguments={"n": 0.1 + 0.2, "text": "é"},
+        abandon_after_seconds=90.5,
+        keep_result_seconds=3600.25,
+    )
+    repo.insert(job)
+    assert repo.set_progress(job.id, "node-a", 2.5, 10, "a quarter")
+    repo.begin_step(job.id, "node-a", "fetch", 1)
+    repo.finish_step(job.id, "node-a", "fetch", result={"x": 5e-324})
+    repo.open_input(job.id, "node-a", "q1", "First?", {"type": "object"})
+
+    def typed(value: Any) -> Any:
+        fields = (
+            value
+            if isinstance(value, dict)
+            else getattr(value, "__dict__", None) or {name: getattr(value, name) for name in value.__slots__}
+        )
+        return {k: (v, type(v)) for k, v in fields.items() if not k.startswith("_sa_")}
+
+    with repo._fast_reading() as connection:  # SQLAlchemy's own execution
+        whole = _one(connection, JobRecord, _JOB_BY_ID, job.id)
+        state, pending, steps = _snapshot_in_one(connection, job.id)
+        whole_steps = _rows(connection, StepRecord, _STEPS_OF_JOB, job.id)
+        questions = _rows(connection, InputRequestRecord, _OPEN_QUESTIONS_OF_JOB, job.id)
+    assert whole is not None and state is not None
+    assert typed(repo.get(job.id)) == typed(whole) and whole.progress_done == 2.5
+    direct = repo.snapshot(job.id)
+    assert typed(direct[0]) == typed(state) and direct[2] == steps and len(steps) == 1
+    assert [typed(q) for q in direct[1]] == [typed(q) for q in pending]
+    assert [typed(s) for s in repo.steps(job.id)] == [typed(s) for s in whole_steps]
+    assert [typed(q) for q in repo.pending_inputs(job.id)] == [typed(q) for q in questions] and len(
+        questions
+    ) == 1

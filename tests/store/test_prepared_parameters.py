@@ -54,3 +54,24 @@ def test_none_is_worked_out_once_only_for_a_plain_value() -> None:
     assert _bound_none(lambda value: None) is None
     assert _bound_none(lambda value: "null") == "null"
     assert _bound_none(lambda value: []) is _PER_BIND, "a value of its own at each bind"
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_constant_written_into_a_statement_is_bound_with_its_value(dialect: str) -> None:
+    """A value compared with a column in the statement itself (an anonymous parameter, as the snapshot's
+    `status == 'input_required'`) is bound at compilation; the caller gives only the named ones."""
+    from sqlalchemy import bindparam
+    from sqlalchemy import select as sa_select
+
+    from handles.store.repository import _JOBS
+
+    statement = sa_select(_JOBS.c.id).where(
+        _JOBS.c.status == "input_required", _JOBS.c.id == bindparam("job_id"), _JOBS.c.attempts > 2
+    )
+    prepared = _Prepared(statement, DIALECTS[dialect])
+    bound = prepared.parameters({"job_id": "j1"})
+    if dialect == "sqlite":
+        assert prepared.sql.count("?") == 3 and bound == ("input_required", "j1", 2)
+    else:
+        assert bound == {"status_1": "input_required", "job_id": "j1", "attempts_1": 2}
+        assert all(f"%({name})s" in prepared.sql for name in bound)
