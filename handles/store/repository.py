@@ -940,7 +940,6 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
 # The hot reads' statements, built once (building a statement costs more than SQLite runs it).
 _JOB_BY_ID = sa_select(_JOBS).where(_JOBS.c.id == bindparam("job_id"))
 _JOB_STATE = tuple(_JOBS.c[name] for name in JOB_STATE_COLUMNS)
-_JOB_STATE_BY_ID = sa_select(*_JOB_STATE).where(_JOBS.c.id == bindparam("job_id"))
 _STEPS_OF_JOB = sa_select(_STEPS).where(_STEPS.c.job_id == bindparam("job_id")).order_by(_STEPS.c.started_at)
 _QUESTIONS_OF_JOB = (
     sa_select(_INPUTS)
