@@ -235,7 +235,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
             if row is None:
                 return None, [], []
             job = JobState(**{name: row[name] for name in JOB_STATE_COLUMNS})
-            steps = _step_states(json.loads(row["handles_steps"]), self._sqlite_time)
+            steps = _step_states(row["handles_steps"], self._sqlite_time)
             pending: list[InputRequestRecord] = []
             if job.status == Status.INPUT_REQUIRED.value:
                 pending = _rows(connection, InputRequestRecord, _OPEN_QUESTIONS_OF_JOB, job_id)
@@ -986,7 +986,10 @@ _STEP_STATE = tuple(_S.c[name] for name in STEP_STATE_COLUMNS)
 
 
 def _steps_as_json(array: Any, aggregate: Any) -> Any:
-    return sa_select(aggregate(array(*_STEP_STATE))).where(_S.c.job_id == _JOBS.c.id).scalar_subquery()
+    """The job's steps as `aggregate(array(...))`, typed JSON: read back as a list by the type's own result
+    processor, as every JSON column is (SQLite's text decoded; psycopg decodes PostgreSQL's itself)."""
+    steps = aggregate(array(*_STEP_STATE), type_=JSON)
+    return sa_select(steps).where(_S.c.job_id == _JOBS.c.id).scalar_subquery()
 
 
 def _step_states(arrays: Sequence[Sequence[Any]] | None, time: Callable[[Any], Any]) -> list[StepState]:
