@@ -39,7 +39,7 @@ SECTION = "durable"
 NEWEST_JOB = "SELECT * FROM handles_jobs ORDER BY created_at DESC LIMIT 1"
 
 
-class _DriverInsert:
+class DriverInsert:
     """The floor of a start: the newest stored job's row inserted again (a fresh id each time) by the DB-API driver
     alone, on a connection of its own, committed as durably as the store commits (SQLite: WAL,
     synchronous=NORMAL, `BEGIN IMMEDIATE` ... `COMMIT`; PostgreSQL: autocommit, the server's default
@@ -98,7 +98,7 @@ async def measure(data_dir: Path, database_url: str, n: int, warmup: int) -> dic
         tools = JobTools(jobs.specs["work"], jobs.service)
         principal = "local:local"
         samples: dict[str, list[float]] = {"mcp": [], "handler": [], "floor": [], "noop": []}
-        floor: _DriverInsert | None = None
+        floor: DriverInsert | None = None
         try:
             for index in range(warmup + n):
                 elapsed, data = await timed(lambda: structured(c, "work_start", {"seconds": 0}))
@@ -107,7 +107,7 @@ async def measure(data_dir: Path, database_url: str, n: int, warmup: int) -> dic
                 assert not reply.is_error, reply.structured
                 await structured(c, "work_fetch", {"handle": reply.structured["handle"], "wait_seconds": 10})
                 if floor is None:
-                    floor = _DriverInsert(jobs)
+                    floor = DriverInsert(jobs)
                 started = time.perf_counter()
                 floor()
                 driver = time.perf_counter() - started

@@ -8,6 +8,11 @@
   (the outcome write, the local notification, the re-read and the reply).
 
 In-process (`mcp.Client(server)`), so the job function and the client share one clock.
+
+The least a pickup could take, in the same rounds: the SDK's own in-process call of an async tool that does
+nothing, on a bare `MCPServer` (no `handles` code: what any tool call costs before its tool runs), plus the
+job's row inserted durably by the database driver alone (section 2's floor). A start is a tool call that
+stores its job before the job may run, so its pickup cannot take less than these two on this host.
 """
 
 from __future__ import annotations
@@ -16,20 +21,25 @@ import asyncio
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.common import (
     Options,
     Stats,
     Table,
+    client,
     inprocess,
     log,
     ms,
     postgres_schema,
     quiet_gc,
     structured,
+    timed,
     verdict,
 )
+
+if TYPE_CHECKING:
+    from bench.durable import DriverInsert
 
 SECTION = "pickup"
 PICKUP_TARGET_MS = 5.0
@@ -46,55 +56,108 @@ async def _until_started(mark: str, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.0005)
 
 
+def _bare_server() -> Any:
+    """An `MCPServer` with one async tool that does nothing, and no `handles` code at all."""
+    from mcp.server.mcpserver import MCPServer
+
+    server: MCPServer[Any] = MCPServer("bare")
+
+    async def nothing() -> dict[str, bool]:
+        """Do nothing (async: the SDK runs it on the event loop, as it runs the handle tools)."""
+        return {"ok": True}
+
+    server.add_tool(nothing, structured_output=True)
+    return server
+
+
+async def _pickup(c: Any, bare: Any, floor: DriverInsert, mark: str) -> dict[str, float]:
+    """One round of pickup: a 0 s job started (timed to its function's first line and to the answer), then
+    the least a pickup could take, in the same round (the SDK's own call, the durable insert alone)."""
+    from bench.app import STARTED
+
+    called = time.perf_counter()
+    data = await structured(c, "work_start", {"seconds": 0, "mark": mark})
+    answered = time.perf_counter()
+    await structured(c, "work_fetch", {"handle": data["handle"], "wait_seconds": 10})
+    sdk_call, _ = await timed(lambda: structured(bare, "nothing", {}))
+    started = time.perf_counter()
+    floor()
+    insert = time.perf_counter() - started
+    return {
+        "pickup_call": STARTED[mark] - called,
+        "pickup_answer": STARTED[mark] - answered,
+        "sdk_call": sdk_call,
+        "floor": insert,
+        "least": sdk_call + insert,
+    }
+
+
+async def _wake(c: Any, tool: str, mark: str) -> float:
+    """One round of wake: a job that waits for its gate, a long-poll of `tool` parked on it, the gate opened;
+    the time from the job's return to the long-poll's answer."""
+    from bench.app import FINISHED, gate
+
+    handle = (await structured(c, "work_start", {"seconds": -1, "mark": mark}))["handle"]
+    await _until_started(mark)
+    await asyncio.sleep(0.002)  # let the job's "running" writes settle before the waiter parks
+    returned: list[float] = []
+
+    async def waiter() -> Any:
+        if tool == "work_progress":
+            version_seen = await structured(c, tool, {"handle": handle})
+            assert version_seen["status"] == "working"
+        data = await structured(c, tool, {"handle": handle, "wait_seconds": 10})
+        returned.append(time.perf_counter())
+        return data
+
+    task = asyncio.create_task(waiter())
+    await asyncio.sleep(0.03)  # the long-poll is parked by now
+    gate(mark).set()
+    data = await task
+    if tool == "work_fetch":
+        assert data["status"] == "completed", data
+    await structured(c, "work_fetch", {"handle": handle, "wait_seconds": 10})
+    return returned[0] - FINISHED[mark]
+
+
 async def measure(data_dir: Path, database_url: str, n: int, warmup: int) -> dict[str, list[float]]:
-    from bench.app import FINISHED, STARTED, gate
+    from bench.durable import DriverInsert
 
     samples: dict[str, list[float]] = {
-        "pickup_call": [],
-        "pickup_answer": [],
-        "wake_fetch": [],
-        "wake_progress": [],
+        key: []
+        for key in (
+            "pickup_call",
+            "pickup_answer",
+            "sdk_call",
+            "floor",
+            "least",
+            "wake_fetch",
+            "wake_progress",
+        )
     }
-    async with inprocess(data_dir, database_url) as (_jobs, c):
+    async with inprocess(data_dir, database_url) as (jobs, c), client(_bare_server(), tasks=False) as bare:
         tag = data_dir.name
-        for index in range(warmup + n):
-            mark = f"{tag}-p{index}"
-            called = time.perf_counter()
-            data = await structured(c, "work_start", {"seconds": 0, "mark": mark})
-            answered = time.perf_counter()
-            await structured(c, "work_fetch", {"handle": data["handle"], "wait_seconds": 10})
-            if index >= warmup:
-                samples["pickup_call"].append(STARTED[mark] - called)
-                samples["pickup_answer"].append(STARTED[mark] - answered)
-
-            for tool in ("work_fetch", "work_progress"):
-                mark = f"{tag}-w{tool}{index}"
-                handle = (await structured(c, "work_start", {"seconds": -1, "mark": mark}))["handle"]
-                await _until_started(mark)
-                await asyncio.sleep(0.002)  # let the job's "running" writes settle before the waiter parks
-                returned: list[float] = []
-
-                async def waiter(
-                    tool: str = tool, handle: str = handle, returned: list[float] = returned
-                ) -> Any:
-                    if tool == "work_progress":
-                        version_seen = await structured(c, tool, {"handle": handle})
-                        assert version_seen["status"] == "working"
-                    data = await structured(c, tool, {"handle": handle, "wait_seconds": 10})
-                    returned.append(time.perf_counter())
-                    return data
-
-                task = asyncio.create_task(waiter())
-                await asyncio.sleep(0.03)  # the long-poll is parked by now
-                gate(mark).set()
-                data = await task
-                if tool == "work_fetch":
-                    assert data["status"] == "completed", data
+        # The floor copies the newest stored job's row: a 0 s job, run to its end first.
+        await _pickup_warm(c, f"{tag}-first")
+        floor = DriverInsert(jobs)
+        try:
+            for index in range(warmup + n):
+                picked = await _pickup(c, bare, floor, f"{tag}-p{index}")
+                woken = {
+                    key: await _wake(c, tool, f"{tag}-w{tool}{index}")
+                    for key, tool in (("wake_fetch", "work_fetch"), ("wake_progress", "work_progress"))
+                }
                 if index >= warmup:
-                    key = "wake_fetch" if tool == "work_fetch" else "wake_progress"
-                    samples[key].append(returned[0] - FINISHED[mark])
-                await structured(c, "work_fetch", {"handle": handle, "wait_seconds": 10})
+                    for key, value in (picked | woken).items():
+                        samples[key].append(value)
+        finally:
+            floor.close()
     return samples
+
+
+async def _pickup_warm(c: Any, mark: str) -> None:
+    data = await structured(c, "work_start", {"seconds": 0, "mark": mark})
+    await structured(c, "work_fetch", {"handle": data["handle"], "wait_seconds": 10})
 
 
 async def run(options: Options) -> list[Table]:
@@ -119,6 +182,9 @@ async def run(options: Options) -> list[Table]:
             for key, what, target in (
                 ("pickup_call", "pickup: work_start called -> job function running", PICKUP_TARGET_MS),
                 ("pickup_answer", "(job function running - work_start answered)", None),
+                ("sdk_call", "(the SDK's own call of an async no-op tool, bare server)", None),
+                ("floor", "(the job's row inserted durably by the driver alone)", None),
+                ("least", "(the least a pickup could take: the two above, per round)", None),
                 ("wake_fetch", "wake: job returned -> waiting work_fetch answers", WAKE_TARGET_MS),
                 ("wake_progress", "wake: job returned -> waiting work_progress answers", WAKE_TARGET_MS),
             ):
@@ -142,6 +208,11 @@ async def run(options: Options) -> list[Table]:
         "worker slot the job is inserted already leased to the local runtime (claim at insert), so no separate "
         "claim write is needed; the job function starts a few turns of the event loop after the start has answered "
         "(its reply goes first), and this in-process client, on the same loop, takes its reply in those turns.",
+        "The least a pickup could take is measured in the same rounds: the SDK's in-process call of an async tool "
+        "that does nothing, on a bare MCPServer with no handles code (a second in-process client), plus the "
+        "newest job's row inserted again, durably, by the database driver alone (section 2's floor). A start "
+        "is a tool call that stores its job before it may run, so pickup minus this is what handles itself "
+        "spends (its Python, and on PostgreSQL the worker-thread hop that keeps the round trip off the loop).",
         "Wake includes the job's outcome write (a compare-and-set transition), the in-process notification, "
         "the waiter's re-read and the reply through the MCP client.",
         "Across nodes a waiter wakes through PostgreSQL LISTEN/NOTIFY, else within store_poll_seconds (1 s); "
