@@ -401,13 +401,38 @@ class Database:
         """psycopg's own connection from the read engine's pool (autocommit, no ping at checkout), for a
         statement that is its own transaction run past SQLAlchemy's statement execution (a start: one
         call of `handles_start`, whose execution through SQLAlchemy cost a third of the round trip).
+        Its errors come out as SQLAlchemy's exceptions (`_postgres_connection`)."""
+        with self._postgres_connection(self._read_engine) as connection:
+            yield connection
+
+    @contextmanager
+    def _postgres_writing(self) -> Iterator[Any]:
+        """A write transaction on psycopg's own connection from the write engine's pool, past SQLAlchemy's
+        session (a job's outcome: `JobRepository.transition`), as `_writing` makes one: committed when the
+        block ends, with the change notice of `publishing` sent inside it (delivered when, and only if,
+        the change commits); rolled back when the block raises. Its errors come out as SQLAlchemy's
+        exceptions (`_postgres_connection`)."""
+        with self._write_lock, self._postgres_connection(self._write_engine) as connection:
+            try:
+                yield connection
+                notice = NOTICE.get()
+                if notice is not None:
+                    connection.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, notice)).close()
+                connection.commit()
+            except BaseException:
+                with contextlib.suppress(Exception):  # a dropped connection: `_postgres_connection` tells
+                    connection.rollback()
+                raise
+
+    @contextmanager
+    def _postgres_connection(self, engine: Engine) -> Iterator[Any]:
+        """psycopg's own connection from `engine`'s pool (no ping at checkout), back to the pool after.
 
         Its errors come out as SQLAlchemy's exceptions, as from `engine.connect()` and `execute`: a
         connection the server dropped (a restart, a failover, an idle timeout) is a `DBAPIError` with
         `connection_invalidated` set, and, as SQLAlchemy's own `Connection` does then, every connection
         the pool made before it is replaced at its next checkout, so a second try gets a fresh one.
         """
-        engine = self._read_engine
         dialect = engine.dialect
         pooled: Any = None
         try:
@@ -427,7 +452,7 @@ class Database:
             ) from exc
         finally:
             if pooled is not None and pooled.is_valid:
-                pooled.close()  # back to the pool
+                pooled.close()  # back to the pool (which rolls back what is still open)
 
     @contextmanager
     def _reading(self) -> Iterator[Session]:

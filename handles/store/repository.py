@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import SimpleNamespace
@@ -614,7 +614,26 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         """
         now = self.clock()
         if self._sqlite_start is not None and not self._database_leases:
-            return self._transition_sqlite(job_id, target, owner, lease_expired, now, values)
+            return self._transition_direct(
+                self._sqlite_writing(), _JOB_BY_ID, job_id, target, owner, lease_expired, now, values
+            )
+        if self.dialect == "postgresql" and not (lease_expired and self._database_leases):
+            return self._transition_direct(
+                self._postgres_writing(), _JOB_BY_ID_LOCKED, job_id, target, owner, lease_expired, now, values
+            )
+        return self._transition_orm(job_id, target, owner, lease_expired, now, values)
+
+    def _transition_orm(
+        self,
+        job_id: str,
+        target: Status,
+        owner: str | None,
+        lease_expired: bool,
+        now: datetime,
+        values: Mapping[str, Any],
+    ) -> bool:
+        """`transition` through the ORM session: where `_transition_direct` does not serve (a check of an
+        expired lease by the database's clock, a store that is neither an SQLite file nor PostgreSQL)."""
         with self._writing() as session:
             job = self._locked(session, job_id)
             if job is None or not _may_transition(
@@ -625,8 +644,10 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
             session.add(job)
         return True
 
-    def _transition_sqlite(
+    def _transition_direct(
         self,
+        writing: AbstractContextManager[Any],
+        read: Any,
         job_id: str,
         target: Status,
         owner: str | None,
@@ -634,12 +655,16 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         now: datetime,
         values: Mapping[str, Any],
     ) -> bool:
-        """`transition` on SQLite: the same read, checks and changes in one `BEGIN IMMEDIATE` transaction on
-        SQLite's own connection (`_sqlite_writing`, which holds the write lock from its start, as the ORM
-        session's did), the row read and the changed columns written by statements compiled once, past
-        the ORM session's unit of work (an outcome write is part of every job's cost)."""
-        with self._sqlite_writing() as connection:
-            rows = self._prepare(_JOB_BY_ID).rows(connection, {"job_id": job_id})
+        """`transition` past the ORM session's unit of work (a job's outcome write is part of every job's
+        cost): the same read, checks and changes in one write transaction on the driver's own connection,
+        the row read (`read`) and the changed columns written by statements compiled once.
+
+        On SQLite, `_sqlite_writing`: `BEGIN IMMEDIATE` holds the write lock from the start, as the ORM
+        session's did. On PostgreSQL, `_postgres_writing` with the row read `FOR UPDATE`, as `_locked`
+        reads it, and the change notice sent in the transaction. Not for a check of an expired lease by
+        the database's clock (`_lease_now_value`), which takes the ORM's path."""
+        with writing as connection:
+            rows = self._prepare(read).rows(connection, {"job_id": job_id})
             if not rows:
                 return False
             before = rows[0]
@@ -654,7 +679,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
             update = self._prepare(_update_job(changed))
             connection.execute(
                 update.sql, update.parameters({"job_id": job_id, **_set_values(after, changed)})
-            )
+            ).close()
         return True
 
     def _locked(self, session: Session, job_id: str) -> JobRecord | None:
@@ -939,6 +964,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
 
 # The hot reads' statements, built once (building a statement costs more than SQLite runs it).
 _JOB_BY_ID = sa_select(_JOBS).where(_JOBS.c.id == bindparam("job_id"))
+_JOB_BY_ID_LOCKED = _JOB_BY_ID.with_for_update()
 _JOB_STATE = tuple(_JOBS.c[name] for name in JOB_STATE_COLUMNS)
 _STEPS_OF_JOB = sa_select(_STEPS).where(_STEPS.c.job_id == bindparam("job_id")).order_by(_STEPS.c.started_at)
 _QUESTIONS_OF_JOB = (

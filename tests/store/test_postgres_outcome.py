@@ -1,0 +1,206 @@
+"""A job's outcome on PostgreSQL (`JobRepository.transition`): one write transaction on psycopg's own
+connection, past the ORM session (`_transition_direct`), storing exactly what the ORM's path stores, with
+its change notice inside the transaction, and SQLAlchemy's errors when the database fails it."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy.exc import DBAPIError
+
+from handles.states import Status
+from handles.store import JobRecord, JobRepository, utc_now
+from handles.store.engine import NOTIFY_CHANNEL
+from handles.store.listen import libpq_url
+from handles.store.repository import _notice
+from tests.harness.postgres import repository, terminate_backends
+from tests.runtime.support import job_row
+
+OWNER = "node-a"
+
+
+def _id() -> str:
+    return f"o-{secrets.token_hex(6)}"
+
+
+def _principal() -> str:
+    return f"local:o-{secrets.token_hex(4)}"  # the schema is shared by this file's tests: one principal each
+
+
+@pytest.fixture
+def repo(postgres_url: str) -> Iterator[JobRepository]:
+    with repository(postgres_url) as repo:
+        yield repo
+
+
+@pytest.fixture
+def listener(postgres_url: str) -> Iterator[psycopg.Connection]:
+    connection = psycopg.connect(libpq_url(postgres_url), autocommit=True)
+    connection.execute(f"LISTEN {NOTIFY_CHANNEL}")
+    try:
+        yield connection
+    finally:
+        connection.close()
+
+
+def _notices(listener: psycopg.Connection, job_id: str, seconds: float = 0.5) -> list[str]:
+    payloads: list[str] = []
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        payloads += [notice.payload for notice in listener.notifies(timeout=left, stop_after=1)]
+    return [payload for payload in payloads if payload.split(" ")[0] == job_id]
+
+
+def _running(repo: JobRepository, principal: str, **fields: Any) -> JobRecord:
+    """A job stored claimed by `OWNER`, as a start that claims at insert stores it."""
+    now = utc_now()
+    claim = {
+        "lease_owner": OWNER,
+        "lease_expires_at": now + timedelta(seconds=30),
+        "attempts": 1,
+        "started_at": now,
+    }
+    stored, created = repo.insert(job_row(_id(), principal=principal, **(claim | fields)), active_limit=10)
+    assert created
+    return stored
+
+
+def _columns(job: JobRecord | None) -> dict[str, Any]:
+    assert job is not None
+    return job.model_dump(exclude={"id"})
+
+
+OUTCOMES: list[tuple[Status, dict[str, Any]]] = [
+    (
+        Status.COMPLETED,
+        {
+            "result": {
+                "content": [{"type": "text", "text": "done «ok»"}],
+                "structuredContent": {"sum": 0.1 + 0.2, "tiny": 5e-324, "big": 2**63 + 1, "nul": "a\x00b"},
+            }
+        },
+    ),
+    (
+        Status.FAILED,
+        {"error": {"code": -32603, "message": "boom", "data": {"reason": "crashed", "n": [1, None]}}},
+    ),
+    (Status.CANCELLED, {"status_message": "Cancelled by its caller."}),
+    (Status.INPUT_REQUIRED, {"status_message": "Which one, «a» or «b»?"}),
+]
+
+
+@pytest.mark.parametrize(("target", "values"), OUTCOMES, ids=[target.value for target, _ in OUTCOMES])
+def test_an_outcome_stores_exactly_what_the_orms_path_stores(
+    repo: JobRepository, target: Status, values: dict[str, Any]
+) -> None:
+    now = utc_now()
+    repo.clock = lambda: now  # both paths stamp the same time
+    principal = _principal()
+    then = now - timedelta(seconds=5)
+    times = {"created_at": then, "updated_at": then, "run_after": then, "started_at": then}
+    times |= {"expires_at": then + timedelta(hours=1), "lease_expires_at": then + timedelta(seconds=30)}
+    direct, orm = (_running(repo, principal, **times) for _ in range(2))
+    assert _columns(repo.get(direct.id)) == _columns(repo.get(orm.id))
+
+    assert repo.transition(direct.id, target, owner=OWNER, **values)
+    assert repo._transition_orm(orm.id, target, OWNER, False, now, values)
+
+    stored = repo.get(direct.id)
+    assert _columns(stored) == _columns(repo.get(orm.id))
+    assert stored is not None and stored.status == target.value and stored.version == direct.version + 1
+    for name, value in values.items():
+        assert getattr(stored, name) == value
+
+
+def test_an_outcome_refused_by_the_transition_table_or_the_lease_changes_nothing(repo: JobRepository) -> None:
+    job = _running(repo, _principal())
+    assert not repo.transition(job.id, Status.COMPLETED, owner="node-b", result={"content": []})
+    assert repo.transition(job.id, Status.COMPLETED, owner=OWNER, result={"content": []})
+    ended = repo.get(job.id)
+    assert not repo.transition(job.id, Status.FAILED, owner=OWNER, error={"code": 1, "message": "late"})
+    assert repo.get(job.id) == ended
+    assert not repo.transition(_id(), Status.COMPLETED, owner=OWNER)  # no such job
+
+
+def test_an_outcome_sends_its_notice_once_it_commits(
+    repo: JobRepository, listener: psycopg.Connection
+) -> None:
+    job = _running(repo, _principal())
+    _notices(listener, job.id, 0.2)  # the start's own, if any
+    assert repo.publishing(job.id, "origin-1", False, repo.transition, job.id, Status.COMPLETED, owner=OWNER)
+    assert _notices(listener, job.id) == [_notice(job.id, "origin-1", False)]
+
+
+def test_an_outcome_the_database_refuses_is_rolled_back_with_no_notice_and_the_next_one_is_stored(
+    repo: JobRepository, listener: psycopg.Connection
+) -> None:
+    """A text column cannot hold NUL on PostgreSQL: the UPDATE fails after the row was read and locked in
+    the transaction. Nothing is stored, no notice goes out, the error is SQLAlchemy's, and the connection
+    goes back to the pool fit for the next write (which finds the row unlocked)."""
+    job = _running(repo, _principal())
+    _notices(listener, job.id, 0.2)
+    with pytest.raises(DBAPIError):
+        repo.publishing(
+            job.id,
+            "origin-1",
+            False,
+            repo.transition,
+            job.id,
+            Status.CANCELLED,
+            owner=OWNER,
+            status_message="a\x00b",
+        )
+    assert repo.get(job.id) == job
+    assert _notices(listener, job.id) == []
+    assert repo.publishing(job.id, "origin-1", False, repo.transition, job.id, Status.CANCELLED, owner=OWNER)
+    stored = repo.get(job.id)
+    assert (
+        stored is not None and stored.status == Status.CANCELLED.value and stored.version == job.version + 1
+    )
+    assert _notices(listener, job.id) == [_notice(job.id, "origin-1", False)]
+
+
+def test_an_outcome_after_the_server_dropped_the_pooled_connections_is_stored_on_a_fresh_one(
+    postgres_url: str,
+) -> None:
+    """The write engine pings a connection at checkout (as for the ORM's path), so an outcome written after
+    a restart or a failover dropped the pooled connections is stored at the first try."""
+    name = f"handles_outcome_drop_{secrets.token_hex(4)}"
+    principal = _principal()
+    with repository(postgres_url, application_name=name) as repo:
+        first, second = _running(repo, principal), _running(repo, principal)
+        assert repo.transition(first.id, Status.COMPLETED, owner=OWNER)  # a pooled write connection now
+        assert terminate_backends(postgres_url, name) >= 1
+        assert repo.transition(second.id, Status.COMPLETED, owner=OWNER)
+    with repository(postgres_url) as reader:  # this repository's reads meet their dropped connection once
+        stored = reader.get(second.id)
+    assert stored is not None and stored.status == Status.COMPLETED.value and stored.lease_owner is None
+
+
+def test_an_outcome_is_written_past_the_orm_session_but_a_check_of_an_expired_lease_by_the_database_clock(
+    repo: JobRepository, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    orm_calls: list[str] = []
+    orm = repo._transition_orm
+
+    def through_the_orm(job_id: str, *args: Any) -> bool:
+        orm_calls.append(job_id)
+        return orm(job_id, *args)
+
+    monkeypatch.setattr(repo, "_transition_orm", through_the_orm)
+    assert repo.database_leases
+    ended = _running(repo, _principal())
+    assert repo.transition(ended.id, Status.COMPLETED, owner=OWNER, result={"content": []})
+    assert orm_calls == []
+    # Recovery's check that a lease ran out is judged by the database's clock, in the ORM's transaction.
+    expired = _running(repo, _principal(), lease_expires_at=utc_now() - timedelta(seconds=1))
+    assert repo.transition(
+        expired.id, Status.FAILED, lease_expired=True, error={"code": 1, "message": "lost"}
+    )
+    assert orm_calls == [expired.id]
