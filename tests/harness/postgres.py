@@ -8,13 +8,17 @@ A URL carries its schema as libpq's `options=-csearch_path=<schema>`, so every c
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import quote
 
+import psycopg
 from sqlalchemy import create_engine, text
 
 from handles.store import JobRepository
+from handles.store.engine import NOTIFY_CHANNEL
+from handles.store.listen import libpq_url
 
 CONNECT_TIMEOUT = {"connect_timeout": 3}
 
@@ -86,3 +90,28 @@ def terminate_backends(url: str, application_name: str) -> int:
             return dropped
     finally:
         admin.dispose()
+
+
+@contextmanager
+def listening(url: str) -> Iterator[psycopg.Connection]:
+    """A connection of its own that LISTENs on the store's change-notice channel, as a node's does."""
+    connection = psycopg.connect(libpq_url(url), autocommit=True)
+    connection.execute(f"LISTEN {NOTIFY_CHANNEL}")
+    try:
+        yield connection
+    finally:
+        connection.close()
+
+
+def payloads(listener: psycopg.Connection, seconds: float = 0.5) -> list[str]:
+    """Every change notice `listener` receives within `seconds`."""
+    received: list[str] = []
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        received += [notice.payload for notice in listener.notifies(timeout=left, stop_after=1)]
+    return received
+
+
+def notices(listener: psycopg.Connection, job_id: str, seconds: float = 0.5) -> list[str]:
+    """The change notices of `job_id` that `listener` receives within `seconds`."""
+    return [payload for payload in payloads(listener, seconds) if payload.split(" ")[0] == job_id]

@@ -1,14 +1,15 @@
-"""Fixtures of the store tests that run on an SQLite file."""
+"""Fixtures of the store tests: an SQLite file, and a listener of PostgreSQL's change notices."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from handles.store import JobRepository
-from tests.harness.postgres import repository
+from tests.harness.postgres import listening, repository
 
 
 @pytest.fixture
@@ -22,3 +23,10 @@ def sqlite_repo(sqlite_path: Path) -> Iterator[JobRepository]:
     """A `JobRepository` on the test's SQLite file, its tables created; disposed afterwards."""
     with repository(f"sqlite:///{sqlite_path.as_posix()}") as repo:
         yield repo
+
+
+@pytest.fixture
+def listener(postgres_url: str) -> Iterator[psycopg.Connection]:
+    """A connection that LISTENs on the store's change-notice channel of the test's PostgreSQL schema."""
+    with listening(postgres_url) as connection:
+        yield connection

@@ -5,7 +5,6 @@ its change notice inside the transaction, and SQLAlchemy's errors when the datab
 from __future__ import annotations
 
 import secrets
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -16,10 +15,8 @@ from sqlalchemy.exc import DBAPIError
 
 from handles.states import Status
 from handles.store import JobRecord, JobRepository, utc_now
-from handles.store.engine import NOTIFY_CHANNEL
-from handles.store.listen import libpq_url
 from handles.store.repository import _notice
-from tests.harness.postgres import repository, terminate_backends
+from tests.harness.postgres import notices, repository, terminate_backends
 from tests.runtime.support import job_row
 
 OWNER = "node-a"
@@ -37,24 +34,6 @@ def _principal() -> str:
 def repo(postgres_url: str) -> Iterator[JobRepository]:
     with repository(postgres_url) as repo:
         yield repo
-
-
-@pytest.fixture
-def listener(postgres_url: str) -> Iterator[psycopg.Connection]:
-    connection = psycopg.connect(libpq_url(postgres_url), autocommit=True)
-    connection.execute(f"LISTEN {NOTIFY_CHANNEL}")
-    try:
-        yield connection
-    finally:
-        connection.close()
-
-
-def _notices(listener: psycopg.Connection, job_id: str, seconds: float = 0.5) -> list[str]:
-    payloads: list[str] = []
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        payloads += [notice.payload for notice in listener.notifies(timeout=left, stop_after=1)]
-    return [payload for payload in payloads if payload.split(" ")[0] == job_id]
 
 
 def _running(repo: JobRepository, principal: str, **fields: Any) -> JobRecord:
@@ -132,9 +111,9 @@ def test_an_outcome_sends_its_notice_once_it_commits(
     repo: JobRepository, listener: psycopg.Connection
 ) -> None:
     job = _running(repo, _principal())
-    _notices(listener, job.id, 0.2)  # the start's own, if any
+    notices(listener, job.id, 0.2)  # the start's own, if any
     assert repo.publishing(job.id, "origin-1", False, repo.transition, job.id, Status.COMPLETED, owner=OWNER)
-    assert _notices(listener, job.id) == [_notice(job.id, "origin-1", False)]
+    assert notices(listener, job.id) == [_notice(job.id, "origin-1", False)]
 
 
 def test_an_outcome_the_database_refuses_is_rolled_back_with_no_notice_and_the_next_one_is_stored(
@@ -144,7 +123,7 @@ def test_an_outcome_the_database_refuses_is_rolled_back_with_no_notice_and_the_n
     the transaction. Nothing is stored, no notice goes out, the error is SQLAlchemy's, and the connection
     goes back to the pool fit for the next write (which finds the row unlocked)."""
     job = _running(repo, _principal())
-    _notices(listener, job.id, 0.2)
+    notices(listener, job.id, 0.2)
     with pytest.raises(DBAPIError):
         repo.publishing(
             job.id,
@@ -157,13 +136,13 @@ def test_an_outcome_the_database_refuses_is_rolled_back_with_no_notice_and_the_n
             status_message="a\x00b",
         )
     assert repo.get(job.id) == job
-    assert _notices(listener, job.id) == []
+    assert notices(listener, job.id) == []
     assert repo.publishing(job.id, "origin-1", False, repo.transition, job.id, Status.CANCELLED, owner=OWNER)
     stored = repo.get(job.id)
     assert (
         stored is not None and stored.status == Status.CANCELLED.value and stored.version == job.version + 1
     )
-    assert _notices(listener, job.id) == [_notice(job.id, "origin-1", False)]
+    assert notices(listener, job.id) == [_notice(job.id, "origin-1", False)]
 
 
 def test_an_outcome_after_the_server_dropped_the_pooled_connections_is_stored_on_a_fresh_one(

@@ -10,7 +10,6 @@ import asyncio
 import secrets
 import socket
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,10 +22,8 @@ from sqlalchemy.exc import OperationalError
 from bench.round_trips import Tracer
 from handles.errors import StoreUnavailable
 from handles.store import InputRequestRecord, JobRepository, JobState, StepState, Store, utc_now
-from handles.store.engine import NOTIFY_CHANNEL
-from handles.store.listen import libpq_url
 from handles.store.repository import ActiveLimitReached
-from tests.harness.postgres import repository, terminate_backends
+from tests.harness.postgres import notices, payloads, repository, terminate_backends
 from tests.runtime.support import job_row
 
 
@@ -42,28 +39,6 @@ def _id() -> str:
 def repo(postgres_url: str) -> Iterator[JobRepository]:
     with repository(postgres_url) as repo:
         yield repo
-
-
-@pytest.fixture
-def listener(postgres_url: str) -> Iterator[psycopg.Connection]:
-    connection = psycopg.connect(libpq_url(postgres_url), autocommit=True)
-    connection.execute(f"LISTEN {NOTIFY_CHANNEL}")
-    try:
-        yield connection
-    finally:
-        connection.close()
-
-
-def _payloads(listener: psycopg.Connection, seconds: float = 0.5) -> list[str]:
-    payloads = []
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        payloads += [notice.payload for notice in listener.notifies(timeout=left, stop_after=1)]
-    return payloads
-
-
-def _notices(listener: psycopg.Connection, job_id: str, seconds: float = 0.5) -> list[str]:
-    return [payload for payload in _payloads(listener, seconds) if payload.split(" ")[0] == job_id]
 
 
 def _round_trips(repo: JobRepository, operation: Callable[[], Any]) -> tuple[int, list[str]]:
@@ -115,16 +90,14 @@ def test_a_start_over_the_limit_stores_nothing_and_announces_nothing(
     first = job_row(_id(), principal=principal)
     stored, created = repo.publishing(first.id, "node-a", True, repo.insert, first, active_limit=1)
     assert created and stored.id == first.id
-    assert _notices(listener, first.id) == [f"{first.id} node-a queued"], (
-        "the notice wakes another connection"
-    )
+    assert notices(listener, first.id) == [f"{first.id} node-a queued"], "the notice wakes another connection"
 
     refused = job_row(_id(), principal=principal)
     with pytest.raises(ActiveLimitReached) as caught:
         repo.publishing(refused.id, "node-a", True, repo.insert, refused, active_limit=1)
     assert (caught.value.active, caught.value.limit) == (1, 1)
     assert repo.get(refused.id) is None
-    assert _notices(listener, refused.id) == []
+    assert notices(listener, refused.id) == []
 
     other = job_row(_id(), principal=_principal())  # another principal's count is its own
     assert repo.insert(other, active_limit=1)[1]
@@ -151,8 +124,8 @@ def test_only_a_start_that_waits_for_a_worker_is_announced(
     asyncio.run(start_all())
     # This store's notices only: the channel is the whole database's, and a node of a test running beside
     # this one (another pytest worker) may publish that it touched one of these jobs.
-    payloads = [payload for payload in _payloads(listener) if payload.split(" ")[1:2] == ["node-a"]]
-    assert payloads == [f"{queued.id} node-a queued"]
+    ours = [payload for payload in payloads(listener) if payload.split(" ")[1:2] == ["node-a"]]
+    assert ours == [f"{queued.id} node-a queued"]
     assert all(repo.get(job.id) is not None for job in (claimed, waiting, queued))
 
 
@@ -170,7 +143,7 @@ def test_an_idempotency_key_returns_the_stored_job_exactly_as_stored(
         keep_result_seconds=60.0,
     )
     assert repo.insert(first, active_limit=1)[1]
-    _notices(listener, first.id, 0.2)
+    notices(listener, first.id, 0.2)
     again = job_row(_id(), principal=principal, idempotency_key="key-1", arguments={"other": True})
     # At the limit already: the key's job comes back rather than a refusal, and nothing is announced.
     returned, created = repo.publishing(again.id, "node-a", False, repo.insert, again, active_limit=1)
@@ -178,7 +151,7 @@ def test_an_idempotency_key_returns_the_stored_job_exactly_as_stored(
     assert returned == repo.get(first.id)
     assert isinstance(returned.progress_done, float) and returned.created_at.tzinfo is not None
     assert repo.get(again.id) is None
-    assert _notices(listener, again.id) == []
+    assert notices(listener, again.id) == []
     assert repo.insert(job_row(_id(), principal=principal, idempotency_key="key-1", kind="other"))[1]
 
 
@@ -211,12 +184,12 @@ def test_a_start_tried_again_after_its_reply_was_lost_is_stored_once_and_answere
         job.id, "node-a", False, repo.insert, job, active_limit=1, lease_seconds=30
     )
     assert created
-    assert _notices(listener, job.id) == [f"{job.id} node-a changed"]
+    assert notices(listener, job.id) == [f"{job.id} node-a changed"]
     second, created = repo.publishing(
         job.id, "node-a", False, repo.insert, job, active_limit=1, lease_seconds=30
     )
     assert created and second == repo.get(job.id) and second.lease_expires_at == first.lease_expires_at
-    assert _notices(listener, job.id) == []
+    assert notices(listener, job.id) == []
     assert repo.count_active(principal=job.principal) == 1
 
 
