@@ -184,7 +184,14 @@ async def measure(
             record("progress poll (wait_seconds=0)", *await _count(tracer, poll))
             if not run_workers:
                 continue
-            gate(mark).set()
+
+            async def outcome(mark: str = mark) -> None:
+                gate(mark).set()  # the job returns; its outcome is written within `_count`'s settling time
+
+            record(
+                "a job's outcome (written as the job returns, with its notice)",
+                *await _count(tracer, outcome),
+            )
             await structured(c, "work_fetch", {"handle": handle, "wait_seconds": 10})
 
             async def fetch(handle: str = handle) -> None:
@@ -220,6 +227,9 @@ async def run(options: Options) -> list[Table]:
     table.notes += [
         "A round trip is one `ReadyForQuery` from the server in libpq's trace of the store's connections "
         "(BEGIN, each statement, COMMIT/ROLLBACK each count once); the listener's connection only receives.",
+        "A job's outcome: its write transaction on the write engine's pool, whose connection is pinged at "
+        "checkout (the empty statement `;`), so that a write after a restart or a failover succeeds at its "
+        "first try.",
         f"pid {os.getpid()}; psycopg 3; the node's timers are pushed out of the way (`{QUIET}`).",
     ]
     return [table]
