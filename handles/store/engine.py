@@ -426,7 +426,8 @@ class Database:
 
     @contextmanager
     def _postgres_connection(self, engine: Engine) -> Iterator[Any]:
-        """psycopg's own connection from `engine`'s pool (no ping at checkout), back to the pool after.
+        """psycopg's own connection from `engine`'s pool, back to the pool after (pinged at checkout when the
+        pool pings: the write engine's, not the read engine's).
 
         Its errors come out as SQLAlchemy's exceptions, as from `engine.connect()` and `execute`: a
         connection the server dropped (a restart, a failover, an idle timeout) is a `DBAPIError` with
