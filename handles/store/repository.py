@@ -35,6 +35,7 @@ from sqlalchemy import (
     cast,
     column,
     func,
+    literal,
     literal_column,
     text,
     update,
@@ -567,23 +568,22 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
     def set_progress(
         self, job_id: str, owner: str, done: float | None, total: float | None, message: str | None
     ) -> bool:
-        now = self.clock()
-        with self._writing() as session:
-            changed = session.exec(
-                update(JobRecord)
-                .where(
-                    col(JobRecord.id) == job_id,
-                    col(JobRecord.lease_owner) == owner,
-                    col(JobRecord.status).in_(list(ACTIVE)),
-                )
-                .values(
-                    progress_done=done,
-                    progress_total=total,
-                    status_message=message,
-                    updated_at=now,
-                    version=JobRecord.version + 1,
-                )
-            ).rowcount
+        """Store a running job's progress report, if `owner` still holds its lease and it is active; True when
+        stored. One statement, compiled once, on the driver's own connection (a job reporting progress writes
+        every `progress_flush_seconds`): on PostgreSQL in autocommit, its change notice (`publishing`) sent by
+        the same statement and only when the row changed, one round trip in all."""
+        values: dict[str, Any] = {"job_id": job_id, "owner": owner, "done": done, "total": total}
+        values |= {"message": message, "now": self.clock()}
+        if self.dialect == "postgresql":
+            notice = NOTICE.get()
+            statement = _PROGRESS_NOTICED if notice is not None else _PROGRESS_CHANGED
+            with self._postgres_autocommit() as connection:
+                return len(self._prepare(statement).rows(connection, values | {"notice": notice})) == 1
+        with self._sqlite_writing() as connection:
+            update = self._prepare(_PROGRESS)
+            cursor = connection.execute(update.sql, update.parameters(values))
+            changed: int = cursor.rowcount
+            cursor.close()
         return changed == 1
 
     def set_status_message(self, job_id: str, message: str | None) -> None:
@@ -1028,6 +1028,30 @@ def _step_states(arrays: Sequence[Sequence[Any]] | None, time: Callable[[Any], A
     steps.sort(key=lambda step: (step.started_at, step.name))
     return steps
 
+
+# A progress report (`set_progress`): the job's progress, message and time, if `owner` holds its lease and it
+# is active. On PostgreSQL as a CTE whose SELECT gives a row per changed job, and with the change notice sent
+# by that SELECT, so only for a change (and, in autocommit, only once the statement commits).
+_PROGRESS = (
+    update(_JOBS)
+    .where(
+        _JOBS.c.id == bindparam("job_id"),
+        _JOBS.c.lease_owner == bindparam("owner"),
+        _JOBS.c.status.in_([literal(status.value) for status in sorted(ACTIVE)]),
+    )
+    .values(
+        progress_done=bindparam("done"),
+        progress_total=bindparam("total"),
+        status_message=bindparam("message"),
+        updated_at=bindparam("now"),
+        version=_JOBS.c.version + 1,
+    )
+)
+_PROGRESS_CTE = _PROGRESS.returning(_JOBS.c.id).cte("changed")
+_PROGRESS_CHANGED = sa_select(_PROGRESS_CTE.c.id)
+_PROGRESS_NOTICED = sa_select(
+    func.pg_notify(NOTIFY_CHANNEL, bindparam("notice", type_=Text())).label("noticed")
+).select_from(_PROGRESS_CTE)
 
 # The progress snapshot on SQLite in one statement: the job's state, with its steps as one JSON array of
 # arrays (`json_group_array`, SQLite 3.38+ or JSON1). A column's value is JSON text or a number there, and

@@ -8,9 +8,12 @@ A URL carries its schema as libpq's `options=-csearch_path=<schema>`, so every c
 from __future__ import annotations
 
 import secrets
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import psycopg
@@ -115,3 +118,22 @@ def payloads(listener: psycopg.Connection, seconds: float = 0.5) -> list[str]:
 def notices(listener: psycopg.Connection, job_id: str, seconds: float = 0.5) -> list[str]:
     """The change notices of `job_id` that `listener` receives within `seconds`."""
     return [payload for payload in payloads(listener, seconds) if payload.split(" ")[0] == job_id]
+
+
+def round_trips(repo: JobRepository, operation: Callable[[], Any]) -> tuple[int, list[str]]:
+    """The round trips `operation` makes on `repo`'s connections (counted from libpq's trace), warm: it runs
+    once first (the first use of a connection looks up types), then once counted; and what it sent."""
+    from bench.round_trips import Tracer
+
+    tracer = Tracer(Path(tempfile.mkdtemp(prefix="trips-")))
+    for engine in {repo._write_engine, repo._read_engine}:
+        tracer.attach(engine)
+    repo._read_engine.dispose()  # fresh connections, so that each one is traced from its checkout
+    repo._write_engine.dispose()
+    try:
+        operation()
+        mark = tracer.mark()
+        operation()
+        return tracer.since(mark)
+    finally:
+        tracer.close()

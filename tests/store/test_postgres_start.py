@@ -9,9 +9,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import socket
-import tempfile
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -19,11 +17,10 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 
-from bench.round_trips import Tracer
 from handles.errors import StoreUnavailable
 from handles.store import InputRequestRecord, JobRepository, JobState, StepState, Store, utc_now
 from handles.store.repository import ActiveLimitReached
-from tests.harness.postgres import notices, payloads, repository, terminate_backends
+from tests.harness.postgres import notices, payloads, repository, round_trips, terminate_backends
 from tests.runtime.support import job_row
 
 
@@ -39,21 +36,6 @@ def _id() -> str:
 def repo(postgres_url: str) -> Iterator[JobRepository]:
     with repository(postgres_url) as repo:
         yield repo
-
-
-def _round_trips(repo: JobRepository, operation: Callable[[], Any]) -> tuple[int, list[str]]:
-    tracer = Tracer(Path(tempfile.mkdtemp(prefix="trips-")))
-    for engine in {repo._write_engine, repo._read_engine}:
-        tracer.attach(engine)
-    repo._read_engine.dispose()  # fresh connections, so that each one is traced from its checkout
-    repo._write_engine.dispose()
-    try:
-        operation()  # the first use of a connection looks up types; count a warm one
-        mark = tracer.mark()
-        operation()
-        return tracer.since(mark)
-    finally:
-        tracer.close()
 
 
 def test_the_start_function_exists_after_the_migration(repo: JobRepository, postgres_url: str) -> None:
@@ -78,7 +60,7 @@ def test_a_start_is_one_round_trip(repo: JobRepository) -> None:
         job = job_row(_id(), principal=principal, lease_owner="node-a", attempts=1)
         repo.publishing(job.id, "node-a", False, repo.insert, job, active_limit=50, lease_seconds=30)
 
-    trips, sent = _round_trips(repo, start)
+    trips, sent = round_trips(repo, start)
     assert trips == 1, sent
     assert sent == ["SELECT handles_start"]
 
@@ -280,7 +262,7 @@ def test_a_progress_poll_is_one_round_trip_and_reads_what_three_reads_read(repo:
     assert whole_steps[0].result == {"rows": 3, "at": "é"} and whole_steps[1].error == "refused"
     assert all(s.started_at.tzinfo is not None for s in steps) and pending[0].created_at.tzinfo is not None
 
-    trips, sent = _round_trips(repo, lambda: repo.snapshot(job.id))
+    trips, sent = round_trips(repo, lambda: repo.snapshot(job.id))
     assert trips == 1, sent
 
     repo.answer_inputs(job.id, {"q1": {"ok": False}})  # working again: no open questions to read

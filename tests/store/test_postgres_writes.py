@@ -1,6 +1,9 @@
-"""A job's outcome on PostgreSQL (`JobRepository.transition`): one write transaction on psycopg's own
-connection, past the ORM session (`_transition_direct`), storing exactly what the ORM's path stores, with
-its change notice inside the transaction, and SQLAlchemy's errors when the database fails it."""
+"""A running job's writes on PostgreSQL past the ORM session, on psycopg's own connection.
+
+Its outcome (`JobRepository.transition`): one write transaction (`_transition_direct`), storing exactly what
+the ORM's path stores, with its change notice inside the transaction, and SQLAlchemy's errors when the
+database fails it. Its progress reports (`JobRepository.set_progress`): one statement in autocommit, whose
+change notice goes out only when it changed the row."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from sqlalchemy.exc import DBAPIError
 from handles.states import Status
 from handles.store import JobRecord, JobRepository, utc_now
 from handles.store.repository import _notice
-from tests.harness.postgres import notices, repository, terminate_backends
+from tests.harness.postgres import notices, repository, round_trips, terminate_backends
 from tests.runtime.support import job_row
 
 OWNER = "node-a"
@@ -183,3 +186,50 @@ def test_an_outcome_is_written_past_the_orm_session_but_a_check_of_an_expired_le
         expired.id, Status.FAILED, lease_expired=True, error={"code": 1, "message": "lost"}
     )
     assert orm_calls == [expired.id]
+
+
+def test_a_progress_report_is_stored_by_its_lease_holder_while_the_job_is_active(repo: JobRepository) -> None:
+    now = utc_now()
+    repo.clock = lambda: now
+    job = _running(repo, _principal())
+    assert repo.set_progress(job.id, OWNER, 2.5, 10.0, "A quarter «done».")
+    stored = repo.get(job.id)
+    assert stored is not None
+    assert (stored.progress_done, stored.progress_total, stored.status_message) == (
+        2.5,
+        10.0,
+        "A quarter «done».",
+    )
+    assert (stored.updated_at, stored.version) == (now, job.version + 1)
+    assert _columns(stored) | {"progress_done": None, "progress_total": None} == _columns(job) | {
+        "progress_done": None,
+        "progress_total": None,
+        "status_message": "A quarter «done».",
+        "updated_at": now,
+        "version": job.version + 1,
+    }
+    assert not repo.set_progress(job.id, "node-b", 3, 10, "not the lease holder")
+    assert repo.transition(job.id, Status.COMPLETED, owner=OWNER)
+    ended = repo.get(job.id)
+    assert not repo.set_progress(job.id, OWNER, 4, 10, "after its end")
+    assert repo.get(job.id) == ended
+    assert not repo.set_progress(_id(), OWNER, 1, 2, "no such job")
+
+
+def test_a_progress_report_is_one_round_trip_and_announced_only_when_stored(
+    repo: JobRepository, listener: psycopg.Connection
+) -> None:
+    job = _running(repo, _principal())
+    notices(listener, job.id, 0.2)
+
+    def report() -> None:
+        assert repo.publishing(job.id, "origin-1", False, repo.set_progress, job.id, OWNER, 1, 4, "a quarter")
+
+    assert round_trips(repo, report) == (1, ["WITH"])  # WITH changed AS (UPDATE ...) SELECT pg_notify(...)
+    assert notices(listener, job.id) == [_notice(job.id, "origin-1", False)] * 2
+    assert not repo.publishing(
+        job.id, "origin-1", False, repo.set_progress, job.id, "node-b", 2, 4, "refused"
+    )
+    assert notices(listener, job.id) == []
+    stored = repo.get(job.id)
+    assert stored is not None and stored.status_message == "a quarter"
