@@ -120,6 +120,12 @@ async def _wake(c: Any, tool: str, mark: str) -> float:
     return returned[0] - FINISHED[mark]
 
 
+async def _pickup_warm(c: Any, mark: str) -> None:
+    """A 0 s job started and run to its end (untimed)."""
+    data = await structured(c, "work_start", {"seconds": 0, "mark": mark})
+    await structured(c, "work_fetch", {"handle": data["handle"], "wait_seconds": 10})
+
+
 async def measure(data_dir: Path, database_url: str, n: int, warmup: int) -> dict[str, list[float]]:
     from bench.durable import DriverInsert
 
@@ -153,11 +159,6 @@ async def measure(data_dir: Path, database_url: str, n: int, warmup: int) -> dic
         finally:
             floor.close()
     return samples
-
-
-async def _pickup_warm(c: Any, mark: str) -> None:
-    data = await structured(c, "work_start", {"seconds": 0, "mark": mark})
-    await structured(c, "work_fetch", {"handle": data["handle"], "wait_seconds": 10})
 
 
 async def run(options: Options) -> list[Table]:

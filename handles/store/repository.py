@@ -613,15 +613,13 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         (False: someone else won, or the edge is not allowed).
         """
         now = self.clock()
-        if self._sqlite_start is not None and not self._database_leases:
-            return self._transition_direct(
-                self._sqlite_writing(), _JOB_BY_ID, job_id, target, owner, lease_expired, now, values
-            )
-        if self.dialect == "postgresql" and not (lease_expired and self._database_leases):
-            return self._transition_direct(
-                self._postgres_writing(), _JOB_BY_ID_LOCKED, job_id, target, owner, lease_expired, now, values
-            )
-        return self._transition_orm(job_id, target, owner, lease_expired, now, values)
+        if lease_expired and self._database_leases:  # judged by the database's clock: PostgreSQL only
+            return self._transition_orm(job_id, target, owner, lease_expired, now, values)
+        if self.dialect == "postgresql":
+            writing, read = self._postgres_writing(), _JOB_BY_ID_LOCKED
+        else:
+            writing, read = self._sqlite_writing(), _JOB_BY_ID
+        return self._transition_direct(writing, read, job_id, target, owner, lease_expired, now, values)
 
     def _transition_orm(
         self,
@@ -632,8 +630,8 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         now: datetime,
         values: Mapping[str, Any],
     ) -> bool:
-        """`transition` through the ORM session: where `_transition_direct` does not serve (a check of an
-        expired lease by the database's clock, a store that is neither an SQLite file nor PostgreSQL)."""
+        """`transition` through the ORM session, for the one case `_transition_direct` does not serve: a check
+        that a lease ran out, judged by the database's clock (`_lease_now_value`, PostgreSQL only)."""
         with self._writing() as session:
             job = self._locked(session, job_id)
             if job is None or not _may_transition(
