@@ -499,7 +499,7 @@ class JobContext:
         recheck: Callable[[], Any] | None,
     ) -> Any:
         repo = self._store.repo
-        record, fresh = await self._store.write(
+        record, fresh = await self._store.write_short(
             self.job_id, repo.begin_step, self.job_id, self._owner, name, self.attempt
         )
         if not fresh and record.status == "completed":
@@ -513,13 +513,15 @@ class JobContext:
                 value = await _invoke(fn, *args, **kwargs)
             except Exception as exc:
                 error = clean_message(self.redact(f"{type(exc).__name__}: {exc}"))
-                await self._store.write(
+                await self._store.write_short(
                     self.job_id, repo.finish_step, self.job_id, self._owner, name, error=error
                 )
                 Telemetry.step(name, "failed")
                 raise
         stored = to_jsonable_python(value)
-        await self._store.write(self.job_id, repo.finish_step, self.job_id, self._owner, name, result=stored)
+        await self._store.write_short(
+            self.job_id, repo.finish_step, self.job_id, self._owner, name, result=stored
+        )
         Telemetry.step(name, "completed")
         return stored
 

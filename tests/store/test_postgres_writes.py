@@ -233,3 +233,57 @@ def test_a_progress_report_is_one_round_trip_and_announced_only_when_stored(
     assert notices(listener, job.id) == []
     stored = repo.get(job.id)
     assert stored is not None and stored.status_message == "a quarter"
+
+
+def test_a_steps_writes_send_their_notice_once_they_commit_and_one_refused_sends_none(
+    repo: JobRepository, listener: psycopg.Connection
+) -> None:
+    """A step's start and outcome are written in one transaction each on psycopg's own connection
+    (`_postgres_writing`), their notice sent in it. A text column cannot hold NUL on PostgreSQL: an
+    outcome with one fails after the job's row was read and locked; nothing is stored, no notice goes out,
+    the error is SQLAlchemy's, and the next write finds the row unlocked."""
+    job = _running(repo, _principal())
+    notices(listener, job.id, 0.2)
+    record, fresh = repo.publishing(job.id, "origin-1", False, repo.begin_step, job.id, OWNER, "charge", 1)
+    assert fresh and record.status == "started"
+    assert notices(listener, job.id) == [_notice(job.id, "origin-1", False)]
+    touched = repo.get(job.id)
+    with pytest.raises(DBAPIError):
+        repo.publishing(
+            job.id, "origin-1", False, repo.finish_step, job.id, OWNER, "charge", error="Refused: a\x00b"
+        )
+    assert notices(listener, job.id) == []
+    assert repo.get(job.id) == touched and repo.steps(job.id)[0].status == "started"
+    repo.publishing(job.id, "origin-1", False, repo.finish_step, job.id, OWNER, "charge", error="Refused")
+    assert notices(listener, job.id) == [_notice(job.id, "origin-1", False)]
+    assert [(s.status, s.error) for s in repo.steps(job.id)] == [("failed", "Refused")]
+
+
+def test_a_steps_writes_are_the_statements_of_one_transaction_each(repo: JobRepository) -> None:
+    """Counted from libpq's trace, each write is one transaction on a connection the write pool pinged at
+    checkout: the job's lease read FOR UPDATE, the step (read then inserted, to start it; updated while it
+    is started, for its outcome), the job touched."""
+    job = _running(repo, _principal())
+    names = iter(range(4))
+
+    def begin() -> None:
+        repo.begin_step(job.id, OWNER, f"step {next(names)}", 1)
+
+    finishing = iter(range(4))
+
+    def finish() -> None:
+        repo.finish_step(job.id, OWNER, f"step {next(finishing)}", result={"rows": 3})
+
+    started = ["SELECT handles_jobs.lease_owner", "SELECT handles_steps.job_id", "INSERT handles_steps"]
+    assert round_trips(repo, begin) == (7, [";", "BEGIN", *started, "UPDATE handles_jobs", "COMMIT"])
+    assert round_trips(repo, finish) == (
+        6,
+        [
+            ";",
+            "BEGIN",
+            "SELECT handles_jobs.lease_owner",
+            "UPDATE handles_steps",
+            "UPDATE handles_jobs",
+            "COMMIT",
+        ],
+    )

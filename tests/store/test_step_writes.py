@@ -1,0 +1,246 @@
+"""A durable step's two writes (`JobRepository.begin_step`, `finish_step`), on an SQLite file and on PostgreSQL.
+
+They run past the ORM session (issue 14, change 42): statements compiled once in one write transaction on
+the driver's own connection, as a job's outcome is written. What they store and refuse is the step
+ledger's contract: a step is started once (a completed or unknown one is returned, a failed one started
+again), its outcome is written once and only while it is started, every change touches its job (a new
+version, the time), and only the job's lease holder, while the job is active, writes at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from handles.errors import LeaseLost
+from handles.states import Status
+from handles.store import JobRecord, JobRepository, StepRecord, Store
+from tests.harness.postgres import repository
+from tests.runtime.support import job_row
+from tests.store.sqlite_support import statement_threads
+
+OWNER = "node-a:1:aaaa"
+EXACT = {"sum": 0.1 + 0.2, "tiny": 5e-324, "big": 2**63 + 1, "text": 'é \u2028 " \\ \x01 \U0001f600'}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2026, 12, 3, 12, 0, 0, 123456, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def repo(database_url: str, clock: Clock) -> Iterator[JobRepository]:
+    repository = JobRepository(database_url, clock=clock)
+    repository.create_schema()
+    try:
+        yield repository
+    finally:
+        repository.dispose()
+
+
+def _running(repo: JobRepository, owner: str = OWNER) -> JobRecord:
+    now = repo.clock()
+    stored, created = repo.insert(
+        job_row(
+            f"s-{secrets.token_hex(6)}",
+            lease_owner=owner,
+            lease_expires_at=now + timedelta(hours=1),
+            attempts=1,
+            started_at=now,
+            created_at=now,
+            updated_at=now,
+        )
+    )
+    assert created
+    return stored
+
+
+def _version(repo: JobRepository, job_id: str) -> tuple[int, datetime]:
+    job = repo.get(job_id)
+    assert job is not None
+    return job.version, job.updated_at
+
+
+def _ledger(repo: JobRepository, job_id: str) -> dict[str, dict[str, Any]]:
+    return {step.name: step.model_dump() for step in repo.steps(job_id)}
+
+
+def _step(job_id: str, name: str, **values: Any) -> dict[str, Any]:
+    return StepRecord(job_id=job_id, name=name, **values).model_dump()
+
+
+def test_a_step_is_recorded_started_then_with_its_outcome_each_write_touching_its_job(
+    repo: JobRepository, clock: Clock
+) -> None:
+    job = _running(repo)
+    started_at = clock.now + timedelta(seconds=1)
+    clock.advance(1)
+    record, fresh = repo.begin_step(job.id, OWNER, "fetch «rows»", 1)
+    assert fresh
+    started = _step(job.id, "fetch «rows»", status="started", attempt=1, started_at=started_at)
+    assert record.model_dump() == started
+    assert _ledger(repo, job.id) == {"fetch «rows»": started}
+    assert _version(repo, job.id) == (job.version + 1, started_at)
+
+    clock.advance(2)
+    repo.finish_step(job.id, OWNER, "fetch «rows»", result=EXACT)
+    completed = started | {"status": "completed", "result": EXACT, "finished_at": clock.now}
+    assert _ledger(repo, job.id) == {"fetch «rows»": completed}
+    assert _version(repo, job.id) == (job.version + 2, clock.now)
+
+    repo.begin_step(job.id, OWNER, "charge", 1)
+    clock.advance(1)
+    repo.finish_step(job.id, OWNER, "charge", error="CardDeclined: refused")
+    charge = _ledger(repo, job.id)["charge"]
+    assert (charge["status"], charge["error"], charge["result"], charge["finished_at"]) == (
+        "failed",
+        "CardDeclined: refused",
+        None,
+        clock.now,
+    )
+    assert _version(repo, job.id) == (job.version + 4, clock.now)
+
+
+def test_a_known_step_is_returned_as_stored_and_a_failed_one_is_started_afresh(
+    repo: JobRepository, clock: Clock
+) -> None:
+    job = _running(repo)
+    repo.begin_step(job.id, OWNER, "done", 1)
+    repo.finish_step(job.id, OWNER, "done", result=EXACT)
+    repo.begin_step(job.id, OWNER, "unknown", 1)  # started, its outcome never recorded
+    repo.begin_step(job.id, OWNER, "refused", 1)
+    repo.finish_step(job.id, OWNER, "refused", error="Timeout: the service did not answer")
+    before, version = _ledger(repo, job.id), _version(repo, job.id)
+
+    clock.advance(5)
+    for name in ("done", "unknown"):
+        record, fresh = repo.begin_step(job.id, OWNER, name, 2)
+        assert not fresh
+        assert record.model_dump() == before[name]
+    assert _ledger(repo, job.id) == before and _version(repo, job.id) == version  # nothing written
+
+    record, fresh = repo.begin_step(job.id, OWNER, "refused", 2)
+    again = _step(job.id, "refused", status="started", attempt=2, started_at=clock.now)
+    assert fresh and record.model_dump() == again
+    assert _ledger(repo, job.id) == before | {"refused": again}
+    assert _version(repo, job.id) == (version[0] + 1, clock.now)
+
+
+def test_finishing_a_step_that_is_not_started_changes_nothing(repo: JobRepository, clock: Clock) -> None:
+    job = _running(repo)
+    repo.begin_step(job.id, OWNER, "done", 1)
+    repo.finish_step(job.id, OWNER, "done", result={"n": 1})
+    before, version = _ledger(repo, job.id), _version(repo, job.id)
+    clock.advance(1)
+    repo.finish_step(job.id, OWNER, "done", error="late")  # completed already
+    repo.finish_step(job.id, OWNER, "never begun", result={"n": 2})
+    assert _ledger(repo, job.id) == before and _version(repo, job.id) == version
+
+
+@pytest.mark.parametrize("case", ["another owner", "ended", "unknown job"])
+def test_a_step_write_by_anyone_but_the_active_jobs_lease_holder_is_refused_and_changes_nothing(
+    repo: JobRepository, case: str
+) -> None:
+    job = _running(repo)
+    repo.begin_step(job.id, OWNER, "open", 1)
+    job_id, owner = job.id, OWNER
+    if case == "another owner":
+        owner = "node-b:2:bbbb"
+    elif case == "ended":
+        assert repo.transition(job.id, Status.CANCELLED, owner=OWNER)
+    else:
+        job_id = "s-no-such-job"
+    before, stored = _ledger(repo, job.id), repo.get(job.id)
+    with pytest.raises(LeaseLost):
+        repo.begin_step(job_id, owner, "new", 1)
+    with pytest.raises(LeaseLost):
+        repo.finish_step(job_id, owner, "open", result="forged")
+    assert _ledger(repo, job.id) == before
+    assert repo.get(job.id) == stored
+    assert repo.steps("s-no-such-job") == []
+
+
+def test_a_step_write_the_database_refuses_is_rolled_back_and_the_next_one_is_stored(
+    repo: JobRepository, database_url: str
+) -> None:
+    """A step's result that is not JSON fails in the write transaction, after the lease was read (and on
+    PostgreSQL locked): nothing is stored, the job is not touched, and the same connection pool serves the
+    next write, which finds the row unlocked."""
+    job = _running(repo)
+    repo.begin_step(job.id, OWNER, "fetch", 1)
+    before, stored = _ledger(repo, job.id), repo.get(job.id)
+    with pytest.raises(TypeError):
+        repo.finish_step(job.id, OWNER, "fetch", result={"not json": object()})
+    assert _ledger(repo, job.id) == before and repo.get(job.id) == stored
+    repo.finish_step(job.id, OWNER, "fetch", result=[1, 2])
+    assert _ledger(repo, job.id)["fetch"]["result"] == [1, 2]
+    if database_url.startswith("postgresql"):  # no transaction left open on the write connection
+        with repo._write_engine.connect() as connection:
+            busy = connection.execute(
+                text("select count(*) from pg_stat_activity where state = 'idle in transaction'")
+            ).scalar_one()
+        assert busy == 0
+
+
+def test_concurrent_outcomes_of_one_step_leave_exactly_one(repo: JobRepository) -> None:
+    """Two writers of the same step's outcome at once (a retry racing the first try): one wins, the other
+    finds it no longer started, and the job is touched once for it."""
+    job = _running(repo)
+    repo.begin_step(job.id, OWNER, "fetch", 1)
+    version = _version(repo, job.id)[0]
+    barrier = threading.Barrier(2)
+
+    def finish(value: int) -> None:
+        barrier.wait(timeout=10)
+        repo.finish_step(job.id, OWNER, "fetch", result={"try": value})
+
+    threads = [threading.Thread(target=finish, args=(value,)) for value in (1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    step = _ledger(repo, job.id)["fetch"]
+    assert step["status"] == "completed" and step["result"] in ({"try": 1}, {"try": 2})
+    assert _version(repo, job.id)[0] == version + 1
+
+
+def test_a_steps_writes_on_an_sqlite_file_run_on_the_event_loop_and_wake_its_waiters(
+    sqlite_repo: JobRepository, sqlite_path: Path
+) -> None:
+    """As a job's outcome: `Store.write_short` runs them on the event loop when the writer lock is free (no
+    worker-thread hop for either of a step's writes), committed before it returns."""
+    job = _running(sqlite_repo)
+    threads = statement_threads(sqlite_repo, "UPDATE handles_jobs")  # each write touches the job
+
+    async def main() -> None:
+        store = Store(sqlite_repo)
+        changed = store.notifier.watch(job.id)
+        record, fresh = await store.write_short(job.id, sqlite_repo.begin_step, job.id, OWNER, "fetch", 1)
+        assert fresh and record.status == "started" and changed.is_set()
+        changed = store.notifier.watch(job.id)
+        await store.write_short(job.id, sqlite_repo.finish_step, job.id, OWNER, "fetch", result=EXACT)
+        assert changed.is_set()
+
+    asyncio.run(main())
+    assert len(threads) == 2 and set(threads) == {threading.get_ident()}, "both written on the loop's thread"
+    with repository(f"sqlite:///{sqlite_path.as_posix()}") as other:  # what is on disk, committed
+        assert [(s.status, s.result) for s in other.steps(job.id)] == [("completed", EXACT)]
