@@ -411,9 +411,22 @@ async def inprocess(
     data_dir: Path, database_url: str = "", **overrides: Any
 ) -> AsyncIterator[tuple[Any, Any]]:
     """(jobs, connected client) for the bench server built in this process."""
+    async with inprocess_with(None, data_dir, database_url, **overrides) as served:
+        yield served
+
+
+@asynccontextmanager
+async def inprocess_with(
+    job: Callable[..., Any] | None, data_dir: Path, database_url: str = "", **overrides: Any
+) -> AsyncIterator[tuple[Any, Any]]:
+    """`inprocess`, with the job function `job` registered besides the bench server's own (kept an hour,
+    polled every 100 ms), for a section that measures a job of its own and leaves the others' server
+    unchanged."""
     from bench.app import build_server, create_jobs
 
     jobs = create_jobs(handles_config(data_dir, database_url, **overrides))
+    if job is not None:
+        jobs.job(retention=_dt.timedelta(hours=1), poll_after=_dt.timedelta(milliseconds=100))(job)
     server = build_server(jobs)
     async with jobs.running(), client(server) as connected:
         yield jobs, connected

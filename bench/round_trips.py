@@ -23,10 +23,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.common import Options, Table, inprocess, log, postgres_schema, structured
+from bench.common import SIGNING_KEY, Options, Table, inprocess, log, postgres_schema, structured
+from handles.handle import HandleCodec
 
 SECTION = "round_trips"
-QUIET = {"heartbeat_seconds": 30.0, "sweep_interval_seconds": 3600.0, "store_poll_seconds": 3600.0}
+QUIET = {
+    "heartbeat_seconds": 30.0,
+    "sweep_interval_seconds": 3600.0,
+    "store_poll_seconds": 3600.0,
+    "switch_cache_seconds": 60.0,  # a start reads the operator switches at most this often
+}
 """Timers pushed out of the way, so nothing but the measured operation talks to the database."""
 
 
@@ -161,7 +167,8 @@ async def measure(
         results[name] = (counts, sent)
 
     async with inprocess(data_dir, url, run_workers=run_workers, **QUIET) as (jobs, c):
-        repo = jobs.service.store.repo
+        store = jobs.service.store
+        repo = store.repo
         for engine in {repo._write_engine, repo._read_engine}:
             tracer.attach(engine)
         await structured(c, "noop", {})
@@ -184,6 +191,25 @@ async def measure(
             record("progress poll (wait_seconds=0)", *await _count(tracer, poll))
             if not run_workers:
                 continue
+
+            claims = HandleCodec([SIGNING_KEY]).inspect(handle)
+            assert claims is not None
+            running = await store.call(repo.get, claims.job_id)
+            step = f"step {index}"
+
+            async def step_start(job: Any = running, step: str = step) -> None:  # as `ctx.step` writes it
+                await store.write_short(job.id, repo.begin_step, job.id, job.lease_owner, step, 1)
+
+            async def step_outcome(job: Any = running, step: str = step) -> None:
+                await store.write_short(
+                    job.id, repo.finish_step, job.id, job.lease_owner, step, result={"n": 1}
+                )
+
+            record(
+                "a durable step's start (as `ctx.step` writes it, with its notice)",
+                *await _count(tracer, step_start),
+            )
+            record("a durable step's outcome (with its notice)", *await _count(tracer, step_outcome))
 
             async def outcome(mark: str = mark) -> None:
                 gate(mark).set()  # the job returns; its outcome is written within `_count`'s settling time
@@ -230,6 +256,9 @@ async def run(options: Options) -> list[Table]:
         "A job's outcome: its write transaction on the write engine's pool, whose connection is pinged at "
         "checkout (the empty statement `;`), so that a write after a restart or a failover succeeds at its "
         "first try.",
+        "A durable step's start and outcome: the calls `ctx.step` makes (`Store.write_short` of "
+        "`begin_step` and `finish_step`) for the running job, each one statement in autocommit on a "
+        "connection of the write pool (pinged at checkout), its notice sent by the statement.",
         f"pid {os.getpid()}; psycopg 3; the node's timers are pushed out of the way (`{QUIET}`).",
     ]
     return [table]

@@ -13,9 +13,6 @@ jobs run one after another.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +20,14 @@ from bench.common import (
     Options,
     Stats,
     Table,
-    client,
-    handles_config,
+    inprocess_with,
     log,
     ms,
     quiet_gc,
     sqlite_and_postgres,
     structured,
 )
-from handles import Handles, JobContext
+from handles import JobContext
 
 SECTION = "steps"
 STEPS_PER_JOB = 50
@@ -54,20 +50,10 @@ async def stepping(ctx: JobContext, steps: int = STEPS_PER_JOB, mark: str = "") 
     return {"steps": steps}
 
 
-@asynccontextmanager
-async def _server(data_dir: Path, database_url: str) -> AsyncIterator[Any]:
-    from bench.app import build_server, create_jobs
-
-    jobs: Handles = create_jobs(handles_config(data_dir, database_url))
-    jobs.job(retention=timedelta(hours=1), poll_after=timedelta(milliseconds=100))(stepping)
-    async with jobs.running(), client(build_server(jobs)) as connected:
-        yield connected
-
-
 async def measure(data_dir: Path, database_url: str, jobs: int) -> list[float]:
     """Run `jobs` jobs of `STEPS_PER_JOB` steps one after another; each step's time, the first job's left out
     (its statements are compiled and its connections opened then)."""
-    async with _server(data_dir, database_url) as c:
+    async with inprocess_with(stepping, data_dir, database_url) as (_, c):
         times: list[float] = []
         for index in range(jobs + 1):
             mark = f"{data_dir.name}-{index}"

@@ -10,9 +10,6 @@ steps' results, the last row would cost in proportion to them.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +17,7 @@ from bench.common import (
     Options,
     Stats,
     Table,
-    client,
-    handles_config,
+    inprocess_with,
     log,
     ms,
     quiet_gc,
@@ -29,7 +25,7 @@ from bench.common import (
     sqlite_and_postgres,
     structured,
 )
-from handles import Handles, JobContext
+from handles import JobContext
 
 SECTION = "steps_poll"
 STEPS = 5
@@ -54,20 +50,10 @@ async def stepped(ctx: JobContext, steps: int = 0, kilobytes: int = 0, mark: str
     return {"steps": steps}
 
 
-@asynccontextmanager
-async def _server(data_dir: Path, database_url: str) -> AsyncIterator[Any]:
-    from bench.app import build_server, create_jobs
-
-    jobs: Handles = create_jobs(handles_config(data_dir, database_url))
-    jobs.job(retention=timedelta(hours=1), poll_after=timedelta(milliseconds=100))(stepped)
-    async with jobs.running(), client(build_server(jobs)) as connected:
-        yield connected
-
-
 async def measure(data_dir: Path, database_url: str, rounds: int, warmup: int) -> dict[str, list[float]]:
     from bench.app import gate
 
-    async with _server(data_dir, database_url) as c:
+    async with inprocess_with(stepped, data_dir, database_url) as (_, c):
         handles: dict[str, str] = {}
         for label, (steps, kilobytes) in JOBS.items():
             started = await structured(

@@ -425,6 +425,21 @@ class Database:
                 raise
 
     @contextmanager
+    def _postgres_writing_at_once(self) -> Iterator[Any]:
+        """psycopg's own connection from the write engine's pool, in autocommit for the block: for a write
+        that is one statement, and so its own transaction, one round trip past the pool's ping (a step's
+        outcome: `JobRepository.finish_step`). The ping at checkout, as for `_postgres_writing`, makes a
+        write after a restart or a failover succeed at its first try (SQLAlchemy's own ping switches
+        autocommit on and off the same way). Errors as `_postgres_connection` gives them."""
+        with self._write_lock, self._postgres_connection(self._write_engine) as connection:
+            connection.autocommit = True
+            try:
+                yield connection
+            finally:
+                with contextlib.suppress(Exception):  # a dropped connection: `_postgres_connection` tells
+                    connection.autocommit = False
+
+    @contextmanager
     def _postgres_connection(self, engine: Engine) -> Iterator[Any]:
         """psycopg's own connection from `engine`'s pool, back to the pool after (pinged at checkout when the
         pool pings: the write engine's, not the read engine's).

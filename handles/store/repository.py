@@ -43,6 +43,7 @@ from sqlalchemy import (
 from sqlalchemy import insert as sa_insert
 from sqlalchemy import select as sa_select
 from sqlalchemy.dialects.postgresql import aggregate_order_by
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import configure_mappers
 from sqlmodel import Session, col, select
@@ -869,25 +870,51 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         Not fresh: the step completed before (replay its result) or started without
         a recorded outcome (unknown). A failed step is started afresh.
 
-        Raises `LeaseLost` when `owner` no longer holds the job. A step's two writes run as the outcome's
-        does (`_transition_direct`): statements compiled once, in one write transaction on the driver's
-        own connection, past the ORM session, whose unit of work cost ten times the statements here (a
-        job of many steps pays both writes in every step).
+        Raises `LeaseLost` when `owner` no longer holds the job. A step's two writes run past the ORM
+        session, whose unit of work cost ten times their statements (a job of many steps pays both writes
+        in every step): on SQLite as the outcome's (`_transition_direct`), statements compiled once in
+        one write transaction on SQLite's own connection; on PostgreSQL as one statement
+        (`_BEGIN_STEP_IN_ONE`), its own transaction in autocommit, one round trip past the write pool's
+        ping, with the change notice sent by the statement only when it started the step.
         """
         now = self.clock()
+        values: dict[str, Any] = {"job_id": job_id, "name": name, "status": "started", "attempt": attempt}
+        values |= {"started_at": now, "finished_at": None, "result": None, "error": None}
+        if self.dialect == "postgresql":
+            return self._begin_step_in_one(values, owner, now)
         with self._driver_writing() as connection:
             self._hold_lease(connection, job_id, owner)
             found = self._prepare(_STEP_BY_NAME).rows(connection, {"job_id": job_id, "name": name})
             if found and found[0]["status"] != "failed":
                 return _detached(StepRecord, found[0]), False
-            values: dict[str, Any] = {"job_id": job_id, "name": name, "status": "started", "attempt": attempt}
-            values |= {"started_at": now, "finished_at": None, "result": None, "error": None}
             if found:
                 self._execute(connection, _RESTART_STEP, values | _set_values(values, _RESTARTED))
             else:
                 self._execute(connection, _INSERT_STEP, values)
             self._execute(connection, _TOUCH_JOB, {"job_id": job_id, "now": now})
         return _detached(StepRecord, values), True
+
+    def _begin_step_in_one(
+        self, values: dict[str, Any], owner: str, now: datetime
+    ) -> tuple[StepRecord, bool]:
+        """`begin_step` on PostgreSQL: `_BEGIN_STEP_IN_ONE` in autocommit, with its change notice when
+        `publishing` gives one."""
+        notice = NOTICE.get()
+        statement = _BEGIN_STEP_NOTICED if notice is not None else _BEGIN_STEP_IN_ONE
+        with self._postgres_writing_at_once() as connection:
+            (outcome,) = self._prepare(statement).rows(
+                connection, values | {"owner": owner, "now": now, "notice": notice}
+            )
+            if not outcome["held"]:
+                raise LeaseLost(values["job_id"])
+            if outcome["touched"]:
+                return _detached(StepRecord, values), True
+            if outcome["known"] is not None:
+                return _from_json(_STEPS, StepRecord, outcome["known"]), False
+            # Started by a concurrent writer that the job's lock made this statement wait for: its
+            # snapshot, taken before that wait, does not show the step, which a read now does.
+            (stored,) = self._prepare(_STEP_BY_NAME).rows(connection, values)
+            return _detached(StepRecord, stored), False
 
     def finish_step(
         self, job_id: str, owner: str, name: str, *, result: Any = None, error: str | None = None
@@ -896,16 +923,26 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
 
         Raises `LeaseLost` when `owner` no longer holds the job: a stale worker never
         rewrites the ledger of a job that ended or moved on. A step that is not started is left as it
-        is. Past the ORM session, as `begin_step`.
+        is. Past the ORM session, as `begin_step`; on PostgreSQL in one statement (`_FINISH_STEP_IN_ONE`),
+        its own transaction in autocommit: one round trip past the write pool's ping, with the change
+        notice sent by the statement only when it changed the step.
         """
         now = self.clock()
         status = "failed" if error is not None else "completed"
-        values = {"job_id": job_id, "name": name, "set_status": status, "set_result": result}
-        values |= {"set_error": error, "set_finished_at": now}
+        values = {"job_id": job_id, "owner": owner, "name": name, "now": now, "set_status": status}
+        values |= {"set_result": result, "set_error": error, "set_finished_at": now}
+        if self.dialect == "postgresql":
+            notice = NOTICE.get()
+            statement = _FINISH_STEP_NOTICED if notice is not None else _FINISH_STEP_IN_ONE
+            with self._postgres_writing_at_once() as connection:
+                (outcome,) = self._prepare(statement).rows(connection, values | {"notice": notice})
+            if not outcome["held"]:
+                raise LeaseLost(job_id)
+            return
         with self._driver_writing() as connection:
             self._hold_lease(connection, job_id, owner)
             if self._execute(connection, _FINISH_STEP, values) == 1:
-                self._execute(connection, _TOUCH_JOB, {"job_id": job_id, "now": now})
+                self._execute(connection, _TOUCH_JOB, values)
 
     def _driver_writing(self) -> AbstractContextManager[Any]:
         """A write transaction on the driver's own connection: `_postgres_writing`, or `_sqlite_writing`
@@ -1011,6 +1048,79 @@ _TOUCH_JOB = (
     .where(_JOBS.c.id == bindparam("job_id"))
     .values(updated_at=bindparam("now"), version=_JOBS.c.version + 1)
 )
+
+# A step's outcome on PostgreSQL in one statement: the job locked while `owner` holds it and it is active
+# (`held`), the step's outcome written while it is started, and the job touched when it was; its result
+# row says whether the lease was held. With the change notice, sent (by `pg_notify` over the touched
+# rows) only when the step changed, once the statement commits.
+_HELD = (
+    sa_select(_JOBS.c.id)
+    .where(
+        _JOBS.c.id == bindparam("job_id"),
+        _JOBS.c.lease_owner == bindparam("owner"),
+        _JOBS.c.status.in_([literal(status.value) for status in sorted(ACTIVE)]),
+    )
+    .with_for_update()
+    .cte("held")
+)
+_FINISHED = (
+    _FINISH_STEP.where(_STEPS.c.job_id == sa_select(_HELD.c.id).scalar_subquery())
+    .returning(_STEPS.c.job_id)
+    .cte("finished")
+)
+_TOUCHED = (
+    _TOUCH_JOB.where(_JOBS.c.id.in_(sa_select(_FINISHED.c.job_id))).returning(_JOBS.c.id).cte("touched")
+)
+_HELD_COUNT = sa_select(func.count()).select_from(_HELD).scalar_subquery().label("held")
+
+
+def _touched(touched: Any, *, noticed: bool) -> Any:
+    """The rows the CTE `touched` changed (1 or 0), as the column `touched`; with `noticed`, the change notice
+    (`notice`) sent for each of them."""
+    notify = func.pg_notify(NOTIFY_CHANNEL, bindparam("notice", type_=Text()))
+    counted = func.count(notify) if noticed else func.count()
+    return sa_select(counted).select_from(touched).scalar_subquery().label("touched")
+
+
+_FINISH_STEP_IN_ONE = sa_select(_HELD_COUNT, _touched(_TOUCHED, noticed=False))
+_FINISH_STEP_NOTICED = sa_select(_HELD_COUNT, _touched(_TOUCHED, noticed=True))
+
+# A step's start on PostgreSQL in one statement: with the job `held` (as for an outcome), the step as stored
+# (`known`), and the step inserted unless it is known and not failed (a failed one is started again by the
+# insert's conflict clause, only while it is still failed), the job touched when it was. The result row
+# says whether the lease was held, whether the step was started, and the known step (`row_to_json`).
+_KNOWN = (
+    sa_select(_STEPS)
+    .where(_STEPS.c.job_id == sa_select(_HELD.c.id).scalar_subquery(), _STEPS.c.name == bindparam("name"))
+    .cte("known")
+)
+_STEP_VALUES = ("name", "status", "attempt", "started_at", "finished_at", "result", "error")
+_STARTED_STEP = pg_insert(_STEPS).from_select(
+    ["job_id", *_STEP_VALUES],
+    sa_select(_HELD.c.id, *(bindparam(name, type_=_STEPS.c[name].type) for name in _STEP_VALUES)).where(
+        ~sa_select(_KNOWN.c.name).where(_KNOWN.c.status != literal("failed")).exists()
+    ),
+)
+_STARTED = (
+    _STARTED_STEP.on_conflict_do_update(
+        index_elements=[_STEPS.c.job_id, _STEPS.c.name],
+        set_={name: _STARTED_STEP.excluded[name] for name in _RESTARTED},
+        where=_STEPS.c.status == literal("failed"),
+    )
+    .returning(_STEPS.c.job_id)
+    .cte("started")
+)
+_STEP_TOUCHED = (
+    _TOUCH_JOB.where(_JOBS.c.id.in_(sa_select(_STARTED.c.job_id))).returning(_JOBS.c.id).cte("step_touched")
+)
+_KNOWN_STEP = (
+    sa_select(func.row_to_json(literal_column("known"), type_=JSON))
+    .select_from(_KNOWN)
+    .scalar_subquery()
+    .label("known")
+)
+_BEGIN_STEP_IN_ONE = sa_select(_HELD_COUNT, _touched(_STEP_TOUCHED, noticed=False), _KNOWN_STEP)
+_BEGIN_STEP_NOTICED = sa_select(_HELD_COUNT, _touched(_STEP_TOUCHED, noticed=True), _KNOWN_STEP)
 
 # The start's statements, built once (building a statement costs more than SQLite runs it).
 _INSERT_JOB = sa_insert(_JOBS)

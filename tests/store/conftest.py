@@ -1,4 +1,5 @@
-"""Fixtures of the store tests: an SQLite file, and a listener of PostgreSQL's change notices."""
+"""Fixtures of the store tests: an SQLite file, a repository on each store with a clock the test moves, and a
+listener of PostgreSQL's change notices."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from handles.store import JobRepository
 from tests.harness.postgres import listening, repository
+from tests.store.support import MovableClock
 
 
 @pytest.fixture
@@ -23,6 +25,22 @@ def sqlite_repo(sqlite_path: Path) -> Iterator[JobRepository]:
     """A `JobRepository` on the test's SQLite file, its tables created; disposed afterwards."""
     with repository(f"sqlite:///{sqlite_path.as_posix()}") as repo:
         yield repo
+
+
+@pytest.fixture
+def clock() -> MovableClock:
+    return MovableClock()
+
+
+@pytest.fixture
+def repo(database_url: str, clock: MovableClock) -> Iterator[JobRepository]:
+    """A `JobRepository` on an empty database (SQLite file, then PostgreSQL) on the test's clock."""
+    repository = JobRepository(database_url, clock=clock)
+    repository.create_schema()
+    try:
+        yield repository
+    finally:
+        repository.dispose()
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import pytest
@@ -22,39 +22,12 @@ from handles.principal import principal_match, token_form
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
 from handles.store import JobRecord, JobRepository, JobState, StepState
 from handles.store.models import claims_of
+from tests.store.support import MovableClock
 
 T = TypeVar("T")
 TRIALS = 30
 OWNER, OTHER_OWNER = "node-a:1:aaaa", "node-b:2:bbbb"
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
-
-
-class MovableClock:
-    """A clock the test moves by hand (leases and retention without sleeping)."""
-
-    def __init__(self) -> None:
-        self.now = datetime.now(UTC).replace(microsecond=0)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
-
-
-@pytest.fixture
-def clock() -> MovableClock:
-    return MovableClock()
-
-
-@pytest.fixture
-def repo(database_url: str, clock: MovableClock) -> Iterator[JobRepository]:
-    repository = JobRepository(database_url, clock=clock)
-    repository.create_schema()
-    try:
-        yield repository
-    finally:
-        repository.dispose()
 
 
 @pytest.fixture

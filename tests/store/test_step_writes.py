@@ -12,8 +12,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import threading
-from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,35 +25,10 @@ from handles.store import JobRecord, JobRepository, StepRecord, Store
 from tests.harness.postgres import repository
 from tests.runtime.support import job_row
 from tests.store.sqlite_support import statement_threads
+from tests.store.support import MovableClock
 
 OWNER = "node-a:1:aaaa"
 EXACT = {"sum": 0.1 + 0.2, "tiny": 5e-324, "big": 2**63 + 1, "text": 'é \u2028 " \\ \x01 \U0001f600'}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = datetime(2026, 12, 3, 12, 0, 0, 123456, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def repo(database_url: str, clock: Clock) -> Iterator[JobRepository]:
-    repository = JobRepository(database_url, clock=clock)
-    repository.create_schema()
-    try:
-        yield repository
-    finally:
-        repository.dispose()
 
 
 def _running(repo: JobRepository, owner: str = OWNER) -> JobRecord:
@@ -89,7 +63,7 @@ def _step(job_id: str, name: str, **values: Any) -> dict[str, Any]:
 
 
 def test_a_step_is_recorded_started_then_with_its_outcome_each_write_touching_its_job(
-    repo: JobRepository, clock: Clock
+    repo: JobRepository, clock: MovableClock
 ) -> None:
     job = _running(repo)
     started_at = clock.now + timedelta(seconds=1)
@@ -121,7 +95,7 @@ def test_a_step_is_recorded_started_then_with_its_outcome_each_write_touching_it
 
 
 def test_a_known_step_is_returned_as_stored_and_a_failed_one_is_started_afresh(
-    repo: JobRepository, clock: Clock
+    repo: JobRepository, clock: MovableClock
 ) -> None:
     job = _running(repo)
     repo.begin_step(job.id, OWNER, "done", 1)
@@ -145,7 +119,9 @@ def test_a_known_step_is_returned_as_stored_and_a_failed_one_is_started_afresh(
     assert _version(repo, job.id) == (version[0] + 1, clock.now)
 
 
-def test_finishing_a_step_that_is_not_started_changes_nothing(repo: JobRepository, clock: Clock) -> None:
+def test_finishing_a_step_that_is_not_started_changes_nothing(
+    repo: JobRepository, clock: MovableClock
+) -> None:
     job = _running(repo)
     repo.begin_step(job.id, OWNER, "done", 1)
     repo.finish_step(job.id, OWNER, "done", result={"n": 1})
@@ -221,6 +197,32 @@ def test_concurrent_outcomes_of_one_step_leave_exactly_one(repo: JobRepository) 
     step = _ledger(repo, job.id)["fetch"]
     assert step["status"] == "completed" and step["result"] in ({"try": 1}, {"try": 2})
     assert _version(repo, job.id)[0] == version + 1
+
+
+def test_concurrent_starts_of_one_step_start_it_once(repo: JobRepository) -> None:
+    """Two starts of the same step at once (a job that gave two steps one name): one starts it, the other
+    gets it as known and started. On PostgreSQL the second waits for the job's lock, with a snapshot taken
+    before the first committed."""
+    job = _running(repo)
+    for trial in range(10):
+        name = f"fetch {trial}"
+        barrier = threading.Barrier(2)
+        results: list[tuple[StepRecord, bool]] = []
+
+        def begin(
+            name: str = name, barrier: threading.Barrier = barrier, results: list[Any] = results
+        ) -> None:
+            barrier.wait(timeout=10)
+            results.append(repo.begin_step(job.id, OWNER, name, 1))
+
+        threads = [threading.Thread(target=begin) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert sorted(fresh for _, fresh in results) == [False, True]
+        assert {(record.name, record.status) for record, _ in results} == {(name, "started")}
+    assert _version(repo, job.id)[0] == job.version + 10
 
 
 def test_a_steps_writes_on_an_sqlite_file_run_on_the_event_loop_and_wake_its_waiters(
