@@ -406,29 +406,10 @@ class Database:
             yield connection
 
     @contextmanager
-    def _postgres_writing(self) -> Iterator[Any]:
-        """A write transaction on psycopg's own connection from the write engine's pool, past SQLAlchemy's
-        session (a job's outcome: `JobRepository.transition`), as `_writing` makes one: committed when the
-        block ends, with the change notice of `publishing` sent inside it (delivered when, and only if,
-        the change commits); rolled back when the block raises. Its errors come out as SQLAlchemy's
-        exceptions (`_postgres_connection`)."""
-        with self._write_lock, self._postgres_connection(self._write_engine) as connection:
-            try:
-                yield connection
-                notice = NOTICE.get()
-                if notice is not None:
-                    connection.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, notice)).close()
-                connection.commit()
-            except BaseException:
-                with contextlib.suppress(Exception):  # a dropped connection: `_postgres_connection` tells
-                    connection.rollback()
-                raise
-
-    @contextmanager
     def _postgres_writing_at_once(self) -> Iterator[Any]:
         """psycopg's own connection from the write engine's pool, in autocommit for the block: for a write
-        that is one statement, and so its own transaction, one round trip past the pool's ping (a step's
-        outcome: `JobRepository.finish_step`). The ping at checkout, as for `_postgres_writing`, makes a
+        that is one statement, and so its own transaction, one round trip past the pool's ping (a job's
+        outcome, `JobRepository.transition`; a step's start and outcome). The ping at checkout makes a
         write after a restart or a failover succeed at its first try (SQLAlchemy's own ping switches
         autocommit on and off the same way). Errors as `_postgres_connection` gives them."""
         with self._write_lock, self._postgres_connection(self._write_engine) as connection:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import SimpleNamespace
@@ -37,6 +37,7 @@ from sqlalchemy import (
     func,
     literal,
     literal_column,
+    null,
     text,
     update,
 )
@@ -51,7 +52,7 @@ from sqlmodel import Session, col, select
 from handles.backoff import backoff_seconds
 from handles.errors import LeaseLost
 from handles.outcomes import failed
-from handles.states import ACTIVE, TERMINAL, Status, can_transition
+from handles.states import ACTIVE, TERMINAL, Status, can_transition, sources_of
 from handles.store.engine import NOTICE, NOTIFY_CHANNEL, is_sqlite
 from handles.store.housekeeping import Housekeeping
 from handles.store.models import (
@@ -610,12 +611,11 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         (False: someone else won, or the edge is not allowed).
         """
         now = self.clock()
-        if lease_expired and self._database_leases:  # judged by the database's clock: PostgreSQL only
-            return self._transition_orm(job_id, target, owner, lease_expired, now, values)
-        read = _JOB_BY_ID_LOCKED if self.dialect == "postgresql" else _JOB_BY_ID
-        return self._transition_direct(read, job_id, target, owner, lease_expired, now, values)
+        if self.dialect == "postgresql":
+            return self._transition_in_one(job_id, target, owner, lease_expired, now, values)
+        return self._transition_direct(job_id, target, owner, lease_expired, now, values)
 
-    def _transition_orm(
+    def _transition_in_one(
         self,
         job_id: str,
         target: Status,
@@ -624,21 +624,28 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         now: datetime,
         values: Mapping[str, Any],
     ) -> bool:
-        """`transition` through the ORM session, for the one case `_transition_direct` does not serve: a check
-        that a lease ran out, judged by the database's clock (`_lease_now_value`, PostgreSQL only)."""
-        with self._writing() as session:
-            job = self._locked(session, job_id)
-            if job is None or not _may_transition(
-                job, target, owner, self._lease_now_value(session, now) if lease_expired else None
-            ):
-                return False
-            _transitioned(job, target, now, values)
-            session.add(job)
-        return True
+        """`transition` on PostgreSQL: one compare-and-set UPDATE (`_transition_statement`), in autocommit on a
+        connection of the write pool (pinged at checkout), with the change notice of `publishing` sent by
+        the statement when it changed the job: one round trip past the ping. PostgreSQL re-checks the
+        UPDATE's conditions on the newest version of a row another transaction changed meanwhile, so of
+        two racing transitions exactly one wins, as with the row read `FOR UPDATE` before."""
+        notice = NOTICE.get()
+        statement = _transition_statement(
+            target,
+            owner is not None,
+            (self._database_leases if lease_expired else None),
+            tuple(values),
+            notice is not None,
+        )
+        parameters = {"job_id": job_id, "owner": owner, "now": now, "notice": notice}
+        with self._postgres_writing_at_once() as connection:
+            (outcome,) = self._prepare(statement).rows(
+                connection, parameters | _set_values(values, tuple(values))
+            )
+        return bool(outcome["changed"])
 
     def _transition_direct(
         self,
-        read: Any,
         job_id: str,
         target: Status,
         owner: str | None,
@@ -646,22 +653,18 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         now: datetime,
         values: Mapping[str, Any],
     ) -> bool:
-        """`transition` past the ORM session's unit of work (a job's outcome write is part of every job's
-        cost): the same read, checks and changes in one write transaction on the driver's own connection,
-        the row read (`read`) and the changed columns written by statements compiled once.
-
-        On SQLite, `_sqlite_writing`: `BEGIN IMMEDIATE` holds the write lock from the start, as the ORM
-        session's did. On PostgreSQL, `_postgres_writing` with the row read `FOR UPDATE`, as `_locked`
-        reads it, and the change notice sent in the transaction. Not for a check of an expired lease by
-        the database's clock (`_lease_now_value`), which takes the ORM's path."""
-        with self._driver_writing() as connection:
-            rows = self._prepare(read).rows(connection, {"job_id": job_id})
+        """`transition` on SQLite, past the ORM session's unit of work (a job's outcome write is part of every
+        job's cost): the row read, the rules applied (`_may_transition`, `_transitioned`) and the changed
+        columns written, by statements compiled once, in one `BEGIN IMMEDIATE` transaction on SQLite's
+        own connection (`_sqlite_writing`), which holds the write lock from the start."""
+        with self._sqlite_writing() as connection:
+            rows = self._prepare(_JOB_BY_ID).rows(connection, {"job_id": job_id})
             if not rows:
                 return False
             before = rows[0]
             job = SimpleNamespace(
                 **before
-            )  # the row's values, changed below as the ORM path changes its model
+            )  # the row's values, changed below as `_transitioned` changes a model
             if not _may_transition(job, target, owner, now if lease_expired else None):
                 return False
             _transitioned(job, target, now, values)
@@ -882,7 +885,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         values |= {"started_at": now, "finished_at": None, "result": None, "error": None}
         if self.dialect == "postgresql":
             return self._begin_step_in_one(values, owner, now)
-        with self._driver_writing() as connection:
+        with self._sqlite_writing() as connection:
             self._hold_lease(connection, job_id, owner)
             found = self._prepare(_STEP_BY_NAME).rows(connection, {"job_id": job_id, "name": name})
             if found and found[0]["status"] != "failed":
@@ -939,15 +942,10 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
             if not outcome["held"]:
                 raise LeaseLost(job_id)
             return
-        with self._driver_writing() as connection:
+        with self._sqlite_writing() as connection:
             self._hold_lease(connection, job_id, owner)
             if self._execute(connection, _FINISH_STEP, values) == 1:
                 self._execute(connection, _TOUCH_JOB, values)
-
-    def _driver_writing(self) -> AbstractContextManager[Any]:
-        """A write transaction on the driver's own connection: `_postgres_writing`, or `_sqlite_writing`
-        (which on the event loop refuses instead of waiting for the writer, as `write_inline` needs)."""
-        return self._postgres_writing() if self.dialect == "postgresql" else self._sqlite_writing()
 
     def _hold_lease(self, connection: Any, job_id: str, owner: str) -> None:
         """Raise `LeaseLost` unless `owner` holds the active job `job_id`, its row locked for the rest of the
@@ -1008,7 +1006,6 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
 
 # The hot reads' statements, built once (building a statement costs more than SQLite runs it).
 _JOB_BY_ID = sa_select(_JOBS).where(_JOBS.c.id == bindparam("job_id"))
-_JOB_BY_ID_LOCKED = _JOB_BY_ID.with_for_update()
 _JOB_STATE = tuple(_JOBS.c[name] for name in JOB_STATE_COLUMNS)
 _STEPS_OF_JOB = sa_select(_STEPS).where(_STEPS.c.job_id == bindparam("job_id")).order_by(_STEPS.c.started_at)
 _QUESTIONS_OF_JOB = (
@@ -1396,6 +1393,48 @@ def _update_job(columns: tuple[str, ...]) -> Any:
         .where(_JOBS.c.id == bindparam("job_id"))
         .values({name: bindparam(f"set_{name}") for name in columns})
     )
+
+
+@functools.cache
+def _transition_statement(
+    target: Status, owned: bool, lease_by_database: bool | None, columns: tuple[str, ...], noticed: bool
+) -> Any:
+    """`transition`'s compare-and-set UPDATE on PostgreSQL, built once for each shape of call: the job moves to
+    `target` from a status the transition table allows it from (`sources_of`), only while `owner` holds it
+    when `owned`, and only once its lease ran out when `lease_by_database` is not None (by the database's
+    clock when True, by `now` when False). It changes what `_transitioned` changes, in SQL (a terminal
+    job's retention shortened to `keep_result_seconds` from now, as `_finish` does), and `columns` to the
+    values given (`set_<column>`). Its one row: how many jobs it changed (`changed`), with the change notice
+    sent for each when `noticed`. The SQLite path applies the same rules in Python; a test of both stores
+    holds them together (`tests/store/test_postgres_writes.py`)."""
+    now = bindparam("now", type_=UTCDateTime())
+    where = [
+        _JOBS.c.id == bindparam("job_id"),
+        _JOBS.c.status.in_([literal(source.value) for source in sorted(sources_of(target))]),
+    ]
+    if owned:
+        where.append(_JOBS.c.lease_owner == bindparam("owner"))
+    if lease_by_database is not None:
+        where.append(_JOBS.c.lease_expires_at < (_DATABASE_NOW if lease_by_database else now))
+    changes: dict[str, Any] = {"status": literal(target.value)}
+    if target in TERMINAL:
+        kept = func.least(
+            _JOBS.c.expires_at, now + func.make_interval(0, 0, 0, 0, 0, 0, _JOBS.c.keep_result_seconds)
+        )
+        changes |= {
+            name: null() for name in ("lease_owner", "lease_expires_at", "input_deadline", "abandon_at")
+        }
+        changes |= {
+            "finished_at": now,
+            "expires_at": case((_JOBS.c.keep_result_seconds.is_(None), _JOBS.c.expires_at), else_=kept),
+        }
+    elif target is Status.WORKING:
+        changes["input_deadline"] = null()
+    changes |= {name: bindparam(f"set_{name}", type_=_JOBS.c[name].type) for name in columns}
+    changes |= {"updated_at": now, "version": _JOBS.c.version + 1}
+    changed = update(_JOBS).where(*where).values(changes).returning(_JOBS.c.id).cte("changed")
+    notify = func.pg_notify(NOTIFY_CHANNEL, bindparam("notice", type_=Text()))
+    return sa_select((func.count(notify) if noticed else func.count()).label("changed")).select_from(changed)
 
 
 def _set_values(values: Mapping[str, Any], columns: Sequence[str]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterator
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import psycopg
@@ -17,9 +18,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from handles.states import Status
+from handles.states import TERMINAL, Status
 from handles.store import JobRecord, JobRepository, utc_now
-from handles.store.repository import _notice
+from handles.store.repository import _notice, _transitioned
 from tests.harness.postgres import notices, repository, round_trips, terminate_backends
 from tests.runtime.support import job_row
 
@@ -78,27 +79,34 @@ OUTCOMES: list[tuple[Status, dict[str, Any]]] = [
 ]
 
 
+@pytest.mark.parametrize("keep_result_seconds", [None, 1.5, 7200.0])
 @pytest.mark.parametrize(("target", "values"), OUTCOMES, ids=[target.value for target, _ in OUTCOMES])
-def test_an_outcome_stores_exactly_what_the_orms_path_stores(
-    repo: JobRepository, target: Status, values: dict[str, Any]
+def test_an_outcome_stores_what_the_transition_rules_give(
+    repo: JobRepository, target: Status, values: dict[str, Any], keep_result_seconds: float | None
 ) -> None:
+    """PostgreSQL writes an outcome as one UPDATE whose changes are SQL; the SQLite file applies the same rules
+    in Python (`_transitioned`, `_finish`). What PostgreSQL stores is, column for column, what those rules
+    give the row, with a result's awkward numbers and a NUL intact, and a terminal job's retention
+    shortened to `keep_result_seconds` from now (1.5 s), or left as it was when that is later (2 h)."""
     now = utc_now()
-    repo.clock = lambda: now  # both paths stamp the same time
-    principal = _principal()
+    repo.clock = lambda: now
     then = now - timedelta(seconds=5)
     times = {"created_at": then, "updated_at": then, "run_after": then, "started_at": then}
     times |= {"expires_at": then + timedelta(hours=1), "lease_expires_at": then + timedelta(seconds=30)}
-    direct, orm = (_running(repo, principal, **times) for _ in range(2))
-    assert _columns(repo.get(direct.id)) == _columns(repo.get(orm.id))
+    times |= {"input_deadline": then + timedelta(minutes=5), "abandon_at": then + timedelta(minutes=9)}
+    job = _running(repo, _principal(), keep_result_seconds=keep_result_seconds, **times)
+    before = repo.get(job.id)
+    assert before is not None
+    expected = SimpleNamespace(**before.model_dump())
+    _transitioned(expected, target, now, values)
 
-    assert repo.transition(direct.id, target, owner=OWNER, **values)
-    assert repo._transition_orm(orm.id, target, OWNER, False, now, values)
-
-    stored = repo.get(direct.id)
-    assert _columns(stored) == _columns(repo.get(orm.id))
-    assert stored is not None and stored.status == target.value and stored.version == direct.version + 1
-    for name, value in values.items():
-        assert getattr(stored, name) == value
+    assert repo.transition(job.id, target, owner=OWNER, **values)
+    stored = repo.get(job.id)
+    assert _columns(stored) == {name: value for name, value in vars(expected).items() if name != "id"}
+    assert stored is not None and stored.status == target.value and stored.version == job.version + 1
+    if target in TERMINAL:
+        shortened = keep_result_seconds == 1.5
+        assert stored.expires_at == (now + timedelta(seconds=1.5) if shortened else before.expires_at)
 
 
 def test_an_outcome_refused_by_the_transition_table_or_the_lease_changes_nothing(repo: JobRepository) -> None:
@@ -166,27 +174,36 @@ def test_an_outcome_after_the_server_dropped_the_pooled_connections_is_stored_on
     assert stored is not None and stored.status == Status.COMPLETED.value and stored.lease_owner is None
 
 
-def test_an_outcome_is_written_past_the_orm_session_but_a_check_of_an_expired_lease_by_the_database_clock(
-    repo: JobRepository, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    orm_calls: list[str] = []
-    orm = repo._transition_orm
+def test_recoverys_check_that_a_lease_ran_out_is_judged_by_the_database_clock(postgres_url: str) -> None:
+    """A node whose clock runs ten minutes ahead sees every live lease as run out. Recovery's transition
+    (`lease_expired=True`) asks the database's clock, so it leaves a live job alone and ends one whose lease
+    did run out; with `lease_clock="local"` the node's own clock decides."""
+    ahead = lambda: utc_now() + timedelta(minutes=10)  # noqa: E731
+    principal = _principal()
+    for lease_clock, live_taken in (("database", False), ("local", True)):
+        skewed = JobRepository(postgres_url, clock=ahead, lease_clock=lease_clock)
+        try:
+            live = _running(skewed, principal, lease_expires_at=utc_now() + timedelta(seconds=30))
+            ran_out = _running(skewed, principal, lease_expires_at=utc_now() - timedelta(seconds=1))
+            lost = {"code": 1, "message": "lost"}
+            assert skewed.transition(live.id, Status.FAILED, lease_expired=True, error=lost) is live_taken
+            assert skewed.transition(ran_out.id, Status.FAILED, lease_expired=True, error=lost)
+            stored = skewed.get(live.id)
+            assert stored is not None and stored.status == (
+                Status.FAILED.value if live_taken else Status.WORKING.value
+            )
+        finally:
+            skewed.dispose()
 
-    def through_the_orm(job_id: str, *args: Any) -> bool:
-        orm_calls.append(job_id)
-        return orm(job_id, *args)
 
-    monkeypatch.setattr(repo, "_transition_orm", through_the_orm)
-    assert repo.database_leases
-    ended = _running(repo, _principal())
-    assert repo.transition(ended.id, Status.COMPLETED, owner=OWNER, result={"content": []})
-    assert orm_calls == []
-    # Recovery's check that a lease ran out is judged by the database's clock, in the ORM's transaction.
-    expired = _running(repo, _principal(), lease_expires_at=utc_now() - timedelta(seconds=1))
-    assert repo.transition(
-        expired.id, Status.FAILED, lease_expired=True, error={"code": 1, "message": "lost"}
+def test_an_outcome_is_one_statement(repo: JobRepository) -> None:
+    """Counted from libpq's trace: the write pool's ping and the compare-and-set `WITH changed AS (UPDATE
+    ...)`, in autocommit."""
+    jobs = iter([_running(repo, _principal()) for _ in range(2)])
+    assert round_trips(repo, lambda: repo.transition(next(jobs).id, Status.COMPLETED, owner=OWNER)) == (
+        2,
+        [";", "WITH"],
     )
-    assert orm_calls == [expired.id]
 
 
 def test_a_progress_report_is_stored_by_its_lease_holder_while_the_job_is_active(repo: JobRepository) -> None:
@@ -239,10 +256,10 @@ def test_a_progress_report_is_one_round_trip_and_announced_only_when_stored(
 def test_a_steps_writes_send_their_notice_once_they_commit_and_one_refused_sends_none(
     repo: JobRepository, listener: psycopg.Connection
 ) -> None:
-    """A step's start and outcome are written in one transaction each on psycopg's own connection
-    (`_postgres_writing`), their notice sent in it. A text column cannot hold NUL on PostgreSQL: an
-    outcome with one fails after the job's row was read and locked; nothing is stored, no notice goes out,
-    the error is SQLAlchemy's, and the next write finds the row unlocked."""
+    """A step's start and outcome are one statement each, its own transaction, on psycopg's own connection,
+    their notice sent by it. A text column cannot hold NUL on PostgreSQL: an outcome with one fails after
+    the job's row was locked; nothing is stored, no notice goes out, the error is SQLAlchemy's, and the
+    next write finds the row unlocked."""
     job = _running(repo, _principal())
     notices(listener, job.id, 0.2)
     record, fresh = repo.publishing(job.id, "origin-1", False, repo.begin_step, job.id, OWNER, "charge", 1)
@@ -321,8 +338,9 @@ def test_a_step_write_after_the_server_dropped_the_pooled_connections_is_stored_
 
 def test_a_step_write_gives_its_connection_back_to_the_pool_for_transactions(repo: JobRepository) -> None:
     """A step's write switches its pooled connection to autocommit for its one statement and back: the
-    next write on that connection (a job's outcome: a row read, an UPDATE and the notice) is one
-    transaction again, not three statements each committed alone."""
+    next write on that connection through the ORM session (a heartbeat, a claim, a question asked: reads
+    and writes that must commit together) is one transaction again, not statements each committed
+    alone."""
     job = _running(repo, _principal())
     repo._write_engine.dispose()
     repo.begin_step(job.id, OWNER, "fetch", 1)
@@ -333,7 +351,3 @@ def test_a_step_write_gives_its_connection_back_to_the_pool_for_transactions(rep
         assert pooled.driver_connection.autocommit is False
     finally:
         pooled.close()
-    assert round_trips(repo, lambda: repo.transition(job.id, Status.WORKING, owner=OWNER))[1][:2] == [
-        ";",
-        "BEGIN",
-    ]
