@@ -629,19 +629,11 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         the statement when it changed the job: one round trip past the ping. PostgreSQL re-checks the
         UPDATE's conditions on the newest version of a row another transaction changed meanwhile, so of
         two racing transitions exactly one wins, as with the row read `FOR UPDATE` before."""
-        notice = NOTICE.get()
-        statement = _transition_statement(
-            target,
-            owner is not None,
-            (self._database_leases if lease_expired else None),
-            tuple(values),
-            notice is not None,
+        shape = (target, owner is not None, self._database_leases if lease_expired else None, tuple(values))
+        parameters = {"job_id": job_id, "owner": owner, "now": now} | _set_values(values, tuple(values))
+        outcome = self._in_one(
+            _transition_statement(*shape, False), _transition_statement(*shape, True), parameters
         )
-        parameters = {"job_id": job_id, "owner": owner, "now": now, "notice": notice}
-        with self._postgres_writing_at_once() as connection:
-            (outcome,) = self._prepare(statement).rows(
-                connection, parameters | _set_values(values, tuple(values))
-            )
         return bool(outcome["changed"])
 
     def _transition_direct(
@@ -902,22 +894,18 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
     ) -> tuple[StepRecord, bool]:
         """`begin_step` on PostgreSQL: `_BEGIN_STEP_IN_ONE` in autocommit, with its change notice when
         `publishing` gives one."""
-        notice = NOTICE.get()
-        statement = _BEGIN_STEP_NOTICED if notice is not None else _BEGIN_STEP_IN_ONE
-        with self._postgres_writing_at_once() as connection:
-            (outcome,) = self._prepare(statement).rows(
-                connection, values | {"owner": owner, "now": now, "notice": notice}
-            )
-            if not outcome["held"]:
-                raise LeaseLost(values["job_id"])
-            if outcome["touched"]:
-                return _detached(StepRecord, values), True
-            if outcome["known"] is not None:
-                return _from_json(_STEPS, StepRecord, outcome["known"]), False
-            # Started by a concurrent writer that the job's lock made this statement wait for: its
-            # snapshot, taken before that wait, does not show the step, which a read now does.
+        outcome = self._in_one(_BEGIN_STEP_IN_ONE, _BEGIN_STEP_NOTICED, values | {"owner": owner, "now": now})
+        if not outcome["held"]:
+            raise LeaseLost(values["job_id"])
+        if outcome["touched"]:
+            return _detached(StepRecord, values), True
+        if outcome["known"] is not None:
+            return _from_json(_STEPS, StepRecord, outcome["known"]), False
+        # Started by a concurrent writer that the job's lock made the statement wait for: its snapshot,
+        # taken before that wait, does not show the step, which a read now does.
+        with self._postgres_autocommit() as connection:
             (stored,) = self._prepare(_STEP_BY_NAME).rows(connection, values)
-            return _detached(StepRecord, stored), False
+        return _detached(StepRecord, stored), False
 
     def finish_step(
         self, job_id: str, owner: str, name: str, *, result: Any = None, error: str | None = None
@@ -935,11 +923,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         values = {"job_id": job_id, "owner": owner, "name": name, "now": now, "set_status": status}
         values |= {"set_result": result, "set_error": error, "set_finished_at": now}
         if self.dialect == "postgresql":
-            notice = NOTICE.get()
-            statement = _FINISH_STEP_NOTICED if notice is not None else _FINISH_STEP_IN_ONE
-            with self._postgres_writing_at_once() as connection:
-                (outcome,) = self._prepare(statement).rows(connection, values | {"notice": notice})
-            if not outcome["held"]:
+            if not self._in_one(_FINISH_STEP_IN_ONE, _FINISH_STEP_NOTICED, values)["held"]:
                 raise LeaseLost(job_id)
             return
         with self._sqlite_writing() as connection:
@@ -948,12 +932,22 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
                 self._execute(connection, _TOUCH_JOB, values)
 
     def _hold_lease(self, connection: Any, job_id: str, owner: str) -> None:
-        """Raise `LeaseLost` unless `owner` holds the active job `job_id`, its row locked for the rest of the
-        transaction on PostgreSQL (on SQLite `BEGIN IMMEDIATE` holds the write lock already)."""
-        read = _JOB_LEASE_LOCKED if self.dialect == "postgresql" else _JOB_LEASE
-        rows = self._prepare(read).rows(connection, {"job_id": job_id})
+        """On SQLite, in a write transaction (whose `BEGIN IMMEDIATE` holds the write lock): raise `LeaseLost`
+        unless `owner` holds the active job `job_id`."""
+        rows = self._prepare(_JOB_LEASE).rows(connection, {"job_id": job_id})
         if not rows or rows[0]["lease_owner"] != owner or Status(rows[0]["status"]) not in ACTIVE:
             raise LeaseLost(job_id)
+
+    def _in_one(self, plain: Any, noticed: Any, values: Mapping[str, Any]) -> dict[str, Any]:
+        """A PostgreSQL write that is one statement, and so its own transaction: run in autocommit on a
+        connection of the write pool, pinged at checkout (`_postgres_writing_at_once`); `noticed`, which
+        also sends the change notice `publishing` gives, when there is one, else `plain`. Its one row."""
+        notice = NOTICE.get()
+        with self._postgres_writing_at_once() as connection:
+            (outcome,) = self._prepare(plain if notice is None else noticed).rows(
+                connection, {**values, "notice": notice}
+            )
+        return outcome
 
     def _execute(self, connection: Any, statement: Any, values: Mapping[str, Any]) -> int:
         """Run a write `statement` compiled once (`_prepare`) on the driver's own `connection`: the rows it
@@ -1023,11 +1017,11 @@ _QUESTION_BY_KEY = sa_select(_INPUTS).where(
     _INPUTS.c.job_id == bindparam("job_id"), _INPUTS.c.key == bindparam("key")
 )
 
-# A durable step's statements (`begin_step`, `finish_step`), built once: the job's lease and status (locked on
-# PostgreSQL), a step by name, the step inserted or started again (a failed one), its outcome written if it is
-# started, and the job touched (`_touch`).
+# A durable step's statements (`begin_step`, `finish_step`), built once: the job's lease and status, a step by
+# name, the step inserted or started again (a failed one), its outcome written if it is started, and the job
+# touched (`_touch`). On SQLite each runs alone in one transaction; PostgreSQL's one statement for each write
+# (below) is built on them.
 _JOB_LEASE = sa_select(_JOBS.c.lease_owner, _JOBS.c.status).where(_JOBS.c.id == bindparam("job_id"))
-_JOB_LEASE_LOCKED = _JOB_LEASE.with_for_update()
 _STEP_KEY = (_STEPS.c.job_id == bindparam("job_id"), _STEPS.c.name == bindparam("name"))
 _STEP_BY_NAME = sa_select(_STEPS).where(*_STEP_KEY)
 _INSERT_STEP = sa_insert(_STEPS)
