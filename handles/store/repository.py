@@ -634,7 +634,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         outcome = self._in_one(
             _transition_statement(*shape, False), _transition_statement(*shape, True), parameters
         )
-        return bool(outcome["changed"])
+        return bool(outcome["touched"])
 
     def _transition_direct(
         self,
@@ -654,9 +654,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
             if not rows:
                 return False
             before = rows[0]
-            job = SimpleNamespace(
-                **before
-            )  # the row's values, changed below as `_transitioned` changes a model
+            job = SimpleNamespace(**before)  # the row's values, changed by `_transitioned` as a model is
             if not _may_transition(job, target, owner, now if lease_expired else None):
                 return False
             _transitioned(job, target, now, values)
@@ -1017,6 +1015,15 @@ _QUESTION_BY_KEY = sa_select(_INPUTS).where(
     _INPUTS.c.job_id == bindparam("job_id"), _INPUTS.c.key == bindparam("key")
 )
 
+# A write by a running job's lease holder: the job `job_id`, held by `owner`, still active. And the change
+# notice a one-statement write sends on PostgreSQL (`publishing`'s `notice`).
+_HELD_BY_OWNER = (
+    _JOBS.c.id == bindparam("job_id"),
+    _JOBS.c.lease_owner == bindparam("owner"),
+    _JOBS.c.status.in_([literal(status.value) for status in sorted(ACTIVE)]),
+)
+_NOTIFY = func.pg_notify(NOTIFY_CHANNEL, bindparam("notice", type_=Text()))
+
 # A durable step's statements (`begin_step`, `finish_step`), built once: the job's lease and status, a step by
 # name, the step inserted or started again (a failed one), its outcome written if it is started, and the job
 # touched (`_touch`). On SQLite each runs alone in one transaction; PostgreSQL's one statement for each write
@@ -1044,16 +1051,7 @@ _TOUCH_JOB = (
 # (`held`), the step's outcome written while it is started, and the job touched when it was; its result
 # row says whether the lease was held. With the change notice, sent (by `pg_notify` over the touched
 # rows) only when the step changed, once the statement commits.
-_HELD = (
-    sa_select(_JOBS.c.id)
-    .where(
-        _JOBS.c.id == bindparam("job_id"),
-        _JOBS.c.lease_owner == bindparam("owner"),
-        _JOBS.c.status.in_([literal(status.value) for status in sorted(ACTIVE)]),
-    )
-    .with_for_update()
-    .cte("held")
-)
+_HELD = sa_select(_JOBS.c.id).where(*_HELD_BY_OWNER).with_for_update().cte("held")
 _FINISHED = (
     _FINISH_STEP.where(_STEPS.c.job_id == sa_select(_HELD.c.id).scalar_subquery())
     .returning(_STEPS.c.job_id)
@@ -1068,8 +1066,7 @@ _HELD_COUNT = sa_select(func.count()).select_from(_HELD).scalar_subquery().label
 def _touched(touched: Any, *, noticed: bool) -> Any:
     """The rows the CTE `touched` changed (1 or 0), as the column `touched`; with `noticed`, the change notice
     (`notice`) sent for each of them."""
-    notify = func.pg_notify(NOTIFY_CHANNEL, bindparam("notice", type_=Text()))
-    counted = func.count(notify) if noticed else func.count()
+    counted = func.count(_NOTIFY) if noticed else func.count()
     return sa_select(counted).select_from(touched).scalar_subquery().label("touched")
 
 
@@ -1165,11 +1162,7 @@ def _step_states(arrays: Sequence[Sequence[Any]] | None, time: Callable[[Any], A
 # by that SELECT, so only for a change (and, in autocommit, only once the statement commits).
 _PROGRESS = (
     update(_JOBS)
-    .where(
-        _JOBS.c.id == bindparam("job_id"),
-        _JOBS.c.lease_owner == bindparam("owner"),
-        _JOBS.c.status.in_([literal(status.value) for status in sorted(ACTIVE)]),
-    )
+    .where(*_HELD_BY_OWNER)
     .values(
         progress_done=bindparam("done"),
         progress_total=bindparam("total"),
@@ -1180,9 +1173,7 @@ _PROGRESS = (
 )
 _PROGRESS_CTE = _PROGRESS.returning(_JOBS.c.id).cte("changed")
 _PROGRESS_CHANGED = sa_select(_PROGRESS_CTE.c.id)
-_PROGRESS_NOTICED = sa_select(
-    func.pg_notify(NOTIFY_CHANNEL, bindparam("notice", type_=Text())).label("noticed")
-).select_from(_PROGRESS_CTE)
+_PROGRESS_NOTICED = sa_select(_NOTIFY.label("noticed")).select_from(_PROGRESS_CTE)
 
 # The progress snapshot on SQLite in one statement: the job's state, with its steps as one JSON array of
 # arrays (`json_group_array`, SQLite 3.38+ or JSON1). A column's value is JSON text or a number there, and
@@ -1398,7 +1389,7 @@ def _transition_statement(
     when `owned`, and only once its lease ran out when `lease_by_database` is not None (by the database's
     clock when True, by `now` when False). It changes what `_transitioned` changes, in SQL (a terminal
     job's retention shortened to `keep_result_seconds` from now, as `_finish` does), and `columns` to the
-    values given (`set_<column>`). Its one row: how many jobs it changed (`changed`), with the change notice
+    values given (`set_<column>`). Its one row: how many jobs it changed (`_touched`), with the change notice
     sent for each when `noticed`. The SQLite path applies the same rules in Python; a test of both stores
     holds them together (`tests/store/test_postgres_writes.py`)."""
     now = bindparam("now", type_=UTCDateTime())
@@ -1427,8 +1418,7 @@ def _transition_statement(
     changes |= {name: bindparam(f"set_{name}", type_=_JOBS.c[name].type) for name in columns}
     changes |= {"updated_at": now, "version": _JOBS.c.version + 1}
     changed = update(_JOBS).where(*where).values(changes).returning(_JOBS.c.id).cte("changed")
-    notify = func.pg_notify(NOTIFY_CHANNEL, bindparam("notice", type_=Text()))
-    return sa_select((func.count(notify) if noticed else func.count()).label("changed")).select_from(changed)
+    return sa_select(_touched(changed, noticed=noticed))
 
 
 def _set_values(values: Mapping[str, Any], columns: Sequence[str]) -> dict[str, Any]:

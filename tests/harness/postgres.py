@@ -19,7 +19,7 @@ from urllib.parse import quote
 import psycopg
 from sqlalchemy import create_engine, text
 
-from handles.store import JobRepository
+from handles.store import Clock, JobRepository, utc_now
 from handles.store.engine import NOTIFY_CHANNEL
 from handles.store.listen import libpq_url
 
@@ -68,9 +68,11 @@ def named(url: str, application_name: str) -> str:
 
 
 @contextmanager
-def repository(url: str, application_name: str | None = None) -> Iterator[JobRepository]:
-    """A `JobRepository` on `url` with the handles tables created; disposed afterwards."""
-    repo = JobRepository(url if application_name is None else named(url, application_name))
+def repository(
+    url: str, application_name: str | None = None, *, clock: Clock = utc_now
+) -> Iterator[JobRepository]:
+    """A `JobRepository` on `url` (on `clock`) with the handles tables created; disposed afterwards."""
+    repo = JobRepository(url if application_name is None else named(url, application_name), clock=clock)
     repo.create_schema()
     try:
         yield repo

@@ -35,12 +35,8 @@ def clock() -> MovableClock:
 @pytest.fixture
 def repo(database_url: str, clock: MovableClock) -> Iterator[JobRepository]:
     """A `JobRepository` on an empty database (SQLite file, then PostgreSQL) on the test's clock."""
-    repository = JobRepository(database_url, clock=clock)
-    repository.create_schema()
-    try:
-        yield repository
-    finally:
-        repository.dispose()
+    with repository(database_url, clock=clock) as repo:
+        yield repo
 
 
 @pytest.fixture
