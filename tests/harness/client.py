@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -31,3 +32,22 @@ async def mcp_over_http(
         Client(streamable_http_client(url, http_client=http), **options) as client,
     ):
         yield client
+
+
+async def abandon_once(
+    call: Callable[[], Awaitable[object]], begun: Callable[[], bool], *, within: float = 30
+) -> None:
+    """Runs `call` and abandons it, as a caller that goes away does, once `begun()` says the server has
+    the job: a fixed delay abandons it too early on a loaded machine, before there is anything to cancel.
+    A call that returns before it is abandoned is a failure, and so is `begun()` still false after `within`."""
+
+    async def run() -> None:
+        await call()
+        raise AssertionError("the call returned before it could be abandoned")
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(run)
+        with anyio.fail_after(within):
+            while not begun():
+                await anyio.sleep(0.02)
+        group.cancel_scope.cancel()

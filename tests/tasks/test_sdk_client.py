@@ -29,7 +29,7 @@ from handles.client.tasks import (
     follow_task,
     get_task,
 )
-from tests.harness.client import mcp_over_http
+from tests.harness.client import abandon_once, mcp_over_http
 from tests.tasks.conftest import ALICE, BOB
 from tests.tasks.wire import ThreadedServer
 
@@ -148,8 +148,9 @@ async def test_a_declined_elicitation_cancels_the_task(local_server: MCPServer[A
 async def test_abandoning_the_call_cancels_the_task(local_server: MCPServer[Any]) -> None:
     extension = RecordingTasks()
     async with Client(local_server, extensions=[extension]) as client:
-        with anyio.move_on_after(0.6):
-            await client.call_tool("slow", {"seconds": 10})
+        await abandon_once(
+            lambda: client.call_tool("slow", {"seconds": 10}), lambda: bool(extension.task_ids)
+        )
         assert len(extension.task_ids) == 1
         for _ in range(200):
             state = await get_task(client.session, extension.task_ids[0])
@@ -270,8 +271,9 @@ async def test_an_abandoned_inline_call_cancels_its_job(
 ) -> None:
     repo = local_jobs.service.store.repo
     async with Client(local_server, mode="legacy") as client:
-        with anyio.move_on_after(0.5):
-            await client.call_tool("slow", {"seconds": 10})
+        await abandon_once(
+            lambda: client.call_tool("slow", {"seconds": 10}), lambda: repo.count_active() == 1
+        )
         for _ in range(60):  # the job only this call knew about stops at its next step, long before its 10 s
             if repo.count_active() == 0:
                 break
