@@ -499,8 +499,9 @@ class JobContext:
         recheck: Callable[[], Any] | None,
     ) -> Any:
         repo = self._store.repo
+        attempt = self.attempt  # the step's start: its outcome is written for it even if the lease moves
         record, fresh = await self._store.write_short(
-            self.job_id, repo.begin_step, self.job_id, self._owner, name, self.attempt
+            self.job_id, repo.begin_step, self.job_id, self._owner, name, attempt
         )
         if not fresh and record.status == "completed":
             return record.result
@@ -514,13 +515,19 @@ class JobContext:
             except Exception as exc:
                 error = clean_message(self.redact(f"{type(exc).__name__}: {exc}"))
                 await self._store.write_short(
-                    self.job_id, repo.finish_step, self.job_id, self._owner, name, error=error
+                    self.job_id,
+                    repo.finish_step,
+                    self.job_id,
+                    self._owner,
+                    name,
+                    error=error,
+                    attempt=attempt,
                 )
                 Telemetry.step(name, "failed")
                 raise
         stored = to_jsonable_python(value)
         await self._store.write_short(
-            self.job_id, repo.finish_step, self.job_id, self._owner, name, result=stored
+            self.job_id, repo.finish_step, self.job_id, self._owner, name, result=stored, attempt=attempt
         )
         Telemetry.step(name, "completed")
         return stored

@@ -38,6 +38,7 @@ from sqlalchemy import (
     literal,
     literal_column,
     null,
+    or_,
     text,
     update,
 )
@@ -906,35 +907,57 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         return _detached(StepRecord, stored), False
 
     def finish_step(
-        self, job_id: str, owner: str, name: str, *, result: Any = None, error: str | None = None
+        self,
+        job_id: str,
+        owner: str,
+        name: str,
+        *,
+        result: Any = None,
+        error: str | None = None,
+        attempt: int | None = None,
     ) -> None:
-        """Record a started step's outcome (its JSON result, or the error it raised) for the lease holder.
+        """Record a started step's outcome (its JSON result, or the error it raised).
 
-        Raises `LeaseLost` when `owner` no longer holds the job: a stale worker never
-        rewrites the ledger of a job that ended or moved on. A step that is not started is left as it
-        is. Past the ORM session, as `begin_step`; on PostgreSQL in one statement (`_FINISH_STEP_IN_ONE`),
-        its own transaction in autocommit: one round trip past the write pool's ping, with the change
-        notice sent by the statement only when it changed the step.
+        The lease holder writes it while the step is started. Raises `LeaseLost` when `owner` no longer
+        holds the job: a stale worker never rewrites the ledger of a job that ended or moved on. One write
+        of a stale worker is kept, before `LeaseLost`: the outcome of the step its own run started, given
+        as `attempt`, while that step is still `started` with that attempt. Nobody else has decided it
+        then (a later run that meets a started step does not start it again: it fails the job
+        `step_unknown`, or records what its `recheck` finds), and only this run knows what happened. A
+        node that stood still past its lease (a long pause, a suspended machine) while its step ran on a
+        worker thread so leaves the ledger true, and a retry that reaches the step afterwards replays its
+        result instead of failing. A step that is not started is left as it is.
+
+        Past the ORM session, as `begin_step`; on PostgreSQL in one statement (`_FINISH_STEP_IN_ONE`), its
+        own transaction in autocommit: one round trip past the write pool's ping, with the change notice
+        sent by the statement only when it changed the step.
         """
         now = self.clock()
         status = "failed" if error is not None else "completed"
         values = {"job_id": job_id, "owner": owner, "name": name, "now": now, "set_status": status}
-        values |= {"set_result": result, "set_error": error, "set_finished_at": now}
+        values |= {"set_result": result, "set_error": error, "set_finished_at": now, "attempt": attempt}
         if self.dialect == "postgresql":
             if not self._in_one(_FINISH_STEP_IN_ONE, _FINISH_STEP_NOTICED, values)["held"]:
                 raise LeaseLost(job_id)
             return
         with self._sqlite_writing() as connection:
-            self._hold_lease(connection, job_id, owner)
-            if self._execute(connection, _FINISH_STEP, values) == 1:
+            held = self._holds_lease(connection, job_id, owner)
+            finish = _FINISH_STEP if held else _FINISH_STEP_LATE
+            if (held or attempt is not None) and self._execute(connection, finish, values) == 1:
                 self._execute(connection, _TOUCH_JOB, values)
+        if not held:
+            raise LeaseLost(job_id)
 
     def _hold_lease(self, connection: Any, job_id: str, owner: str) -> None:
         """On SQLite, in a write transaction (whose `BEGIN IMMEDIATE` holds the write lock): raise `LeaseLost`
         unless `owner` holds the active job `job_id`."""
-        rows = self._prepare(_JOB_LEASE).rows(connection, {"job_id": job_id})
-        if not rows or rows[0]["lease_owner"] != owner or Status(rows[0]["status"]) not in ACTIVE:
+        if not self._holds_lease(connection, job_id, owner):
             raise LeaseLost(job_id)
+
+    def _holds_lease(self, connection: Any, job_id: str, owner: str) -> bool:
+        """`_hold_lease`'s question: does `owner` hold the active job `job_id`?"""
+        rows = self._prepare(_JOB_LEASE).rows(connection, {"job_id": job_id})
+        return bool(rows) and rows[0]["lease_owner"] == owner and Status(rows[0]["status"]) in ACTIVE
 
     def _in_one(self, plain: Any, noticed: Any, values: Mapping[str, Any]) -> dict[str, Any]:
         """A PostgreSQL write that is one statement, and so its own transaction: run in autocommit on a
@@ -1041,6 +1064,10 @@ _FINISH_STEP = (
     .where(*_STEP_KEY, _STEPS.c.status == literal("started"))
     .values({name: bindparam(f"set_{name}") for name in ("status", "result", "error", "finished_at")})
 )
+# A stale worker's outcome of the step its own run started (`finish_step`): only while that start is the
+# step's last, that is, the step still started with the run's attempt.
+_OWN_START = _STEPS.c.attempt == bindparam("attempt", type_=_STEPS.c.attempt.type)
+_FINISH_STEP_LATE = _FINISH_STEP.where(_OWN_START)
 _TOUCH_JOB = (
     update(_JOBS)
     .where(_JOBS.c.id == bindparam("job_id"))
@@ -1053,7 +1080,7 @@ _TOUCH_JOB = (
 # rows) only when the step changed, once the statement commits.
 _HELD = sa_select(_JOBS.c.id).where(*_HELD_BY_OWNER).with_for_update().cte("held")
 _FINISHED = (
-    _FINISH_STEP.where(_STEPS.c.job_id == sa_select(_HELD.c.id).scalar_subquery())
+    _FINISH_STEP.where(or_(_STEPS.c.job_id == sa_select(_HELD.c.id).scalar_subquery(), _OWN_START))
     .returning(_STEPS.c.job_id)
     .cte("finished")
 )

@@ -4,6 +4,8 @@ heartbeats while an outcome is written, worker overrides."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from handles.states import Status
 from handles.store import JobRepository, utc_now
 from tests.durability.harness import KEY, config
 
-from .support import job_row, slowed, start_as, stored
+from .support import job_row, slowed, start_as, stored, stored_steps
 
 
 def _leased_job(repo: JobRepository, owner: str) -> str:
@@ -40,6 +42,62 @@ def test_a_stale_worker_cannot_rewrite_the_step_ledger(database_url: str) -> Non
         assert repo.steps(job_id)[0].result == "ok"
     finally:
         repo.dispose()
+
+
+def test_a_node_that_stands_still_past_its_lease_mid_step_leaves_the_ledger_true(tmp_path: Path) -> None:
+    """A node whose heartbeats stall past its lease while a step runs on a worker thread (a long pause, a
+    suspended machine, a database that answers it slowly): another node's sweep recovers the job for a
+    retry, with the step started and no outcome. The stalled node's step then finishes, and its outcome is
+    recorded all the same (only that run knows it, and nobody else has decided it), so the retry replays
+    the step instead of failing the job `step_unknown`: the job completes and the effect happened once."""
+
+    async def main() -> None:
+        settings = config(tmp_path, lease_seconds=0.6, heartbeat_seconds=0.1)
+        stalled, sweeper = Handles(settings), Handles(settings)
+        release = threading.Event()
+        charges: list[str] = []
+
+        def charge(order: str) -> dict[str, str]:
+            release.wait(30)
+            charges.append(order)
+            return {"receipt": f"r-{order}"}
+
+        for jobs in (stalled, sweeper):
+
+            @jobs.job(on_interrupt="retry", max_attempts=3)
+            async def pay(ctx: JobContext, order: str) -> dict[str, str]:
+                return dict(await ctx.step("charge", charge, order))
+
+        with slowed(stalled.service.store.repo, "heartbeat", 5.0):
+            handle = await start_as(stalled, "alice", "pay", order="o-1")
+            owner = stalled.runtime.owner
+            deadline = time.monotonic() + 20
+            while stored(stalled, handle).lease_owner == owner or "charge" not in stored_steps(
+                stalled, handle
+            ):
+                assert time.monotonic() < deadline, "the job was not recovered from the stalled node"
+                await sweeper.runtime.sweep_once()
+                await asyncio.sleep(0.1)
+            assert stored_steps(stalled, handle)["charge"].status == "started"
+            release.set()
+            while stored_steps(stalled, handle)["charge"].status == "started":
+                assert time.monotonic() < deadline, "the stalled node's step left no outcome"
+                await asyncio.sleep(0.05)
+        await sweeper.start()
+        while stored(stalled, handle).status not in {Status.COMPLETED.value, Status.FAILED.value}:
+            assert time.monotonic() < deadline + 20, stored(stalled, handle)
+            await asyncio.sleep(0.05)
+        await stalled.aclose()
+        await sweeper.aclose()
+        record = stored(stalled, handle)
+        assert record.status == Status.COMPLETED.value, record.error
+        assert record.result is not None and record.result["structuredContent"] == {"receipt": "r-o-1"}
+        assert record.attempts == 2
+        step = stored_steps(stalled, handle)["charge"]
+        assert (step.status, step.attempt, step.result) == ("completed", 1, {"receipt": "r-o-1"})
+        assert charges == ["o-1"]
+
+    asyncio.run(main())
 
 
 def test_a_principal_of_any_length_can_start_and_own_jobs(database_url: str, tmp_path: Path) -> None:

@@ -151,8 +151,8 @@ class RuntimeMachine(RuleBasedStateMachine):
 
     def run(self, coroutine: Any) -> Any:
         # The loop stands still between rules (no heartbeat then): a pause longer than a lease lets a
-        # sweep take a live node's job, whose run then rightly records nothing more. Kept for the message
-        # of a failure.
+        # sweep take a live node's job, whose run then rightly records nothing more but the outcome of the
+        # step it was running (`JobRepository.finish_step`). Kept for the message of a failure.
         if self.stopped_at is not None:
             self.world.longest_pause = max(self.world.longest_pause, time.monotonic() - self.stopped_at)
         try:

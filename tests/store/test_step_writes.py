@@ -4,7 +4,9 @@ They run past the ORM session (issue 14, change 42): statements compiled once in
 the driver's own connection, as a job's outcome is written. What they store and refuse is the step
 ledger's contract: a step is started once (a completed or unknown one is returned, a failed one started
 again), its outcome is written once and only while it is started, every change touches its job (a new
-version, the time), and only the job's lease holder, while the job is active, writes at all.
+version, the time), and only the job's lease holder, while the job is active, writes at all, but for one
+write: a run that lost the job records the outcome of the step it started itself, while that start is the
+step's last and has no outcome.
 """
 
 from __future__ import annotations
@@ -153,6 +155,52 @@ def test_a_step_write_by_anyone_but_the_active_jobs_lease_holder_is_refused_and_
     assert _ledger(repo, job.id) == before
     assert repo.get(job.id) == stored
     assert repo.steps("s-no-such-job") == []
+
+
+@pytest.mark.parametrize("lost", ["recovered elsewhere", "ended"])
+def test_a_run_that_lost_its_job_records_its_own_started_steps_outcome_and_nothing_else(
+    repo: JobRepository, clock: MovableClock, lost: str
+) -> None:
+    """A run whose lease moved while its step ran (its node stood still past the lease, and a sweep gave the
+    job to a retry) or whose job ended meanwhile: the outcome of the step this run started, still started
+    with its attempt, is recorded, since only this run knows it and nobody else has decided it; the write
+    then raises `LeaseLost`. A step it did not start, one with an outcome, and an outcome given without its
+    attempt are refused and change nothing."""
+    job = _running(repo)
+    repo.begin_step(job.id, OWNER, "charge", 1)
+    repo.begin_step(job.id, OWNER, "upload", 1)
+    repo.begin_step(job.id, OWNER, "done", 1)
+    repo.finish_step(job.id, OWNER, "done", result=1, attempt=1)
+    if lost == "recovered elsewhere":
+        with repo._write_engine.begin() as connection:
+            connection.execute(
+                text("update handles_jobs set lease_owner = 'node-b:2:bbbb', attempts = 2 where id = :id"),
+                {"id": job.id},
+            )
+        repo.begin_step(job.id, "node-b:2:bbbb", "ship", 2)  # the new run's own step
+    else:
+        assert repo.transition(job.id, Status.CANCELLED, owner=OWNER)
+    before, version = _ledger(repo, job.id), _version(repo, job.id)
+    clock.advance(1)
+    for name, attempt in (("ship", 1), ("done", 1), ("charge", None), ("charge", 2)):
+        with pytest.raises(LeaseLost):
+            repo.finish_step(job.id, OWNER, name, result="refused", attempt=attempt)
+    assert _ledger(repo, job.id) == before and _version(repo, job.id) == version
+
+    with pytest.raises(LeaseLost):
+        repo.finish_step(job.id, OWNER, "charge", result={"receipt": "r-1"}, attempt=1)
+    receipt = {"status": "completed", "result": {"receipt": "r-1"}, "finished_at": clock.now}
+    assert _ledger(repo, job.id) == before | {"charge": before["charge"] | receipt}
+    assert _version(repo, job.id) == (version[0] + 1, clock.now)
+    with pytest.raises(LeaseLost):
+        repo.finish_step(job.id, OWNER, "upload", error="OSError: disk full", attempt=1)
+    refused = {"status": "failed", "error": "OSError: disk full", "finished_at": clock.now}
+    assert _ledger(repo, job.id)["upload"] == before["upload"] | refused
+
+    written = _ledger(repo, job.id)
+    with pytest.raises(LeaseLost):  # recorded once: the step is no longer started
+        repo.finish_step(job.id, OWNER, "charge", result={"receipt": "r-2"}, attempt=1)
+    assert _ledger(repo, job.id) == written
 
 
 def test_a_step_write_the_database_refuses_is_rolled_back_and_the_next_one_is_stored(
