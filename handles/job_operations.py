@@ -502,9 +502,17 @@ class JobOperations:
     # -- waiting -----------------------------------------------------------
 
     async def wait(
-        self, record: Opened, wait_seconds: float, until: Callable[[Opened | JobRecord], bool]
+        self,
+        record: Opened,
+        wait_seconds: float,
+        until: Callable[[Opened | JobRecord], bool],
+        *,
+        past_reports: bool = False,
     ) -> Opened | JobRecord:
-        """Re-read the job until `until(job)` holds or `wait_seconds` (capped) pass; returns the latest state."""
+        """Re-read the job until `until(job)` holds or `wait_seconds` (capped) pass; returns the latest state.
+
+        `past_reports`: `until` reads nothing a running job reports on its way (its progress, its steps),
+        so the wait is not woken, nor the job read again, for those reports (`ChangeNotifier`)."""
         if wait_seconds <= 0 or until(record):
             return record
         loop = asyncio.get_running_loop()
@@ -513,7 +521,7 @@ class JobOperations:
         current: Opened | JobRecord = record
         while True:
             # Watch, then read: a change landing after the read still ends the wait at once.
-            changed = self.store.notifier.watch(job_id)
+            changed = self.store.notifier.watch(job_id, past_reports=past_reports)
             latest = await self.store.read(self.store.repo.get, job_id)
             if latest is None:
                 return current

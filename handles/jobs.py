@@ -392,7 +392,7 @@ class JobContext:
             self.progress_writes += 1
             repo = self._store.repo
             try:
-                await self._store.write(
+                await self._store.write_report(
                     self.job_id, repo.set_progress, self.job_id, self._owner, done, total, message
                 )
             except StoreUnavailable:
@@ -500,7 +500,7 @@ class JobContext:
     ) -> Any:
         repo = self._store.repo
         attempt = self.attempt  # the step's start: its outcome is written for it even if the lease moves
-        record, fresh = await self._store.write_short(
+        record, fresh = await self._store.write_report(
             self.job_id, repo.begin_step, self.job_id, self._owner, name, attempt
         )
         if not fresh and record.status == "completed":
@@ -514,7 +514,7 @@ class JobContext:
                 value = await _invoke(fn, *args, **kwargs)
             except Exception as exc:
                 error = clean_message(self.redact(f"{type(exc).__name__}: {exc}"))
-                await self._store.write_short(
+                await self._store.write_report(
                     self.job_id,
                     repo.finish_step,
                     self.job_id,
@@ -526,7 +526,7 @@ class JobContext:
                 Telemetry.step(name, "failed")
                 raise
         stored = to_jsonable_python(value)
-        await self._store.write_short(
+        await self._store.write_report(
             self.job_id, repo.finish_step, self.job_id, self._owner, name, result=stored, attempt=attempt
         )
         Telemetry.step(name, "completed")

@@ -46,7 +46,7 @@ from handles.runtime.slots import Slots
 from handles.runtime.sweeper import Sweeper
 from handles.sealing import SealedValueUnreadable, Sealer
 from handles.states import Status
-from handles.store import JobRecord, Store
+from handles.store import Change, JobRecord, Store
 from handles.store.models import claims_of, principal_key
 from handles.telemetry import Telemetry
 
@@ -622,13 +622,14 @@ class Runtime:
         if status is Status.WORKING:  # answered meanwhile: resume it at once, here or elsewhere
             await self._requeued(record.id)
 
-    def _on_remote_change(self, job_id: str, queued: bool) -> None:
-        """Another node changed `job_id`: wake waiters here; look for a cancel now if the job runs here,
-        and for work if it was queued."""
-        self.store.notifier.notify(job_id)
+    def _on_remote_change(self, job_id: str, change: Change) -> None:
+        """Another node changed `job_id`: wake waiters here (those past its reports only if it did more than
+        report: `ChangeNotifier`); look for a cancel now if the job runs here, and for work if it was
+        queued."""
+        self.store.notifier.notify(job_id, reported=change == "reported")
         if job_id in self._running:
             self._leases.wake.set()
-        elif queued and not self.closed:
+        elif change == "queued" and not self.closed:
             self._backlog = True
             self._wake.set()
 

@@ -332,7 +332,7 @@ class JobTools:
 
     async def fetch(self, principal: str, arguments: dict[str, Any]) -> ToolReply:
         job = await self.service.open(self.spec, principal, arguments.get("handle"))
-        job = await self.service.wait(job, _seconds(arguments), _fetchable)
+        job = await self.service.wait(job, _seconds(arguments), _fetchable, past_reports=True)
         status = Status(job.status)
         pending = await self.service.pending_inputs(job)
         fields: dict[str, Any] = {

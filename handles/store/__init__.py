@@ -35,11 +35,12 @@ from handles.store.models import (
     SwitchRecord,
     utc_now,
 )
-from handles.store.repository import AnswerOutcome, CancelOutcome, JobRepository
+from handles.store.repository import AnswerOutcome, CancelOutcome, Change, JobRepository
 
 __all__ = [
     "AnswerOutcome",
     "CancelOutcome",
+    "Change",
     "ChangeNotifier",
     "Clock",
     "InputRequestRecord",
@@ -86,24 +87,34 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
 
 
 class ChangeNotifier:
-    """Wakes coroutines of this process that wait for a job to change."""
+    """Wakes coroutines of this process that wait for a job to change.
+
+    A waiter watches every change of a job, or only those past its reports (`watch(past_reports=True)`): a
+    fetch, which waits for the job's status to move, sleeps on through the progress reports and durable
+    steps of a running job, which wake a progress long-poll.
+    """
 
     def __init__(self) -> None:
         # Weak: an event lives only while a waiter holds it. A job that ends is never notified
         # again, so a plain dict would keep one event per job ever waited on.
         self._events: weakref.WeakValueDictionary[str, asyncio.Event] = weakref.WeakValueDictionary()
+        self._past_reports: weakref.WeakValueDictionary[str, asyncio.Event] = weakref.WeakValueDictionary()
         self._seen: dict[str, int] = {}  # job id -> the oldest version its current waiters have read
 
-    def notify(self, job_id: str) -> None:
-        self._seen.pop(job_id, None)
-        event = self._events.pop(job_id, None)
-        if event is not None:
-            event.set()
+    def notify(self, job_id: str, *, reported: bool = False) -> None:
+        """`job_id` changed: wake its waiters. `reported`: only what it reports on its way changed (a progress
+        report, a durable step's start or outcome), and the waiters past reports sleep on. The version they
+        read stays recorded, so `Store.poll_watched` still wakes them, at most once an interval."""
+        if not reported:
+            self._seen.pop(job_id, None)
+            _set(self._past_reports.pop(job_id, None))
+        _set(self._events.pop(job_id, None))
 
     def notify_all(self) -> None:
         """Wake every waiter of this process (the node is draining: long-polls answer now)."""
-        events = list(self._events.values())
+        events = [*self._events.values(), *self._past_reports.values()]
         self._events.clear()
+        self._past_reports.clear()
         self._seen.clear()
         for event in events:
             event.set()
@@ -114,16 +125,18 @@ class ChangeNotifier:
 
     def watched(self) -> dict[str, int]:
         """The jobs waited on now, each with the oldest version its waiters have read."""
-        for job_id in [job_id for job_id in self._seen if job_id not in self._events]:
+        for job_id in [j for j in self._seen if j not in self._events and j not in self._past_reports]:
             del self._seen[job_id]  # its waiters are gone
         return dict(self._seen)
 
-    def watch(self, job_id: str) -> asyncio.Event:
-        """The event the next change of `job_id` sets. Take it *before* reading the job, so that a
-        change committed between the read and the wait is not missed."""
-        event = self._events.get(job_id)
+    def watch(self, job_id: str, *, past_reports: bool = False) -> asyncio.Event:
+        """The event the next change of `job_id` sets (with `past_reports`, the next that is not only a
+        report: see `notify`). Take it *before* reading the job, so that a change committed between the
+        read and the wait is not missed."""
+        events = self._past_reports if past_reports else self._events
+        event = events.get(job_id)
         if event is None:
-            event = self._events[job_id] = asyncio.Event()
+            event = events[job_id] = asyncio.Event()
         return event
 
     async def wait(self, job_id: str, timeout: float, *, event: asyncio.Event | None = None) -> None:
@@ -134,6 +147,11 @@ class ChangeNotifier:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(max(timeout, 0.0)):
                 await event.wait()
+
+
+def _set(event: asyncio.Event | None) -> None:
+    if event is not None:
+        event.set()
 
 
 class Store:
@@ -166,12 +184,12 @@ class Store:
         On PostgreSQL the change notice goes out in the method's own write transaction (see
         `JobRepository.publishing`): other nodes hear of the change exactly when it commits.
         """
-        return await self._write(job_id, False, functools.partial(fn, *args, **kwargs))
+        return await self._write(job_id, "changed", functools.partial(fn, *args, **kwargs))
 
     async def write_queued(self, job_id: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Like `write`, for a change that leaves `job_id` waiting for a worker: idle workers on other
         nodes look for it at once."""
-        return await self._write(job_id, True, functools.partial(fn, *args, **kwargs))
+        return await self._write(job_id, "queued", functools.partial(fn, *args, **kwargs))
 
     async def insert(self, job: JobRecord, *, queued: bool, **options: Any) -> tuple[JobRecord, bool]:
         """Store a new job (`JobRepository.insert` with `options`), as `write` (`write_queued` when it
@@ -197,7 +215,7 @@ class Store:
         """`insert` once its try on the event loop (`insert_now`) found a writer at work, or on a store that
         is not an SQLite file: see `_write_later`."""
         call = functools.partial(self.repo.insert, job, **options)
-        return await self._write_later(job.id, call, queued=queued, publish=queued)
+        return await self._write_later(job.id, call, "queued" if queued else "changed", publish=queued)
 
     def insert_now(self, job: JobRecord, **options: Any) -> tuple[JobRecord, bool] | None:
         """`insert`'s inline try alone, with no await: the stored job and whether it was created, when the
@@ -205,36 +223,46 @@ class Store:
         was written and the insert needs `insert_later` (a writer is at work, or the store is not an
         SQLite file). A start that tries this first has no task to make and no turn of the loop to wait
         for."""
-        done = self._write_now(job.id, functools.partial(self.repo.insert, job, **options))
+        done = self._write_now(job.id, functools.partial(self.repo.insert, job, **options), "changed")
         return None if done is None else done[0]
 
     async def write_short(self, job_id: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Like `write`, for a short write that SQLite runs on its own connection (`JobRepository.transition`,
         as a job's outcome): on an SQLite file it runs on the event loop, at once when the writer lock is
         free, else once this process's writer is done (`_write_later`), as a start's insert does."""
-        call = functools.partial(fn, *args, **kwargs)
-        done = self._write_now(job_id, call)
-        return done[0] if done is not None else await self._write_later(job_id, call)
+        return await self._write_short(job_id, "changed", functools.partial(fn, *args, **kwargs))
 
-    def _write_now(self, job_id: str, call: Callable[[], T]) -> tuple[T] | None:
+    async def write_report(self, job_id: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Like `write_short`, for a write of what a running job reports on its way (a progress report, a
+        durable step's start or outcome), which leaves its status, lease, questions and result as they
+        are: it wakes the waiters of every change of the job, here and on other nodes (a progress
+        long-poll), and not those that wait past its reports (a fetch, which waits for its status to move:
+        `ChangeNotifier`). A job of many steps so costs a waiting fetch no read per step."""
+        return await self._write_short(job_id, "reported", functools.partial(fn, *args, **kwargs))
+
+    async def _write_short(self, job_id: str, change: Change, call: Callable[[], T]) -> T:
+        done = self._write_now(job_id, call, change)
+        return done[0] if done is not None else await self._write_later(job_id, call, change)
+
+    def _write_now(self, job_id: str, call: Callable[[], T], change: Change) -> tuple[T] | None:
         """Run the short write `call` here on the event loop, if it can have the writer lock without waiting
         (SQLite files only), and wake `job_id`'s waiters: its result, in a 1-tuple. None when nothing was
         written (`_write_later` then writes it)."""
         if not self.repo.writes_inline:
             return None
         with contextlib.suppress(WriterBusy, OperationalError):
-            return self._write_here(job_id, call)
+            return self._write_here(job_id, call, change)
         return None
 
-    def _write_here(self, job_id: str, call: Callable[[], T]) -> tuple[T]:
+    def _write_here(self, job_id: str, call: Callable[[], T], change: Change) -> tuple[T]:
         """`_write_now`'s try, which raises `WriterBusy` (this process's writer is at work) or
         `OperationalError` (another process holds SQLite's lock) when nothing was written."""
         result = self.repo.write_inline(call)
-        self.notifier.notify(job_id)
+        self.notifier.notify(job_id, reported=change == "reported")
         return (result,)
 
     async def _write_later(
-        self, job_id: str, call: Callable[[], T], *, queued: bool = False, publish: bool = True
+        self, job_id: str, call: Callable[[], T], change: Change, *, publish: bool = True
     ) -> T:
         """A short write whose try on the event loop found a writer at work, or on a store that is not an
         SQLite file (there: `_write` on a worker thread).
@@ -247,10 +275,10 @@ class Store:
         cancelled meanwhile, as a write handed to a worker thread is.
         """
         if not self.repo.writes_inline:
-            return await self._write(job_id, queued, call, publish=publish)
-        return await run_shielded(self._write_when_free(job_id, call, queued, publish))
+            return await self._write(job_id, change, call, publish=publish)
+        return await run_shielded(self._write_when_free(job_id, call, change, publish))
 
-    async def _write_when_free(self, job_id: str, call: Callable[[], T], queued: bool, publish: bool) -> T:
+    async def _write_when_free(self, job_id: str, call: Callable[[], T], change: Change, publish: bool) -> T:
         """Write on the event loop once this process's writer lock is free; on a worker thread (`_write`,
         whose connection waits for SQLite's lock) when another process writes."""
         loop = asyncio.get_running_loop()
@@ -259,22 +287,22 @@ class Store:
             if self.repo.wake_when_writer_free(functools.partial(_wake, loop, free)):
                 await free
             try:
-                return self._write_here(job_id, call)[0]
+                return self._write_here(job_id, call, change)[0]
             except WriterBusy:
                 continue  # another writer of this process took the lock first: wait for it in turn
             except OperationalError:
                 break
-        return await self._write(job_id, queued, call, publish=publish)
+        return await self._write(job_id, change, call, publish=publish)
 
-    async def _write(self, job_id: str, queued: bool, call: Callable[[], T], *, publish: bool = True) -> T:
+    async def _write(self, job_id: str, change: Change, call: Callable[[], T], *, publish: bool = True) -> T:
         try:
             if publish and self._publishes:
                 return await self._run(
-                    functools.partial(self.repo.publishing, job_id, self.origin, queued, call)
+                    functools.partial(self.repo.publishing, job_id, self.origin, change, call)
                 )
             return await self._run(call)
         finally:
-            self.notifier.notify(job_id)
+            self.notifier.notify(job_id, reported=change == "reported")
 
     async def announce(self, job_id: str, *, queued: bool = False) -> None:
         """`job_id` changed: wake its waiters in this process, and on PostgreSQL in every other one.

@@ -1,7 +1,8 @@
 """Cross-node wake-ups on PostgreSQL: LISTEN for job changes other nodes publish with NOTIFY.
 
 Every write that may change a job publishes `"<job_id> <origin> <event>"` on the
-`handles_jobs` channel (`event` is `changed`, or `queued` when the job waits for a worker); a start
+`handles_jobs` channel (`event` is `changed`; `queued` when the job waits for a worker; `reported` when
+only what a running job reports on its way changed, a progress report or a durable step); a start
 publishes only a job that waits for a worker (`Store.insert`: nobody can wait for a job before it
 exists). Each node keeps one listening connection and passes
 changes made elsewhere to a callback (waking long-polls, answers and cancels at
@@ -19,6 +20,9 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 from handles.store.engine import NOTIFY_CHANNEL
+from handles.store.repository import Change
+
+_CHANGES: dict[str, Change] = {"changed": "changed", "queued": "queued", "reported": "reported"}
 
 logger = logging.getLogger("handles.store")
 
@@ -29,9 +33,10 @@ def libpq_url(sqlalchemy_url: str) -> str:
 
 
 class ChangeListener:
-    """Listens for job changes published by other nodes and calls `on_change(job_id, queued)` for each."""
+    """Listens for job changes published by other nodes and calls `on_change(job_id, change)` for each, with
+    the notice's `Change` word (`changed` for a word it does not know: a newer node's)."""
 
-    def __init__(self, url: str, origin: str, on_change: Callable[[str, bool], None]) -> None:
+    def __init__(self, url: str, origin: str, on_change: Callable[[str, Change], None]) -> None:
         self._url = libpq_url(url)
         self._origin = origin
         self._on_change = on_change
@@ -47,7 +52,7 @@ class ChangeListener:
                     async for notice in connection.notifies():
                         job_id, origin, event = [*notice.payload.split(" "), "", ""][:3]
                         if origin != self._origin:
-                            self._on_change(job_id, event == "queued")
+                            self._on_change(job_id, _CHANGES.get(event, "changed"))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

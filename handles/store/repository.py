@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import SimpleNamespace
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from sqlalchemy import (
     JSON,
@@ -92,6 +92,11 @@ P = ParamSpec("P")
 T = TypeVar("T")
 _DATABASE_NOW = func.now(type_=UTCDateTime())  # the database's clock, read as an aware UTC datetime
 _VERSIONS_BATCH = 500  # ids per query when reading the versions of watched jobs
+
+Change = Literal["changed", "queued", "reported"]
+"""What a write did to a job, as its change notice says: `changed` (anything, its status included), `queued`
+(and it now waits for a worker), `reported` (only what a running job reports on its way: a progress report,
+a durable step's start or outcome; not its status, its lease, its questions, a cancel or its result)."""
 
 
 class ActiveLimitReached(Exception):
@@ -504,22 +509,23 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
     def publish(self, job_id: str, origin: str, *, queued: bool = False) -> None:
         """Tell every node listening on PostgreSQL that `job_id` changed, or is queued for a worker.
 
-        A no-op on other databases. The payload is `"<job_id> <origin> <changed|queued>"`.
+        A no-op on other databases. The payload is `"<job_id> <origin> <change>"` (`Change`).
         """
         if self.dialect != "postgresql":
             return
         with self._writing() as session:
-            session.execute(select(func.pg_notify(NOTIFY_CHANNEL, _notice(job_id, origin, queued))))
+            change: Change = "queued" if queued else "changed"
+            session.execute(select(func.pg_notify(NOTIFY_CHANNEL, _notice(job_id, origin, change))))
 
     def publishing(
-        self, job_id: str, origin: str, queued: bool, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
+        self, job_id: str, origin: str, change: Change, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
     ) -> T:
         """Run the write method `fn`; each write transaction it commits publishes that `job_id` changed
-        (as `publish` does), in the same transaction: no round trips of its own, and no notice for a
-        change that rolled back. Only on PostgreSQL; elsewhere it just runs `fn`."""
+        (as `publish` does, with `change` for the kind), in the same transaction: no round trips of its
+        own, and no notice for a change that rolled back. Only on PostgreSQL; elsewhere it just runs `fn`."""
         if self.dialect != "postgresql":
             return fn(*args, **kwargs)
-        token = NOTICE.set(_notice(job_id, origin, queued))
+        token = NOTICE.set(_notice(job_id, origin, change))
         try:
             return fn(*args, **kwargs)
         finally:
@@ -1368,8 +1374,8 @@ def _interrupted_outcome(job: JobRecord, now: datetime, *, shutdown: bool) -> di
     return {"status": status.value, **fields}
 
 
-def _notice(job_id: str, origin: str, queued: bool) -> str:
-    return f"{job_id} {origin} {'queued' if queued else 'changed'}"
+def _notice(job_id: str, origin: str, change: Change) -> str:
+    return f"{job_id} {origin} {change}"
 
 
 def _may_transition(job: Any, target: Status, owner: str | None, lease_expired_by: datetime | None) -> bool:

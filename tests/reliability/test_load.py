@@ -329,6 +329,10 @@ async def test_waiting_on_jobs_that_end_leaves_no_waiter_state_behind(tmp_path: 
                 await client.call_tool("brief_progress", {"handle": started["handle"], "wait_seconds": 0.2})
 
             await asyncio.gather(*(one(x) for x in range(100)))
-            assert len(jobs.service.store.notifier._events) == 0, "waiter state outlived its waiters"
+            notifier = jobs.service.store.notifier
+            assert len(notifier._events) == len(notifier._past_reports) == 0, (
+                "waiter state outlived its waiters"
+            )
+            assert notifier.watched() == {}
     finally:
         await jobs.aclose()

@@ -40,12 +40,12 @@ def test_a_write_publishes_its_notice_as_it_commits_and_a_rolled_back_one_publis
     ):
         listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
         first = job_row(f"n-{secrets.token_hex(4)}")
-        repo.publishing(first.id, "node-a", True, repo.insert, first, active_limit=1)
+        repo.publishing(first.id, "node-a", "queued", repo.insert, first, active_limit=1)
         assert _notices(listener, first.id) == [f"{first.id} node-a queued"]
 
         refused = job_row(f"n-{secrets.token_hex(4)}")  # same principal: over the limit of one active job
         with pytest.raises(ActiveLimitReached):
-            repo.publishing(refused.id, "node-a", True, repo.insert, refused, active_limit=1)
+            repo.publishing(refused.id, "node-a", "queued", repo.insert, refused, active_limit=1)
         assert _notices(listener, refused.id) == [], "a write that rolled back must not be announced"
         assert repo.get(refused.id) is None
 

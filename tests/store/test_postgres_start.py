@@ -58,7 +58,7 @@ def test_a_start_is_one_round_trip(repo: JobRepository) -> None:
 
     def start() -> None:
         job = job_row(_id(), principal=principal, lease_owner="node-a", attempts=1)
-        repo.publishing(job.id, "node-a", False, repo.insert, job, active_limit=50, lease_seconds=30)
+        repo.publishing(job.id, "node-a", "changed", repo.insert, job, active_limit=50, lease_seconds=30)
 
     trips, sent = round_trips(repo, start)
     assert trips == 1, sent
@@ -70,13 +70,13 @@ def test_a_start_over_the_limit_stores_nothing_and_announces_nothing(
 ) -> None:
     principal = _principal()
     first = job_row(_id(), principal=principal)
-    stored, created = repo.publishing(first.id, "node-a", True, repo.insert, first, active_limit=1)
+    stored, created = repo.publishing(first.id, "node-a", "queued", repo.insert, first, active_limit=1)
     assert created and stored.id == first.id
     assert notices(listener, first.id) == [f"{first.id} node-a queued"], "the notice wakes another connection"
 
     refused = job_row(_id(), principal=principal)
     with pytest.raises(ActiveLimitReached) as caught:
-        repo.publishing(refused.id, "node-a", True, repo.insert, refused, active_limit=1)
+        repo.publishing(refused.id, "node-a", "queued", repo.insert, refused, active_limit=1)
     assert (caught.value.active, caught.value.limit) == (1, 1)
     assert repo.get(refused.id) is None
     assert notices(listener, refused.id) == []
@@ -128,7 +128,7 @@ def test_an_idempotency_key_returns_the_stored_job_exactly_as_stored(
     notices(listener, first.id, 0.2)
     again = job_row(_id(), principal=principal, idempotency_key="key-1", arguments={"other": True})
     # At the limit already: the key's job comes back rather than a refusal, and nothing is announced.
-    returned, created = repo.publishing(again.id, "node-a", False, repo.insert, again, active_limit=1)
+    returned, created = repo.publishing(again.id, "node-a", "changed", repo.insert, again, active_limit=1)
     assert not created
     assert returned == repo.get(first.id)
     assert isinstance(returned.progress_done, float) and returned.created_at.tzinfo is not None
@@ -163,12 +163,12 @@ def test_a_start_tried_again_after_its_reply_was_lost_is_stored_once_and_answere
     limit it now fills itself, not stored or announced twice."""
     job = job_row(_id(), principal=_principal(), lease_owner="node-a", attempts=1)
     first, created = repo.publishing(
-        job.id, "node-a", False, repo.insert, job, active_limit=1, lease_seconds=30
+        job.id, "node-a", "changed", repo.insert, job, active_limit=1, lease_seconds=30
     )
     assert created
     assert notices(listener, job.id) == [f"{job.id} node-a changed"]
     second, created = repo.publishing(
-        job.id, "node-a", False, repo.insert, job, active_limit=1, lease_seconds=30
+        job.id, "node-a", "changed", repo.insert, job, active_limit=1, lease_seconds=30
     )
     assert created and second == repo.get(job.id) and second.lease_expires_at == first.lease_expires_at
     assert notices(listener, job.id) == []

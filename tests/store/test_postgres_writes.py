@@ -124,8 +124,10 @@ def test_an_outcome_sends_its_notice_once_it_commits(
 ) -> None:
     job = _running(repo, _principal())
     notices(listener, job.id, 0.2)  # the start's own, if any
-    assert repo.publishing(job.id, "origin-1", False, repo.transition, job.id, Status.COMPLETED, owner=OWNER)
-    assert notices(listener, job.id) == [_notice(job.id, "origin-1", False)]
+    assert repo.publishing(
+        job.id, "origin-1", "changed", repo.transition, job.id, Status.COMPLETED, owner=OWNER
+    )
+    assert notices(listener, job.id) == [_notice(job.id, "origin-1", "changed")]
 
 
 def test_an_outcome_the_database_refuses_is_rolled_back_with_no_notice_and_the_next_one_is_stored(
@@ -140,7 +142,7 @@ def test_an_outcome_the_database_refuses_is_rolled_back_with_no_notice_and_the_n
         repo.publishing(
             job.id,
             "origin-1",
-            False,
+            "changed",
             repo.transition,
             job.id,
             Status.CANCELLED,
@@ -149,12 +151,14 @@ def test_an_outcome_the_database_refuses_is_rolled_back_with_no_notice_and_the_n
         )
     assert repo.get(job.id) == job
     assert notices(listener, job.id) == []
-    assert repo.publishing(job.id, "origin-1", False, repo.transition, job.id, Status.CANCELLED, owner=OWNER)
+    assert repo.publishing(
+        job.id, "origin-1", "changed", repo.transition, job.id, Status.CANCELLED, owner=OWNER
+    )
     stored = repo.get(job.id)
     assert (
         stored is not None and stored.status == Status.CANCELLED.value and stored.version == job.version + 1
     )
-    assert notices(listener, job.id) == [_notice(job.id, "origin-1", False)]
+    assert notices(listener, job.id) == [_notice(job.id, "origin-1", "changed")]
 
 
 def test_an_outcome_after_the_server_dropped_the_pooled_connections_is_stored_on_a_fresh_one(
@@ -241,12 +245,14 @@ def test_a_progress_report_is_one_round_trip_and_announced_only_when_stored(
     notices(listener, job.id, 0.2)
 
     def report() -> None:
-        assert repo.publishing(job.id, "origin-1", False, repo.set_progress, job.id, OWNER, 1, 4, "a quarter")
+        assert repo.publishing(
+            job.id, "origin-1", "reported", repo.set_progress, job.id, OWNER, 1, 4, "a quarter"
+        )
 
     assert round_trips(repo, report) == (1, ["WITH"])  # WITH changed AS (UPDATE ...) SELECT pg_notify(...)
-    assert notices(listener, job.id) == [_notice(job.id, "origin-1", False)] * 2
+    assert notices(listener, job.id) == [_notice(job.id, "origin-1", "reported")] * 2
     assert not repo.publishing(
-        job.id, "origin-1", False, repo.set_progress, job.id, "node-b", 2, 4, "refused"
+        job.id, "origin-1", "reported", repo.set_progress, job.id, "node-b", 2, 4, "refused"
     )
     assert notices(listener, job.id) == []
     stored = repo.get(job.id)
@@ -262,18 +268,22 @@ def test_a_steps_writes_send_their_notice_once_they_commit_and_one_refused_sends
     next write finds the row unlocked."""
     job = _running(repo, _principal())
     notices(listener, job.id, 0.2)
-    record, fresh = repo.publishing(job.id, "origin-1", False, repo.begin_step, job.id, OWNER, "charge", 1)
+    record, fresh = repo.publishing(
+        job.id, "origin-1", "reported", repo.begin_step, job.id, OWNER, "charge", 1
+    )
     assert fresh and record.status == "started"
-    assert notices(listener, job.id) == [_notice(job.id, "origin-1", False)]
+    assert notices(listener, job.id) == [_notice(job.id, "origin-1", "reported")]
     touched = repo.get(job.id)
     with pytest.raises(DBAPIError):
         repo.publishing(
-            job.id, "origin-1", False, repo.finish_step, job.id, OWNER, "charge", error="Refused: a\x00b"
+            job.id, "origin-1", "reported", repo.finish_step, job.id, OWNER, "charge", error="Refused: a\x00b"
         )
     assert notices(listener, job.id) == []
     assert repo.get(job.id) == touched and repo.steps(job.id)[0].status == "started"
-    repo.publishing(job.id, "origin-1", False, repo.finish_step, job.id, OWNER, "charge", error="Refused")
-    assert notices(listener, job.id) == [_notice(job.id, "origin-1", False)]
+    repo.publishing(
+        job.id, "origin-1", "reported", repo.finish_step, job.id, OWNER, "charge", error="Refused"
+    )
+    assert notices(listener, job.id) == [_notice(job.id, "origin-1", "reported")]
     assert [(s.status, s.error) for s in repo.steps(job.id)] == [("failed", "Refused")]
 
 

@@ -276,19 +276,20 @@ def test_concurrent_starts_of_one_step_start_it_once(repo: JobRepository) -> Non
 def test_a_steps_writes_on_an_sqlite_file_run_on_the_event_loop_and_wake_its_waiters(
     sqlite_repo: JobRepository, sqlite_path: Path
 ) -> None:
-    """As a job's outcome: `Store.write_short` runs them on the event loop when the writer lock is free (no
-    worker-thread hop for either of a step's writes), committed before it returns."""
+    """As a job's outcome: `Store.write_report` runs them on the event loop when the writer lock is free (no
+    worker-thread hop for either of a step's writes), committed before it returns. They wake the job's
+    waiters of every change, not those past its reports (a fetch)."""
     job = _running(sqlite_repo)
     threads = statement_threads(sqlite_repo, "UPDATE handles_jobs")  # each write touches the job
 
     async def main() -> None:
         store = Store(sqlite_repo)
-        changed = store.notifier.watch(job.id)
-        record, fresh = await store.write_short(job.id, sqlite_repo.begin_step, job.id, OWNER, "fetch", 1)
+        changed, fetching = store.notifier.watch(job.id), store.notifier.watch(job.id, past_reports=True)
+        record, fresh = await store.write_report(job.id, sqlite_repo.begin_step, job.id, OWNER, "fetch", 1)
         assert fresh and record.status == "started" and changed.is_set()
         changed = store.notifier.watch(job.id)
-        await store.write_short(job.id, sqlite_repo.finish_step, job.id, OWNER, "fetch", result=EXACT)
-        assert changed.is_set()
+        await store.write_report(job.id, sqlite_repo.finish_step, job.id, OWNER, "fetch", result=EXACT)
+        assert changed.is_set() and not fetching.is_set()
 
     asyncio.run(main())
     assert len(threads) == 2 and set(threads) == {threading.get_ident()}, "both written on the loop's thread"
