@@ -256,9 +256,18 @@ class Store:
 
     def _write_here(self, job_id: str, call: Callable[[], T], change: Change) -> tuple[T]:
         """`_write_now`'s try, which raises `WriterBusy` (this process's writer is at work) or
-        `OperationalError` (another process holds SQLite's lock) when nothing was written."""
-        result = self.repo.write_inline(call)
-        self.notifier.notify(job_id, reported=change == "reported")
+        `OperationalError` (another process holds SQLite's lock) when nothing was written. A write that
+        raises anything else may have committed first (a step's outcome kept before `LeaseLost`), so its
+        waiters are woken then too, as `_write` wakes them whatever its call did."""
+        reported = change == "reported"
+        try:
+            result = self.repo.write_inline(call)
+        except (WriterBusy, OperationalError):
+            raise  # nothing was written
+        except BaseException:
+            self.notifier.notify(job_id, reported=reported)
+            raise
+        self.notifier.notify(job_id, reported=reported)
         return (result,)
 
     async def _write_later(

@@ -203,6 +203,24 @@ def test_a_run_that_lost_its_job_records_its_own_started_steps_outcome_and_nothi
     assert _ledger(repo, job.id) == written
 
 
+def test_a_kept_outcome_of_a_run_that_lost_its_job_wakes_the_jobs_waiters(repo: JobRepository) -> None:
+    """The write that keeps it raises `LeaseLost` after it committed: the job's waiters of every change (a
+    progress long-poll) are woken all the same, on the SQLite file's inline write as on a worker thread."""
+    job = _running(repo)
+    repo.begin_step(job.id, OWNER, "charge", 1)
+    assert repo.transition(job.id, Status.CANCELLED, owner=OWNER)
+
+    async def main() -> None:
+        store = Store(repo)
+        changed = store.notifier.watch(job.id)
+        with pytest.raises(LeaseLost):
+            await store.write_report(job.id, repo.finish_step, job.id, OWNER, "charge", result=1, attempt=1)
+        assert changed.is_set()
+
+    asyncio.run(main())
+    assert _ledger(repo, job.id)["charge"]["status"] == "completed"
+
+
 def test_a_step_write_the_database_refuses_is_rolled_back_and_the_next_one_is_stored(
     repo: JobRepository, database_url: str
 ) -> None:
