@@ -105,7 +105,9 @@ async def waits_past_reports(
     progress = asyncio.create_task(
         waiter.call_tool("stepping_progress", {"handle": handle, "wait_seconds": 60})
     )
-    await asyncio.sleep(0.2)  # both wait now
+    # Both wait now: the fetch since before the steps, the long-poll once it holds its event (it then reads
+    # the job, so a step landing between the two still ends its wait).
+    await until(lambda: job_id in waiting.service.store.notifier._events, "the progress long-poll waits")
     script.more.set()
     woken = await asyncio.wait_for(progress, 20)  # by the step alone: the job still works
     assert woken.structured_content is not None
