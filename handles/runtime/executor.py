@@ -626,7 +626,7 @@ class Runtime:
         """Another node changed `job_id`: wake waiters here (those past its reports only if it did more than
         report: `ChangeNotifier`); look for a cancel now if the job runs here, and for work if it was
         queued."""
-        self.store.notifier.notify(job_id, reported=change == "reported")
+        self.store.notifier.notify(job_id, change)
         if job_id in self._running:
             self._leases.wake.set()
         elif change == "queued" and not self.closed:

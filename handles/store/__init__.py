@@ -101,11 +101,11 @@ class ChangeNotifier:
         self._past_reports: weakref.WeakValueDictionary[str, asyncio.Event] = weakref.WeakValueDictionary()
         self._seen: dict[str, int] = {}  # job id -> the oldest version its current waiters have read
 
-    def notify(self, job_id: str, *, reported: bool = False) -> None:
-        """`job_id` changed: wake its waiters. `reported`: only what it reports on its way changed (a progress
-        report, a durable step's start or outcome), and the waiters past reports sleep on. The version they
+    def notify(self, job_id: str, change: Change = "changed") -> None:
+        """`job_id` changed: wake its waiters. A `reported` change (only what it reports on its way: a progress
+        report, a durable step's start or outcome) leaves the waiters past reports asleep. The version they
         read stays recorded, so `Store.poll_watched` still wakes them, at most once an interval."""
-        if not reported:
+        if change != "reported":
             self._seen.pop(job_id, None)
             _set(self._past_reports.pop(job_id, None))
         _set(self._events.pop(job_id, None))
@@ -259,15 +259,14 @@ class Store:
         `OperationalError` (another process holds SQLite's lock) when nothing was written. A write that
         raises anything else may have committed first (a step's outcome kept before `LeaseLost`), so its
         waiters are woken then too, as `_write` wakes them whatever its call did."""
-        reported = change == "reported"
         try:
             result = self.repo.write_inline(call)
         except (WriterBusy, OperationalError):
             raise  # nothing was written
         except BaseException:
-            self.notifier.notify(job_id, reported=reported)
+            self.notifier.notify(job_id, change)
             raise
-        self.notifier.notify(job_id, reported=reported)
+        self.notifier.notify(job_id, change)
         return (result,)
 
     async def _write_later(
@@ -311,7 +310,7 @@ class Store:
                 )
             return await self._run(call)
         finally:
-            self.notifier.notify(job_id, reported=change == "reported")
+            self.notifier.notify(job_id, change)
 
     async def announce(self, job_id: str, *, queued: bool = False) -> None:
         """`job_id` changed: wake its waiters in this process, and on PostgreSQL in every other one.

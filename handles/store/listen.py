@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import get_args
 
 import psycopg
 from sqlalchemy.engine import make_url
@@ -22,7 +23,7 @@ from sqlalchemy.engine import make_url
 from handles.store.engine import NOTIFY_CHANNEL
 from handles.store.repository import Change
 
-_CHANGES: dict[str, Change] = {"changed": "changed", "queued": "queued", "reported": "reported"}
+_CHANGES: dict[str, Change] = {change: change for change in get_args(Change)}
 
 logger = logging.getLogger("handles.store")
 

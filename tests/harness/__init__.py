@@ -5,6 +5,7 @@
 - `client`: the official client over Streamable HTTP with a bearer token.
 - `relay`: a TCP relay that can cut connections (an outage, a fault on one request) and scan replies.
 - `seed`: job rows written straight into the store, in bulk.
+- `waiting`: a condition waited for with a bounded deadline.
 
 `bench/` imports from here too (it runs from the repository root), so nothing here needs pytest.
 """

@@ -11,6 +11,8 @@ import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from tests.harness.waiting import until
+
 DEFAULT_TIMEOUT = httpx2.Timeout(30, read=120)
 
 
@@ -47,7 +49,5 @@ async def abandon_once(
 
     async with anyio.create_task_group() as group:
         group.start_soon(run)
-        with anyio.fail_after(within):
-            while not begun():
-                await anyio.sleep(0.02)
+        await until(begun, "the server has the job", within=within)
         group.cancel_scope.cancel()

@@ -6,7 +6,7 @@ still wakes for each; the fetch wakes when the job ends."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from mcp.server.mcpserver import MCPServer
 
 from handles import Handles, JobContext
 from tests.durability.harness import config
+from tests.harness.waiting import until
 from tests.runtime.support import job_id_of
 
 pytestmark = pytest.mark.timeout(90)
@@ -61,13 +62,6 @@ def counted_reads(jobs: Handles, monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(repo, "get", counting)
     return reads
-
-
-async def until(condition: Callable[[], bool], what: str, seconds: float = 20) -> None:
-    async with asyncio.timeout(seconds):
-        while not condition():
-            await asyncio.sleep(0.01)
-    assert condition(), what
 
 
 @asynccontextmanager
