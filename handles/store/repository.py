@@ -328,9 +328,10 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         questions: Sequence[InputRequestRecord],
         lease_seconds: float | None,
     ) -> tuple[JobRecord, bool]:
-        """`insert` on PostgreSQL: one call of the function `handles_start` (migration 0011), in autocommit,
-        on psycopg's own connection (`_postgres_autocommit`), compiled once (`_Prepared`: its result
-        columns through the same type processors as SQLAlchemy's), past SQLAlchemy's statement execution.
+        """`insert` on PostgreSQL: one call of the function `handles_start` (migrations 0011 and 0012), in
+        autocommit, on psycopg's own connection (`_postgres_autocommit`), compiled once (`_Prepared`: its
+        result columns through the same type processors as SQLAlchemy's), past SQLAlchemy's statement
+        execution.
 
         The function takes the principal's advisory lock, checks the idempotency key and the active
         count, inserts the job (its lease by the database's clock) and its questions, and sends the
@@ -343,24 +344,8 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         function answers it as created and stores, counts and notifies nothing twice. A try that
         never ran stored nothing, so the second is the first.
         """
-        lease = lease_seconds if values["lease_owner"] is not None and self._database_leases else None
-        params: dict[str, Any] = {
-            "job": _json_document({k: v for k, v in values.items() if k not in _JOB_JSON}),
-            **{name: json.dumps(values[name]) for name in _JOB_JSON},
-            "questions": None,
-            "schemas": None,
-            "answers": None,
-            "limit": active_limit,
-            "lease": lease,
-            "notice": NOTICE.get(),
-        }
-        if questions:
-            rows = [_column_values(_INPUTS, q) for q in questions]
-            params["questions"] = _json_document(
-                [{k: v for k, v in r.items() if k not in _INPUT_JSON} for r in rows]
-            )
-            params["schemas"] = [json.dumps(r["requested_schema"]) for r in rows]
-            params["answers"] = [json.dumps(r["answer"]) for r in rows]
+        params = self._start_parameters(values, active_limit, questions, lease_seconds)
+        lease = params["lease"]
         start = self._prepare(_START)
         for attempt in (1, 2):
             try:
@@ -384,6 +369,35 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         if lease is not None:
             values["lease_expires_at"] = row["lease_expires_at"]
         return _detached(JobRecord, values), True
+
+    def _start_parameters(
+        self,
+        values: Mapping[str, Any],
+        active_limit: int | None,
+        questions: Sequence[InputRequestRecord],
+        lease_seconds: float | None,
+    ) -> dict[str, Any]:
+        """The values of `handles_start`'s parameters (`_START`) for the job row `values` (its columns by
+        name), as `_start` calls it."""
+        lease = lease_seconds if values["lease_owner"] is not None and self._database_leases else None
+        params: dict[str, Any] = {
+            "job": _json_document({k: v for k, v in values.items() if k not in _JOB_JSON}),
+            **{name: json.dumps(values[name]) for name in _JOB_JSON},
+            "questions": None,
+            "schemas": None,
+            "answers": None,
+            "limit": active_limit,
+            "lease": lease,
+            "notice": NOTICE.get(),
+        }
+        if questions:
+            rows = [_column_values(_INPUTS, q) for q in questions]
+            params["questions"] = _json_document(
+                [{k: v for k, v in r.items() if k not in _INPUT_JSON} for r in rows]
+            )
+            params["schemas"] = [json.dumps(r["requested_schema"]) for r in rows]
+            params["answers"] = [json.dumps(r["answer"]) for r in rows]
+        return params
 
     def _own_earlier_try(self, values: Mapping[str, Any]) -> JobRecord | None:
         """The row of this very start (same id, principal, kind, creation time), if a try of it committed."""
@@ -1246,7 +1260,7 @@ def _snapshot_in_one(
     return job, pending, _step_states(row["handles_steps"], _utc_time)
 
 
-# The start on PostgreSQL: one call of the function of migration 0011.
+# The start on PostgreSQL: one call of the function of migrations 0011 and 0012.
 # Its JSON columns travel as `json` parameters of their own (see the migration), as SQLAlchemy's JSON
 # type writes them (None as JSON null).
 _JOB_JSON = ("arguments", "result", "error", "trace_context")
