@@ -51,6 +51,8 @@ SECTIONS = (
     "console_page",
     "steps_poll",
     "steps",
+    "start_parts",
+    "start_drift",
 )
 NOT_QUICK = ("handle_timing",)
 """Sections a `--quick` run leaves out unless named with `--only` (each takes more than 20 s)."""
