@@ -10,7 +10,8 @@ Sections: overhead (1), durable (2), pickup (3), store_scale (4), concurrency (5
 multinode (7), profile (hot paths of work_progress and work_start), push (13: the requests pushed task
 status saves for N followers of long jobs), result_links (a large result stored in parts and read
 back through its link), console_page (the operator console's jobs page at up to 10^6 stored jobs), steps_poll (14: a progress
-poll by what the job's steps returned), steps (15: what a durable step costs), handle_timing (refusing a forged
+poll by what the job's steps returned), steps (15: what a durable step costs), start_parts (16: the start
+handler by parts), start_drift (17: a start by how many its principal made before it), handle_timing (refusing a forged
 handle vs another principal's genuine one; about 30 s, so not part of --quick unless named with --only). Absolute times on a shared machine are noisy: read the ratios, measured in the same run.
 """
 
