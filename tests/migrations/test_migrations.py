@@ -169,3 +169,31 @@ def test_upgrade_to_switches_adds_an_empty_record_that_takes_changes(database_ur
     assert [(r.name, r.engaged) for r in repo.switches()] == [("tasks", True)]
     repo.dispose()
     _fresh(database_url)
+
+
+def test_a_database_upgraded_by_a_newer_version_is_refused_with_what_to_do(database_url: str) -> None:
+    """A node of this version that (re)starts after a newer version of handles upgraded the schema (a rolling
+    deploy that restarts an old node, a rollback of the code alone) must say so, not tell the operator to run
+    the upgrade that already ran, nor fail with Alembic's own error; and it must change nothing stored."""
+    _fresh(database_url)
+    repo = JobRepository(database_url)
+    repo.prepare(auto_migrate=True)
+    repo.insert(job_row("kept"))
+    engine = create_engine(database_url)
+    with engine.begin() as connection:  # what a newer version's next revision leaves in the version table
+        connection.execute(text("update handles_alembic_version set version_num = '9999_from_the_future'"))
+    try:
+        for auto_migrate in (False, True):
+            with pytest.raises(ConfigurationError) as refused:
+                repo.prepare(auto_migrate=auto_migrate)
+            message = str(refused.value)
+            assert "9999_from_the_future" in message and migrate.head_revision() in message
+            assert "newer version of handles" in message
+            assert "handles db upgrade" not in message
+        assert migrate.current_revision(repo.engine) == "9999_from_the_future"
+        kept = repo.get("kept")
+        assert kept is not None and kept.id == "kept"
+    finally:
+        engine.dispose()
+        repo.dispose()
+        _fresh(database_url)
