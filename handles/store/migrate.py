@@ -52,7 +52,11 @@ def _config() -> Config:
 
 
 def head_revision() -> str:
-    head = ScriptDirectory.from_config(_config()).get_current_head()
+    return _head(ScriptDirectory.from_config(_config()))
+
+
+def _head(scripts: ScriptDirectory) -> str:
+    head = scripts.get_current_head()
     assert head is not None
     return head
 
@@ -75,7 +79,7 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         if engine.dialect.name == "postgresql":
             connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _LOCK_KEY})
         before = _revision_on(connection)
-        _refuse_newer(before)
+        _refuse_newer(before, ScriptDirectory.from_config(config))
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
         after = _revision_on(connection)
@@ -85,8 +89,9 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 def check_current(engine: Engine) -> None:
     """Raise `ConfigurationError` unless the database is at the newest revision."""
-    current, head = current_revision(engine), head_revision()
-    _refuse_newer(current)
+    scripts = ScriptDirectory.from_config(_config())
+    current, head = current_revision(engine), _head(scripts)
+    _refuse_newer(current, scripts)
     if current != head:
         raise ConfigurationError(
             f"The handles tables in this database are at schema revision {current or 'none'}, but this "
@@ -95,17 +100,16 @@ def check_current(engine: Engine) -> None:
         )
 
 
-def _refuse_newer(current: str | None) -> None:
+def _refuse_newer(current: str | None, scripts: ScriptDirectory) -> None:
     """Raise `ConfigurationError` when the database is at a revision this version of handles does not know: a
     newer version upgraded it (a rolling deploy that restarts a node of the old version, the code rolled
     back without the schema). Nothing is changed, and the operator is not told to run the upgrade that ran."""
     if current is None:
         return
-    known = {script.revision for script in ScriptDirectory.from_config(_config()).walk_revisions()}
-    if current not in known:
+    if current not in {script.revision for script in scripts.walk_revisions()}:
         raise ConfigurationError(
             f"The handles tables in this database are at schema revision {current}, which a newer version of "
-            f"handles made; this version knows revisions up to {head_revision()} and does not run on a newer "
+            f"handles made; this version knows revisions up to {_head(scripts)} and does not run on a newer "
             "schema. Run the newer version of handles here too (roll the code forward), or point this server at "
             "a database of its own version."
         )
