@@ -127,23 +127,21 @@ class _TimedStatements:
         return getattr(self._connection, name)
 
 
-def _timed_around(fn: Callable[..., Any], samples: list[float]) -> Callable[..., Any]:
-    """A context manager factory, timed at its entry and its exit (its block not counted)."""
+def _timed_around(
+    fn: Callable[..., Any], samples: list[float], when: Callable[[], bool]
+) -> Callable[..., Any]:
+    """A context manager factory, timed at its entry and its exit (its block not counted), when `when()` says
+    so at its entry (a start's insert, not the reads that take the same connections)."""
 
     @contextlib.contextmanager
     def block(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        timing = when()
         began = time.perf_counter()
-        manager = fn(*args, **kwargs)
-        value = manager.__enter__()
-        entered = time.perf_counter() - began
-        try:
+        with fn(*args, **kwargs) as value:
+            entered = time.perf_counter() - began
             yield value
-        except BaseException as exc:
-            if not manager.__exit__(type(exc), exc, exc.__traceback__):
-                raise
-        else:
             leaving = time.perf_counter()
-            manager.__exit__(None, None, None)
+        if timing:
             samples.append(entered + time.perf_counter() - leaving)
 
     return block
@@ -197,7 +195,9 @@ def _timers(jobs: Any, samples: dict[str, list[float]]) -> Iterator[None]:
         method(JobOperations, "_hand_over", "hand_over", _timed_call)
         method(spec_type, "validate_arguments", "validate", _timed_call)
         method(HandleCodec, "mint", "mint", _timed_call)
-        inserting = [False]  # SQLite's write transaction is timed only for the start's insert, not an outcome
+        # The store's connections and SQLite's write transaction are timed only for the start's insert, not for
+        # the reads and the job's outcome that use them too.
+        inserting = [False]
 
         def insert(fn: Callable[..., Any], values: list[float]) -> Callable[..., Any]:
             timed_insert = _timed_call(fn, values)
@@ -229,7 +229,8 @@ def _timers(jobs: Any, samples: dict[str, list[float]]) -> Iterator[None]:
             )
             prepared = repo._prepare(_START)
             patch(_patched(prepared, "rows", _timed_call(prepared.rows, s["database"])))
-            patch(_patched(repo, "_postgres_autocommit", _timed_around(repo._postgres_autocommit, s["pool"])))
+            checkout = _timed_around(repo._postgres_autocommit, s["pool"], lambda: inserting[0])
+            patch(_patched(repo, "_postgres_autocommit", checkout))
         else:
             method(Store, "insert_now", "stored", _timed_call)
             writing = repo._sqlite_writing
