@@ -56,6 +56,19 @@ class Tracer:
 
         event.listen(engine, "checkout", self._on_checkout)
 
+    def attach_loop(self, connections: Any) -> None:
+        """Trace each connection `connections` (the store's `LoopConnections`, for starts on the event loop)
+        opens, from its opening: attach before the first start."""
+        connections.connect = self._tracing(connections.connect)
+
+    def _tracing(self, connect: Any) -> Any:
+        async def traced() -> Any:
+            connection = await connect()
+            self._on_checkout(connection, None, None)
+            return connection
+
+        return traced
+
     def _on_checkout(self, dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
         # Checkouts happen on several threads at once: without the lock two new connections could both
         # be named after the same count and write over each other in one file.
@@ -171,6 +184,7 @@ async def measure(
         repo = store.repo
         for engine in {repo._write_engine, repo._read_engine}:
             tracer.attach(engine)
+        tracer.attach_loop(repo.loop_connections)
         await structured(c, "noop", {})
         for index in range(n):
             mark = f"rt-{run_workers}-{index}"

@@ -5,7 +5,7 @@ durably by the database driver alone. This section runs section 2's loop (a star
 job awaited, the floor, a no-op MCP call) with each part of the start wrapped in a timer for the run
 (`time.perf_counter`, put back afterwards), so the difference between the handler and its floor is
 split into the parts that make it: what the database runs, what the store's Python does around it,
-the worker-thread hop (PostgreSQL), the arguments' checks, the job's row, the hand-over to the runtime,
+the task around the insert (PostgreSQL), the arguments' checks, the job's row, the hand-over to the runtime,
 the handle and the reply.
 
 Each timer costs about a microsecond, which a part's row includes (and its enclosing parts' rows with
@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from bench.common import Options, Table, inprocess, log, sqlite_and_postgres, structured, timed
@@ -45,7 +45,7 @@ PARTS = (
         2,
         "the insert as the start awaits it (SQLite: `Store.insert_now`; PostgreSQL: its shielded task)",
     ),
-    ("insert", 3, "`JobRepository.insert` (PostgreSQL: on a worker thread)"),
+    ("insert", 3, "`JobRepository.insert` (PostgreSQL: `start_on_loop`, awaited on the event loop)"),
     (
         "database",
         4,
@@ -55,12 +55,12 @@ PARTS = (
     ("count", 5, "SQLite: the principal's active count (`SELECT count(*)`)"),
     ("insert_statement", 5, "SQLite: the `INSERT`"),
     ("store_python", 4, "derived: the store's Python around it (`insert` - the database's part)"),
-    ("pool", 5, "PostgreSQL: the connection taken from the pool and given back (`_postgres_autocommit`)"),
+    ("pool", 5, "PostgreSQL: the loop's connection taken and given back (`LoopConnections.connection`)"),
     (
         "hop",
         3,
-        "derived: PostgreSQL: the task and the worker-thread hop (the task - `insert` - the hand-over); SQLite: "
-        "the store's call around the insert on the event loop (`insert_now` - `insert`)",
+        "derived: PostgreSQL: the shielded task and the store's call around the insert (the task - `insert` - "
+        "the hand-over); SQLite: the store's call around the insert on the event loop (`insert_now` - `insert`)",
     ),
     ("hand_over", 3, "the hand-over to the runtime (`_hand_over`: the job's task made)"),
     ("reply", 1, "derived: the handle and the reply (the handler - `JobOperations.start`)"),
@@ -127,17 +127,17 @@ class _TimedStatements:
         return getattr(self._connection, name)
 
 
-def _timed_around(
+def _timed_around_async(
     fn: Callable[..., Any], samples: list[float], when: Callable[[], bool]
 ) -> Callable[..., Any]:
-    """A context manager factory, timed at its entry and its exit (its block not counted), when `when()` says
-    so at its entry (a start's insert, not the reads that take the same connections)."""
+    """An asynchronous context manager factory, timed at its entry and its exit (its block not counted), when
+    `when()` says so at its entry (a start's insert)."""
 
-    @contextlib.contextmanager
-    def block(*args: Any, **kwargs: Any) -> Iterator[Any]:
+    @contextlib.asynccontextmanager
+    async def block(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         timing = when()
         began = time.perf_counter()
-        with fn(*args, **kwargs) as value:
+        async with fn(*args, **kwargs) as value:
             entered = time.perf_counter() - began
             yield value
             leaving = time.perf_counter()
@@ -211,7 +211,22 @@ def _timers(jobs: Any, samples: dict[str, list[float]]) -> Iterator[None]:
 
             return call
 
-        method(JobRepository, "insert", "insert", insert)
+        def insert_on_loop(fn: Callable[..., Any], values: list[float]) -> Callable[..., Any]:
+            timed_insert = _timed_await(fn, values)
+
+            async def call(*args: Any, **kwargs: Any) -> Any:
+                inserting[0] = True
+                try:
+                    return await timed_insert(*args, **kwargs)
+                finally:
+                    inserting[0] = False
+
+            return call
+
+        if postgres:
+            method(JobRepository, "start_on_loop", "insert", insert_on_loop)
+        else:
+            method(JobRepository, "insert", "insert", insert)
         for name, key in (
             ("check_size", "check_size"),
             ("arguments_digest", "digest"),
@@ -228,9 +243,10 @@ def _timers(jobs: Any, samples: dict[str, list[float]]) -> Iterator[None]:
                 )
             )
             prepared = repo._prepare(_START)
-            patch(_patched(prepared, "rows", _timed_call(prepared.rows, s["database"])))
-            checkout = _timed_around(repo._postgres_autocommit, s["pool"], lambda: inserting[0])
-            patch(_patched(repo, "_postgres_autocommit", checkout))
+            patch(_patched(repo, "_start_statement", _timed_await(repo._start_statement, s["database"])))
+            connections = repo.loop_connections
+            checkout = _timed_around_async(connections.connection, s["pool"], lambda: inserting[0])
+            patch(_patched(connections, "connection", checkout))
         else:
             method(Store, "insert_now", "stored", _timed_call)
             writing = repo._sqlite_writing

@@ -80,6 +80,14 @@ async def run_shielded(work: Coroutine[Any, Any, T]) -> T:
     return await asyncio.shield(task)
 
 
+def _raise_if_unavailable(exc: DBAPIError) -> None:
+    """Raise `StoreUnavailable` (and log it) for a database error the database could not serve (it is down,
+    it dropped the connection); return for one about the statement, which the caller raises as it is."""
+    if isinstance(exc, OperationalError) or exc.connection_invalidated:
+        logger.warning("database unavailable: %s", exc.__class__.__name__)
+        raise StoreUnavailable.now() from exc
+
+
 def _retrieve(task: asyncio.Future[Any]) -> None:
     """Mark a shielded task's outcome as seen (its caller may have gone; the outcome is in the store)."""
     if not task.cancelled():
@@ -214,8 +222,25 @@ class Store:
     async def insert_later(self, job: JobRecord, *, queued: bool, **options: Any) -> tuple[JobRecord, bool]:
         """`insert` once its try on the event loop (`insert_now`) found a writer at work, or on a store that
         is not an SQLite file: see `_write_later`."""
+        change: Change = "queued" if queued else "changed"
+        if self.repo.starts_on_loop:
+            return await self._start_on_loop(job, change, queued, options)
         call = functools.partial(self.repo.insert, job, **options)
-        return await self._write_later(job.id, call, "queued" if queued else "changed", publish=queued)
+        return await self._write_later(job.id, call, change, publish=queued)
+
+    async def _start_on_loop(
+        self, job: JobRecord, change: Change, publish: bool, options: dict[str, Any]
+    ) -> tuple[JobRecord, bool]:
+        """`insert` on PostgreSQL awaited on the event loop (`JobRepository.start_on_loop`), publishing as
+        `_write` does: the notice sent by the start's own transaction, and this process's waiters woken."""
+        notice = self.repo.notice(job.id, self.origin, change) if publish and self._publishes else None
+        try:
+            return await self.repo.start_on_loop(job, notice=notice, **options)
+        except (OperationalError, DBAPIError) as exc:
+            _raise_if_unavailable(exc)
+            raise
+        finally:
+            self.notifier.notify(job.id, change)
 
     def insert_now(self, job: JobRecord, **options: Any) -> tuple[JobRecord, bool] | None:
         """`insert`'s inline try alone, with no await: the stored job and whether it was created, when the
@@ -345,11 +370,5 @@ class Store:
         except (OperationalError, DBAPIError) as exc:
             if repeatable and exc.connection_invalidated:
                 return await self._run(call)
-            if (
-                isinstance(exc, DBAPIError)
-                and not isinstance(exc, OperationalError)
-                and not exc.connection_invalidated
-            ):
-                raise
-            logger.warning("database unavailable: %s", exc.__class__.__name__)
-            raise StoreUnavailable.now() from exc
+            _raise_if_unavailable(exc)
+            raise

@@ -13,6 +13,7 @@ switch_rows.py) build on it: every query lives there.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sqlite3
 import threading
@@ -22,10 +23,11 @@ from contextvars import ContextVar
 from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event, func, select
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, StatementError
 from sqlmodel import Session
 
 from handles.errors import ConfigurationError
+from handles.store.loop_connections import LoopConnections
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -38,6 +40,9 @@ NOTICE: ContextVar[str | None] = ContextVar("handles_change_notice", default=Non
 NOTIFY_CHANNEL = "handles_jobs"
 CONNECT_TIMEOUT_SECONDS = 10
 """How long a new PostgreSQL connection may take before the attempt fails (`connect_timeout`)."""
+LOOP_CONNECTIONS = 8
+"""How many PostgreSQL connections of one process's event loop its starts share (`LoopConnections`): as
+many as the worker threads that ran them before (`Store`'s `threads`)."""
 INLINE_COMMITS_PER_CHECKPOINT = 100
 """How many commits on the event loop's write connection (SQLite) a checkpoint follows. That connection
 never checkpoints itself: SQLite's automatic checkpoint (past 1,000 WAL pages, about a hundred starts)
@@ -84,6 +89,29 @@ class WriterLock:
                 return False
             self._waiters.append(wake)
             return True
+
+
+def as_sqlalchemy_error(engine: Engine, exc: Exception, *, disconnect: bool) -> StatementError:
+    """The driver's error `exc` as SQLAlchemy's statement execution raises it (`OperationalError`,
+    `IntegrityError`, ...), with `connection_invalidated` set when the server dropped the connection."""
+    dialect = engine.dialect
+    return DBAPIError.instance(
+        None, None, exc, dialect.loaded_dbapi.Error, connection_invalidated=disconnect, dialect=dialect
+    )
+
+
+async def _connect_on_loop(engine: Engine) -> Any:
+    """A psycopg `AsyncConnection` in autocommit, made with what `engine` connects with: the URL's
+    parameters and the driver's settings as SQLAlchemy's dialect gives them (`create_connect_args`: its
+    adapters, so JSON reads back as the engine reads it), and the connect timeout (`make_engines`)."""
+    import psycopg
+
+    cargs, cparams = engine.dialect.create_connect_args(engine.url)
+    cparams.setdefault("connect_timeout", CONNECT_TIMEOUT_SECONDS)
+    try:
+        return await psycopg.AsyncConnection.connect(*cargs, autocommit=True, **cparams)
+    except psycopg.Error as exc:
+        raise as_sqlalchemy_error(engine, exc, disconnect=False) from exc
 
 
 def is_sqlite(url: str) -> bool:
@@ -173,6 +201,12 @@ class Database:
         self._inline_write_raw: Any = None  # the inline-write engine's DB-API connection (`_sqlite_writing`)
         self._inline_read_raw: Any = None  # the inline-read engine's DB-API connection (`_sqlite_reading`)
         self._inline_lock = threading.Lock()
+        # PostgreSQL: a start's one statement, awaited on the event loop (`JobRepository.start_on_loop`).
+        self.loop_connections: LoopConnections | None = (
+            None
+            if is_sqlite(url)
+            else LoopConnections(functools.partial(_connect_on_loop, self._read_engine), LOOP_CONNECTIONS)
+        )
         self._inline_commits = 0  # since the last checkpoint (see INLINE_COMMITS_PER_CHECKPOINT)
         self._checkpointer: threading.Thread | None = None
         # SQLite has one writer at a time. Queue this process's writers on a lock rather than in
@@ -212,6 +246,8 @@ class Database:
 
     def dispose(self) -> None:
         self.wait_for_checkpoint(30)
+        if self.loop_connections is not None:
+            self.loop_connections.close()
         if self._inline_connection is not None:
             self._inline_connection.close()
             self._inline_connection = None
@@ -439,14 +475,7 @@ class Database:
             disconnect = pooled is not None and dialect.is_disconnect(exc, pooled.dbapi_connection, None)
             if disconnect:
                 engine.pool._invalidate(pooled, exc)
-            raise DBAPIError.instance(
-                None,
-                None,
-                exc,
-                dialect.loaded_dbapi.Error,
-                connection_invalidated=disconnect,
-                dialect=dialect,
-            ) from exc
+            raise as_sqlalchemy_error(engine, exc, disconnect=disconnect) from exc
         finally:
             if pooled is not None and pooled.is_valid:
                 pooled.close()  # back to the pool (which rolls back what is still open)

@@ -24,6 +24,7 @@ from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, Literal, ParamSpec, TypeVar
 
+import anyio
 from sqlalchemy import (
     JSON,
     Connection,
@@ -54,7 +55,7 @@ from handles.backoff import backoff_seconds
 from handles.errors import LeaseLost
 from handles.outcomes import failed
 from handles.states import ACTIVE, TERMINAL, Status, can_transition, sources_of
-from handles.store.engine import NOTICE, NOTIFY_CHANNEL, is_sqlite
+from handles.store.engine import NOTICE, NOTIFY_CHANNEL, as_sqlalchemy_error, is_sqlite
 from handles.store.housekeeping import Housekeeping
 from handles.store.models import (
     CLAIM_ENTRY_HEAD,
@@ -283,8 +284,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         # Core, not the ORM: the row is written from the model's values and the stored job comes
         # back as a detached model, as the hot reads build them (the ORM's unit of work costs more
         # than the insert itself). `job` itself is left as it was given.
-        values = _column_values(_JOBS, job)
-        values["principal_key"] = values["principal_key"] or principal_key(values["principal"])
+        values = _job_values(job)
         if self.dialect == "postgresql":
             return self._start(values, active_limit, questions, lease_seconds)
         if job.idempotency_key is not None:
@@ -344,8 +344,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         function answers it as created and stores, counts and notifies nothing twice. A try that
         never ran stored nothing, so the second is the first.
         """
-        params = self._start_parameters(values, active_limit, questions, lease_seconds)
-        lease = params["lease"]
+        params = self._start_parameters(values, active_limit, questions, lease_seconds, NOTICE.get())
         start = self._prepare(_START)
         for attempt in (1, 2):
             try:
@@ -359,6 +358,66 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
                         if earlier is not None:
                             return earlier, True
                     raise
+        return self._started(row, values, active_limit, params["lease"])
+
+    @property
+    def starts_on_loop(self) -> bool:
+        """Whether a start may be awaited here, on this event loop (`start_on_loop`): PostgreSQL, on the loop
+        its connections for starts belong to (`LoopConnections`)."""
+        return self.loop_connections is not None and self.loop_connections.usable()
+
+    async def start_on_loop(
+        self,
+        job: JobRecord,
+        *,
+        notice: str | None,
+        active_limit: int | None = None,
+        questions: Sequence[InputRequestRecord] = (),
+        lease_seconds: float | None = None,
+    ) -> tuple[JobRecord, bool]:
+        """`insert` on PostgreSQL awaited on the event loop, where `starts_on_loop`: the same call of
+        `handles_start` as `_start` makes on a worker thread, sent and answered on one of the loop's own
+        connections (`LoopConnections`), with `notice` as the change notice its transaction sends (None: none).
+
+        As on a worker thread, a call on a connection the server dropped is made once more on a fresh one
+        (why that is safe: `_start`), and errors come out as SQLAlchemy's exceptions.
+        """
+        import psycopg
+
+        assert self.loop_connections is not None
+        values = _job_values(job)
+        params = self._start_parameters(values, active_limit, questions, lease_seconds, notice)
+        start = self._prepare(_START)
+        for attempt in (1, 2):
+            try:
+                async with self.loop_connections.connection() as connection:
+                    try:
+                        row = await self._start_statement(connection, start, params)
+                    except psycopg.Error as exc:
+                        raise as_sqlalchemy_error(self.engine, exc, disconnect=connection.closed) from exc
+                break
+            except DBAPIError as exc:
+                if attempt == 2 or not exc.connection_invalidated:
+                    if isinstance(exc, IntegrityError):
+                        earlier = await anyio.to_thread.run_sync(self._own_earlier_try, values)
+                        if earlier is not None:
+                            return earlier, True
+                    raise
+        return self._started(row, values, active_limit, params["lease"])
+
+    @staticmethod
+    async def _start_statement(
+        connection: Any, start: _Prepared, params: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """`start_on_loop`'s call of `handles_start` on the loop's `connection`: its one row."""
+        cursor = await connection.execute(start.sql, start.parameters(params))
+        (row,) = start.decode(await cursor.fetchall(), cursor.description)
+        return row
+
+    def _started(
+        self, row: Mapping[str, Any], values: dict[str, Any], active_limit: int | None, lease: float | None
+    ) -> tuple[JobRecord, bool]:
+        """(job, created) from the row `handles_start` answered for the job row `values`."""
         outcome, stored = row["outcome"], row["stored"]
         if outcome == "limit":
             raise ActiveLimitReached(int(row["active"]), int(active_limit or 0))
@@ -376,9 +435,10 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         active_limit: int | None,
         questions: Sequence[InputRequestRecord],
         lease_seconds: float | None,
+        notice: str | None,
     ) -> dict[str, Any]:
         """The values of `handles_start`'s parameters (`_START`) for the job row `values` (its columns by
-        name), as `_start` calls it."""
+        name), as `_start` and `start_on_loop` call it, with `notice` as the change notice to send."""
         lease = lease_seconds if values["lease_owner"] is not None and self._database_leases else None
         params: dict[str, Any] = {
             "job": _json_document({k: v for k, v in values.items() if k not in _JOB_JSON}),
@@ -388,7 +448,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
             "answers": None,
             "limit": active_limit,
             "lease": lease,
-            "notice": NOTICE.get(),
+            "notice": notice,
         }
         if questions:
             rows = [_column_values(_INPUTS, q) for q in questions]
@@ -530,6 +590,12 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         with self._writing() as session:
             change: Change = "queued" if queued else "changed"
             session.execute(select(func.pg_notify(NOTIFY_CHANNEL, _notice(job_id, origin, change))))
+
+    @staticmethod
+    def notice(job_id: str, origin: str, change: Change) -> str:
+        """The change notice (the payload on `NOTIFY_CHANNEL`) that `job_id` changed by `change`, from
+        `origin`."""
+        return _notice(job_id, origin, change)
 
     def publishing(
         self, job_id: str, origin: str, change: Change, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
@@ -1386,6 +1452,13 @@ def _interrupted_outcome(job: JobRecord, now: datetime, *, shutdown: bool) -> di
     )
     status, fields = failed(message, "shutdown" if shutdown else "interrupted", attempts=attempts)
     return {"status": status.value, **fields}
+
+
+def _job_values(job: JobRecord) -> dict[str, Any]:
+    """The row of a new job `job`, its columns by name, with its principal's key."""
+    values = _column_values(_JOBS, job)
+    values["principal_key"] = values["principal_key"] or principal_key(values["principal"])
+    return values
 
 
 def _notice(job_id: str, origin: str, change: Change) -> str:

@@ -4,9 +4,10 @@ SQLAlchemy's statement execution costs several times what SQLite takes to run a 
 hot paths on an SQLite file (a start, an outcome, the reads by key) run their statements here, each
 compiled once for the dialect, its values bound and its rows read through the type processors SQLAlchemy
 uses (JSON, aware UTC times): what is stored and read back is the same either way. On PostgreSQL the start
-(`JobRepository._start`), the hot reads by key, a job's outcome (`JobRepository._transition_in_one`), its
-progress reports (`JobRepository.set_progress`) and its durable steps' writes (`begin_step`, `finish_step`)
-run their statements the same way, on psycopg's own connection.
+(`JobRepository._start`; `start_on_loop` on an asynchronous connection of the event loop's), the hot reads by
+key, a job's outcome (`JobRepository._transition_in_one`), its progress reports (`JobRepository.set_progress`)
+and its durable steps' writes (`begin_step`, `finish_step`) run their statements the same way, on psycopg's
+own connection.
 """
 
 from __future__ import annotations
@@ -82,10 +83,14 @@ class _Prepared:
         every row (so its statement ends), by column name."""
         cursor = connection.execute(self.sql, self.parameters(values))
         try:
-            found = cursor.fetchall()
-            columns = self._columns or self._result_columns(cursor.description)
+            return self.decode(cursor.fetchall(), cursor.description)
         finally:
             cursor.close()
+
+    def decode(self, found: Sequence[Sequence[Any]], description: Sequence[Any]) -> list[dict[str, Any]]:
+        """The rows `found` of a run of the SELECT (its cursor's `description`), by column name, each value
+        through its column's result processor."""
+        columns = self._columns or self._result_columns(description)
         return [
             {
                 name: value if process is None else process(value)

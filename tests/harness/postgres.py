@@ -83,16 +83,30 @@ def repository(
 def terminate_backends(url: str, application_name: str) -> int:
     """Drop, on the server's side, every connection whose application name is `application_name`;
     returns how many there were."""
+    return _admin_count(
+        url,
+        "select count(pg_terminate_backend(pid)) from pg_stat_activity where application_name = :n",
+        application_name,
+    )
+
+
+def backends_that_started(url: str, application_name: str) -> int:
+    """How many connections named `application_name` have called `handles_start` (their latest statement),
+    as the server sees them."""
+    return _admin_count(
+        url,
+        "select count(*) from pg_stat_activity where application_name = :n and query like '%handles_start%'",
+        application_name,
+    )
+
+
+def _admin_count(url: str, query: str, application_name: str) -> int:
+    """The count `query` (with `:n` for `application_name`) gives, on a connection of its own."""
     admin = create_engine(url)
     try:
         with admin.begin() as connection:
-            dropped: int = connection.execute(
-                text(
-                    "select count(pg_terminate_backend(pid)) from pg_stat_activity where application_name = :n"
-                ),
-                {"n": application_name},
-            ).scalar_one()
-            return dropped
+            found: int = connection.execute(text(query), {"n": application_name}).scalar_one()
+            return found
     finally:
         admin.dispose()
 

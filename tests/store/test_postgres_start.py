@@ -96,7 +96,7 @@ def test_a_starts_active_count_reads_only_the_principals_active_jobs_whatever_pl
             def call(status: Status) -> None:
                 values = _column_values(_JOBS, job_row(_id(), principal=principal, status=status.value))
                 values["principal_key"] = principal_key(principal)
-                parameters = repo._start_parameters(values, 50, (), None)
+                parameters = repo._start_parameters(values, 50, (), None, None)
                 (row,) = session.execute(start.sql, start.parameters(parameters)).fetchall()
                 assert row[0] == "created", row
 

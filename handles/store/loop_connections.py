@@ -1,0 +1,123 @@
+"""PostgreSQL on the event loop itself: a few of psycopg's asynchronous connections, for a job's start.
+
+A start on PostgreSQL is one statement (`handles_start`, `JobRepository.start_on_loop`). Run on a worker
+thread, as the store's other statements are, it waited for the thread to wake and then for the loop to wake
+again with its answer: the largest part of a start beyond the database's own (section 16 of bench/;
+docs/performance.md, change 47). Here the statement is sent and its answer read by the loop's own selector.
+
+The connections belong to the first event loop that uses them: an asynchronous connection cannot move to
+another loop, so a start on any other loop goes to a worker thread as before (`usable` says which). They
+open as they are needed, up to `size`, in autocommit, with the parameters the store's engines connect with
+(the URL's, the connect timeout); a start waits for one when all are busy. A connection left in doubt (the
+server dropped it, or its statement was interrupted and not ended) is closed, never reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+IDLE = 0
+"""libpq's `PQTRANS_IDLE`: a connection with no statement under way and no transaction open."""
+
+
+class LoopConnections:
+    """Up to `size` connections made by `connect` (an awaitable psycopg `AsyncConnection`), lent out one at a
+    time on one event loop (`connection`)."""
+
+    def __init__(self, connect: Callable[[], Awaitable[Any]], size: int) -> None:
+        self.connect = connect
+        """How a connection is opened (an awaitable psycopg `AsyncConnection`)."""
+        self._size = size
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._idle: list[Any] = []
+        self._opened = 0  # lent out or idle
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._closed = False
+
+    def usable(self) -> bool:
+        """Whether `connection` may be used here: on the event loop the connections belong to (the first
+        one that asked, or any once that one has closed), and not after `close`."""
+        if self._closed:
+            return False
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        if self._loop is not loop and (self._loop is None or self._loop.is_closed()):
+            self._drop_idle()  # a closed loop's connections can never be awaited again
+            self._opened, self._waiters = 0, deque()
+            self._loop = loop
+        return self._loop is loop
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[Any]:
+        """A connection of this loop's, given back after the block; closed instead when the block leaves it
+        in doubt (closed, or with a statement still under way)."""
+        connection = await self._take()
+        try:
+            yield connection
+        finally:
+            if self._closed or connection.closed or connection.pgconn.transaction_status != IDLE:
+                if connection.closed:
+                    # Dropped by the server: a restart, a failover or an operator drops every connection at
+                    # once, so the idle ones go too, and the next start opens a fresh one (as SQLAlchemy's pool
+                    # renews itself after a disconnect).
+                    self._drop_idle()
+                _finish(connection)
+                self._opened -= 1
+            else:
+                self._idle.append(connection)
+            self._wake_one()
+
+    def close(self) -> None:
+        """Close the idle connections now, and each lent one as it comes back; `usable` is False from now
+        on. Synchronous, so the store closes them wherever it closes its engines."""
+        self._closed = True
+        self._drop_idle()
+
+    async def _take(self) -> Any:
+        while True:
+            if self._idle:
+                return self._idle.pop()
+            if self._opened < self._size:
+                self._opened += 1
+                try:
+                    return await self.connect()
+                except BaseException:
+                    self._opened -= 1
+                    self._wake_one()
+                    raise
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one()  # it was woken for a connection it no longer takes: pass that on
+                else:
+                    self._waiters.remove(waiter)
+                raise
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _drop_idle(self) -> None:
+        for connection in self._idle:
+            _finish(connection)
+        self._opened -= len(self._idle)
+        self._idle.clear()
+
+
+def _finish(connection: Any) -> None:
+    """Close `connection` without awaiting: libpq's `PQfinish` (what `AsyncConnection.close` ends with; a
+    closed connection is also what psycopg then reports, so it warns of nothing when collected)."""
+    with contextlib.suppress(Exception):
+        connection.pgconn.finish()
