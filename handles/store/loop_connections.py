@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -37,6 +38,7 @@ class LoopConnections:
         self._opened = 0  # lent out or idle
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._closed = False
+        self._binding = threading.Lock()
 
     def usable(self) -> bool:
         """Whether `connection` may be used here: on the event loop the connections belong to (the first
@@ -47,11 +49,14 @@ class LoopConnections:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return False
-        if self._loop is not loop and (self._loop is None or self._loop.is_closed()):
-            self._drop_idle()  # a closed loop's connections can never be awaited again
-            self._opened, self._waiters = 0, deque()
-            self._loop = loop
-        return self._loop is loop
+        if self._loop is loop:
+            return True
+        with self._binding:  # two new loops on two threads: one takes the connections, the other is told no
+            if self._loop is None or self._loop.is_closed():
+                self._drop_idle()  # a closed loop's connections can never be awaited again
+                self._opened, self._waiters = 0, deque()
+                self._loop = loop
+            return self._loop is loop
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[Any]:
