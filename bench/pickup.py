@@ -213,7 +213,7 @@ async def run(options: Options) -> list[Table]:
         "that does nothing, on a bare MCPServer with no handles code (a second in-process client), plus the "
         "newest job's row inserted again, durably, by the database driver alone (section 2's floor). A start "
         "is a tool call that stores its job before it may run, so pickup minus this is what handles itself "
-        "spends (its Python, and on PostgreSQL the worker-thread hop that keeps the round trip off the loop).",
+        "spends (its Python, and the turns of the event loop its job leaves the start's reply).",
         "Wake includes the job's outcome write (a compare-and-set transition), the in-process notification, "
         "the waiter's re-read and the reply through the MCP client.",
         "Across nodes a waiter wakes through PostgreSQL LISTEN/NOTIFY, else within store_poll_seconds (1 s); "
