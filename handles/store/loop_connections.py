@@ -6,7 +6,8 @@ again with its answer: the largest part of a start beyond the database's own (se
 docs/performance.md, change 47). Here the statement is sent and its answer read by the loop's own selector.
 
 The connections belong to the first event loop that uses them: an asynchronous connection cannot move to
-another loop, so a start on any other loop goes to a worker thread as before (`usable` says which). They
+another loop, so a start on any other loop goes to a worker thread as before (`usable` says which), as does
+every start on Windows' default `ProactorEventLoop`, where psycopg cannot wait for a socket. They
 open as they are needed, up to `size`, in autocommit, with the parameters the store's engines connect with
 (the URL's, the connect timeout); a start waits for one when all are busy. A connection left in doubt (the
 server dropped it, or its statement was interrupted and not ended) is closed, never reused.
@@ -51,6 +52,8 @@ class LoopConnections:
             return False
         if self._loop is loop:
             return True
+        if _proactor(loop):
+            return False  # psycopg's asynchronous connections need a selector loop (Windows' default is not)
         with self._binding:  # two new loops on two threads: one takes the connections, the other is told no
             if self._loop is None or self._loop.is_closed():
                 self._drop_idle()  # a closed loop's connections can never be awaited again
@@ -119,6 +122,13 @@ class LoopConnections:
             _finish(connection)
         self._opened -= len(self._idle)
         self._idle.clear()
+
+
+def _proactor(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether `loop` is Windows' `ProactorEventLoop`, on which psycopg cannot wait for a socket (it refuses
+    to connect there): its starts run on a worker thread instead."""
+    proactor = getattr(asyncio, "ProactorEventLoop", None)
+    return proactor is not None and isinstance(loop, proactor)
 
 
 def _finish(connection: Any) -> None:

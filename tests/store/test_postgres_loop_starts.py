@@ -214,3 +214,28 @@ def test_a_repository_closed_while_idle_leaves_no_connection_open(postgres_url: 
             break
         asyncio.run(asyncio.sleep(0.05))
     assert backends_that_started(postgres_url, name) == 0
+
+
+def test_starts_on_windows_proactor_loop_go_to_a_worker_thread(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """psycopg cannot wait for a socket on Windows' default `ProactorEventLoop` (there is none on this
+    machine): a selector loop of a class named as the proactor loop stands in for it. Its starts run on a
+    worker thread, and are stored."""
+
+    class StandIn(asyncio.SelectorEventLoop):
+        pass
+
+    monkeypatch.setattr(asyncio, "ProactorEventLoop", StandIn, raising=False)
+    with repository(postgres_url) as repo:
+        store = Store(repo)
+
+        async def main() -> bool:
+            assert not repo.starts_on_loop
+            return (await store.insert(job_row(_id(), principal=_principal()), queued=False))[1]
+
+        loop = StandIn()
+        try:
+            assert loop.run_until_complete(main())
+        finally:
+            loop.close()
