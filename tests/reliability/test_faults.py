@@ -435,6 +435,10 @@ async def test_database_outage_mid_job_heals_without_a_lost_result_or_a_repeated
             assert charged["result"]["attempt"] == 2, "the run that lost the database is retried"
         assert len(dep.effects_of(job_id(stepping))) == 1
         assert [job for job in jobs_in_store(pg_schema, "charge") if job["arguments"]["n"] == 21] == []
+        # A start after the outage is served (on PostgreSQL a start's connections are the event loop's own,
+        # and the outage broke every one of them).
+        after = (await dep.ok("slow_start", {"seconds": 0.1}))["handle"]
+        assert (await dep.ok("slow_fetch", {"handle": after, "wait_seconds": 15}))["status"] == "completed"
         assert invalid_edges(pg_schema) == []
     finally:
         dep.close()
