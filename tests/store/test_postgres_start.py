@@ -21,9 +21,7 @@ from handles.errors import StoreUnavailable
 from handles.states import Status
 from handles.store import InputRequestRecord, JobRepository, JobState, StepState, Store, utc_now
 from handles.store.listen import libpq_url
-from handles.store.models import principal_key
-from handles.store.repository import _START, ActiveLimitReached
-from handles.store.rows import _JOBS, _column_values
+from handles.store.repository import _START, ActiveLimitReached, _job_values
 from tests.harness.postgres import (
     fresh_schema,
     notices,
@@ -94,8 +92,7 @@ def test_a_starts_active_count_reads_only_the_principals_active_jobs_whatever_pl
             session.execute("SET plan_cache_mode = force_generic_plan")  # the plan a long-lived session keeps
 
             def call(status: Status) -> None:
-                values = _column_values(_JOBS, job_row(_id(), principal=principal, status=status.value))
-                values["principal_key"] = principal_key(principal)
+                values = _job_values(job_row(_id(), principal=principal, status=status.value))
                 parameters = repo._start_parameters(values, 50, (), None, None)
                 (row,) = session.execute(start.sql, start.parameters(parameters)).fetchall()
                 assert row[0] == "created", row
