@@ -13,6 +13,7 @@ because the caller is often a language model that would otherwise guess.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -214,13 +215,8 @@ class JobTools:
         self, job: JobRecord | JobState, pending: list[InputRequestRecord], *, fetching: bool = False
     ) -> str:
         status = Status(job.status)
-        seconds = max(self.spec.poll_after.total_seconds(), 0.1)
-        wait_hint = f"set wait_seconds (up to {int(self.max_wait)}) to wait for the change instead of polling"
         if status is Status.WORKING:
-            return (
-                f"The job is still running. Call {self.tool('progress')} with this handle in about "
-                f"{seconds:g} s ({wait_hint}), or {self.tool('fetch')} with wait_seconds to wait for the result."
-            )
+            return self._still_running
         if status is Status.INPUT_REQUIRED:
             keys = ", ".join(r.key for r in pending) or "the pending keys"
             example = json.dumps({r.key: {"...": "..."} for r in pending[:1]} or {"q1": {"...": "..."}})
@@ -248,6 +244,16 @@ class JobTools:
         return (
             "The job was cancelled and will not produce a result. Start a new job with "
             f"{self.tool('start')} if you still need it."
+        )
+
+    @functools.cached_property
+    def _still_running(self) -> str:
+        """`next_step` of a job still working: the same for every poll of this job kind, so made once."""
+        seconds = max(self.spec.poll_after.total_seconds(), 0.1)
+        wait_hint = f"set wait_seconds (up to {int(self.max_wait)}) to wait for the change instead of polling"
+        return (
+            f"The job is still running. Call {self.tool('progress')} with this handle in about "
+            f"{seconds:g} s ({wait_hint}), or {self.tool('fetch')} with wait_seconds to wait for the result."
         )
 
     def _requests(self, pending: list[InputRequestRecord]) -> dict[str, InputRequestView]:

@@ -51,7 +51,9 @@ class _Prepared:
             (column.name, column.type.dialect_impl(dialect))
             for column in getattr(statement, "selected_columns", ())
         ]
-        self._columns: list[tuple[str, Callable[[Any], Any] | None]] | None = None
+        self._columns: list[Callable[[Any], Any] | None] | None = None
+        self._column_names: tuple[str, ...] = ()
+        self._nulls_pass = False
 
     def parameters(self, values: Mapping[str, Any]) -> Any:
         """The statement's parameters from `values`: a tuple (positional paramstyle) or a dict (by name).
@@ -90,24 +92,48 @@ class _Prepared:
     def decode(self, found: Sequence[Sequence[Any]], description: Sequence[Any]) -> list[dict[str, Any]]:
         """The rows `found` of a run of the SELECT (its cursor's `description`), by column name, each value
         through its column's result processor."""
+        rows = self.values(found, description)
+        return [dict(zip(self._column_names, row, strict=True)) for row in rows]
+
+    def values(self, found: Sequence[Sequence[Any]], description: Sequence[Any]) -> list[list[Any]]:
+        """The rows `found`, by position, each value through its column's result processor (a NULL left as
+        None without a call when every processor reads it so)."""
         columns = self._columns or self._result_columns(description)
+        if self._nulls_pass:
+            return [
+                [
+                    value if value is None or process is None else process(value)
+                    for process, value in zip(columns, row, strict=True)
+                ]
+                for row in found
+            ]
         return [
-            {
-                name: value if process is None else process(value)
-                for (name, process), value in zip(columns, row, strict=True)
-            }
+            [
+                value if process is None else process(value)
+                for process, value in zip(columns, row, strict=True)
+            ]
             for row in found
         ]
 
-    def _result_columns(self, description: Sequence[Any]) -> list[tuple[str, Callable[[Any], Any] | None]]:
-        """Each column's name and result processor, for the type the driver reports (`description`'s
-        `type_code`: psycopg's type OID; None on SQLite), as SQLAlchemy's result makes them. The same on
-        every run of the statement, so made once (two threads making them at once make the same)."""
-        self._columns = [
-            (name, impl.result_processor(self._dialect, reported[1]))
-            for (name, impl), reported in zip(self._types, description, strict=True)
+    def _result_columns(self, description: Sequence[Any]) -> list[Callable[[Any], Any] | None]:
+        """Each column's result processor, for the type the driver reports (`description`'s `type_code`:
+        psycopg's type OID; None on SQLite), as SQLAlchemy's result makes them, and the columns' names. The
+        same on every run of the statement, so made once (two threads making them at once make the same)."""
+        processors = [
+            impl.result_processor(self._dialect, reported[1])
+            for (_, impl), reported in zip(self._types, description, strict=True)
         ]
-        return self._columns
+        self._column_names = tuple(name for name, _ in self._types)
+        self._nulls_pass = all(process is None or _reads_null_as_none(process) for process in processors)
+        self._columns = processors
+        return processors
+
+
+def _reads_null_as_none(process: Callable[[Any], Any]) -> bool:
+    try:
+        return process(None) is None
+    except Exception:
+        return False
 
 
 def _parameters_in_order(compiled: Any) -> list[tuple[str, Any]]:

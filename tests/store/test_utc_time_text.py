@@ -1,4 +1,5 @@
-"""`UTCDateTime` on SQLite writes exactly the text SQLAlchemy's generic path writes (its one-step bind)."""
+"""`UTCDateTime` on SQLite writes exactly the text SQLAlchemy's generic path writes (its one-step bind), and reads
+back exactly the time the generic path reads (its one-step result processor)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from sqlalchemy import select
 from sqlalchemy.dialects import sqlite
-from sqlalchemy.types import DateTime
+from sqlalchemy.types import DateTime, TypeDecorator
 
 from handles.store.models import JobRecord, UTCDateTime
 
@@ -59,3 +60,31 @@ def test_a_comparison_binds_the_same_text_as_a_stored_time() -> None:
         process = bind.type.dialect_impl(DIALECT).bind_processor(DIALECT)
         assert process is not None
         assert process(when) == "2026-12-01 06:00:00.000005" == generic_text(when)
+
+
+def generic_time(text: str | None) -> datetime | None:
+    """The two-step read the one-step result processor replaces: SQLite DATETIME's parse of the text, then
+    `process_result_value`, as the decorator's own result processor chains them."""
+    process = TypeDecorator.result_processor(UTCDateTime().dialect_impl(DIALECT), DIALECT, None)
+    assert process is not None
+    value: datetime | None = process(text)
+    return value
+
+
+def test_the_one_step_read_gives_the_generic_time_for_every_text_sqlite_holds() -> None:
+    """What a write stored (with and without microseconds), and a text with an offset written by hand."""
+    read = UTCDateTime().dialect_impl(DIALECT).result_processor(DIALECT, None)
+    bind = UTCDateTime().dialect_impl(DIALECT).bind_processor(DIALECT)
+    assert read is not None and bind is not None
+    rnd = random.Random(48)
+    texts: list[str | None] = [None, "2026-12-01 08:00:00", "2026-12-01 08:00:00+02:00", "2026-12-01T08:00:00.5Z"]
+    for _ in range(5000):
+        value = datetime(
+            rnd.randint(2, 9998), rnd.randint(1, 12), rnd.randint(1, 28), rnd.randint(0, 23), rnd.randint(0, 59),
+            rnd.randint(0, 59), rnd.choice([0, rnd.randint(0, 999_999)]), tzinfo=UTC,
+        )  # fmt: skip
+        texts.append(bind(value))
+    for text in texts:
+        got, expected = read(text), generic_time(text)
+        assert got == expected and (got is None or got.tzinfo is UTC), text
+    assert read("2026-12-01 08:00:00.000005") == datetime(2026, 12, 1, 8, 0, 0, 5, tzinfo=UTC)
