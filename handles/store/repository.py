@@ -252,10 +252,8 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
                 job, steps = self._sqlite_state(rows)
                 if job is None or job.status != _INPUT_REQUIRED:
                     return job, [], steps
-                questions = _rows(
-                    _DriverReads(raw, self._prepare), InputRequestRecord, _OPEN_QUESTIONS_OF_JOB, job_id
-                )
-                return job, questions, steps
+                reads: Any = _DriverReads(raw, self._prepare)  # as `_hot_reading` gives it here
+                return job, _rows(reads, InputRequestRecord, _OPEN_QUESTIONS_OF_JOB, job_id), steps
         with self._hot_reading() as connection:
             if self.dialect == "postgresql":
                 return _snapshot_in_one(connection, job_id)

@@ -77,7 +77,12 @@ def test_the_one_step_read_gives_the_generic_time_for_every_text_sqlite_holds() 
     bind = UTCDateTime().dialect_impl(DIALECT).bind_processor(DIALECT)
     assert read is not None and bind is not None
     rnd = random.Random(48)
-    texts: list[str | None] = [None, "2026-12-01 08:00:00", "2026-12-01 08:00:00+02:00", "2026-12-01T08:00:00.5Z"]
+    texts: list[str | None] = [
+        None,
+        "2026-12-01 08:00:00",
+        "2026-12-01 08:00:00+02:00",
+        "2026-12-01T08:00:00.5Z",
+    ]
     for _ in range(5000):
         value = datetime(
             rnd.randint(2, 9998), rnd.randint(1, 12), rnd.randint(1, 28), rnd.randint(0, 23), rnd.randint(0, 59),
