@@ -249,7 +249,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
                     rows = prepared.values(cursor.fetchall(), cursor.description)
                 finally:
                     cursor.close()
-                job, steps = self._sqlite_state(rows)
+                job, steps = self._sqlite_state(rows[0] if rows else None)
                 if job is None or job.status != _INPUT_REQUIRED:
                     return job, [], steps
                 reads: Any = _DriverReads(raw, self._prepare)  # as `_hot_reading` gives it here
@@ -258,17 +258,16 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
             if self.dialect == "postgresql":
                 return _snapshot_in_one(connection, job_id)
             found = connection.execute(_SQLITE_SNAPSHOT, {"job_id": job_id}).first()
-            job, steps = self._sqlite_state([] if found is None else [found])
+            job, steps = self._sqlite_state(found)
             if job is None or job.status != _INPUT_REQUIRED:
                 return job, [], steps
             return job, _rows(connection, InputRequestRecord, _OPEN_QUESTIONS_OF_JOB, job_id), steps
 
-    def _sqlite_state(self, rows: Sequence[Sequence[Any]]) -> tuple[JobState | None, list[StepState]]:
-        """The job's state and steps from the snapshot's rows on SQLite (none, or its one row: the job's state
-        in `JobState`'s order, then its steps)."""
-        if not rows:
+    def _sqlite_state(self, row: Sequence[Any] | None) -> tuple[JobState | None, list[StepState]]:
+        """The job's state and steps from the snapshot's row on SQLite (the job's state in `JobState`'s order,
+        then its steps), or none without a row."""
+        if row is None:
             return None, []
-        row = rows[0]
         return JobState(*row[:_STATE_WIDTH]), _step_states(row[_STATE_WIDTH], self._sqlite_time)
 
     def replay_state(self, job_id: str) -> tuple[dict[str, dict[str, Any]], dict[str, StepRecord]]:

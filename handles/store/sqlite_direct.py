@@ -51,8 +51,8 @@ class _Prepared:
             (column.name, column.type.dialect_impl(dialect))
             for column in getattr(statement, "selected_columns", ())
         ]
+        self._column_names = tuple(name for name, _ in self._types)
         self._columns: list[Callable[[Any], Any] | None] | None = None
-        self._column_names: tuple[str, ...] = ()
         self._nulls_pass = False
 
     def parameters(self, values: Mapping[str, Any]) -> Any:
@@ -117,13 +117,12 @@ class _Prepared:
 
     def _result_columns(self, description: Sequence[Any]) -> list[Callable[[Any], Any] | None]:
         """Each column's result processor, for the type the driver reports (`description`'s `type_code`:
-        psycopg's type OID; None on SQLite), as SQLAlchemy's result makes them, and the columns' names. The
-        same on every run of the statement, so made once (two threads making them at once make the same)."""
+        psycopg's type OID; None on SQLite), as SQLAlchemy's result makes them. The same on every run of the
+        statement, so made once (two threads making them at once make the same)."""
         processors = [
             impl.result_processor(self._dialect, reported[1])
             for (_, impl), reported in zip(self._types, description, strict=True)
         ]
-        self._column_names = tuple(name for name, _ in self._types)
         self._nulls_pass = all(process is None or _reads_null_as_none(process) for process in processors)
         self._columns = processors
         return processors
