@@ -74,13 +74,19 @@ async def client_of(jobs: Handles, stack: AsyncExitStack) -> AsyncIterator[Clien
 
 
 async def waits_past_reports(
-    runner: Client, waiter: Client, waiting: Handles, script: Script, reads: list[str]
+    runner: Client, running: Handles, waiter: Client, waiting: Handles, script: Script, reads: list[str]
 ) -> None:
-    """Start on `runner`; fetch and watch progress on `waiter` (whose node is `waiting`, its reads `reads`)."""
+    """Start on `runner` (whose node is `running`); fetch and watch progress on `waiter` (whose node is
+    `waiting`, its reads `reads`)."""
     started = (await runner.call_tool("stepping_start", {})).structured_content
     assert started is not None
     handle = started["handle"]
     job_id = job_id_of(handle)
+    # The job runs before the fetch waits. A start is stored queued, not claimed at once, while the node
+    # knows of work waiting before it (on PostgreSQL, a "queued" notice from any other node sharing the
+    # database sets that); the dispatcher's claim then moves its status, which wakes a fetch: a move, not
+    # a report.
+    await until(lambda: job_id in running.runtime.running_ids(), "the job runs")
     watched = waiting.service.store.notifier.watched
     fetch = asyncio.create_task(waiter.call_tool("stepping_fetch", {"handle": handle, "wait_seconds": 60}))
     await until(lambda: job_id in watched(), "the fetch waits")
@@ -125,7 +131,7 @@ async def test_a_waiting_fetch_sleeps_through_its_jobs_reports(
     reads = counted_reads(jobs, monkeypatch)
     async with AsyncExitStack() as stack:
         client = await stack.enter_async_context(client_of(jobs, stack))
-        await waits_past_reports(client, client, jobs, script, reads)
+        await waits_past_reports(client, jobs, client, jobs, script, reads)
 
 
 async def test_a_waiting_fetch_on_another_node_sleeps_through_the_reports_it_hears(
@@ -163,4 +169,4 @@ async def test_a_waiting_fetch_on_another_node_sleeps_through_the_reports_it_hea
                 await asyncio.sleep(0.1)
 
         await asyncio.wait_for(listening(), 20)
-        await waits_past_reports(on_a, on_b, waiting, script, reads)
+        await waits_past_reports(on_a, runner, on_b, waiting, script, reads)
