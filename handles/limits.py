@@ -42,7 +42,33 @@ def clean_message(text: str | None, limit: int = MAX_STATUS_MESSAGE) -> str | No
 
 def json_size(value: Any) -> int:
     """The size in bytes of `value` as compact JSON."""
+    if type(value) is SizedJSON:
+        return len(value.text)  # ASCII-only JSON: a character is a byte
     return len(json.dumps(value, separators=(",", ":"), default=str).encode())
+
+
+class SizedJSON(dict[str, Any]):
+    """A JSON object with its compact JSON text, made once (`sized_json`): its size (`json_size`) is that
+    text's, and the store writes that text (`stored_json`) instead of serialising the object again. Made
+    for a job's result just before it is sized and stored, and never changed after."""
+
+    __slots__ = ("text",)
+    text: str
+
+
+def sized_json(value: dict[str, Any]) -> SizedJSON:
+    """`value` with its compact JSON text (ASCII-only, as `json_size` counts it)."""
+    sized = SizedJSON(value)
+    sized.text = json.dumps(value, separators=(",", ":"), default=str)
+    return sized
+
+
+def stored_json(value: Any) -> str:
+    """The JSON text the store writes for `value` (every engine's `json_serializer`): a `SizedJSON`'s own
+    text, else `json.dumps`, SQLAlchemy's default."""
+    if type(value) is SizedJSON:
+        return value.text
+    return json.dumps(value)
 
 
 def check_size(value: Any, limit: int, what: str, next_step: str) -> None:

@@ -32,7 +32,7 @@ from handles.ask_first import FIRST_KEY
 from handles.config import HandlesConfig
 from handles.errors import JobFailed, LeaseLost, StepOutcomeUnknown, StoreUnavailable
 from handles.jobs import JobContext, JobParked, JobSpec
-from handles.limits import clean_message, json_size
+from handles.limits import clean_message, json_size, sized_json
 from handles.outcomes import (
     Outcome,
     cancelled_at_request,
@@ -520,7 +520,8 @@ class Runtime:
         `ResultFile` or larger than the job's `link_results_over` (see handles.results)."""
         if isinstance(value, ResultFile):
             return linked_result(await self._write_file(record, value), structured=True)
-        result = result_to_json(spec.to_tool_result(value))
+        # Serialised once: its size, and the text the store writes (`SizedJSON`).
+        result = sized_json(result_to_json(spec.to_tool_result(value)))
         if json_size(result) > (spec.link_results_over or self.config.link_results_over):
             file = ResultFile.of_result(result, spec.name)
             return linked_result(await self._write_file(record, file), structured=False)

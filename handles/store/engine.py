@@ -27,6 +27,7 @@ from sqlalchemy.exc import DBAPIError, StatementError
 from sqlmodel import Session
 
 from handles.errors import ConfigurationError
+from handles.limits import stored_json
 from handles.store.loop_connections import LoopConnections
 
 P = ParamSpec("P")
@@ -141,12 +142,21 @@ def make_engines(url: str) -> tuple[Engine, Engine, Engine | None, Engine | None
         connect = (
             {} if "connect_timeout" in url else {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_SECONDS}}
         )
-        write = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10, **connect)
+        write = create_engine(
+            url, pool_pre_ping=True, pool_size=5, max_overflow=10, json_serializer=stored_json, **connect
+        )
         # Reads in autocommit, without a ping at checkout: a poll is its statements and nothing else
         # (no BEGIN, no ROLLBACK, no ping). A read on a connection the server dropped fails at once
         # and invalidates the pool; `Store.read` retries it once on a fresh connection. Under READ
         # COMMITTED each statement took its own snapshot anyway, so no read loses consistency.
-        read = create_engine(url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=10, **connect)
+        read = create_engine(
+            url,
+            isolation_level="AUTOCOMMIT",
+            pool_size=5,
+            max_overflow=10,
+            json_serializer=stored_json,
+            **connect,
+        )
         return read, write, None, None
 
     if is_memory_sqlite(url):
@@ -155,7 +165,10 @@ def make_engines(url: str) -> tuple[Engine, Engine, Engine | None, Engine | None
             "threads that serve requests and run jobs, and loses every job when the process ends. Use an "
             "SQLite file (sqlite:///path/to/handles.db, the default under HANDLES_DATA_DIR) or PostgreSQL."
         )
-    kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 30}}
+    kwargs: dict[str, Any] = {
+        "connect_args": {"check_same_thread": False, "timeout": 30},
+        "json_serializer": stored_json,
+    }
 
     def configure(
         engine: Engine, begin: str | None, busy_ms: int = 30000, *, checkpoints: bool = True

@@ -756,7 +756,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         columns written, by statements compiled once, in one `BEGIN IMMEDIATE` transaction on SQLite's
         own connection (`_sqlite_writing`), which holds the write lock from the start."""
         with self._sqlite_writing() as connection:
-            rows = self._prepare(_JOB_BY_ID).rows(connection, {"job_id": job_id})
+            rows = self._prepare(_TRANSITION_READ).rows(connection, {"job_id": job_id})
             if not rows:
                 return False
             before = rows[0]
@@ -765,7 +765,12 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
                 return False
             _transitioned(job, target, now, values)
             after = vars(job)
-            changed = tuple(name for name in _JOB_COLUMNS if after[name] != before[name] or name in values)
+            # What `_transitioned` set, and what it changed of what was read.
+            changed = tuple(
+                name
+                for name in _JOB_COLUMNS
+                if name in after and (name in values or name not in before or after[name] != before[name])
+            )
             self._execute(connection, _update_job(changed), {"job_id": job_id, **_set_values(after, changed)})
         return True
 
@@ -1126,6 +1131,26 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
 
 # The hot reads' statements, built once (building a statement costs more than SQLite runs it).
 _JOB_BY_ID = sa_select(_JOBS).where(_JOBS.c.id == bindparam("job_id"))
+# What `transition` on SQLite reads of the job: what its rules look at (`_may_transition`, `_finish`) and
+# what they may change besides the values given (`_transitioned`); not the arguments, result or logs, which
+# would be decoded from JSON only to be left as they are.
+_TRANSITION_READ = sa_select(
+    *(
+        _JOBS.c[name]
+        for name in (
+            "status",
+            "lease_owner",
+            "lease_expires_at",
+            "input_deadline",
+            "abandon_at",
+            "finished_at",
+            "expires_at",
+            "keep_result_seconds",
+            "updated_at",
+            "version",
+        )
+    )
+).where(_JOBS.c.id == bindparam("job_id"))
 _JOB_STATE = tuple(_JOBS.c[name] for name in JOB_STATE_COLUMNS)
 _STATE_WIDTH = len(_JOB_STATE)
 _INPUT_REQUIRED = Status.INPUT_REQUIRED.value
