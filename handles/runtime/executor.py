@@ -177,6 +177,10 @@ class Runtime:
         if self.store.repo.dialect == "postgresql":
             from handles.store.listen import ChangeListener
 
+            try:  # this node's notices name its schema, for deployments that share the database
+                await self.store.call(self.store.repo.load_notice_scope)
+            except Exception as exc:  # they name none: every listener of the database takes them, as before
+                logger.warning("could not read the store's schema for its change notices: %s", exc)
             listener = ChangeListener(self.store.repo.url, self.owner, self._on_remote_change)
             self._loops.append(asyncio.create_task(listener.run(), name="handles-listener"))
         if self.config.run_workers:

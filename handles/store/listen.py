@@ -1,13 +1,19 @@
 """Cross-node wake-ups on PostgreSQL: LISTEN for job changes other nodes publish with NOTIFY.
 
-Every write that may change a job publishes `"<job_id> <origin> <event>"` on the
+Every write that may change a job publishes `"<job_id> <origin> <event> <schema>"` on the
 `handles_jobs` channel (`event` is `changed`; `queued` when the job waits for a worker; `reported` when
-only what a running job reports on its way changed, a progress report or a durable step); a start
+only what a running job reports on its way changed, a progress report or a durable step; `schema` is the
+schema of the publishing store's tables: `JobRepository.notice`); a start
 publishes only a job that waits for a worker (`Store.insert`: nobody can wait for a job before it
 exists). Each node keeps one listening connection and passes
 changes made elsewhere to a callback (waking long-polls, answers and cancels at
 once instead of at the next store poll). When the connection drops, the node
 falls back to polling the store until it reconnects.
+
+PostgreSQL delivers a notice to every listener of the database, so deployments that share one database in
+schemas of their own hear each other's: a node ignores a notice naming a schema other than its own (which
+would wake nothing of its own but its dispatcher, and queue its next start behind work it cannot see). A
+notice naming no schema (from a node of an earlier version, during a rolling upgrade) is taken.
 """
 
 from __future__ import annotations
@@ -49,10 +55,12 @@ class ChangeListener:
             try:
                 async with await psycopg.AsyncConnection.connect(self._url, autocommit=True) as connection:
                     await connection.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    schema = await (await connection.execute("SELECT current_schema()")).fetchone()
+                    own = schema[0] if schema is not None else None
                     self.connected.set()
                     async for notice in connection.notifies():
-                        job_id, origin, event = [*notice.payload.split(" "), "", ""][:3]
-                        if origin != self._origin:
+                        job_id, origin, event, scope = [*notice.payload.split(" ", 3), "", "", ""][:4]
+                        if origin != self._origin and scope in ("", own):
                             self._on_change(job_id, _CHANGES.get(event, "changed"))
             except asyncio.CancelledError:
                 raise

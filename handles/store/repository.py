@@ -149,6 +149,9 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
                 "SQLite runs in this process, so its leases are judged by `clock`: use 'local'"
             )
         self._database_leases = lease_clock == "database"
+        # The schema this store's tables live in, named in every change notice it publishes
+        # (`load_notice_scope`); None until loaded, and then the notices name none.
+        self.notice_scope: str | None = None
         # Models built from Core rows (the hot reads) need their ORM mappers ready.
         configure_mappers()
         self._prepared: dict[Any, _Prepared] = {}  # the hot reads' statements, compiled (`_hot_reading`)
@@ -602,19 +605,34 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
     def publish(self, job_id: str, origin: str, *, queued: bool = False) -> None:
         """Tell every node listening on PostgreSQL that `job_id` changed, or is queued for a worker.
 
-        A no-op on other databases. The payload is `"<job_id> <origin> <change>"` (`Change`).
+        A no-op on other databases. The payload is `notice`'s.
         """
         if self.dialect != "postgresql":
             return
+        if self.notice_scope is None:  # a store with no runtime, the CLI's: its notice names its schema too
+            self.load_notice_scope()
         with self._writing() as session:
             change: Change = "queued" if queued else "changed"
-            session.execute(select(func.pg_notify(NOTIFY_CHANNEL, _notice(job_id, origin, change))))
+            session.execute(select(func.pg_notify(NOTIFY_CHANNEL, self.notice(job_id, origin, change))))
 
-    @staticmethod
-    def notice(job_id: str, origin: str, change: Change) -> str:
+    def notice(self, job_id: str, origin: str, change: Change) -> str:
         """The change notice (the payload on `NOTIFY_CHANNEL`) that `job_id` changed by `change`, from
-        `origin`."""
-        return _notice(job_id, origin, change)
+        `origin`: `"<job_id> <origin> <change> <schema>"`, the last the schema of this store's tables
+        (`notice_scope`), left out until it is loaded. PostgreSQL delivers a notice to every listener of
+        the database, whatever its schema: a node ignores those naming another schema (another
+        deployment's jobs, `ChangeListener`)."""
+        notice = f"{job_id} {origin} {change}"
+        return notice if self.notice_scope is None else f"{notice} {self.notice_scope}"
+
+    def load_notice_scope(self) -> str | None:
+        """Read the schema this store's tables live in (PostgreSQL's `current_schema()` on a connection of
+        the store) into `notice_scope`, and return it; None on other databases."""
+        if self.dialect != "postgresql":
+            return None
+        with self._read_engine.connect() as connection:
+            schema = connection.execute(select(func.current_schema())).scalar()
+        self.notice_scope = None if schema is None else str(schema)
+        return self.notice_scope
 
     def publishing(
         self, job_id: str, origin: str, change: Change, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
@@ -624,7 +642,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         own, and no notice for a change that rolled back. Only on PostgreSQL; elsewhere it just runs `fn`."""
         if self.dialect != "postgresql":
             return fn(*args, **kwargs)
-        token = NOTICE.set(_notice(job_id, origin, change))
+        token = NOTICE.set(self.notice(job_id, origin, change))
         try:
             return fn(*args, **kwargs)
         finally:
@@ -1505,10 +1523,6 @@ def _job_values(job: JobRecord) -> dict[str, Any]:
     values = _column_values(_JOBS, job)
     values["principal_key"] = values["principal_key"] or principal_key(values["principal"])
     return values
-
-
-def _notice(job_id: str, origin: str, change: Change) -> str:
-    return f"{job_id} {origin} {change}"
 
 
 def _may_transition(job: Any, target: Status, owner: str | None, lease_expired_by: datetime | None) -> bool:

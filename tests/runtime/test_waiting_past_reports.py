@@ -83,9 +83,9 @@ async def waits_past_reports(
     handle = started["handle"]
     job_id = job_id_of(handle)
     # The job runs before the fetch waits. A start is stored queued, not claimed at once, while the node
-    # knows of work waiting before it (on PostgreSQL, a "queued" notice from any other node sharing the
-    # database sets that); the dispatcher's claim then moves its status, which wakes a fetch: a move, not
-    # a report.
+    # knows of work waiting before it (on PostgreSQL, a "queued" notice from any other node of its
+    # deployment sets that); the dispatcher's claim then moves its status, which wakes a fetch: a move,
+    # not a report.
     await until(lambda: job_id in running.runtime.running_ids(), "the job runs")
     watched = waiting.service.store.notifier.watched
     fetch = asyncio.create_task(waiter.call_tool("stepping_fetch", {"handle": handle, "wait_seconds": 60}))

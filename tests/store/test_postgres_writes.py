@@ -20,7 +20,7 @@ from sqlalchemy.exc import DBAPIError
 
 from handles.states import TERMINAL, Status
 from handles.store import JobRecord, JobRepository, utc_now
-from handles.store.repository import _notice, _transitioned
+from handles.store.repository import _transitioned
 from tests.harness.postgres import notices, repository, round_trips, terminate_backends
 from tests.runtime.support import job_row
 
@@ -127,7 +127,7 @@ def test_an_outcome_sends_its_notice_once_it_commits(
     assert repo.publishing(
         job.id, "origin-1", "changed", repo.transition, job.id, Status.COMPLETED, owner=OWNER
     )
-    assert notices(listener, job.id) == [_notice(job.id, "origin-1", "changed")]
+    assert notices(listener, job.id) == [repo.notice(job.id, "origin-1", "changed")]
 
 
 def test_an_outcome_the_database_refuses_is_rolled_back_with_no_notice_and_the_next_one_is_stored(
@@ -158,7 +158,7 @@ def test_an_outcome_the_database_refuses_is_rolled_back_with_no_notice_and_the_n
     assert (
         stored is not None and stored.status == Status.CANCELLED.value and stored.version == job.version + 1
     )
-    assert notices(listener, job.id) == [_notice(job.id, "origin-1", "changed")]
+    assert notices(listener, job.id) == [repo.notice(job.id, "origin-1", "changed")]
 
 
 def test_an_outcome_after_the_server_dropped_the_pooled_connections_is_stored_on_a_fresh_one(
@@ -250,7 +250,7 @@ def test_a_progress_report_is_one_round_trip_and_announced_only_when_stored(
         )
 
     assert round_trips(repo, report) == (1, ["WITH"])  # WITH changed AS (UPDATE ...) SELECT pg_notify(...)
-    assert notices(listener, job.id) == [_notice(job.id, "origin-1", "reported")] * 2
+    assert notices(listener, job.id) == [repo.notice(job.id, "origin-1", "reported")] * 2
     assert not repo.publishing(
         job.id, "origin-1", "reported", repo.set_progress, job.id, "node-b", 2, 4, "refused"
     )
@@ -272,7 +272,7 @@ def test_a_steps_writes_send_their_notice_once_they_commit_and_one_refused_sends
         job.id, "origin-1", "reported", repo.begin_step, job.id, OWNER, "charge", 1
     )
     assert fresh and record.status == "started"
-    assert notices(listener, job.id) == [_notice(job.id, "origin-1", "reported")]
+    assert notices(listener, job.id) == [repo.notice(job.id, "origin-1", "reported")]
     touched = repo.get(job.id)
     with pytest.raises(DBAPIError):
         repo.publishing(
@@ -283,7 +283,7 @@ def test_a_steps_writes_send_their_notice_once_they_commit_and_one_refused_sends
     repo.publishing(
         job.id, "origin-1", "reported", repo.finish_step, job.id, OWNER, "charge", error="Refused"
     )
-    assert notices(listener, job.id) == [_notice(job.id, "origin-1", "reported")]
+    assert notices(listener, job.id) == [repo.notice(job.id, "origin-1", "reported")]
     assert [(s.status, s.error) for s in repo.steps(job.id)] == [("failed", "Refused")]
 
 
