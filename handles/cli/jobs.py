@@ -175,6 +175,7 @@ def jobs_cancel(args: argparse.Namespace) -> int:
     job = find_job(repository, args.job)
     outcome = repository.request_cancel(job.id, f"operator:{args.by}")
     assert outcome is not None
+    repository.load_notice_scope()  # its notice names its deployment's schema, as a node's do
     repository.publish(job.id, "cli")
     if Status(job.status).is_terminal:
         print(f"{job.id} had already ended ({job.status}); nothing changed.")

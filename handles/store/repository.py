@@ -609,8 +609,6 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         """
         if self.dialect != "postgresql":
             return
-        if self.notice_scope is None:  # a store with no runtime, the CLI's: its notice names its schema too
-            self.load_notice_scope()
         with self._writing() as session:
             change: Change = "queued" if queued else "changed"
             session.execute(select(func.pg_notify(NOTIFY_CHANNEL, self.notice(job_id, origin, change))))
@@ -626,7 +624,8 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
 
     def load_notice_scope(self) -> str | None:
         """Read the schema this store's tables live in (PostgreSQL's `current_schema()` on a connection of
-        the store) into `notice_scope`, and return it; None on other databases."""
+        the store) into `notice_scope`, and return it; None on other databases. Whoever publishes calls it
+        once first: the runtime as it starts, the CLI before its cancel's notice."""
         if self.dialect != "postgresql":
             return None
         with self._read_engine.connect() as connection:

@@ -8,7 +8,7 @@ no schema, as a node of an earlier version sends during a rolling upgrade, is st
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -36,13 +36,12 @@ async def node(url: str, tmp: Path) -> AsyncIterator[Handles]:
         await jobs.aclose()
 
 
-async def heard(jobs: Handles, job_id: str, publish: object, seconds: float) -> bool:
+async def heard(jobs: Handles, job_id: str, publish: Callable[[], object], seconds: float) -> bool:
     """Whether `jobs` wakes a waiter of `job_id` within `seconds` while `publish()` is sent every 50 ms."""
     event = jobs.service.store.notifier.watch(job_id)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     while not event.is_set() and loop.time() < deadline:
-        assert callable(publish)
         await asyncio.to_thread(publish)
         await asyncio.sleep(0.05)
     return event.is_set()
