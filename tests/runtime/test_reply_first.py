@@ -37,7 +37,10 @@ def test_the_start_returns_before_its_job_takes_its_first_step(tmp_path: Path) -
     asyncio.run(main())
 
 
-def test_an_mcp_client_has_the_start_reply_before_the_job_begins(tmp_path: Path) -> None:
+def test_an_mcp_client_has_the_start_reply_before_the_job_begins(tmp_path: Path, database_url: str) -> None:
+    """On both stores: on PostgreSQL the job is handed over from the insert's shielded task, a turn of the
+    loop further from the reply than on an SQLite file, where the insert runs in the handler itself."""
+
     async def main() -> None:
         order: list[str] = []
 
@@ -47,7 +50,7 @@ def test_an_mcp_client_has_the_start_reply_before_the_job_begins(tmp_path: Path)
                 order.append("job")
                 return "done"
 
-        async with rig(Handles(config(tmp_path)), declare) as r:
+        async with rig(Handles(config(tmp_path, database_url=database_url, auto_migrate=True)), declare) as r:
             handle = (await r.ok("quick_start"))["handle"]
             order.append("reply")
             final = await r.ok("quick_fetch", handle=handle, wait_seconds=10)
