@@ -32,7 +32,7 @@ from handles.states import Status
 from handles.store import JobRepository, migrate
 from tests.durability.harness import config as node_config
 from tests.durability.harness import crash
-from tests.harness.postgres import listening, notices, repository
+from tests.harness.postgres import listening, notices, repository, schema_of
 from tests.harness.seed import seed_jobs
 from tests.runtime.support import job_row
 from tests.startup.support import UNREACHABLE_URL, assert_one_line_failure, outdated_sqlite
@@ -545,10 +545,9 @@ def test_new_job_ids_never_begin_with_a_dash() -> None:
 def test_a_cancel_on_postgresql_sends_its_notice_naming_its_schema(tmp_path: Path, postgres_url: str) -> None:
     """`handles jobs cancel` tells the nodes at once, as a node's own writes do: its change notice names the
     schema of its store's tables, which the nodes of that deployment take and those of another ignore."""
-    schema = postgres_url.split("search_path%3D")[1]
     with repository(postgres_url) as repo, listening(postgres_url) as listener:
         job = job_row(new_job_id())  # working, held by no node: queued
         repo.insert(job)
         cancelled = run(tmp_path, "jobs", "cancel", job.id, HANDLES_DATABASE_URL=postgres_url)
         assert cancelled.returncode == 0, cancelled.stderr
-        assert notices(listener, job.id) == [f"{job.id} cli changed {schema}"]
+        assert notices(listener, job.id) == [f"{job.id} cli changed {schema_of(postgres_url)}"]

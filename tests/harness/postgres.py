@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote, urlsplit
 
 import psycopg
 from sqlalchemy import create_engine, text
@@ -30,6 +30,12 @@ def schema_url(base: str, schema: str) -> str:
     """`base` with its connections' search_path set to `schema`."""
     separator = "&" if "?" in base else "?"
     return f"{base}{separator}options={quote(f'-csearch_path={schema}')}"
+
+
+def schema_of(url: str) -> str:
+    """The schema a URL made by `schema_url` sets its connections' search_path to."""
+    (options,) = parse_qs(urlsplit(url).query)["options"]
+    return options.removeprefix("-csearch_path=")
 
 
 def unreachable(base: str) -> Exception | None:

@@ -19,7 +19,7 @@ from handles import Handles
 from handles.store.engine import NOTIFY_CHANNEL
 from handles.store.listen import libpq_url
 from tests.durability.harness import config
-from tests.harness.postgres import fresh_schema
+from tests.harness.postgres import fresh_schema, schema_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -55,7 +55,7 @@ async def test_a_node_takes_only_its_own_schemas_notices(postgres_url: str, tmp_
             node(other_url, tmp_path / "a") as a,
         ):
             b_repo, c_repo, a_repo = (n.service.store.repo for n in (b, c, a))
-            b_schema = postgres_url.split("search_path%3D")[1]
+            b_schema = schema_of(postgres_url)
             assert b_repo.notice_scope == c_repo.notice_scope == b_schema
             assert a_repo.notice_scope is not None and a_repo.notice_scope != b_schema
             assert c_repo.notice("j1", "node-c", "queued") == f"j1 node-c queued {b_schema}"
