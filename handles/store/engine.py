@@ -139,16 +139,15 @@ def make_engines(url: str) -> tuple[Engine, Engine, Engine | None, Engine | None
     if not is_sqlite(url):
         # A database host that never answers (packets dropped, not refused) must not hang a start or a
         # request: libpq would wait forever without a connect timeout. One set in the URL wins.
-        connect: dict[str, Any] = (
-            {} if "connect_timeout" in url else {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_SECONDS}}
-        )
-        connect["json_serializer"] = stored_json
-        write = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10, **connect)
+        shared: dict[str, Any] = {"json_serializer": stored_json}
+        if "connect_timeout" not in url:
+            shared["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
+        write = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10, **shared)
         # Reads in autocommit, without a ping at checkout: a poll is its statements and nothing else
         # (no BEGIN, no ROLLBACK, no ping). A read on a connection the server dropped fails at once
         # and invalidates the pool; `Store.read` retries it once on a fresh connection. Under READ
         # COMMITTED each statement took its own snapshot anyway, so no read loses consistency.
-        read = create_engine(url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=10, **connect)
+        read = create_engine(url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=10, **shared)
         return read, write, None, None
 
     if is_memory_sqlite(url):
