@@ -71,21 +71,38 @@ class DriverInsert:
             row = list(cursor.fetchone())
             marker, self._transaction = "?", True
         columns = [column[0] for column in cursor.description]
+        self.postgres = not self._transaction
         self._id_at = columns.index("id")
+        self._principal_key_at = columns.index("principal_key")
         self._row = row
         self._sql = (
             f"INSERT INTO handles_jobs ({', '.join(columns)}) VALUES ({', '.join([marker] * len(columns))})"
         )
 
     def __call__(self) -> None:
+        self.insert_all([self.fresh_row()])
+
+    def fresh_row(self, *, principal: bool = False) -> list[Any]:
+        """The stored row's values with a fresh id (and, with `principal`, a fresh principal key)."""
         row = list(self._row)
         row[self._id_at] = secrets.token_urlsafe(18)
+        if principal:
+            row[self._principal_key_at] = secrets.token_hex(32)
+        return row
+
+    def insert_all(self, rows: list[list[Any]]) -> None:
+        """`rows` inserted in one transaction (one row in autocommit on PostgreSQL)."""
         if self._transaction:
             self._connection.execute("BEGIN IMMEDIATE")
-            self._connection.execute(self._sql, row)
+            for row in rows:
+                self._connection.execute(self._sql, row)
             self._connection.execute("COMMIT")
+        elif len(rows) == 1:
+            self._connection.execute(self._sql, rows[0])
         else:
-            self._connection.execute(self._sql, row)
+            with self._connection.transaction():
+                for row in rows:
+                    self._connection.execute(self._sql, row)
 
     def close(self) -> None:
         self._connection.close()

@@ -11,7 +11,8 @@ multinode (7), profile (hot paths of work_progress and work_start), push (13: th
 status saves for N followers of long jobs), result_links (a large result stored in parts and read
 back through its link), console_page (the operator console's jobs page at up to 10^6 stored jobs), steps_poll (14: a progress
 poll by what the job's steps returned), steps (15: what a durable step costs), start_parts (16: the start
-handler by parts), start_drift (17: a start by how many its principal made before it), handle_timing (refusing a forged
+handler by parts), start_drift (17: a start by how many its principal made before it), group_commit (18: what
+one transaction for several starts would save each, the driver alone), handle_timing (refusing a forged
 handle vs another principal's genuine one; about 30 s, so not part of --quick unless named with --only). Absolute times on a shared machine are noisy: read the ratios, measured in the same run.
 """
 
@@ -54,6 +55,7 @@ SECTIONS = (
     "steps",
     "start_parts",
     "start_drift",
+    "group_commit",
 )
 NOT_QUICK = ("handle_timing",)
 """Sections a `--quick` run leaves out unless named with `--only` (each takes more than 20 s)."""
