@@ -312,6 +312,12 @@ class Handles:
         if self._service is not None:
             self._service.runtime.begin_drain()
 
+    def end_drain(self) -> None:
+        """End the drain now (a second shutdown signal): running jobs are handed over at once, as when
+        `drain_seconds` have passed, instead of being waited for (see `aclose`)."""
+        if self._service is not None:
+            self._service.runtime.end_drain()
+
     async def drained(self) -> None:
         """After `begin_drain`: return once the running jobs have ended or `drain_seconds` have passed."""
         if self._service is not None:

@@ -133,6 +133,7 @@ class Runtime:
         self._draining = False
         self._closed = False
         self._drain_deadline: float | None = None
+        self._drain_cut = asyncio.Event()  # set by `end_drain`: the drain ends now
 
     def reconfigure(self, config: HandlesConfig) -> None:
         """Take new settings (only before the runtime starts)."""
@@ -214,14 +215,31 @@ class Runtime:
                 self.config.drain_seconds,
             )
 
+    def end_drain(self) -> None:
+        """End the drain now (a second shutdown signal, or one after a stdio client has gone): `stop` hands
+        the running jobs over at once, as it does when `drain_seconds` have passed, instead of waiting
+        for them. Safe to call from a signal handler's callback."""
+        self.begin_drain()
+        self._drain_cut.set()
+
     async def drained(self) -> None:
-        """After `begin_drain`: wait until the running jobs have ended, or the drain's deadline has passed."""
+        """After `begin_drain`: wait until the running jobs have ended, the drain's deadline has passed, or
+        `end_drain` has ended it."""
         loop = asyncio.get_running_loop()
         if self._drain_deadline is None:
             self._drain_deadline = loop.time() + self.config.drain_seconds
-        tasks = [entry.task for entry in self._running.values() if entry.task is not None]
-        if tasks:
-            await asyncio.wait(tasks, timeout=max(self._drain_deadline - loop.time(), 0.0))
+        waiting = {entry.task for entry in self._running.values() if entry.task is not None}
+        if not waiting or self._drain_cut.is_set():
+            return
+        cut = asyncio.create_task(self._drain_cut.wait(), name="handles-drain-cut")
+        try:
+            while waiting and not cut.done() and (left := self._drain_deadline - loop.time()) > 0:
+                done, _ = await asyncio.wait(
+                    waiting | {cut}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+                waiting -= done
+        finally:
+            cut.cancel()
 
     async def stop(self) -> None:
         """Drain: stop claiming, let running jobs finish for `drain_seconds`, then hand the rest over.

@@ -5,7 +5,7 @@ listening while running jobs finish (up to `drain_seconds`) and while answers in
 written (up to `IN_FLIGHT_GRACE_SECONDS`); only then does uvicorn stop. Stopping uvicorn
 earlier cuts open streamed (SSE) answers: sse-starlette ends every stream when uvicorn's exit
 flag is set, and uvicorn logs "ASGI callable returned without completing response". A second
-signal stops at once.
+signal stops at once: the jobs still running are handed over then (`Handles.end_drain`), not waited for.
 """
 
 from __future__ import annotations
@@ -68,7 +68,9 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if self._draining is not None or self.should_exit:
-            super().handle_exit(sig, frame)  # a second signal: stop now
+            # A second signal: stop now. The jobs still running are handed over at once, not waited for.
+            self._loop.call_soon_threadsafe(self._handles.end_drain)
+            super().handle_exit(sig, frame)
             return
         self._loop.call_soon_threadsafe(self._begin_drain, sig, frame)
 

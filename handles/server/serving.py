@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, cast
 
@@ -39,34 +39,54 @@ if TYPE_CHECKING:
 async def serve_stdio(server: MCPServer[Any] | FastMCP[Any], handles: Handles) -> None:
     """Serve `server` over stdio with the job runtime running.
 
-    On SIGTERM or SIGINT (or when stdin closes) the runtime drains: no new work, running
-    jobs may finish for `drain_seconds`, the rest is handed over (see `Handles.aclose`).
+    On SIGTERM or SIGINT, or when stdin closes, the runtime drains: no new work, running jobs may
+    finish for `drain_seconds`, the rest is handed over (see `Handles.aclose`). A signal during the
+    drain ends it at once (`Handles.end_drain`): the running jobs are handed over now. That is how a
+    client ends a stdio server (the specification's stdio shutdown, which the official SDKs follow):
+    it closes stdin, waits 2 s, sends SIGTERM, waits 2 s, sends SIGKILL. So running jobs have those
+    2 s to finish, and are handed over at the SIGTERM rather than killed holding their leases.
 
     An `MCPServer`'s replies are written to stdout from the event loop, not from a worker thread as the
     SDK's `stdio_server` writes them, so a reply never waits for a job's step to let go of the GIL
     (handles/server/stdio_stdout.py). fd 1 is claimed as the SDK claims it: while serving, a stray
     `print` goes to stderr, not onto the wire. A FastMCP server is served by its own `run_stdio_async`.
     """
-    async with handles.running():
-        serving = asyncio.create_task(_stdio_serving(server), name="handles-stdio")
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            handles.end_drain()  # the drain has begun: this signal ends it
+        stop.set()
+
+    with _shutdown_signals(on_signal):  # installed until the drain below has ended
+        async with handles.running():
+            serving = asyncio.create_task(_stdio_serving(server), name="handles-stdio")
+            stopping = asyncio.create_task(stop.wait())
+            try:
+                await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop.set()  # stdin closed, or a signal came: from here on a signal ends the drain
+                handles.begin_drain()
+                stopping.cancel()
+                if not serving.done():
+                    serving.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await serving
+
+
+@contextlib.contextmanager
+def _shutdown_signals(handler: Callable[[], None]) -> Iterator[None]:
+    """`handler` called on the event loop at SIGTERM and SIGINT for the block (where the loop can take them)."""
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, handler)
+    try:
+        yield
+    finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(signum, stop.set)
-        stopping = asyncio.create_task(stop.wait())
-        try:
-            await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                with contextlib.suppress(NotImplementedError, RuntimeError):
-                    loop.remove_signal_handler(signum)
-            handles.begin_drain()
-            stopping.cancel()
-            if not serving.done():
-                serving.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await serving
+                loop.remove_signal_handler(signum)
 
 
 def _stdio_serving(server: MCPServer[Any] | FastMCP[Any]) -> Coroutine[Any, Any, None]:

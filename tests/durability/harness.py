@@ -16,6 +16,7 @@ from mcp import Client
 from mcp.server.mcpserver import MCPServer
 
 from handles import Handles, HandlesConfig
+from handles.store import JobRecord, JobRepository
 from tests.harness.process import ServerProcess, free_port, python_module
 from tests.support import framework_args
 
@@ -127,3 +128,17 @@ def example_node(data_dir: Path, framework: str = "mcpserver", **env: str) -> Se
         stop_timeout=10,
         append_log=True,
     )
+
+
+def stored_jobs(data_dir: Path, *handles: str) -> list[JobRecord]:
+    """The stored rows of the jobs behind `handles` (signed with `KEY`), read from the SQLite file in
+    `data_dir` once its server has stopped."""
+    from tests.runtime.support import job_id_of
+
+    repo = JobRepository(f"sqlite:///{(data_dir / 'handles.db').as_posix()}")
+    try:
+        found = [repo.get(job_id_of(handle)) for handle in handles]
+    finally:
+        repo.dispose()
+    assert all(job is not None for job in found), "a job is missing from the store"
+    return [job for job in found if job is not None]

@@ -10,11 +10,10 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from handles.store import JobRepository
-from tests.runtime.support import job_id_of
+from tests.harness.process import ServerProcess
 from tests.support import FRAMEWORKS
 
-from .harness import example_node
+from .harness import example_node, stored_jobs
 
 
 async def _start(url: str, tool: str, **arguments: Any) -> str:
@@ -33,21 +32,22 @@ def test_sigterm_lets_in_flight_jobs_finish_before_the_process_exits(tmp_path: P
     try:
         handles = asyncio.run(_start_all(server.url))
         time.sleep(0.5)
-        began = time.monotonic()
-        server.process.terminate()
-        code = server.process.wait(timeout=30)
-        took = time.monotonic() - began
+        code, took = _terminated(server, timeout=30)
     finally:
         server.stop()
     # uvicorn re-raises the signal it caught once it has shut down cleanly: -SIGTERM, or 0
     assert code in (0, -15), server.log()[-3000:]
     assert took < 10, f"{took:.1f}s to stop"
-    repo = JobRepository(f"sqlite:///{(tmp_path / 'handles.db').as_posix()}")
-    try:
-        statuses = {h: repo.get(job_id_of(h)).status for h in handles}  # type: ignore[union-attr]
-    finally:
-        repo.dispose()
+    statuses = {h: job.status for h, job in zip(handles, stored_jobs(tmp_path, *handles), strict=True)}
     assert set(statuses.values()) == {"completed"}, statuses
+
+
+def _terminated(server: ServerProcess, timeout: float) -> tuple[int, float]:
+    """SIGTERM `server` and wait for it to exit: its exit code, and the seconds it took."""
+    began = time.monotonic()
+    server.process.terminate()
+    code = server.process.wait(timeout=timeout)
+    return code, time.monotonic() - began
 
 
 async def _start_all(url: str) -> list[str]:
@@ -89,3 +89,34 @@ def test_sigterm_answers_open_long_polls_at_once_and_refuses_new_work_retryably(
     assert body["status"] == "working", body
     assert took < 2, f"the long-poll was answered {took:.1f}s after the signal"
     assert code in (0, -15)
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_a_second_sigterm_ends_the_drain_and_hands_running_jobs_over_at_once(
+    tmp_path: Path, framework: str
+) -> None:
+    """The first signal drains (jobs may finish for `drain_seconds`); a second one means "stop now": the
+    jobs still running are handed over at once (a `retry` job released for any node, any other failed as
+    interrupted by a shutdown), and the process exits without waiting out the drain."""
+    server = example_node(
+        tmp_path, framework, EXAMPLE_JOB_SECONDS="60", HANDLES_LEASE_SECONDS="30", HANDLES_DRAIN_SECONDS="25"
+    )
+    server.start()
+    try:
+        report = asyncio.run(_start(server.url, "generate_report_start", account="acme", months=3))
+        export = asyncio.run(_start(server.url, "export_dataset_start", rows=100))
+        time.sleep(0.5)
+        server.process.terminate()
+        time.sleep(1.0)
+        assert server.process.poll() is None, "the first signal drains: the jobs are still running"
+        code, took = _terminated(server, timeout=15)
+    finally:
+        server.stop()
+    assert code in (0, -15), server.log()[-3000:]
+    assert took < 10, f"{took:.1f}s to stop after the second signal"
+    retried, failed = stored_jobs(tmp_path, report, export)
+    assert retried.status == "working" and retried.lease_owner is None, (retried.status, retried.lease_owner)
+    assert retried.status_message == "Its server is shutting down; another server continues it now."
+    assert failed.status == "failed" and "shut" in (failed.status_message or "").lower(), (
+        failed.status_message
+    )

@@ -3,7 +3,7 @@ with `--fastmcp` on FastMCP 4) serves all three kinds of client: one declaring t
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -15,8 +15,8 @@ from mcp_types import ElicitRequestParams, ElicitResult
 
 from handles.client.tasks import TasksClientExtension
 from tests.harness.client import mcp_over_http
-from tests.support import FRAMEWORKS, HttpExampleServer
-from tests.tasks.wire import TASKS, Wire, example_process
+from tests.support import HttpExampleServer
+from tests.tasks.wire import TASKS, Wire, example_on_each_framework
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -24,13 +24,7 @@ TOKENS = {"example-alice-token-51b2": "alice", "example-bob-token-0c7d": "bob"}
 ALICE, BOB = list(TOKENS)
 
 
-@pytest.fixture(scope="module", params=FRAMEWORKS)
-def example(
-    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Iterator[HttpExampleServer]:
-    """The example on each framework: the SDK's `MCPServer`, and FastMCP 4 (`--fastmcp`)."""
-    with example_process(tmp_path_factory.mktemp("example-tasks"), TOKENS, request.param) as process:
-        yield process
+example = example_on_each_framework("example-tasks", TOKENS)
 
 
 @asynccontextmanager

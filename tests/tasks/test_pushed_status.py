@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import tempfile
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -21,9 +21,9 @@ from handles import Handles, streamable_http_app
 from handles.client import follow
 from handles.client.tasks import TasksClientExtension
 from tests.harness.client import mcp_over_http
-from tests.support import FRAMEWORKS, HttpExampleServer, free_port
+from tests.support import HttpExampleServer, free_port
 from tests.tasks.app import build_test_server
-from tests.tasks.wire import ThreadedServer, Wire, example_process
+from tests.tasks.wire import ThreadedServer, Wire, example_on_each_framework
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,13 +33,7 @@ SUBSCRIPTION = "io.modelcontextprotocol/subscriptionId"
 MADE_UP = "WzEsIm5vdC1hLWpvYiIsImV4cG9ydF9kYXRhc2V0IiwxNzk2MTkxOTE2LCJ4Il0.bm90LWEtc2lnbmF0dXJl"
 
 
-@pytest.fixture(scope="module", params=FRAMEWORKS)
-def example(
-    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Iterator[HttpExampleServer]:
-    """The example on the SDK's `MCPServer`, then on FastMCP 4 (`--fastmcp`)."""
-    with example_process(tmp_path_factory.mktemp("example-push"), TOKENS, request.param) as process:
-        yield process
+example = example_on_each_framework("example-push", TOKENS)
 
 
 @pytest.fixture

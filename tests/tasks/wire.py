@@ -22,10 +22,11 @@ from typing import Any
 
 import anyio
 import httpx2
+import pytest
 import uvicorn
 from starlette.types import ASGIApp
 
-from tests.support import HttpExampleServer, new_key
+from tests.support import FRAMEWORKS, HttpExampleServer, new_key
 
 PROTOCOL = "2026-07-28"
 TASKS = "io.modelcontextprotocol/tasks"
@@ -226,3 +227,17 @@ def example_process(
         data_dir, [new_key()], tokens, env=settings, framework=framework
     ).running() as server:
         yield server
+
+
+def example_on_each_framework(label: str, tokens: dict[str, str]) -> Any:
+    """A module-scoped fixture: `example_process` with `tokens`, on each framework in turn (the SDK's
+    `MCPServer`, then FastMCP 4 with `--fastmcp`), its data in a fresh directory named after `label`."""
+
+    @pytest.fixture(scope="module", params=FRAMEWORKS)
+    def example(
+        tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+    ) -> Iterator[HttpExampleServer]:
+        with example_process(tmp_path_factory.mktemp(label), tokens, request.param) as process:
+            yield process
+
+    return example
