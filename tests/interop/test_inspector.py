@@ -10,6 +10,7 @@ the server records the head of every request, so the tests see which methods the
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -226,3 +227,28 @@ def test_a_job_started_by_one_inspector_session_over_stdio_is_finished_by_the_ne
     done = fetched["result"]["structuredContent"]
     assert done["status"] == "completed", done
     assert done["result"]["months"] == 2
+
+
+def test_the_inspector_reads_a_task_s_result_file_through_its_link(
+    example: HttpExampleServer, inspector: Inspector
+) -> None:
+    """An export's CSV comes back as a link (a `resource_link` block and `_meta`), which the Inspector reads
+    with `resources/read` on a connection of its own; to another principal the link names nothing."""
+    connect(inspector, "modern", example.url, ALICE, "modern")
+    exported = inspector.mcpdo("--connection", "modern", "tools/call", "export_dataset", "rows:=50")
+    links = [block for block in exported["content"] if block["type"] == "resource_link"]
+    assert len(links) == 1 and links[0]["mimeType"] == "text/csv", exported
+    uri = links[0]["uri"]
+
+    read = inspector.cli(example.url, "--method", "resources/read", "--uri", uri, headers=bearer(ALICE))
+    (contents,) = read["result"]["contents"]
+    lines = contents["text"].splitlines()
+    assert lines[0] == "id,account,amount,day" and len(lines) == 51
+    assert hashlib.sha256(contents["text"].encode()).hexdigest() == contents["_meta"]["sha256"]
+
+    by_bob = inspector.cli(example.url, "--method", "resources/read", "--uri", uri, headers=bearer(BOB))
+    invented = inspector.cli(
+        example.url, "--method", "resources/read", "--uri", uri[:-4] + "0000", headers=bearer(BOB)
+    )
+    assert "error" in by_bob and "error" in invented, (by_bob, invented)
+    assert by_bob["error"]["message"] == invented["error"]["message"].replace(uri[:-4] + "0000", uri)
