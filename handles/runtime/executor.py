@@ -220,6 +220,8 @@ class Runtime:
         the running jobs over at once, as it does when `drain_seconds` have passed, instead of waiting
         for them. Safe to call from a signal handler's callback."""
         self.begin_drain()
+        if not self._drain_cut.is_set() and self._running:
+            logger.info("drain ended early: %d running job(s) are handed over now", len(self._running))
         self._drain_cut.set()
 
     async def drained(self) -> None:

@@ -114,6 +114,7 @@ def test_a_second_sigterm_ends_the_drain_and_hands_running_jobs_over_at_once(
         server.stop()
     assert code in (0, -15), server.log()[-3000:]
     assert took < 10, f"{took:.1f}s to stop after the second signal"
+    assert "drain ended early: 2 running job(s) are handed over now" in server.log()
     retried, failed = stored_jobs(tmp_path, report, export)
     assert retried.status == "working" and retried.lease_owner is None, (retried.status, retried.lease_owner)
     assert retried.status_message == "Its server is shutting down; another server continues it now."
