@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import Options, Table, inprocess, log, quiet_gc, sqlite_and_postgres, structured
+from bench.common import Options, Stats, Table, inprocess, log, quiet_gc, sqlite_and_postgres, structured
 from bench.durable import DriverInsert
 
 SECTION = "group_commit"
@@ -106,11 +106,6 @@ async def measure(
         return samples
 
 
-def _p50_us(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2] * 1e6
-
-
 async def run(options: Options) -> list[Table]:
     rounds = options.n(400, 20)
     warmup = options.n(40, 4)
@@ -131,7 +126,7 @@ async def run(options: Options) -> list[Table]:
             quiet_gc()
             samples = await measure(data_dir, url, rounds, warmup)
             table.data[name] = {
-                variant: {str(k): _p50_us(values) for k, values in by_k.items()}
+                variant: {str(k): Stats.of(values).p50 * 1000 for k, values in by_k.items()}  # ms -> us
                 for variant, by_k in samples.items()
             }
             for spread in SPREADS:
