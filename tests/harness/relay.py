@@ -160,8 +160,17 @@ class Relay:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.down()
+            self._call(self._end_pending())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+
+    async def _end_pending(self) -> None:
+        """Cancel what still runs on the relay's loop (a connection accepted as it went down, still reaching
+        its target) and let it end, so nothing is left pending when the loop stops."""
+        pending = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     def _call(self, coroutine: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=10)
