@@ -188,6 +188,13 @@ async def write_result_file(
     )
 
 
+def link_size_text(link: ResultLink, *, declared: bool) -> str:
+    """What a linked result is, as the end of a sentence: a file, when the link is the job's declared result
+    (a `ResultFile` job, whatever its size), or a result linked because it is too large to show inline."""
+    what = f"{link.size_bytes} bytes of {link.media_type} ({link.name})"
+    return f"a file, {what}." if declared else f"{what}, too large to show here."
+
+
 def linked_result(link: ResultLink, *, structured: bool) -> dict[str, Any]:
     """The stored `CallToolResult` of a linked result: a sentence, the `resource_link`, the metadata.
 
@@ -195,9 +202,8 @@ def linked_result(link: ResultLink, *, structured: bool) -> dict[str, Any]:
     only for its size has no structured content (its tools then answer the link instead).
     """
     dumped = link.model_dump(mode="json")
-    sentence = (
-        f"The result is {link.size_bytes} bytes of {link.media_type} ({link.name}), too large to show "
-        f"here. {link.read_hint}" + (f" Summary: {link.summary}" if link.summary else "")
+    sentence = f"The result is {link_size_text(link, declared=structured)} {link.read_hint}" + (
+        f" Summary: {link.summary}" if link.summary else ""
     )
     result = CallToolResult(
         content=[

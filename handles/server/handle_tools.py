@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field, create_model
 from handles.errors import CallerError, UnknownHandle
 from handles.job_operations import UNKNOWN_HANDLE, JobOperations
 from handles.jobs import JobSpec, describe_duration
-from handles.results import ResultLink, link_of, tool_error_text
+from handles.results import ResultLink, link_of, link_size_text, tool_error_text
 from handles.server.output_schema import FlatSchemaModel
 from handles.states import Status
 from handles.store import InputRequestRecord, JobRecord, JobState
@@ -359,10 +359,10 @@ class JobTools:
                 link = link_of(job.result)
                 if link is not None:
                     fields["result_link"] = link
+                    declared = job.result.get("structuredContent") is not None  # a ResultFile job's link
                     fields["next"] = (
-                        f"The job is finished; its result is {link.size_bytes} bytes of {link.media_type}, "
-                        f"too large to show here. {link.read_hint} It stays available until "
-                        f"{job.expires_at.isoformat()}."
+                        f"The job is finished; its result is {link_size_text(link, declared=declared)} "
+                        f"{link.read_hint} It stays available until {job.expires_at.isoformat()}."
                     )
         elif status is Status.FAILED:
             is_error = True

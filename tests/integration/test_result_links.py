@@ -137,6 +137,7 @@ async def test_a_text_file_comes_back_as_a_link_and_reads_back_whole_across_part
         assert done["result"] == link  # a ResultFile job's declared result is its link
         assert link["parts"] == 3 and link["summary"] == "An essay." and link["name"] == "essay.txt"
         assert link["uri"] in done["next"] and "parts/0" in done["next"]
+        assert "its result is a file, " in done["next"] and "too large" not in done["next"]
         assert len(json.dumps(done)) < 3_000  # bounded metadata, never the payload
         assert (await read_all(client.client, link)).decode() == TEXT
         whole = await refused(client.client, link["uri"])
@@ -159,6 +160,8 @@ async def test_a_structured_result_past_its_threshold_is_linked_as_json(rig: Any
     assert large["result"] is None
     link = large["result_link"]
     assert link["media_type"] == "application/json" and link["parts"] == 1
+    assert f"its result is {link['size_bytes']} bytes of application/json" in large["next"]
+    assert "too large to show here" in large["next"]
     assert json.loads(await read_all(client.client, link))["rows"][499] == {"id": 499, "name": "row 499"}
 
 
@@ -168,6 +171,11 @@ async def test_the_plain_call_answers_the_link_with_a_resource_link_item(rig: An
     sentence, item = result.content
     assert isinstance(sentence, TextContent) and isinstance(item, ResourceLink)
     assert item.mime_type == "text/csv" and item.size == 8 and item.uri in sentence.text
+    # A file the job returns is a file whatever its size: never called too large to show.
+    assert (
+        sentence.text.startswith("The result is a file, 8 bytes of text/csv")
+        and "too large" not in sentence.text
+    )
     read = await client.client.read_resource(item.uri)
     (content,) = read.contents
     assert isinstance(content, TextResourceContents) and content.text == "a,b\n1,2\n"
