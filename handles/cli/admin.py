@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import importlib
 import logging
 import os
 import secrets
-import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -74,16 +72,16 @@ def worker(args: argparse.Namespace) -> int:
     app.reconfigure(run_workers=True)
 
     async def run() -> None:
+        from handles.server.serving import shutdown_signals
+
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(signum, stop.set)
-        async with app.running():
-            logging.getLogger("handles").info(
-                "worker %s running jobs %s", app.runtime.owner, ", ".join(sorted(app.specs))
-            )
-            await stop.wait()
+        # A signal drains (running jobs may finish for HANDLES_DRAIN_SECONDS); a second one hands them over now.
+        with shutdown_signals(app, stop):
+            async with app.running():
+                logging.getLogger("handles").info(
+                    "worker %s running jobs %s", app.runtime.owner, ", ".join(sorted(app.specs))
+                )
+                await stop.wait()
 
     asyncio.run(run())
     return 0

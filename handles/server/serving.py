@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, cast
 
@@ -52,13 +52,7 @@ async def serve_stdio(server: MCPServer[Any] | FastMCP[Any], handles: Handles) -
     `print` goes to stderr, not onto the wire. A FastMCP server is served by its own `run_stdio_async`.
     """
     stop = asyncio.Event()
-
-    def on_signal() -> None:
-        if stop.is_set():
-            handles.end_drain()  # the drain has begun: this signal ends it
-        stop.set()
-
-    with _shutdown_signals(on_signal):  # installed until the drain below has ended
+    with shutdown_signals(handles, stop):  # installed until the drain below has ended
         async with handles.running():
             serving = asyncio.create_task(_stdio_serving(server), name="handles-stdio")
             stopping = asyncio.create_task(stop.wait())
@@ -75,12 +69,20 @@ async def serve_stdio(server: MCPServer[Any] | FastMCP[Any], handles: Handles) -
 
 
 @contextlib.contextmanager
-def _shutdown_signals(handler: Callable[[], None]) -> Iterator[None]:
-    """`handler` called on the event loop at SIGTERM and SIGINT for the block (where the loop can take them)."""
+def shutdown_signals(handles: Handles, stop: asyncio.Event) -> Iterator[None]:
+    """For the block, SIGTERM and SIGINT set `stop` (the process begins to stop: it drains); once `stop` is
+    set, by a signal or by the caller, a further signal ends the drain at once (`Handles.end_drain`).
+    Where the event loop can take signals (`serve_stdio`, `handles worker`)."""
+
+    def on_signal() -> None:
+        if stop.is_set():
+            handles.end_drain()  # the drain has begun: this signal ends it
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(signum, handler)
+            loop.add_signal_handler(signum, on_signal)
     try:
         yield
     finally:

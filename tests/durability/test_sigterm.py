@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from tests.harness.process import ServerProcess
+from tests.harness.process import ServerProcess, python_module
 from tests.support import FRAMEWORKS
 
 from .harness import example_node, stored_jobs
@@ -121,3 +121,38 @@ def test_a_second_sigterm_ends_the_drain_and_hands_running_jobs_over_at_once(
     assert failed.status == "failed" and "shut" in (failed.status_message or "").lower(), (
         failed.status_message
     )
+
+
+def test_a_second_sigterm_ends_a_workers_drain_and_hands_its_job_over(tmp_path: Path) -> None:
+    """`handles worker` stops as the servers do: the first signal drains, a second one hands over now."""
+    web = example_node(
+        tmp_path, HANDLES_RUN_WORKERS="0", EXAMPLE_JOB_SECONDS="60", HANDLES_LEASE_SECONDS="30"
+    )
+    worker = ServerProcess(
+        python_module("handles.cli", "worker", "--app", "example_server.server:create_jobs"),
+        {**web.env, "HANDLES_RUN_WORKERS": "1", "HANDLES_DRAIN_SECONDS": "25"},
+        tmp_path / "worker.log",
+        None,
+        name="the worker",
+        ready_line=" running jobs ",
+    )
+    web.start()
+    try:
+        worker.start()
+        report = asyncio.run(_start(web.url, "generate_report_start", account="acme", months=3))
+        deadline = time.monotonic() + 10
+        while stored_jobs(tmp_path, report)[0].lease_owner is None:
+            assert time.monotonic() < deadline, "the worker did not take the job"
+            time.sleep(0.1)
+        worker.process.terminate()
+        time.sleep(1.0)
+        assert worker.process.poll() is None, "the first signal drains: the job is still running"
+        code, took = _terminated(worker, timeout=15)
+    finally:
+        worker.stop()
+        web.stop()
+    assert code == 0, worker.log()[-3000:]
+    assert took < 10, f"{took:.1f}s to stop after the second signal"
+    assert "drain ended early: 1 running job(s) are handed over now" in worker.log()
+    (retried,) = stored_jobs(tmp_path, report)
+    assert retried.status == "working" and retried.lease_owner is None, (retried.status, retried.lease_owner)
