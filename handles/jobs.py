@@ -35,6 +35,7 @@ from handles.errors import (
 from handles.limits import MAX_RESULT_BYTES, clean_message
 from handles.results import ResultFile, ResultLink
 from handles.sealing import Redactor, Sealer, sensitive_fields
+from handles.store import run_shielded
 from handles.telemetry import Telemetry
 
 if TYPE_CHECKING:
@@ -383,6 +384,17 @@ class JobContext:
         await self._write_progress()
 
     async def _write_progress(self) -> None:
+        """Store the latest report, if it is not stored yet.
+
+        It runs to its end in a task of its own (`run_shielded`), holding the write lock until the write has
+        landed: a caller cancelled meanwhile (`flush` cancels the delayed write) leaves the lock held, so the
+        next write waits for it. Otherwise an earlier report still at the database (on a worker thread,
+        PostgreSQL) could commit after a later one and overwrite it. With nothing to store and no write at the
+        database, it returns at once (a job's end flushes: a short job's outcome follows without a turn)."""
+        if self._dirty or self._write_lock.locked():
+            await run_shielded(self._write_latest())
+
+    async def _write_latest(self) -> None:
         async with self._write_lock:
             if not self._dirty or self._latest is None:
                 return
