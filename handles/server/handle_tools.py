@@ -27,6 +27,7 @@ from handles.job_operations import UNKNOWN_HANDLE, JobOperations
 from handles.jobs import JobSpec, describe_duration
 from handles.results import ResultLink, link_of, link_size_text, tool_error_text
 from handles.server.output_schema import FlatSchemaModel
+from handles.server.reply_memo import ReplyMemo
 from handles.states import Status
 from handles.store import InputRequestRecord, JobRecord, JobState
 from handles.tool_layout import FOLLOW_VERBS, SHARED_PREFIX, ToolNames
@@ -148,8 +149,9 @@ class ToolReply:
     link: ResultLink | None = None
     """A large result's link, also given as a `resource_link` content item."""
 
-    @property
+    @functools.cached_property
     def text(self) -> str:
+        """The structured content as JSON text (made once: a progress reply may be reused, `ReplyMemo`)."""
         return json.dumps(self.structured, ensure_ascii=False, default=str)
 
 
@@ -191,6 +193,7 @@ class JobTools:
         self.service = service
         self.names = names or ToolNames()
         self.max_wait = service.config.max_wait_seconds
+        self._progress_replies: ReplyMemo[ToolReply] = ReplyMemo()
         result_type: Any = spec.metadata.output_model
         self.fetch_model: type[FetchOutputBase] = create_model(
             f"{spec.name}_fetch_output",
@@ -311,6 +314,13 @@ class JobTools:
             )
             view = await self.service.view(latest)
         job = view.job
+        # The reply is made from the job's state and its steps' alone: an unchanged job's is the last one.
+        # A job waiting for answers is not remembered (its questions are read apart from its state).
+        state = None if view.pending else (job, view.steps)
+        if state is not None:
+            last = self._progress_replies.get(job.id, state)
+            if last is not None:
+                return last
         out = ProgressOutput(
             job=self.spec.name,
             status=Status(job.status),
@@ -334,7 +344,10 @@ class JobTools:
             poll_after_ms=None if Status(job.status).is_terminal else self.poll_after_ms,
             next=self.next_step(job, view.pending),
         )
-        return ToolReply(out.model_dump(mode="json"))
+        reply = ToolReply(out.model_dump(mode="json"))
+        if state is not None:
+            self._progress_replies.put(job.id, state, reply)
+        return reply
 
     async def fetch(self, principal: str, arguments: dict[str, Any]) -> ToolReply:
         job = await self.service.open(self.spec, principal, arguments.get("handle"))
