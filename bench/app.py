@@ -16,6 +16,9 @@ Run it as a server process:
     python -m bench.app --http --port 8123 [--tokens tokens.json]
     python -m bench.app --fastmcp [--http --port 8123]   (the same server on FastMCP 4)
 
+With `BENCH_POLL_PARTS=1` the stdio server also serves section 19's tools (`bench.poll_parts`: a progress
+poll by parts).
+
 Configuration comes from `HANDLES_*` (HANDLES_DATABASE_URL, HANDLES_DATA_DIR, HANDLES_SECRET_KEYS, ...).
 """
 
@@ -220,7 +223,12 @@ def main(argv: list[str] | None = None) -> None:
         _serve_uvicorn(streamable_http_app(fastmcp_server, jobs), args.port)
         return
     if not args.http:
-        asyncio.run(serve_stdio(build_server(jobs), jobs))
+        server = build_server(jobs)
+        if os.environ.get("BENCH_POLL_PARTS"):  # section 19: a poll's parts as tools of their own
+            from bench.poll_parts import add_poll_parts
+
+            add_poll_parts(server, jobs)
+        asyncio.run(serve_stdio(server, jobs))
         return
     options: dict[str, Any] = {}
     if args.tokens:

@@ -12,7 +12,8 @@ status saves for N followers of long jobs), result_links (a large result stored 
 back through its link), console_page (the operator console's jobs page at up to 10^6 stored jobs), steps_poll (14: a progress
 poll by what the job's steps returned), steps (15: what a durable step costs), start_parts (16: the start
 handler by parts), start_drift (17: a start by how many its principal made before it), group_commit (18: what
-one transaction for several starts would save each, the driver alone), handle_timing (refusing a forged
+one transaction for several starts would save each, the driver alone), poll_parts (19: a progress poll over
+stdio by parts, each a tool of its own), handle_timing (refusing a forged
 handle vs another principal's genuine one; about 30 s, so not part of --quick unless named with --only). Absolute times on a shared machine are noisy: read the ratios, measured in the same run.
 """
 
@@ -56,6 +57,7 @@ SECTIONS = (
     "start_parts",
     "start_drift",
     "group_commit",
+    "poll_parts",
 )
 NOT_QUICK = ("handle_timing",)
 """Sections a `--quick` run leaves out unless named with `--only` (each takes more than 20 s)."""
