@@ -50,6 +50,15 @@ def _terminated(server: ServerProcess, timeout: float) -> tuple[int, float]:
     return code, time.monotonic() - began
 
 
+def _signalled_twice(server: ServerProcess) -> tuple[int, float]:
+    """SIGTERM `server`, check a second later that it is still draining its running jobs, and SIGTERM it
+    again: its exit code, and the seconds it took to exit after the second signal."""
+    server.process.terminate()
+    time.sleep(1.0)
+    assert server.process.poll() is None, "the first signal drains: the running jobs are still running"
+    return _terminated(server, timeout=15)
+
+
 async def _start_all(url: str) -> list[str]:
     reports = [await _start(url, "generate_report_start", account=f"a{i}", months=4) for i in range(3)]
     exports = [await _start(url, "export_dataset_start", rows=100) for _ in range(2)]
@@ -106,10 +115,7 @@ def test_a_second_sigterm_ends_the_drain_and_hands_running_jobs_over_at_once(
         report = asyncio.run(_start(server.url, "generate_report_start", account="acme", months=3))
         export = asyncio.run(_start(server.url, "export_dataset_start", rows=100))
         time.sleep(0.5)
-        server.process.terminate()
-        time.sleep(1.0)
-        assert server.process.poll() is None, "the first signal drains: the jobs are still running"
-        code, took = _terminated(server, timeout=15)
+        code, took = _signalled_twice(server)
     finally:
         server.stop()
     assert code in (0, -15), server.log()[-3000:]
@@ -144,10 +150,7 @@ def test_a_second_sigterm_ends_a_workers_drain_and_hands_its_job_over(tmp_path: 
         while stored_jobs(tmp_path, report)[0].lease_owner is None:
             assert time.monotonic() < deadline, "the worker did not take the job"
             time.sleep(0.1)
-        worker.process.terminate()
-        time.sleep(1.0)
-        assert worker.process.poll() is None, "the first signal drains: the job is still running"
-        code, took = _terminated(worker, timeout=15)
+        code, took = _signalled_twice(worker)
     finally:
         worker.stop()
         web.stop()
