@@ -2,7 +2,8 @@
 
 - pickup: from the moment `work_start` is called to the first line of the job function
   (and, for reference, from the moment `work_start` answered; negative when the job was
-  already running before the answer reached the client).
+  already running before the answer reached the client). In the same rounds, the same start with its job
+  before its reply: the runtime's reply-first turns off for it (bench-only), as before change 26.
 - wake: a client waits in a long-poll (`work_fetch` / `work_progress` with `wait_seconds=10`);
   the job function then returns; wake is the time from its return to the long-poll's answer
   (the outcome write, the local notification, the re-read and the reply).
@@ -18,8 +19,10 @@ stores its job before the job may run, so its pickup cannot take less than these
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,22 +73,47 @@ def _bare_server() -> Any:
     return server
 
 
-async def _pickup(c: Any, bare: Any, floor: DriverInsert, mark: str) -> dict[str, float]:
-    """One round of pickup: a 0 s job started (timed to its function's first line and to the answer), then
-    the least a pickup could take, in the same round (the SDK's own call, the durable insert alone)."""
+async def _started_after(c: Any, mark: str) -> tuple[float, float]:
+    """A 0 s job started and run to its end: (its function's first line - `work_start` called, its first
+    line - `work_start` answered)."""
     from bench.app import STARTED
 
     called = time.perf_counter()
     data = await structured(c, "work_start", {"seconds": 0, "mark": mark})
     answered = time.perf_counter()
     await structured(c, "work_fetch", {"handle": data["handle"], "wait_seconds": 10})
+    return STARTED[mark] - called, STARTED[mark] - answered
+
+
+@contextlib.contextmanager
+def _job_before_reply() -> Iterator[None]:
+    """The runtime with no reply-first turns (`REPLY_FIRST_TURNS` = 0, bench-only): a job started by a request
+    begins at once, before its start's reply, as before change 26."""
+    from handles.runtime import executor
+
+    turns = executor.REPLY_FIRST_TURNS
+    executor.REPLY_FIRST_TURNS = 0
+    try:
+        yield
+    finally:
+        executor.REPLY_FIRST_TURNS = turns
+
+
+async def _pickup(c: Any, bare: Any, floor: DriverInsert, mark: str) -> dict[str, float]:
+    """One round of pickup: a 0 s job started (timed to its function's first line and to the answer), the
+    same with the job before the reply, then the least a pickup could take, in the same round (the SDK's own
+    call, the durable insert alone)."""
+    pickup_call, pickup_answer = await _started_after(c, mark)
+    with _job_before_reply():
+        job_first, _ = await _started_after(c, f"{mark}-job-first")
     sdk_call, _ = await timed(lambda: structured(bare, "nothing", {}))
     started = time.perf_counter()
     floor()
     insert = time.perf_counter() - started
     return {
-        "pickup_call": STARTED[mark] - called,
-        "pickup_answer": STARTED[mark] - answered,
+        "pickup_call": pickup_call,
+        "pickup_answer": pickup_answer,
+        "pickup_job_first": job_first,
         "sdk_call": sdk_call,
         "floor": insert,
         "least": sdk_call + insert,
@@ -134,6 +162,7 @@ async def measure(data_dir: Path, database_url: str, n: int, warmup: int) -> dic
         for key in (
             "pickup_call",
             "pickup_answer",
+            "pickup_job_first",
             "sdk_call",
             "floor",
             "least",
@@ -183,6 +212,11 @@ async def run(options: Options) -> list[Table]:
             for key, what, target in (
                 ("pickup_call", "pickup: work_start called -> job function running", PICKUP_TARGET_MS),
                 ("pickup_answer", "(job function running - work_start answered)", None),
+                (
+                    "pickup_job_first",
+                    "(pickup with the job before the start's reply: no reply-first turns, bench-only)",
+                    None,
+                ),
                 ("sdk_call", "(the SDK's own call of an async no-op tool, bare server)", None),
                 ("floor", "(the job's row inserted durably by the driver alone)", None),
                 ("least", "(the least a pickup could take: the two above, per round)", None),
@@ -209,6 +243,10 @@ async def run(options: Options) -> list[Table]:
         "worker slot the job is inserted already leased to the local runtime (claim at insert), so no separate "
         "claim write is needed; the job function starts a few turns of the event loop after the start has answered "
         "(its reply goes first), and this in-process client, on the same loop, takes its reply in those turns.",
+        "Pickup with the job before the start's reply: in the same rounds, the same start with the runtime's "
+        "reply-first turns set to 0 for it (`REPLY_FIRST_TURNS`, bench-only), so the job's first step goes before "
+        "the reply, as it did before change 26. The two rows' difference is what giving this in-process client "
+        "its reply first costs a pickup; on one event loop, the job's first step goes into the reply's time instead.",
         "The least a pickup could take is measured in the same rounds: the SDK's in-process call of an async tool "
         "that does nothing, on a bare MCPServer with no handles code (a second in-process client), plus the "
         "newest job's row inserted again, durably, by the database driver alone (section 2's floor). A start "
