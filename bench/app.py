@@ -17,7 +17,9 @@ Run it as a server process:
     python -m bench.app --fastmcp [--http --port 8123]   (the same server on FastMCP 4)
 
 With `BENCH_POLL_PARTS=1` the stdio server also serves section 19's tools (`bench.poll_parts`: a progress
-poll by parts).
+poll by parts). With `BENCH_STARTED_FILE=path` a `work` job with a `mark` also appends the line `MARK TIME` to
+that file when its function begins (`time.perf_counter()`, the system-wide monotonic clock on Linux), so a client
+in another process learns it (section 3's pickup over stdio and HTTP).
 
 Configuration comes from `HANDLES_*` (HANDLES_DATABASE_URL, HANDLES_DATA_DIR, HANDLES_SECRET_KEYS, ...).
 """
@@ -74,10 +76,16 @@ class NoopResult(BaseModel):
     ok: bool
 
 
+_STARTED_FILE = os.environ.get("BENCH_STARTED_FILE")
+
+
 async def work(ctx: JobContext, seconds: float = 0.0, mark: str = "") -> WorkResult:
     """Sleep `seconds` and return; `seconds < 0` waits until the benchmark opens `gate(mark)`."""
     if mark:
         STARTED[mark] = time.perf_counter()
+        if _STARTED_FILE:
+            with open(_STARTED_FILE, "a") as started:
+                started.write(f"{mark} {STARTED[mark]!r}\n")
     if seconds > 0:
         await asyncio.sleep(seconds)
     elif seconds < 0:

@@ -8,7 +8,10 @@
   the job function then returns; wake is the time from its return to the long-poll's answer
   (the outcome write, the local notification, the re-read and the reply).
 
-In-process (`mcp.Client(server)`), so the job function and the client share one clock.
+In-process (`mcp.Client(server)`), so the job function and the client share one clock. The pickup is also
+measured with the client in a process of its own, over stdio and over Streamable HTTP (`python -m bench.app`
+on the same database): the job's function writes when it begins to a file (`BENCH_STARTED_FILE`), on the
+system-wide monotonic clock both processes share.
 
 The least a pickup could take, in the same rounds: the SDK's own in-process call of an async tool that does
 nothing, on a bare `MCPServer` (no `handles` code: what any tool call costs before its tool runs), plus the
@@ -20,17 +23,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.common import (
+    REPO_ROOT,
     Options,
     Stats,
     Table,
     client,
+    handles_env,
+    handles_http_server,
     inprocess,
     log,
     ms,
@@ -190,6 +197,63 @@ async def measure(data_dir: Path, database_url: str, n: int, warmup: int) -> dic
     return samples
 
 
+ACROSS = ("stdio", "http")
+"""The transports of the pickup with the client in another process."""
+
+
+@contextlib.asynccontextmanager
+async def _served(transport: str, data_dir: Path, database_url: str, started: Path) -> AsyncIterator[Any]:
+    """A client of `python -m bench.app` in a process of its own, over `transport`, whose `work` jobs write
+    when they begin to `started` (`BENCH_STARTED_FILE`)."""
+    from mcp import StdioServerParameters
+
+    env = {"BENCH_STARTED_FILE": str(started)}
+    if transport == "stdio":
+        params = StdioServerParameters(
+            command=sys.executable,
+            args=["-m", "bench.app", "--stdio"],
+            env=handles_env(data_dir, database_url, **env),
+            cwd=REPO_ROOT,
+        )
+        async with client(params, tasks=False) as c:
+            yield c
+        return
+    process = handles_http_server(data_dir, database_url=database_url, **env).start()
+    try:
+        async with client(process.url, tasks=False) as c:
+            yield c
+    finally:
+        process.stop()
+
+
+async def measure_across(
+    transport: str, data_dir: Path, database_url: str, n: int, warmup: int
+) -> dict[str, list[float]]:
+    """Pickup with the client in another process than the server (`transport`): each round a 0 s job started
+    (timed to its function's first line, read back from the file the server's job writes, and to the answer),
+    then the no-op plain tool over the same connection."""
+    started = data_dir / f"started-{transport}.txt"
+    samples: dict[str, list[float]] = {"pickup": [], "after_answer": [], "noop": []}
+    begun: dict[str, float] = {}
+    async with _served(transport, data_dir, database_url, started) as c:
+        for index in range(warmup + n):
+            mark = f"{transport}-{index}"
+            called = time.perf_counter()
+            data = await structured(c, "work_start", {"seconds": 0, "mark": mark})
+            answered = time.perf_counter()
+            await structured(c, "work_fetch", {"handle": data["handle"], "wait_seconds": 10})
+            noop, _ = await timed(lambda: c.call_tool("noop", {}))
+            if mark not in begun:
+                for line in started.read_text().splitlines():
+                    name, _, at = line.partition(" ")
+                    begun[name] = float(at)
+            if index >= warmup:
+                samples["pickup"].append(begun[mark] - called)
+                samples["after_answer"].append(begun[mark] - answered)
+                samples["noop"].append(noop)
+    return samples
+
+
 async def run(options: Options) -> list[Table]:
     n = options.n(300, 25)
     warmup = options.n(20, 5)
@@ -208,6 +272,11 @@ async def run(options: Options) -> list[Table]:
             quiet_gc()
             data_dir = Path(tempfile.mkdtemp(prefix="pickup-", dir=options.work_dir))
             samples = await measure(data_dir, url, n, warmup)
+            for transport in ACROSS:
+                log(f"pickup: {label}, a client in another process over {transport}, {n} rounds")
+                across = await measure_across(transport, data_dir, url, n, warmup)
+                for key, values in across.items():
+                    samples[f"{key}_{transport}"] = values
             table.data[label] = {}
             for key, what, target in (
                 ("pickup_call", "pickup: work_start called -> job function running", PICKUP_TARGET_MS),
@@ -220,6 +289,24 @@ async def run(options: Options) -> list[Table]:
                 ("sdk_call", "(the SDK's own call of an async no-op tool, bare server)", None),
                 ("floor", "(the job's row inserted durably by the driver alone)", None),
                 ("least", "(the least a pickup could take: the two above, per round)", None),
+                *(
+                    row
+                    for transport in ACROSS
+                    for row in (
+                        (
+                            f"pickup_{transport}",
+                            f"pickup over {transport}, the client in another process: work_start called -> job "
+                            "function running",
+                            None,
+                        ),
+                        (
+                            f"after_answer_{transport}",
+                            f"(over {transport}: job function running - work_start answered)",
+                            None,
+                        ),
+                        (f"noop_{transport}", f"(over {transport}: the no-op plain tool, same rounds)", None),
+                    )
+                ),
                 ("wake_fetch", "wake: job returned -> waiting work_fetch answers", WAKE_TARGET_MS),
                 ("wake_progress", "wake: job returned -> waiting work_progress answers", WAKE_TARGET_MS),
             ):
@@ -239,6 +326,10 @@ async def run(options: Options) -> list[Table]:
                     ]
                 )
     table.notes += [
+        "Over stdio and HTTP the client is in a process of its own (`python -m bench.app`, the same database), "
+        "so it reads its reply outside the server's event loop; the job's first line is read back from a file "
+        "its function writes (`BENCH_STARTED_FILE`), its time on the system-wide monotonic clock both "
+        "processes share. The target is judged on the in-process row, as it was set.",
         "Pickup includes the whole work_start call (validation, the durable insert, the handle); with a free "
         "worker slot the job is inserted already leased to the local runtime (claim at insert), so no separate "
         "claim write is needed; the job function starts a few turns of the event loop after the start has answered "
