@@ -272,6 +272,19 @@ def handles_env(data_dir: Path, database_url: str = "", **extra: str) -> dict[st
     return server_env(data_dir, **(settings | extra))
 
 
+def handles_stdio_server(data_dir: Path, *, database_url: str = "", fastmcp: bool = False, **env: str) -> Any:
+    """The parameters of a `python -m bench.app --stdio` server process (the official client's
+    `StdioServerParameters`), its data in `data_dir`, with `env` added to its environment."""
+    from mcp import StdioServerParameters
+
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "bench.app", "--stdio", *(["--fastmcp"] if fastmcp else [])],
+        env=handles_env(data_dir, database_url, **env),
+        cwd=REPO_ROOT,
+    )
+
+
 def handles_http_server(
     data_dir: Path, *, database_url: str = "", tokens: Path | None = None, fastmcp: bool = False, **env: str
 ) -> ServerProcess:

@@ -14,21 +14,19 @@ other timed call.
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    REPO_ROOT,
     SIGNING_KEY,
     Options,
     Stats,
     Table,
     client,
-    handles_env,
     handles_http_server,
+    handles_stdio_server,
     log,
     ms,
     quiet_gc,
@@ -105,8 +103,6 @@ async def measure_client(c: Any, rounds: int, warmup: int) -> dict[str, list[flo
 
 
 async def run_transport(transport: str, rounds: int, warmup: int, work: Path) -> dict[str, list[float]]:
-    from mcp import StdioServerParameters
-
     from bench.app import build_server, create_jobs
     from handles import HandlesConfig
 
@@ -118,13 +114,7 @@ async def run_transport(transport: str, rounds: int, warmup: int, work: Path) ->
             return await measure_client(c, rounds, warmup)
     fastmcp = transport.startswith("fastmcp-")
     if transport.endswith("stdio"):
-        params = StdioServerParameters(
-            command=sys.executable,
-            args=["-m", "bench.app", "--stdio", *(["--fastmcp"] if fastmcp else [])],
-            env=handles_env(data_dir),
-            cwd=REPO_ROOT,
-        )
-        async with client(params) as c:
+        async with client(handles_stdio_server(data_dir, fastmcp=fastmcp)) as c:
             return await measure_client(c, rounds, warmup)
     server_process = handles_http_server(data_dir, fastmcp=fastmcp).start()
     try:

@@ -23,21 +23,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.common import (
-    REPO_ROOT,
     Options,
     Stats,
     Table,
     client,
-    handles_env,
     handles_http_server,
+    handles_stdio_server,
     inprocess,
     log,
     ms,
@@ -80,16 +78,35 @@ def _bare_server() -> Any:
     return server
 
 
-async def _started_after(c: Any, mark: str) -> tuple[float, float]:
+async def _started_after(
+    c: Any, mark: str, began: Callable[[str], float] | None = None
+) -> tuple[float, float]:
     """A 0 s job started and run to its end: (its function's first line - `work_start` called, its first
-    line - `work_start` answered)."""
+    line - `work_start` answered). `began`: when the job marked so began; by default, as this process's
+    `bench.app` recorded it (an in-process server)."""
     from bench.app import STARTED
 
     called = time.perf_counter()
     data = await structured(c, "work_start", {"seconds": 0, "mark": mark})
     answered = time.perf_counter()
     await structured(c, "work_fetch", {"handle": data["handle"], "wait_seconds": 10})
-    return STARTED[mark] - called, STARTED[mark] - answered
+    at = (began or STARTED.__getitem__)(mark)
+    return at - called, at - answered
+
+
+def _began_in(path: Path) -> Callable[[str], float]:
+    """When each marked job began, as a server process's `work` jobs write it to `path`
+    (`BENCH_STARTED_FILE`: a line `MARK TIME` each), read again when a mark is not known yet."""
+    begun: dict[str, float] = {}
+
+    def at(mark: str) -> float:
+        if mark not in begun:
+            for line in path.read_text().splitlines():
+                name, _, time_ = line.partition(" ")
+                begun[name] = float(time_)
+        return begun[mark]
+
+    return at
 
 
 @contextlib.contextmanager
@@ -205,17 +222,9 @@ ACROSS = ("stdio", "http")
 async def _served(transport: str, data_dir: Path, database_url: str, started: Path) -> AsyncIterator[Any]:
     """A client of `python -m bench.app` in a process of its own, over `transport`, whose `work` jobs write
     when they begin to `started` (`BENCH_STARTED_FILE`)."""
-    from mcp import StdioServerParameters
-
     env = {"BENCH_STARTED_FILE": str(started)}
     if transport == "stdio":
-        params = StdioServerParameters(
-            command=sys.executable,
-            args=["-m", "bench.app", "--stdio"],
-            env=handles_env(data_dir, database_url, **env),
-            cwd=REPO_ROOT,
-        )
-        async with client(params, tasks=False) as c:
+        async with client(handles_stdio_server(data_dir, database_url=database_url, **env), tasks=False) as c:
             yield c
         return
     process = handles_http_server(data_dir, database_url=database_url, **env).start()
@@ -233,23 +242,15 @@ async def measure_across(
     (timed to its function's first line, read back from the file the server's job writes, and to the answer),
     then the no-op plain tool over the same connection."""
     started = data_dir / f"started-{transport}.txt"
+    began = _began_in(started)
     samples: dict[str, list[float]] = {"pickup": [], "after_answer": [], "noop": []}
-    begun: dict[str, float] = {}
     async with _served(transport, data_dir, database_url, started) as c:
         for index in range(warmup + n):
-            mark = f"{transport}-{index}"
-            called = time.perf_counter()
-            data = await structured(c, "work_start", {"seconds": 0, "mark": mark})
-            answered = time.perf_counter()
-            await structured(c, "work_fetch", {"handle": data["handle"], "wait_seconds": 10})
+            pickup, after_answer = await _started_after(c, f"{transport}-{index}", began)
             noop, _ = await timed(lambda: c.call_tool("noop", {}))
-            if mark not in begun:
-                for line in started.read_text().splitlines():
-                    name, _, at = line.partition(" ")
-                    begun[name] = float(at)
             if index >= warmup:
-                samples["pickup"].append(begun[mark] - called)
-                samples["after_answer"].append(begun[mark] - answered)
+                samples["pickup"].append(pickup)
+                samples["after_answer"].append(after_answer)
                 samples["noop"].append(noop)
     return samples
 

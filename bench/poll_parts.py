@@ -23,7 +23,6 @@ minus the p50 of the row before it.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any
@@ -31,12 +30,11 @@ from typing import Annotated, Any
 from mcp_types import CallToolResult
 
 from bench.common import (
-    REPO_ROOT,
     Options,
     Stats,
     Table,
     client,
-    handles_env,
+    handles_stdio_server,
     log,
     quiet_gc,
     shuffled_rounds,
@@ -110,15 +108,8 @@ def add_poll_parts(server: Any, jobs: Any) -> None:
 
 
 async def measure(rounds: int, warmup: int) -> dict[str, list[float]]:
-    from mcp import StdioServerParameters
-
     data_dir = Path(tempfile.mkdtemp(prefix="poll-parts-"))
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "bench.app", "--stdio"],
-        env=handles_env(data_dir, BENCH_POLL_PARTS="1"),
-        cwd=REPO_ROOT,
-    )
+    params = handles_stdio_server(data_dir, BENCH_POLL_PARTS="1")
     async with client(params) as c:
         await c.list_tools()
         running = (await structured(c, "work_start", {"seconds": 3600}))["handle"]

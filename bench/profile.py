@@ -30,7 +30,18 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import Options, Stats, Table, client, handles_http_server, inprocess, log, ms, structured
+from bench.common import (
+    Options,
+    Stats,
+    Table,
+    client,
+    handles_http_server,
+    handles_stdio_server,
+    inprocess,
+    log,
+    ms,
+    structured,
+)
 
 SECTION = "profile"
 PRINCIPAL = "local:local"
@@ -458,9 +469,6 @@ async def owners(options: Options) -> list[Table]:
     `work_start`, over stdio and Streamable HTTP: what a call adds to the no-op, and who spends it."""
     import os
 
-    from mcp import StdioServerParameters
-
-    from bench.common import REPO_ROOT, handles_env
     from tests.harness.process import cpu_seconds
 
     spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
@@ -489,12 +497,7 @@ async def owners(options: Options) -> list[Table]:
         async with contextlib.AsyncExitStack() as stack:
             if transport == "stdio":
                 before = set(_children(os.getpid()))
-                params = StdioServerParameters(
-                    command=sys.executable,
-                    args=["-m", "bench.app", "--stdio"],
-                    env=handles_env(data_dir),
-                    cwd=REPO_ROOT,
-                )
+                params = handles_stdio_server(data_dir)
                 c = await stack.enter_async_context(client(params))
                 new = [pid for pid in _children(os.getpid()) if pid not in before]
                 server_pid = new[0]
@@ -658,10 +661,6 @@ async def inside_server(options: Options) -> Table:
     calls, as a real server has them), against the same timed in-process back to back (warm)."""
     import json
 
-    from mcp import StdioServerParameters
-
-    from bench.common import REPO_ROOT, handles_env
-
     n = options.n(1000, 100)
     table = Table(
         section=SECTION,
@@ -671,12 +670,7 @@ async def inside_server(options: Options) -> Table:
     )
     data_dir = Path(tempfile.mkdtemp(prefix="inside-", dir=options.work_dir))
     times = data_dir / "handler-times.json"
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "bench.app", "--stdio"],
-        env={**handles_env(data_dir), "BENCH_HANDLER_TIMES": str(times)},
-        cwd=REPO_ROOT,
-    )
+    params = handles_stdio_server(data_dir, BENCH_HANDLER_TIMES=str(times))
     async with client(params) as c:
         running = (await structured(c, "work_start", {"seconds": 3600}))["handle"]
         for _ in range(100 + n):
