@@ -1,10 +1,13 @@
-"""The benchmark suite of `handles` (issue 7): one command runs every section and prints markdown tables.
+"""The benchmark suite of `handles`: one command runs every section and prints markdown tables.
 
     python bench/run.py                       # the full suite (several minutes)
     python bench/run.py --quick               # a smoke run, well under two minutes
     python bench/run.py --only overhead       # one section (repeatable: --only pickup --only peer)
     python bench/run.py --json out.json       # also write every figure as JSON
     python bench/run.py --quick --no-peer     # skip the FastMCP peer (no venv to create)
+
+A full run (no --quick, --only or --no-peer) keeps its headline figures in bench/results/headline.json and
+redraws docs/img/performance-*.svg from them (bench/charts.py).
 
 Sections: overhead (1), durable (2), pickup (3), store_scale (4), concurrency (5), peer (6),
 multinode (7), profile (hot paths of work_progress and work_start), push (13: the requests pushed task
@@ -13,8 +16,8 @@ back through its link), console_page (the operator console's jobs page at up to 
 poll by what the job's steps returned), steps (15: what a durable step costs), start_parts (16: the start
 handler by parts), start_drift (17: a start by how many its principal made before it), group_commit (18: what
 one transaction for several starts would save each, the driver alone), poll_parts (19: a progress poll over
-stdio by parts, each a tool of its own), filed (20: issue 14's rows in absolute time, the code it was filed
-against and this code on one host, in alternation; about seven minutes), handle_timing (refusing a forged
+stdio by parts, each a tool of its own), filed (20: the start and pickup rows in absolute time, the code the targets were
+set against and this code on one host, in alternation; about seven minutes), handle_timing (refusing a forged
 handle vs another principal's genuine one; about 30 s). The last two are not part of --quick unless named with --only. Absolute times on a shared machine are noisy: read the ratios, measured in the same run.
 """
 
@@ -95,6 +98,25 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def full_run(args: argparse.Namespace) -> bool:
+    """Whether this run is the full suite with the peer, whose figures the performance page's charts draw."""
+    return not (args.quick or args.only or args.no_peer)
+
+
+def _redraw_charts(results: dict[str, object]) -> None:
+    from bench import charts
+
+    try:
+        written = charts.record_run(results)
+    except charts.MissingFigures as exc:
+        log(f"charts not redrawn: {exc}")
+        return
+    log(
+        f"figures kept in {charts.HEADLINE.relative_to(charts.REPO_ROOT)}; charts redrawn: "
+        + ", ".join(str(path.relative_to(charts.REPO_ROOT)) for path in written)
+    )
+
+
 async def main_async(args: argparse.Namespace, command: str) -> int:
     import os
 
@@ -151,10 +173,13 @@ async def main_async(args: argparse.Namespace, command: str) -> int:
     out.append("\n".join(footer) + "\n")
     if args.markdown:
         args.markdown.write_text("\n".join(out))
+    results = json.loads(
+        json.dumps({"environment": info, "tables": [t.as_dict() for t in tables]}, default=str)
+    )
     if args.json:
-        args.json.write_text(
-            json.dumps({"environment": info, "tables": [t.as_dict() for t in tables]}, indent=2, default=str)
-        )
+        args.json.write_text(json.dumps(results, indent=2))
+    if full_run(args) and not failures:
+        _redraw_charts(results)
     if args.keep:
         log(f"scratch directory kept: {work_dir}")
     else:
