@@ -8,7 +8,9 @@ every job.
 
 What a server author imports is here; a client author imports `handles.client`, and the
 errors a caller can see are in `handles.errors`. Names are imported on first use, so
-`handles.cli` and the store stay quick to load.
+`handles.cli` and the store stay quick to load. `handles.__version__` is the installed
+distribution's version (`mcp-handles`, from its metadata), or `0+unknown` for a checkout that
+was never installed.
 """
 
 from __future__ import annotations
@@ -27,6 +29,14 @@ if TYPE_CHECKING:
     from handles.results import ResultFile, ResultLink
     from handles.server.serving import serve_http, serve_stdio, streamable_http_app
     from handles.states import Status
+
+    __version__: str
+
+_DISTRIBUTION = "mcp-handles"
+"""The name this package is installed under: its metadata holds the version (pyproject.toml's)."""
+
+_UNKNOWN_VERSION = "0+unknown"
+"""`__version__` of a checkout imported without being installed (no metadata to read it from)."""
 
 _EXPORTS = {
     # define jobs and bind them
@@ -71,7 +81,19 @@ assert sorted(__all__) == sorted(_EXPORTS)
 deprecations.install()
 
 
+def _installed_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(_DISTRIBUTION)
+    except PackageNotFoundError:
+        return _UNKNOWN_VERSION
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()[name] = installed = _installed_version()
+        return installed
     module = _EXPORTS.get(name)
     if module is None:
         if name in deprecations.MOVED_NAMES:

@@ -11,6 +11,7 @@
 - `handles manifest URL`: what a server offers a client (protocol, Tasks, jobs and their modes), and
   whether it meets a workflow's requirements (`--modes`, `--job`).
 - `handles console --port N`: the operator web console (docs/console.md), behind HANDLES_CONSOLE_TOKEN.
+- `handles --version`: the installed version.
 
 It reads the same `HANDLES_*` environment as the servers (`handles manifest` only needs the URL).
 

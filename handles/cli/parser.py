@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
+import handles
 from handles.cli.admin import CONSOLE_TOKEN_ENV, console, db_upgrade, keygen, worker
 from handles.cli.capabilities import _modes, _required_job, manifest
 from handles.cli.common import operator_name
@@ -23,8 +26,23 @@ def _age(value: str) -> timedelta:
         ) from None
 
 
+class _PrintVersion(argparse.Action):
+    """`--version`: print `handles VERSION` and exit; the version is read only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        kwargs.update(nargs=0, default=argparse.SUPPRESS)
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(f"{parser.prog} {handles.__version__}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="handles", description="Operate a handles deployment.")
+    parser.add_argument(
+        "--version", action=_PrintVersion, help="print the installed version of handles and exit"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     jobs = commands.add_parser("jobs", help="see and steer stored jobs").add_subparsers(
