@@ -985,11 +985,17 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
 
     # -- durable steps --------------------------------------------------------
 
-    def begin_step(self, job_id: str, owner: str, name: str, attempt: int) -> tuple[StepRecord, bool]:
+    def begin_step(
+        self, job_id: str, owner: str, name: str, attempt: int, *, started_at: datetime | None = None
+    ) -> tuple[StepRecord, bool]:
         """Record that step `name` starts, unless it is already known: (record, fresh).
 
         Not fresh: the step completed before (replay its result) or started without
         a recorded outcome (unknown). A failed step is started afresh.
+
+        `started_at` (when given; else now) makes the start safe to try again: a try that finds the step
+        started with this very attempt and time finds its own earlier try, committed though its answer was
+        lost (a database outage, `Store.write_report`), and answers fresh.
 
         Raises `LeaseLost` when `owner` no longer holds the job. A step's two writes run past the ORM
         session, whose unit of work cost ten times their statements (a job of many steps pays both writes
@@ -998,16 +1004,18 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         (`_BEGIN_STEP_IN_ONE`), its own transaction in autocommit, one round trip past the write pool's
         ping, with the change notice sent by the statement only when it started the step.
         """
-        now = self.clock()
+        now = self.clock() if started_at is None else started_at
         values: dict[str, Any] = {"job_id": job_id, "name": name, "status": "started", "attempt": attempt}
         values |= {"started_at": now, "finished_at": None, "result": None, "error": None}
+        own = None if started_at is None else (attempt, started_at)  # what an earlier try stored
         if self.dialect == "postgresql":
-            return self._begin_step_in_one(values, owner, now)
+            return self._begin_step_in_one(values, owner, now, own)
         with self._sqlite_writing() as connection:
             self._hold_lease(connection, job_id, owner)
             found = self._prepare(_STEP_BY_NAME).rows(connection, {"job_id": job_id, "name": name})
             if found and found[0]["status"] != "failed":
-                return _detached(StepRecord, found[0]), False
+                known = _detached(StepRecord, found[0])
+                return known, _own_start(known, own)
             if found:
                 self._execute(connection, _RESTART_STEP, values | _set_values(values, _RESTARTED))
             else:
@@ -1016,7 +1024,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         return _detached(StepRecord, values), True
 
     def _begin_step_in_one(
-        self, values: dict[str, Any], owner: str, now: datetime
+        self, values: dict[str, Any], owner: str, now: datetime, own: tuple[int, datetime] | None
     ) -> tuple[StepRecord, bool]:
         """`begin_step` on PostgreSQL: `_BEGIN_STEP_IN_ONE` in autocommit, with its change notice when
         `publishing` gives one."""
@@ -1026,12 +1034,14 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         if outcome["touched"]:
             return _detached(StepRecord, values), True
         if outcome["known"] is not None:
-            return _from_json(_STEPS, StepRecord, outcome["known"]), False
+            known = _from_json(_STEPS, StepRecord, outcome["known"])
+            return known, _own_start(known, own)
         # Started by a concurrent writer that the job's lock made the statement wait for: its snapshot,
         # taken before that wait, does not show the step, which a read now does.
         with self._postgres_autocommit() as connection:
             (stored,) = self._prepare(_STEP_BY_NAME).rows(connection, values)
-        return _detached(StepRecord, stored), False
+        known = _detached(StepRecord, stored)
+        return known, _own_start(known, own)
 
     def finish_step(
         self,
@@ -1416,6 +1426,12 @@ def _pending(session: Session, job_id: str) -> list[InputRequestRecord]:
     """A job's unanswered questions as session objects (for writes that change them)."""
     where, order = _pending_clause(job_id)
     return list(session.exec(select(InputRequestRecord).where(where).order_by(*order)))
+
+
+def _own_start(step: StepRecord, own: tuple[int, datetime] | None) -> bool:
+    """Whether the stored `step` is the start `own` (attempt, start time) itself, which an earlier try of
+    `begin_step` given the same start time committed: still started, with that attempt and time."""
+    return own is not None and (step.status, step.attempt, step.started_at) == ("started", *own)
 
 
 def _claimable(now: datetime) -> tuple[Any, ...]:
