@@ -368,7 +368,7 @@ class Runtime:
         repo = self.store.repo
         message = "Queued: its server is shutting down; another server starts it shortly."
         await self.store.write_queued(
-            job_id, repo.release, job_id, self.owner, run_after=repo.clock(), message=message, resuming=True
+            job_id, repo.release, job_id, self.owner, message=message, resuming=True
         )
 
     async def _requeued(self, job_id: str) -> None:

@@ -35,9 +35,14 @@ class Housekeeping(Database):
 
     clock: Clock  # set by JobRepository
 
+    def _lease_now(self, now: datetime) -> Any:
+        """`now` by the clock that judges leases and deadlines (JobRepository's: the database's, or `now`)."""
+        return now
+
     def overdue(self, limit: int) -> dict[str, list[JobRecord]]:
-        """Active jobs past a deadline: `ttl` (past expires_at), `input` (no answer in time), `abandoned`."""
-        now = self.clock()
+        """Active jobs past a deadline: `ttl` (past expires_at), `input` (no answer in time), `abandoned`; judged
+        by the lease clock (the database's, on PostgreSQL), as every node sets them."""
+        now = self._lease_now(self.clock())
         active = col(JobRecord.status).in_(list(ACTIVE))
         with self._reading() as session:
             return {
@@ -89,7 +94,10 @@ class Housekeeping(Database):
         two nodes sweeping at once, each takes jobs the other has not, so every job is archived once (SQLite's
         `BEGIN IMMEDIATE` lets one sweep at a time read them)."""
         now = self.clock()
-        expired = (col(JobRecord.expires_at) < now, col(JobRecord.status).in_(list(TERMINAL)))
+        expired = (
+            col(JobRecord.expires_at) < self._lease_now(now),
+            col(JobRecord.status).in_(list(TERMINAL)),
+        )
         with self._writing() as session:
             if keep_evidence_seconds is not None:
                 jobs = list(
