@@ -512,8 +512,9 @@ class JobContext:
     ) -> Any:
         repo = self._store.repo
         attempt = self.attempt  # the step's start: its outcome is written for it even if the lease moves
+        # Its start time fixed here: a try again after an outage knows its own committed start by it.
         record, fresh = await self._store.write_report(
-            self.job_id, repo.begin_step, self.job_id, self._owner, name, attempt
+            self.job_id, repo.begin_step, self.job_id, self._owner, name, attempt, started_at=repo.clock()
         )
         if not fresh and record.status == "completed":
             return record.result

@@ -129,6 +129,7 @@ class Runtime:
             telemetry=self.telemetry,
         )
         store.origin = self.owner
+        store.writable_until = self._leases.writable_until  # what a run knows is written through an outage
         self._started = False
         self._draining = False
         self._closed = False
@@ -367,7 +368,7 @@ class Runtime:
         repo = self.store.repo
         message = "Queued: its server is shutting down; another server starts it shortly."
         await self.store.write_queued(
-            job_id, repo.release, job_id, self.owner, run_after=repo.clock(), message=message, resuming=True
+            job_id, repo.release, job_id, self.owner, message=message, resuming=True
         )
 
     async def _requeued(self, job_id: str) -> None:
@@ -396,6 +397,7 @@ class Runtime:
         )
         entry = _Running(spec=spec, ctx=ctx, replay=replay, reply_first=reply_first, settled=settled)
         self._running[record.id] = entry
+        self._leases.leased(record.id)
         entry.task = asyncio.create_task(self._execute(entry, record), name=f"handles-job-{spec.name}")
 
     async def _dispatch_loop(self) -> None:
@@ -517,27 +519,16 @@ class Runtime:
         return counts
 
     async def _record_outcome(self, job_id: str, status: Status, values: dict[str, Any]) -> bool:
-        """Store a job's final state, waiting out a database outage for up to two lease periods.
-
-        The heartbeat keeps the lease alive meanwhile. Past that, the lease runs out and
-        the sweep of whichever node sees the database first settles the job.
-        """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(2 * self.config.lease_seconds, 10.0)
-        delay = 0.2
-        while True:
-            try:
-                return await self.store.write_short(
-                    job_id, self.store.repo.transition, job_id, status, owner=self.owner, **values
-                )
-            except StoreUnavailable:
-                if loop.time() + delay > deadline:
-                    logger.error(
-                        "could not store the outcome of job %s: the database stayed unavailable", job_id
-                    )
-                    return False
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        """Store a job's final state, waiting out a database outage while its lease may still be this
+        node's (`Store.write_short`; the heartbeat renews the lease meanwhile). Past that, the sweep of
+        whichever node sees the database first settles the job."""
+        try:
+            return await self.store.write_short(
+                job_id, self.store.repo.transition, job_id, status, owner=self.owner, **values
+            )
+        except StoreUnavailable:
+            logger.error("could not store the outcome of job %s: the database stayed unavailable", job_id)
+            return False
 
     async def _result_of(self, spec: JobSpec, record: JobRecord, value: Any) -> dict[str, Any]:
         """The result to store: the job's own, or a link to the file it is stored in when it is a

@@ -1,5 +1,6 @@
-"""The heartbeat: keeps this node's leases alive (while jobs run and while their outcome is written)
-and hears about cancels requested elsewhere and jobs that ended elsewhere."""
+"""The heartbeat: keeps this node's leases alive (while jobs run and while their outcome is written),
+knows how long a run's writes may wait out a database outage (`LeaseKeeper.writable_until`), and hears
+about cancels requested elsewhere and jobs that ended elsewhere."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from handles.errors import StoreUnavailable
 from handles.store import Store
 
 logger = logging.getLogger("handles.runtime")
+
+OUTAGE_PATIENCE_SECONDS = 10.0
+"""How long, at least, a run's write of what it knows waits out a database outage (`writable_until`)."""
 
 
 async def every(
@@ -36,6 +40,9 @@ async def every(
 
 
 class LeaseKeeper:
+    """Renews the leases of the jobs this node runs, and knows from when each was last renewed how long a
+    write of what a run knows waits out a database outage (`writable_until`, `Store.writable_until`)."""
+
     def __init__(
         self,
         *,
@@ -53,6 +60,8 @@ class LeaseKeeper:
         self._on_cancel = on_cancel
         self._on_lost = on_lost
         self.wake = asyncio.Event()
+        # job id -> the loop time its lease was last set from (its claim, a heartbeat that renewed it)
+        self._renewed: dict[str, float] = {}
 
     @property
     def interval(self) -> float:
@@ -61,13 +70,37 @@ class LeaseKeeper:
     async def run(self) -> None:
         await every(lambda: self.wake, self.interval, self.beat, "heartbeat")
 
+    def leased(self, job_id: str) -> None:
+        """This node has just claimed `job_id`: its lease runs from about now."""
+        self._renewed[job_id] = asyncio.get_running_loop().time()
+
+    def writable_until(self, job_id: str) -> float | None:
+        """The loop time until which a write of what this node's run of `job_id` knows (a step's outcome, a
+        progress report, the job's outcome) is worth trying again through a database outage; None when
+        this node holds no lease on it.
+
+        The lease surely holds for `lease_seconds` from its claim or the last heartbeat that reached the
+        database. Past that it is still this node's until another node's sweep takes it (the first
+        heartbeat once the database is back renews it), so the write goes on trying for as long again (at
+        least `OUTAGE_PATIENCE_SECONDS` in all). Every such write is guarded (by the lease's owner, or by
+        the step's own start), so one that comes after the lease was lost changes nothing."""
+        renewed = self._renewed.get(job_id)
+        if renewed is None:
+            return None
+        return renewed + max(2 * self.config.lease_seconds, OUTAGE_PATIENCE_SECONDS)
+
     async def beat(self) -> None:
         ids = self._held()
+        held = set(ids)
+        self._renewed = {job_id: at for job_id, at in self._renewed.items() if job_id in held}
         if not ids:
             return
+        began = asyncio.get_running_loop().time()  # the renewed leases run from no earlier than this
         cancelled, lost = await self.store.call(
             self.store.repo.heartbeat, self.owner, ids, self.config.lease_seconds
         )
+        for job_id in held - lost:
+            self._renewed[job_id] = max(self._renewed.get(job_id, began), began)
         for job_id in cancelled:
             self._on_cancel(job_id)
         for job_id in lost:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from collections import Counter
 
+REMEMBERED_PRINCIPALS = 1024
+"""How many of the principals served last `Slots` remembers the turn of, besides those holding a slot."""
+
 
 class Slots:
     """`capacity` slots; a principal holds at most `principal_limit` of them while others wait."""
@@ -19,7 +22,8 @@ class Slots:
         self._reserved = 0
         self._held: dict[str, str] = {}  # job id -> principal key
         self._by_principal: Counter[str] = Counter()
-        self._served: dict[str, int] = {}  # principal key -> serve counter when last given a slot
+        # principal key -> serve counter when last given a slot, oldest first (see `_forget_old_turns`)
+        self._served: dict[str, int] = {}
         self._serial = 0
 
     @property
@@ -56,7 +60,21 @@ class Slots:
         self._held[job_id] = key
         self._by_principal[key] += 1
         self._serial += 1
+        self._served.pop(key, None)  # to the end: the dict stays in the order principals were last served
         self._served[key] = self._serial
+        if len(self._served) > 2 * REMEMBERED_PRINCIPALS + len(self._by_principal):
+            self._forget_old_turns()
+
+    def _forget_old_turns(self) -> None:
+        """Keep the turns of the `REMEMBERED_PRINCIPALS` principals served last and of those holding a slot.
+
+        A forgotten principal counts as never served (`served`), so it goes before every remembered one, as
+        it did: it was served before all of them. Only the order among forgotten and new principals is lost
+        (their jobs then go in queue order). Run at most once per `REMEMBERED_PRINCIPALS` serves, it costs
+        each serve little."""
+        recent = list(self._served.items())[-REMEMBERED_PRINCIPALS:]
+        holding = {key: at for key, at in self._served.items() if key in self._by_principal}
+        self._served = dict(sorted((holding | dict(recent)).items(), key=lambda entry: entry[1]))
 
     def release(self, job_id: str) -> None:
         key = self._held.pop(job_id, None)
@@ -69,4 +87,6 @@ class Slots:
         return dict(self._by_principal)
 
     def served(self) -> dict[str, int]:
+        """When each remembered principal was last given a slot (a rising counter); a principal missing was
+        served before all of these, or never."""
         return dict(self._served)

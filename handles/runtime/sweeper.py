@@ -41,6 +41,7 @@ class Sweeper:
     async def sweep_once(self) -> dict[str, int]:
         repo = self.store.repo
         counts = {"recovered": 0, "timed_out": 0, "abandoned": 0, "deleted": 0}
+        await self.store.call(repo.read_database_clock)  # the starts of this node store deadlines by it
         for record in await self.store.call(repo.expired_leases, SWEEP_BATCH):
             if self._runs_here(record.id) or record.lease_owner is None:
                 continue

@@ -7,6 +7,8 @@ versions of all the jobs it waits on once per interval (`Store.poll_watched`).
 On an SQLite file the reads by key (`read`), a start's insert (`insert`) and a job's outcome
 (`write_short`) run on the event loop itself: the insert and the outcome wait there for a writer of
 this process, and go to a worker thread only while another process holds SQLite's lock.
+A write of what a running job knows (`write_short`, `write_report`) waits out a database outage while its
+lease may still be this node's (`Store.writable_until`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import anyio
 import anyio.to_thread
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from handles.backoff import backoff_seconds
 from handles.errors import StoreUnavailable
 from handles.store.engine import WriterBusy
 from handles.store.models import (
@@ -86,6 +89,11 @@ def _raise_if_unavailable(exc: DBAPIError) -> None:
     if isinstance(exc, OperationalError) or exc.connection_invalidated:
         logger.warning("database unavailable: %s", exc.__class__.__name__)
         raise StoreUnavailable.now() from exc
+
+
+def _no_lease(job_id: str) -> float | None:
+    """`Store.writable_until` of a store no runtime holds leases through: no lease on any job."""
+    return None
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:
@@ -171,6 +179,9 @@ class Store:
         self.origin = "unnamed"  # the runtime names it; other nodes ignore their own publications
         self._publishes = repository.dialect == "postgresql"
         self._limiter = anyio.CapacityLimiter(threads)
+        # The loop time until which a write of what this node's run of a job knows waits out an outage (None:
+        # this node holds no lease on it); the runtime that holds the leases sets it (`LeaseKeeper`).
+        self.writable_until: Callable[[str], float | None] = _no_lease
 
     async def read(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a read-only repository method: on the event loop for an SQLite file, else on a worker thread.
@@ -254,7 +265,12 @@ class Store:
     async def write_short(self, job_id: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Like `write`, for a short write that SQLite runs on its own connection (`JobRepository.transition`,
         as a job's outcome): on an SQLite file it runs on the event loop, at once when the writer lock is
-        free, else once this process's writer is done (`_write_later`), as a start's insert does."""
+        free, else once this process's writer is done (`_write_later`), as a start's insert does.
+
+        It is what a run of this node knows (the job's outcome): one that meets a database outage is tried
+        again, with backoff, while the job's lease may still be this node's (`_outlasting_outages`). So the
+        write must be guarded: a try after the lease was lost, or after a try whose commit succeeded but
+        whose answer was lost, must change nothing (a compare-and-set on the job's status and lease owner)."""
         return await self._write_short(job_id, "changed", functools.partial(fn, *args, **kwargs))
 
     async def write_report(self, job_id: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -262,12 +278,37 @@ class Store:
         durable step's start or outcome), which leaves its status, lease, questions and result as they
         are: it wakes the waiters of every change of the job, here and on other nodes (a progress
         long-poll), and not those that wait past its reports (a fetch, which waits for its status to move:
-        `ChangeNotifier`). A job of many steps so costs a waiting fetch no read per step."""
+        `ChangeNotifier`). A job of many steps so costs a waiting fetch no read per step.
+
+        Like `write_short`, it waits out a database outage while the job's lease may still be this node's,
+        so the write must be guarded (a step's outcome is written only while the step is still started)."""
         return await self._write_short(job_id, "reported", functools.partial(fn, *args, **kwargs))
 
     async def _write_short(self, job_id: str, change: Change, call: Callable[[], T]) -> T:
         done = self._write_now(job_id, call, change)
-        return done[0] if done is not None else await self._write_later(job_id, call, change)
+        if done is not None:
+            return done[0]
+        return await self._outlasting_outages(
+            job_id, functools.partial(self._write_later, job_id, call, change)
+        )
+
+    async def _outlasting_outages(self, job_id: str, write: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """`write()`, tried again with backoff while the database is unavailable, until `writable_until` says
+        the lease on `job_id` is likely lost (another node's sweep then settles the job); then, or at once
+        for a job this node holds no lease on, `StoreUnavailable`."""
+        loop = asyncio.get_running_loop()
+        failures = 0
+        while True:
+            try:
+                return await write()
+            except StoreUnavailable:
+                failures += 1
+                kept = self.writable_until(job_id)
+                left = None if kept is None else kept - loop.time()
+                if left is None or left <= 0:
+                    raise
+                logger.info("job %s: a write met a database outage; trying again", job_id)
+                await asyncio.sleep(min(left, backoff_seconds(failures, first=0.2, most=2.0)))
 
     def _write_now(self, job_id: str, call: Callable[[], T], change: Change) -> tuple[T] | None:
         """Run the short write `call` here on the event loop, if it can have the writer lock without waiting

@@ -35,9 +35,14 @@ class Housekeeping(Database):
 
     clock: Clock  # set by JobRepository
 
+    def _lease_now(self, now: datetime) -> Any:
+        """`now` by the clock that judges leases and deadlines (JobRepository's: the database's, or `now`)."""
+        return now
+
     def overdue(self, limit: int) -> dict[str, list[JobRecord]]:
-        """Active jobs past a deadline: `ttl` (past expires_at), `input` (no answer in time), `abandoned`."""
-        now = self.clock()
+        """Active jobs past a deadline: `ttl` (past expires_at), `input` (no answer in time), `abandoned`; judged
+        by the lease clock (the database's, on PostgreSQL), as every node sets them."""
+        now = self._lease_now(self.clock())
         active = col(JobRecord.status).in_(list(ACTIVE))
         with self._reading() as session:
             return {
@@ -85,16 +90,26 @@ class Housekeeping(Database):
         return deleted
 
     def _delete_expired_batch(self, limit: int, keep_evidence_seconds: float | None) -> int:
+        """One transaction of `delete_expired`. On PostgreSQL the jobs are read `FOR UPDATE SKIP LOCKED`: of
+        two nodes sweeping at once, each takes jobs the other has not, so every job is archived once (SQLite's
+        `BEGIN IMMEDIATE` lets one sweep at a time read them)."""
         now = self.clock()
-        expired = (col(JobRecord.expires_at) < now, col(JobRecord.status).in_(list(TERMINAL)))
+        expired = (
+            col(JobRecord.expires_at) < self._lease_now(now),
+            col(JobRecord.status).in_(list(TERMINAL)),
+        )
         with self._writing() as session:
             if keep_evidence_seconds is not None:
-                jobs = list(session.exec(select(JobRecord).where(*expired).limit(limit)))
+                jobs = list(
+                    session.exec(self._one_sweep_each(select(JobRecord).where(*expired).limit(limit)))
+                )
                 ids = [job.id for job in jobs]
                 if jobs:
                     self._archive(session, jobs, now, now + timedelta(seconds=keep_evidence_seconds))
             else:
-                ids = list(session.exec(select(JobRecord.id).where(*expired).limit(limit)))
+                ids = list(
+                    session.exec(self._one_sweep_each(select(JobRecord.id).where(*expired).limit(limit)))
+                )
             if not ids:
                 return 0
             session.exec(delete(InputRequestRecord).where(col(InputRequestRecord.job_id).in_(ids)))
@@ -102,6 +117,10 @@ class Housekeeping(Database):
             session.exec(delete(ResultPartRecord).where(col(ResultPartRecord.job_id).in_(ids)))
             session.exec(delete(JobRecord).where(col(JobRecord.id).in_(ids)))
         return len(ids)
+
+    def _one_sweep_each(self, query: Any) -> Any:
+        """`query` locking the rows it reads, skipping those another transaction holds (PostgreSQL)."""
+        return query.with_for_update(skip_locked=True) if self.dialect == "postgresql" else query
 
     def _archive(self, session: Session, jobs: list[JobRecord], now: datetime, keep_until: datetime) -> None:
         ids = [job.id for job in jobs]

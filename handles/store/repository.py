@@ -149,6 +149,8 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
                 "SQLite runs in this process, so its leases are judged by `clock`: use 'local'"
             )
         self._database_leases = lease_clock == "database"
+        # How far the database's clock is ahead of `clock`, as last measured (`read_database_clock`).
+        self._clock_offset = timedelta(0)
         # The schema this store's tables live in, named in every change notice it publishes
         # (`load_notice_scope`); None until loaded, and then the notices name none.
         self.notice_scope: str | None = None
@@ -180,6 +182,28 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
     def _lease_now(self, now: datetime) -> Any:
         """`now` for lease arithmetic in SQL: the database's own clock, or the local one."""
         return func.now() if self._database_leases else now
+
+    def read_database_clock(self) -> timedelta:
+        """Measure how far the database's clock is ahead of this node's (`clock`), when leases are judged by
+        the database's (else zero), and keep it: the deadlines a start stores, which its caller sets by this
+        node's clock (`run_after`, `expires_at`, `abandon_at`, `input_deadline`), are moved by it, so every
+        node judges them by the database's clock, as it judges leases. The sweeper measures it each pass."""
+        if not self._database_leases:
+            return timedelta(0)
+        with self._postgres_autocommit() as connection:
+            before = self.clock()
+            (database_now,) = connection.execute("SELECT clock_timestamp()").fetchone()
+            after = self.clock()
+        self._clock_offset = database_now - (before + (after - before) / 2)
+        return self._clock_offset
+
+    def _by_database_clock(self, values: Mapping[str, Any]) -> Mapping[str, Any]:
+        """A new job's row `values` with its deadlines moved from this node's clock to the database's."""
+        offset = self._clock_offset
+        if not offset:
+            return values
+        moved = {name: values[name] + offset for name in _START_DEADLINES if values[name] is not None}
+        return {**values, **moved}
 
     def _lease_now_value(self, session: Session, now: datetime) -> datetime:
         """`now` for lease comparisons made in Python, inside a write transaction."""
@@ -462,6 +486,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         """The values of `handles_start`'s parameters (`_START`) for the job row `values` (its columns by
         name), as `_start` and `start_on_loop` call it, with `notice` as the change notice to send."""
         lease = lease_seconds if values["lease_owner"] is not None and self._database_leases else None
+        values = self._by_database_clock(values)
         params: dict[str, Any] = {
             "job": _json_document({k: v for k, v in values.items() if k not in _JOB_JSON}),
             **{name: json.dumps(values[name]) for name in _JOB_JSON},
@@ -506,7 +531,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         with self._writing() as session:
             claimed = session.exec(
                 update(JobRecord)
-                .where(col(JobRecord.id) == job_id, *_claimable(now))
+                .where(col(JobRecord.id) == job_id, *_claimable(self._lease_now(now)))
                 .values(**_claim_values(owner, now, self._lease_now(now), lease_seconds))
             ).rowcount
             return session.get(JobRecord, job_id) if claimed == 1 else None
@@ -517,7 +542,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         slot from a start meanwhile."""
         if not kinds:
             return False
-        query = sa_select(col(JobRecord.id)).where(*_claimable_of(self.clock(), kinds))
+        query = sa_select(col(JobRecord.id)).where(*_claimable_of(self._lease_now(self.clock()), kinds))
         with self._fast_reading() as connection:
             return connection.execute(query.limit(1)).first() is not None
 
@@ -547,13 +572,13 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
             return []
         now = self.clock()
         with self._writing() as session:
-            candidates = self._fair_candidates(session, now, kinds, limit)
+            candidates = self._fair_candidates(session, self._lease_now(now), kinds, limit)
             chosen = _take_turns(candidates, limit, held or {}, share_limit, served or {})
             if not chosen:
                 return []
             claimed = session.execute(
                 update(JobRecord)
-                .where(col(JobRecord.id).in_(chosen), *_claimable(now))
+                .where(col(JobRecord.id).in_(chosen), *_claimable(self._lease_now(now)))
                 .values(**_claim_values(owner, now, self._lease_now(now), lease_seconds))
                 .returning(JobRecord)
                 .execution_options(synchronize_session=False)
@@ -562,7 +587,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         return [records[job_id] for job_id in chosen if job_id in records]
 
     def _fair_candidates(
-        self, session: Session, now: datetime, kinds: Sequence[str], limit: int
+        self, session: Session, now: Any, kinds: Sequence[str], limit: int
     ) -> list[tuple[str, str, int, int]]:
         """(id, principal key, place in its principal's queue, jobs its principal runs) of claimable jobs."""
         place = (
@@ -800,14 +825,15 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         job_id: str,
         owner: str,
         *,
-        run_after: datetime,
+        run_after: datetime | None = None,
         message: str | None,
         lease_expired: bool = False,
         resuming: bool = False,
     ) -> bool:
         """Give a job back to the queue (a kind this node does not run, or a hand-over).
 
-        `resuming`: the next claim continues the job without counting a new attempt.
+        `resuming`: the next claim continues the job without counting a new attempt. `run_after` (default:
+        now, by the lease clock) is when it may be claimed again.
         """
         now = self.clock()
         conditions = [
@@ -825,7 +851,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
                     status=Status.WORKING.value,
                     lease_owner=None,
                     lease_expires_at=None,
-                    run_after=run_after,
+                    run_after=self._lease_now(now) if run_after is None else run_after,
                     status_message=message,
                     resuming=resuming,
                     updated_at=now,
@@ -850,11 +876,10 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
             job = self._locked(session, job_id)
             if job is None or job.lease_owner != owner or Status(job.status) not in ACTIVE:
                 return None
-            if lease_expired and (
-                job.lease_expires_at is None or job.lease_expires_at >= self._lease_now_value(session, now)
-            ):
+            lease_now = self._lease_now_value(session, now)
+            if lease_expired and (job.lease_expires_at is None or job.lease_expires_at >= lease_now):
                 return None
-            outcome = _interrupted_outcome(job, now, shutdown=shutdown)
+            outcome = _interrupted_outcome(job, lease_now, shutdown=shutdown)
             for name, value in outcome.items():
                 setattr(job, name, value)
             if Status(job.status) in TERMINAL:
@@ -886,7 +911,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
                 job.lease_owner = None
                 job.lease_expires_at = None
                 job.resuming = True
-                job.run_after = now
+                job.run_after = self._lease_now_value(session, now)
             _touch(job, now)
             session.add(job)
             return Status(job.status)
@@ -940,7 +965,8 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
             job.status = Status.INPUT_REQUIRED.value
             job.status_message = message
             if job.input_deadline is None and job.input_timeout_seconds is not None:
-                job.input_deadline = now + timedelta(seconds=job.input_timeout_seconds)
+                deadline_now = self._lease_now_value(session, now)
+                job.input_deadline = deadline_now + timedelta(seconds=job.input_timeout_seconds)
             _touch(job, now)
             session.add(job)
         return None
@@ -978,18 +1004,24 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
                     job.status = Status.WORKING.value
                     job.status_message = "Answer received; continuing."
                     job.input_deadline = None
-                    job.run_after = now
+                    job.run_after = self._lease_now_value(session, now)
                 _touch(job, now)
                 session.add(job)
         return AnswerOutcome(job, accepted, ignored)
 
     # -- durable steps --------------------------------------------------------
 
-    def begin_step(self, job_id: str, owner: str, name: str, attempt: int) -> tuple[StepRecord, bool]:
+    def begin_step(
+        self, job_id: str, owner: str, name: str, attempt: int, *, started_at: datetime | None = None
+    ) -> tuple[StepRecord, bool]:
         """Record that step `name` starts, unless it is already known: (record, fresh).
 
         Not fresh: the step completed before (replay its result) or started without
         a recorded outcome (unknown). A failed step is started afresh.
+
+        `started_at` (when given; else now) makes the start safe to try again: a try that finds the step
+        started with this very attempt and time finds its own earlier try, committed though its answer was
+        lost (a database outage, `Store.write_report`), and answers fresh.
 
         Raises `LeaseLost` when `owner` no longer holds the job. A step's two writes run past the ORM
         session, whose unit of work cost ten times their statements (a job of many steps pays both writes
@@ -998,16 +1030,18 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         (`_BEGIN_STEP_IN_ONE`), its own transaction in autocommit, one round trip past the write pool's
         ping, with the change notice sent by the statement only when it started the step.
         """
-        now = self.clock()
+        now = self.clock() if started_at is None else started_at
         values: dict[str, Any] = {"job_id": job_id, "name": name, "status": "started", "attempt": attempt}
         values |= {"started_at": now, "finished_at": None, "result": None, "error": None}
+        own = None if started_at is None else (attempt, started_at)  # what an earlier try stored
         if self.dialect == "postgresql":
-            return self._begin_step_in_one(values, owner, now)
+            return self._begin_step_in_one(values, owner, now, own)
         with self._sqlite_writing() as connection:
             self._hold_lease(connection, job_id, owner)
             found = self._prepare(_STEP_BY_NAME).rows(connection, {"job_id": job_id, "name": name})
             if found and found[0]["status"] != "failed":
-                return _detached(StepRecord, found[0]), False
+                known = _detached(StepRecord, found[0])
+                return known, _own_start(known, own)
             if found:
                 self._execute(connection, _RESTART_STEP, values | _set_values(values, _RESTARTED))
             else:
@@ -1016,7 +1050,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         return _detached(StepRecord, values), True
 
     def _begin_step_in_one(
-        self, values: dict[str, Any], owner: str, now: datetime
+        self, values: dict[str, Any], owner: str, now: datetime, own: tuple[int, datetime] | None
     ) -> tuple[StepRecord, bool]:
         """`begin_step` on PostgreSQL: `_BEGIN_STEP_IN_ONE` in autocommit, with its change notice when
         `publishing` gives one."""
@@ -1026,12 +1060,14 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         if outcome["touched"]:
             return _detached(StepRecord, values), True
         if outcome["known"] is not None:
-            return _from_json(_STEPS, StepRecord, outcome["known"]), False
+            known = _from_json(_STEPS, StepRecord, outcome["known"])
+            return known, _own_start(known, own)
         # Started by a concurrent writer that the job's lock made the statement wait for: its snapshot,
         # taken before that wait, does not show the step, which a read now does.
         with self._postgres_autocommit() as connection:
             (stored,) = self._prepare(_STEP_BY_NAME).rows(connection, values)
-        return _detached(StepRecord, stored), False
+        known = _detached(StepRecord, stored)
+        return known, _own_start(known, own)
 
     def finish_step(
         self,
@@ -1142,7 +1178,9 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
             job = self._locked(session, job_id)
             if job is None or job.abandon_after_seconds is None or Status(job.status) in TERMINAL:
                 return
-            job.abandon_at = now + timedelta(seconds=job.abandon_after_seconds)
+            job.abandon_at = self._lease_now_value(session, now) + timedelta(
+                seconds=job.abandon_after_seconds
+            )
             session.add(job)
 
 
@@ -1376,6 +1414,8 @@ _SNAPSHOT_IN_ONE = sa_select(
     _steps_as_json(func.json_build_array, func.json_agg).label("handles_steps"),
 ).where(_JOBS.c.id == bindparam("job_id"))
 _JOB_COLUMNS = tuple(c.name for c in _JOBS.columns)
+# A new job's deadlines: judged by the lease clock, moved to the database's at a start (`_by_database_clock`).
+_START_DEADLINES = ("run_after", "expires_at", "abandon_at", "input_deadline")
 
 
 def _snapshot_in_one(
@@ -1418,8 +1458,15 @@ def _pending(session: Session, job_id: str) -> list[InputRequestRecord]:
     return list(session.exec(select(InputRequestRecord).where(where).order_by(*order)))
 
 
-def _claimable(now: datetime) -> tuple[Any, ...]:
-    """A job any worker may take now: working, not leased, not being cancelled, due."""
+def _own_start(step: StepRecord, own: tuple[int, datetime] | None) -> bool:
+    """Whether the stored `step` is the start `own` (attempt, start time) itself, which an earlier try of
+    `begin_step` given the same start time committed: still started, with that attempt and time."""
+    return own is not None and (step.status, step.attempt, step.started_at) == ("started", *own)
+
+
+def _claimable(now: Any) -> tuple[Any, ...]:
+    """A job any worker may take `now` (by the lease clock, `_lease_now`): working, not leased, not being
+    cancelled, due."""
     return (
         col(JobRecord.status) == Status.WORKING.value,
         col(JobRecord.lease_owner).is_(None),
@@ -1428,7 +1475,7 @@ def _claimable(now: datetime) -> tuple[Any, ...]:
     )
 
 
-def _claimable_of(now: datetime, kinds: Sequence[str]) -> tuple[Any, ...]:
+def _claimable_of(now: Any, kinds: Sequence[str]) -> tuple[Any, ...]:
     """A job any worker may take now (`_claimable`) of one of `kinds`: what a dispatcher pass looks for
     (`has_claimable`) and then claims from (`claim_next`)."""
     return (*_claimable(now), col(JobRecord.kind).in_(list(kinds)))
@@ -1481,7 +1528,8 @@ def _claim_values(owner: str, now: datetime, lease_now: Any, lease_seconds: floa
 
 
 def _interrupted_outcome(job: JobRecord, now: datetime, *, shutdown: bool) -> dict[str, Any]:
-    """The fields that settle an interrupted job (see `JobRepository.settle_interrupted`)."""
+    """The fields that settle an interrupted job (see `JobRepository.settle_interrupted`); `now` by the lease
+    clock, which judges when it is due again."""
     attempts = job.attempts
     if job.cancel_requested_at is not None:
         return {

@@ -14,8 +14,10 @@ from pydantic import BaseModel
 from sqlalchemy.engine import make_url
 
 from handles import Handles, JobContext
+from handles.runtime.slots import REMEMBERED_PRINCIPALS, Slots
 from handles.states import Status
 from handles.store import JobRepository
+from handles.store.repository import _take_turns
 from tests.durability.harness import config
 from tests.store.sqlite_support import this_process_writing
 
@@ -337,3 +339,27 @@ def test_a_dispatcher_pass_that_finds_nothing_queued_holds_no_slot(tmp_path: Pat
         assert not queued, f"{len(queued)} of {len(handles)} starts were queued though slots were free"
 
     asyncio.run(main())
+
+
+def test_slots_remember_a_bounded_number_of_turns_and_keep_their_order() -> None:
+    """Slots remember the turns of the principals served last and of those holding a slot, however many
+    principals were ever served; a forgotten principal ranks as served before every remembered one, so
+    the turns of the remembered keep their order."""
+    slots = Slots(capacity=4, principal_limit=2)
+    assert slots.reserve_for("holder")
+    slots.take("held-job", "holder")
+    for n in range(100_000):
+        key = f"p{n}"
+        assert slots.reserve_for(key)
+        slots.take(f"job-{n}", key)
+        slots.release(f"job-{n}")
+    served = slots.served()
+    assert len(served) <= 2 * REMEMBERED_PRINCIPALS + slots.capacity
+    assert "holder" in served, "a principal holding a slot keeps its turn"
+    recent = [f"p{n}" for n in range(100_000 - REMEMBERED_PRINCIPALS, 100_000)]
+    assert [served[key] for key in recent] == sorted(served[key] for key in recent)
+    assert "p0" not in served
+
+    # Turns: the least recently served goes first, a forgotten principal before every remembered one.
+    candidates = [("a", "p99999", 1, 0), ("b", "p99000", 1, 0), ("c", "p0", 1, 0)]
+    assert _take_turns(candidates, 3, {}, None, served) == ["c", "b", "a"]

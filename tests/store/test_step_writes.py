@@ -313,3 +313,22 @@ def test_a_steps_writes_on_an_sqlite_file_run_on_the_event_loop_and_wake_its_wai
     assert len(threads) == 2 and set(threads) == {threading.get_ident()}, "both written on the loop's thread"
     with repository(f"sqlite:///{sqlite_path.as_posix()}") as other:  # what is on disk, committed
         assert [(s.status, s.result) for s in other.steps(job.id)] == [("completed", EXACT)]
+
+
+def test_a_start_tried_again_with_its_own_time_finds_its_committed_try_fresh(
+    repo: JobRepository, clock: MovableClock
+) -> None:
+    """A start whose commit succeeded but whose answer was lost (an outage) is tried again with the same start
+    time: it finds its own start and answers fresh, while any other start of the step finds it unknown."""
+    job = _running(repo)
+    began = clock.now
+    first, fresh = repo.begin_step(job.id, OWNER, "deploy", 1, started_at=began)
+    assert fresh
+    ledger, version = _ledger(repo, job.id), _version(repo, job.id)
+    clock.advance(1)
+    again, fresh = repo.begin_step(job.id, OWNER, "deploy", 1, started_at=began)
+    assert fresh and again.model_dump() == first.model_dump()
+    assert _ledger(repo, job.id) == ledger and _version(repo, job.id) == version  # nothing written twice
+    for attempt, at in ((1, clock.now), (2, began)):
+        other, fresh = repo.begin_step(job.id, OWNER, "deploy", attempt, started_at=at)
+        assert not fresh and other.model_dump() == first.model_dump()
