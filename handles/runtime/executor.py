@@ -40,8 +40,9 @@ from handles.outcomes import (
     failed,
     result_to_json,
 )
-from handles.results import ResultFile, ResultLink, ResultTooLarge, linked_result, write_result_file
+from handles.results import ResultFile, ResultLink, linked_result
 from handles.runtime.leases import LeaseKeeper, every
+from handles.runtime.result_files import ResultTooLarge, write_result_file
 from handles.runtime.slots import Slots
 from handles.runtime.sweeper import Sweeper
 from handles.sealing import SealedValueUnreadable, Sealer
@@ -541,7 +542,7 @@ class Runtime:
 
     async def _result_of(self, spec: JobSpec, record: JobRecord, value: Any) -> dict[str, Any]:
         """The result to store: the job's own, or a link to the file it is stored in when it is a
-        `ResultFile` or larger than the job's `link_results_over` (see handles.results)."""
+        `ResultFile` or larger than the job's `link_results_over` (see handles.runtime.result_files)."""
         if isinstance(value, ResultFile):
             return linked_result(await self._write_file(record, value), structured=True)
         # Serialised once: its size, and the text the store writes (`SizedJSON`).
