@@ -4,7 +4,7 @@ Seed 001: "For large artifacts, return bounded metadata and an authorized handle
 unbounded payload in model context." A job returns a `ResultFile` (bytes, text, or an iterable of
 chunks, so a 50 MB export never sits in memory whole), or any result whose JSON passes the job's
 `link_results_over` threshold. Either way the runtime stores the bytes in parts of at most
-`PART_BYTES`, each in its own small write (`write_result_file`), and the job's stored result
+`PART_BYTES`, each in its own small write (handles/runtime/result_files.py), and the job's stored result
 becomes a small `CallToolResult`: bounded metadata (`ResultLink`) and a `resource_link` content
 item. `resources/read` of the link re-authorizes the caller exactly like a handle and answers one
 part per read (handles/server/result_links.py). The parts go when the job's retention ends.
@@ -12,19 +12,12 @@ part per read (handles/server/result_links.py). The parts go when the job's rete
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
-import secrets
 from collections.abc import AsyncIterable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import anyio
 from mcp_types import CallToolResult, ResourceLink, TextContent
 from pydantic import BaseModel, Field
-
-if TYPE_CHECKING:
-    from handles.store import Store
 
 PART_BYTES = 1024 * 1024
 """The most one part (one `resources/read`) carries: what a read holds in memory, on either side."""
@@ -122,70 +115,6 @@ def _encoded(chunk: Chunk) -> bytes:
     if isinstance(chunk, bytes | bytearray | memoryview):
         return bytes(chunk)
     raise TypeError(f"a ResultFile chunk must be bytes or str, not {type(chunk).__name__}")
-
-
-class ResultTooLarge(Exception):
-    """A result file grew past `HandlesConfig.max_result_file_bytes`."""
-
-
-def _cut(buffer: bytearray, limit: int, text: bool) -> int:
-    """Where the next part ends: at `limit`, moved back to a UTF-8 character boundary for text."""
-    cut = min(limit, len(buffer))
-    if text:
-        while 0 < cut < len(buffer) and (buffer[cut] & 0xC0) == 0x80:
-            cut -= 1
-    return cut
-
-
-async def write_result_file(
-    store: Store,
-    job_id: str,
-    file: ResultFile,
-    *,
-    max_bytes: int,
-    part_bytes: int = PART_BYTES,
-) -> ResultLink:
-    """Store `file` in parts under a new file id and return its link (the result isn't stored yet)."""
-    file_id = secrets.token_hex(16)
-    text = is_text(file.media_type)
-    digest = hashlib.sha256()
-    buffer = bytearray()
-    size = part = 0
-
-    async def put(data: bytes) -> None:
-        nonlocal part
-        await store.call(store.repo.put_result_part, job_id, file_id, part, data)
-        part += 1
-
-    try:
-        async for chunk in file.chunks():
-            size += len(chunk)
-            if size > max_bytes:
-                raise ResultTooLarge(f"The job's result file is larger than the {max_bytes} byte limit.")
-            digest.update(chunk)
-            buffer += chunk
-            while len(buffer) >= part_bytes:
-                cut = _cut(buffer, part_bytes, text)
-                await put(bytes(buffer[:cut]))
-                del buffer[:cut]
-        if buffer or part == 0:
-            await put(bytes(buffer))
-    except BaseException:
-        if (
-            part
-        ):  # nothing half stored: the parts written so far go (the job's deletion would take them later)
-            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                await store.call(store.repo.drop_result_file, job_id, file_id)
-        raise
-    return ResultLink(
-        uri=f"{URI_SCHEME}://results/{job_id}/{file_id}",
-        name=file.name,
-        media_type=file.media_type,
-        size_bytes=size,
-        parts=part,
-        sha256=digest.hexdigest(),
-        summary=file.summary,
-    )
 
 
 def link_size_text(link: ResultLink, *, declared: bool) -> str:

@@ -23,6 +23,7 @@ import sys
 import traceback
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from mcp.server.mcpserver.exceptions import ToolError
@@ -40,8 +41,9 @@ from handles.outcomes import (
     failed,
     result_to_json,
 )
-from handles.results import ResultFile, ResultLink, ResultTooLarge, linked_result, write_result_file
+from handles.results import ResultFile, ResultLink, linked_result
 from handles.runtime.leases import LeaseKeeper, every
+from handles.runtime.result_files import ResultTooLarge, write_result_file
 from handles.runtime.slots import Slots
 from handles.runtime.sweeper import Sweeper
 from handles.sealing import SealedValueUnreadable, Sealer
@@ -57,9 +59,8 @@ logger = logging.getLogger("handles.runtime")
 
 REPLY_FIRST_TURNS = 8
 """How many turns of the event loop a job started by a request of this process waits before its first step,
-so that the request's reply, already on its way out, is sent first. Measured over Streamable HTTP (the
-start's p50 against the no-op, by turns): 0: 1.58x, 1: 1.43x, 2: 1.43x, 4: 1.36x, 8: 1.31x, 16: 1.32x
-(docs/performance.md, change 26). Each turn is a few microseconds when the loop has nothing else to do."""
+so that the request's reply, already on its way out, is sent first (docs/performance.md shows what the
+order buys a start). A turn is short when the loop has nothing else to do."""
 
 
 def tool_errors() -> tuple[type[Exception], ...]:
@@ -71,14 +72,34 @@ def tool_errors() -> tuple[type[Exception], ...]:
     return (ToolError,) if fastmcp is None else (ToolError, fastmcp.ToolError)
 
 
+class RunLife(Enum):
+    """Where a run of this process stands. It only moves forward, in the order written here
+    (`_Running.enter`): a stop or a loss may still be followed by the outcome's write, and nothing follows
+    that."""
+
+    RUNNING = "running"
+    STOPPING = "stopping"
+    """Interrupted by this node's shutdown: the job is handed over by its interrupt policy."""
+    LOST = "lost"
+    """It ended elsewhere (or was recovered) while it ran here: nothing it writes is taken."""
+    SETTLING = "settling"
+    """Its outcome (or its parking) is being written: nothing interrupts it any more."""
+
+
+_NEXT_LIVES: dict[RunLife, frozenset[RunLife]] = {
+    RunLife.RUNNING: frozenset({RunLife.STOPPING, RunLife.LOST, RunLife.SETTLING}),
+    RunLife.STOPPING: frozenset({RunLife.LOST, RunLife.SETTLING}),
+    RunLife.LOST: frozenset({RunLife.SETTLING}),
+    RunLife.SETTLING: frozenset(),
+}
+
+
 @dataclass
 class _Running:
     spec: JobSpec
     ctx: JobContext
     task: asyncio.Task[None] | None = None
-    stopping: bool = False  # interrupted by a shutdown
-    lost: bool = False  # ended elsewhere: write nothing
-    settling: bool = False  # its outcome is being written
+    life: RunLife = RunLife.RUNNING
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
     # What the run replays (answers by key, steps by name) when known without reading the store:
     # a job stored a moment ago by this process has no steps, and only the answers it was stored with.
@@ -88,6 +109,13 @@ class _Running:
     # Started by a request of this process that waits for the job's result (a plain call): the outcome
     # this run stores is set on it once committed, so that request needs no read of it.
     settled: asyncio.Future[Outcome] | None = None
+
+    def enter(self, life: RunLife) -> bool:
+        """Move the run to `life` if it may go there from where it stands; whether it did."""
+        if life not in _NEXT_LIVES[self.life]:
+            return False
+        self.life = life
+        return True
 
 
 class Runtime:
@@ -266,7 +294,7 @@ class Runtime:
         await self.drained()
         leftover = list(self._running.values())
         for entry in leftover:
-            entry.stopping = True
+            entry.enter(RunLife.STOPPING)
             self._interrupt(entry)
         tasks = [entry.task for entry in leftover if entry.task is not None and not entry.task.done()]
         if tasks:
@@ -483,9 +511,9 @@ class Runtime:
             for _ in range(REPLY_FIRST_TURNS):
                 await asyncio.sleep(0)
         except asyncio.CancelledError:
-            if entry.lost:
+            if entry.life is RunLife.LOST:
                 return False
-            if entry.stopping:
+            if entry.life is RunLife.STOPPING:
                 await self._hand_back(record.id)
                 return False
             if not entry.ctx.cancelled:
@@ -497,7 +525,7 @@ class Runtime:
     async def _settle(self, entry: _Running, job_id: str, outcome: Outcome, span: Span | None) -> None:
         """Write a run's outcome (and count it, on the attempt's `span` too when it has one). From here on
         nothing interrupts the run (a cancel, a drain)."""
-        entry.settling = True
+        entry.enter(RunLife.SETTLING)
         with contextlib.suppress(Exception):
             await entry.ctx.flush()
         status, values = outcome
@@ -532,7 +560,7 @@ class Runtime:
 
     async def _result_of(self, spec: JobSpec, record: JobRecord, value: Any) -> dict[str, Any]:
         """The result to store: the job's own, or a link to the file it is stored in when it is a
-        `ResultFile` or larger than the job's `link_results_over` (see handles.results)."""
+        `ResultFile` or larger than the job's `link_results_over` (see handles.runtime.result_files)."""
         if isinstance(value, ResultFile):
             return linked_result(await self._write_file(record, value), structured=True)
         # Serialised once: its size, and the text the store writes (`SizedJSON`).
@@ -577,7 +605,7 @@ class Runtime:
                 return failed(f"{exc} It was not stored.", "result_too_large")
             return Status.COMPLETED, {"result": result, "status_message": "Completed."}
         except JobParked:
-            entry.settling = True  # parking is writing its outcome: not to be interrupted
+            entry.enter(RunLife.SETTLING)  # parking is writing its outcome: not to be interrupted
             await self._park(entry, record)
             return None
         except tool_errors() as exc:
@@ -602,9 +630,9 @@ class Runtime:
             logger.warning("job %s stopped: the database became unavailable mid-run", record.id)
             return None
         except asyncio.CancelledError:
-            if entry.lost:
+            if entry.life is RunLife.LOST:
                 return None
-            if entry.stopping:
+            if entry.life is RunLife.STOPPING:
                 status = await self.store.write(
                     record.id, self.store.repo.settle_interrupted, record.id, self.owner, shutdown=True
                 )
@@ -664,7 +692,7 @@ class Runtime:
 
     def _interrupt(self, entry: _Running) -> None:
         """Interrupt a run now, or, while durable steps execute, as soon as they are recorded."""
-        if entry.task is None or entry.task.done() or entry.settling:
+        if entry.task is None or entry.task.done() or entry.life is RunLife.SETTLING:
             return
         if not entry.ctx.steps_running:
             entry.task.cancel()
@@ -677,9 +705,10 @@ class Runtime:
     def _steps_overran(self, entry: _Running) -> None:
         """A cancelled job's steps outlived the hard limit: end it now, with those steps outcome-unknown."""
         steps = sorted(entry.ctx.steps_running)
-        if not steps or entry.task is None or entry.task.done() or entry.settling or not entry.ctx.cancelled:
+        if not steps or entry.task is None or entry.task.done() or not entry.ctx.cancelled:
             return
-        entry.lost = True  # the run goes on in its thread; nothing it writes is taken any more
+        if not entry.enter(RunLife.LOST):  # the run goes on in its thread; nothing it writes is taken any more
+            return
         status, values = cancelled_with_unknown_steps(steps, self.config.step_cancel_limit_seconds)
         job_id = entry.ctx.job_id
         logger.warning(
@@ -695,10 +724,10 @@ class Runtime:
     def _drop(self, job_id: str) -> None:
         """The job ended in the store while it runs here: stop it without writing anything."""
         entry = self._running.get(job_id)
-        if entry is None or entry.task is None or entry.settling:
+        if entry is None or entry.task is None or entry.life is RunLife.SETTLING:
             return  # a run writing its outcome learns from that write whether it still held the job
         logger.warning("job %s is no longer held here (it ended or was recovered); stopping it", job_id)
-        entry.lost = True
+        entry.enter(RunLife.LOST)
         if not entry.ctx.steps_running:
             entry.task.cancel()
 

@@ -3,7 +3,7 @@
 The SDK's `stdio_server` writes each message with `anyio.wrap_file`: the write, then the flush, each on a
 worker thread. A worker thread needs the GIL to run, and the event loop holds it while it runs Python, so a
 reply handed to that thread waits for whatever the loop runs next: a started job's first step, which may be
-long (a CPU-bound job holds the GIL until it awaits). docs/performance.md ("`J_start` over stdio") measures
+long (a CPU-bound job holds the GIL until it awaits). docs/performance.md measures
 what that costs every start.
 
 `LoopStdout` writes a message from the event loop itself, in pieces of at most `select.PIPE_BUF` bytes, each

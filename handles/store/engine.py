@@ -130,8 +130,8 @@ def make_engines(url: str) -> tuple[Engine, Engine, Engine | None, Engine | None
     On PostgreSQL reads and writes have engines of their own (see below). On SQLite the
     write engine begins with BEGIN IMMEDIATE, and a file database gets a
     third engine for reads made on the event loop itself: in WAL mode a read never waits
-    for a writer, so it costs microseconds, less than the hop to a worker thread. Its
-    connections give up after 50 ms instead of waiting on a lock (the caller then falls
+    for a writer, so it costs less than the hop to a worker thread. Its
+    connections give up after a brief wait on a lock instead of a long one (the caller then falls
     back to a worker thread). A fourth engine, for short writes made on the event loop, begins with
     BEGIN IMMEDIATE and never waits for SQLite's write lock (a busy timeout of 0): a writer at work
     in another process sends the write to a worker thread instead.
@@ -214,7 +214,7 @@ class Database:
         self._inline_commits = 0  # since the last checkpoint (see INLINE_COMMITS_PER_CHECKPOINT)
         self._checkpointer: threading.Thread | None = None
         # SQLite has one writer at a time. Queue this process's writers on a lock rather than in
-        # SQLite's busy handler, which sleeps in coarse steps (up to 100 ms) while the lock is held.
+        # SQLite's busy handler, which sleeps in coarse steps while the lock is held.
         self._write_lock: WriterLock | contextlib.nullcontext[None] = (
             WriterLock() if is_sqlite(url) else contextlib.nullcontext()
         )

@@ -1,9 +1,8 @@
 """PostgreSQL on the event loop itself: a few of psycopg's asynchronous connections, for a job's start.
 
 A start on PostgreSQL is one statement (`handles_start`, `JobRepository.start_on_loop`). Run on a worker
-thread, as the store's other statements are, it waited for the thread to wake and then for the loop to wake
-again with its answer: the largest part of a start beyond the database's own (section 16 of bench/;
-docs/performance.md, change 47). Here the statement is sent and its answer read by the loop's own selector.
+thread, as the store's other statements are, it waits for the thread to wake and then for the loop to wake
+again with its answer. Here the statement is sent and its answer read by the loop's own selector.
 
 The connections belong to the first event loop that uses them: an asynchronous connection cannot move to
 another loop, so a start on any other loop goes to a worker thread as before (`usable` says which), as does

@@ -268,8 +268,8 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         with self._sqlite_reading() as raw:
             if raw is not None:
                 # A poll on the event loop: the statement run straight on SQLite's connection and its row
-                # read by position, with no layer between. Cold, as a server's caches are between two
-                # calls, each layer costs microseconds: 25 us of a poll's read were the layers (change 48).
+                # read by position, with no layer between (each layer is paid cold, as a server's caches
+                # are between two calls).
                 prepared = self._prepare(_SQLITE_SNAPSHOT)
                 cursor = raw.execute(prepared.sql, prepared.parameters({"job_id": job_id}))
                 try:

@@ -1,4 +1,5 @@
-"""The package's modules import one another without a cycle, counting imports under TYPE_CHECKING and inside functions."""
+"""The package's modules import one another without a cycle, and its layers hold (counting imports under
+TYPE_CHECKING and inside functions)."""
 
 from __future__ import annotations
 
@@ -30,9 +31,7 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
 
 
 def test_no_module_of_the_package_takes_part_in_an_import_cycle() -> None:
-    files = [p for p in PACKAGE.rglob("*.py") if "migrations" not in p.parts]
-    modules = {module_name(p) for p in files}
-    graph = {module_name(p): imports_of(p, modules) - {module_name(p)} for p in files}
+    graph = _graph()
     cycles: list[list[str]] = []
     state: dict[str, int] = {}  # 1 visiting, 2 done
     path: list[str] = []
@@ -52,3 +51,44 @@ def test_no_module_of_the_package_takes_part_in_an_import_cycle() -> None:
         if module not in state:
             visit(module)
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def _graph() -> dict[str, set[str]]:
+    files = [p for p in PACKAGE.rglob("*.py") if "migrations" not in p.parts]
+    modules = {module_name(p) for p in files}
+    return {module_name(p): imports_of(p, modules) - {module_name(p)} for p in files}
+
+
+def _reached_from(graph: dict[str, set[str]], roots: set[str]) -> set[str]:
+    reached: set[str] = set()
+    todo = list(roots)
+    while todo:
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo.extend(graph[module])
+    return reached
+
+
+def _within(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == package or module.startswith(f"{package}.") for package in packages)
+
+
+def test_the_client_reaches_nothing_of_the_store_the_runtime_or_the_server_faces() -> None:
+    graph = _graph()
+    client = {module for module in graph if _within(module, ("handles.client",))}
+    reached = _reached_from(graph, client)
+    forbidden = sorted(m for m in reached if _within(m, ("handles.store", "handles.runtime", "handles.server")))
+    assert not forbidden, f"handles.client reaches {forbidden}"
+
+
+def test_the_store_and_the_runtime_know_no_face() -> None:
+    graph = _graph()
+    inner = {module for module in graph if _within(module, ("handles.store", "handles.runtime"))}
+    faces = sorted(
+        f"{module} -> {target}"
+        for module in inner
+        for target in graph[module]
+        if _within(target, ("handles.server", "handles.client", "handles.console", "handles.cli"))
+    )
+    assert not faces, f"imports of a face from the store or the runtime: {faces}"
