@@ -469,6 +469,7 @@ class JobContext:
         name: str,
         fn: Callable[..., Any],
         *args: Any,
+        repeatable: bool = False,
         recheck: Callable[[], Any] | None = None,
         result_type: Any = None,
         **kwargs: Any,
@@ -480,13 +481,19 @@ class JobContext:
         deployment is never repeated by a retry. Results are stored as JSON and
         returned as JSON values (pass `result_type` to rebuild a type). A step that
         started in an earlier attempt and never recorded an outcome raises
-        `StepOutcomeUnknown`, unless `recheck` is given: an idempotent function that
-        finds out what happened, whose answer is recorded instead. Step names must be
-        unique within a job.
+        `StepOutcomeUnknown`, unless it is `repeatable` (safe to run again: a build,
+        a test, a pure computation), and then `fn` runs again, or `recheck` is given:
+        an idempotent function that finds out what happened, whose answer is recorded
+        instead. Step names must be unique within a job.
         """
         if name in self._step_names:
             raise ValueError(
                 f"Step name {name!r} is used twice in job {self.spec.name!r}; give every step its own name."
+            )
+        if repeatable and recheck is not None:
+            raise ValueError(
+                f"Step {name!r} of job {self.spec.name!r} is repeatable and has a recheck: a step safe to "
+                "repeat runs again after a crash and needs no recheck; drop one of the two."
             )
         self._step_names.add(name)
         if name in self._completed:  # replayed: recorded by an earlier run
@@ -494,7 +501,7 @@ class JobContext:
             return _typed(self._completed[name], result_type)
         self._running_steps.add(name)  # before any await: a cancel now waits for this step
         try:
-            stored = await self._run_step(name, fn, args, kwargs, recheck)
+            stored = await self._run_step(name, fn, args, kwargs, recheck, repeatable)
         finally:
             self._running_steps.discard(name)
             if self._interrupt_pending and not self._running_steps:
@@ -509,11 +516,12 @@ class JobContext:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         recheck: Callable[[], Any] | None,
+        repeatable: bool,
     ) -> Any:
         repo = self._store.repo
         attempt = self.attempt  # the step's start: its outcome is written for it even if the lease moves
         record, fresh = await self._store.write_report(
-            self.job_id, repo.begin_step, self.job_id, self._owner, name, attempt
+            self.job_id, repo.begin_step, self.job_id, self._owner, name, attempt, repeatable=repeatable
         )
         if not fresh and record.status == "completed":
             return record.result

@@ -27,6 +27,7 @@ from typing import Any, Literal, ParamSpec, TypeVar
 import anyio
 from sqlalchemy import (
     JSON,
+    Boolean,
     Connection,
     Integer,
     Text,
@@ -985,11 +986,14 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
 
     # -- durable steps --------------------------------------------------------
 
-    def begin_step(self, job_id: str, owner: str, name: str, attempt: int) -> tuple[StepRecord, bool]:
+    def begin_step(
+        self, job_id: str, owner: str, name: str, attempt: int, *, repeatable: bool = False
+    ) -> tuple[StepRecord, bool]:
         """Record that step `name` starts, unless it is already known: (record, fresh).
 
         Not fresh: the step completed before (replay its result) or started without
-        a recorded outcome (unknown). A failed step is started afresh.
+        a recorded outcome (unknown). A failed step is started afresh, and so is a
+        `repeatable` one (safe to run again) that started without a recorded outcome.
 
         Raises `LeaseLost` when `owner` no longer holds the job. A step's two writes run past the ORM
         session, whose unit of work cost ten times their statements (a job of many steps pays both writes
@@ -1002,11 +1006,11 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         values: dict[str, Any] = {"job_id": job_id, "name": name, "status": "started", "attempt": attempt}
         values |= {"started_at": now, "finished_at": None, "result": None, "error": None}
         if self.dialect == "postgresql":
-            return self._begin_step_in_one(values, owner, now)
+            return self._begin_step_in_one(values | {"repeatable": repeatable}, owner, now)
         with self._sqlite_writing() as connection:
             self._hold_lease(connection, job_id, owner)
             found = self._prepare(_STEP_BY_NAME).rows(connection, {"job_id": job_id, "name": name})
-            if found and found[0]["status"] != "failed":
+            if found and not _starts_again(found[0]["status"], repeatable):
                 return _detached(StepRecord, found[0]), False
             if found:
                 self._execute(connection, _RESTART_STEP, values | _set_values(values, _RESTARTED))
@@ -1259,17 +1263,31 @@ _KNOWN = (
     .cte("known")
 )
 _STEP_VALUES = ("name", "status", "attempt", "started_at", "finished_at", "result", "error")
+
+
+def _starts_again(status: str, repeatable: bool) -> bool:
+    """Whether `begin_step` starts a known step of `status` afresh: it failed, or it is safe to repeat and did
+    not complete (an earlier run began it and never recorded its outcome)."""
+    return status == "failed" or (repeatable and status != "completed")
+
+
+def _starts_again_in_sql(status: Any) -> Any:
+    """`_starts_again` in SQL, with `repeatable` a parameter (PostgreSQL's `begin_step` in one statement)."""
+    repeatable = bindparam("repeatable", type_=Boolean())
+    return or_(status == literal("failed"), and_(repeatable, status != literal("completed")))
+
+
 _STARTED_STEP = pg_insert(_STEPS).from_select(
     ["job_id", *_STEP_VALUES],
     sa_select(_HELD.c.id, *(bindparam(name, type_=_STEPS.c[name].type) for name in _STEP_VALUES)).where(
-        ~sa_select(_KNOWN.c.name).where(_KNOWN.c.status != literal("failed")).exists()
+        ~sa_select(_KNOWN.c.name).where(~_starts_again_in_sql(_KNOWN.c.status)).exists()
     ),
 )
 _STARTED = (
     _STARTED_STEP.on_conflict_do_update(
         index_elements=[_STEPS.c.job_id, _STEPS.c.name],
         set_={name: _STARTED_STEP.excluded[name] for name in _RESTARTED},
-        where=_STEPS.c.status == literal("failed"),
+        where=_starts_again_in_sql(_STEPS.c.status),
     )
     .returning(_STEPS.c.job_id)
     .cte("started")
