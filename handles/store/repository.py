@@ -54,7 +54,7 @@ from sqlmodel import Session, col, select
 
 from handles.backoff import backoff_seconds
 from handles.errors import LeaseLost
-from handles.outcomes import failed
+from handles.outcomes import cancelled_message, failed
 from handles.states import ACTIVE, TERMINAL, Status, can_transition, sources_of
 from handles.store.engine import NOTICE, NOTIFY_CHANNEL, as_sqlalchemy_error, is_sqlite
 from handles.store.housekeeping import Housekeeping
@@ -881,7 +881,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
                 return None
             if job.cancel_requested_at is not None:
                 job.status = Status.CANCELLED.value
-                job.status_message = "Cancelled at the caller's request while it waited for an answer."
+                job.status_message = _cancelled(job, " while it waited for an answer")
                 _finish(job, now)
             else:
                 job.lease_owner = None
@@ -893,8 +893,9 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
             return Status(job.status)
 
     def request_cancel(self, job_id: str, by: str | None = None) -> CancelOutcome | None:
-        """Record a cancel request (and `by` whom). A queued job ends `cancelled` at once; a running
-        one is signalled."""
+        """Record a cancel request (and `by` whom, unless one was recorded before). A job no worker holds
+        (queued, waiting to run again, or parked on a question) ends `cancelled` at once, its status message
+        saying who asked and at what point; a running one is signalled."""
         now = self.clock()
         with self._writing() as session:
             job = self._locked(session, job_id)
@@ -902,14 +903,14 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
                 return None
             if Status(job.status) in TERMINAL:
                 return CancelOutcome(job, ended_now=False)
-            ended = job.lease_owner is None
-            if ended:
-                job.status = Status.CANCELLED.value
-                job.status_message = "Cancelled before it started."
-                _finish(job, now)
             if job.cancel_requested_at is None:
                 job.cancel_requested_at = now
                 job.cancel_requested_by = by
+            ended = job.lease_owner is None
+            if ended:
+                job.status_message = _cancelled(job, _waiting_as(job))
+                job.status = Status.CANCELLED.value
+                _finish(job, now)
             _touch(job, now)
             session.add(job)
         return CancelOutcome(job, ended_now=ended)
@@ -1504,7 +1505,7 @@ def _interrupted_outcome(job: JobRecord, now: datetime, *, shutdown: bool) -> di
     if job.cancel_requested_at is not None:
         return {
             "status": Status.CANCELLED.value,
-            "status_message": "Cancelled at the caller's request; its process stopped before it finished.",
+            "status_message": _cancelled(job, "; its process stopped before it finished"),
         }
     if job.on_interrupt == "retry" and shutdown:
         return {
@@ -1533,6 +1534,20 @@ def _interrupted_outcome(job: JobRecord, now: datetime, *, shutdown: bool) -> di
     )
     status, fields = failed(message, "shutdown" if shutdown else "interrupted", attempts=attempts)
     return {"status": status.value, **fields}
+
+
+def _cancelled(job: JobRecord, when: str) -> str:
+    """The status message of `job` cancelled `when`, saying who asked (`cancelled_message`)."""
+    return cancelled_message(job.cancel_requested_by, job.principal, when)
+
+
+def _waiting_as(job: JobRecord) -> str:
+    """At what point a job no worker holds is: before its first run, parked on a question, or between runs."""
+    if job.started_at is None:
+        return " before it started"
+    if Status(job.status) is Status.INPUT_REQUIRED:
+        return " while it waited for an answer"
+    return " while it waited to run again"
 
 
 def _job_values(job: JobRecord) -> dict[str, Any]:
