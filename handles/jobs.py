@@ -8,10 +8,12 @@ the `CallToolResult` the plain tool would have returned.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import functools
 import inspect
 import re
+import textwrap
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -164,6 +166,11 @@ class JobSpec:
         if not inspect.iscoroutinefunction(fn):
             raise ConfigurationError(f"Job {job_name!r} must be an `async def` function.")
         context_param = _find_context_param(fn, job_name)
+        if not (options.get("asks_input") or options.get("ask_first")) and _calls_ask(fn, context_param):
+            raise ConfigurationError(
+                f"Job {job_name!r} calls {context_param}.ask() but is not declared to ask: declare it with "
+                "@jobs.job(asks_input=True), which gives it the respond tool that takes the answers."
+            )
         try:
             metadata = func_metadata(_described(fn), skip_names=[context_param], structured_output=True)
         except Exception as exc:
@@ -239,6 +246,22 @@ def _described(fn: Callable[..., Any]) -> Callable[..., Any]:
     return shim
 
 
+def _calls_ask(fn: Callable[..., Any], context_param: str) -> bool:
+    """Whether the job function's own source calls `<context_param>.ask`. A job that asks only through a
+    helper is not seen here: it fails when it asks (`UndeclaredAsk`). No source to read: False."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    return any(
+        isinstance(node, ast.Attribute)
+        and node.attr == "ask"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == context_param
+        for node in ast.walk(tree)
+    )
+
+
 def _find_context_param(fn: Callable[..., Any], job_name: str) -> str:
     try:
         hints = typing.get_type_hints(fn)
@@ -259,6 +282,11 @@ class JobParked(BaseException):
     answered, the job is replayed from the top: answers and completed steps come back
     from the store, so nothing repeats.
     """
+
+
+class UndeclaredAsk(ConfigurationError):
+    """Raised by `ctx.ask` in a job not declared `asks_input=True`: the job fails, its caller is told it is
+    the server's configuration, and the server log names the fix."""
 
 
 class JobContext:
@@ -431,8 +459,9 @@ class JobContext:
         asked.
         """
         if not self.spec.asks_input:
-            raise ConfigurationError(
-                f"Job {self.spec.name!r} called ctx.ask() but was not declared with asks_input=True."
+            raise UndeclaredAsk(
+                f"Job {self.spec.name!r} called ctx.ask() but is not declared to ask: declare it with "
+                "@jobs.job(asks_input=True), which gives it the respond tool that takes the answers."
             )
         requested = elicitation_schema(schema)
         self._ask_count += 1

@@ -31,7 +31,7 @@ from mcp_types import CallToolResult, TextContent
 from handles.ask_first import FIRST_KEY
 from handles.config import HandlesConfig
 from handles.errors import JobFailed, LeaseLost, StepOutcomeUnknown, StoreUnavailable
-from handles.jobs import JobContext, JobParked, JobSpec
+from handles.jobs import JobContext, JobParked, JobSpec, UndeclaredAsk
 from handles.limits import clean_message, json_size, sized_json
 from handles.outcomes import (
     Outcome,
@@ -602,6 +602,16 @@ class Runtime:
             return failed(str(exc), "sealed_value_unreadable")
         except StepOutcomeUnknown as exc:
             return failed(str(exc), "step_unknown", step=exc.step)
+        except UndeclaredAsk as exc:
+            reference = secrets.token_hex(6)
+            logger.error("job %s (%s) cannot run [reference %s]: %s", record.id, spec.name, reference, exc)
+            return failed(
+                "The job cannot run because of this server's configuration, not because of your request: it "
+                "asks a question, but the server does not take answers for it. Starting it again fails the "
+                f"same way until the server's operator fixes it (reference {reference}).",
+                "server_configuration",
+                reference=reference,
+            )
         except LeaseLost:
             logger.info("job %s ended elsewhere while it ran here; dropping this run", record.id)
             return None
