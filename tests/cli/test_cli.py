@@ -207,9 +207,12 @@ def test_clear_errors_for_unknown_id_foreign_key_and_bad_database(
 
 
 def test_cancel_queued_and_finished_jobs(tmp_path: Path, populated: dict[str, str]) -> None:
-    cancelled = run(tmp_path, "jobs", "cancel", populated["queued"])
+    cancelled = run(tmp_path, "jobs", "cancel", populated["queued"], "--by", "erin")
     assert cancelled.returncode == 0 and "now cancelled" in cancelled.stdout
-    assert run_json(tmp_path, "jobs", "show", populated["queued"], "--json")["status"] == "cancelled"
+    shown = run_json(tmp_path, "jobs", "show", populated["queued"], "--json")
+    assert shown["status"] == "cancelled"
+    assert shown["status_message"] == "Cancelled by the server's operator before it started."
+    assert shown["cancel_requested_by"] == {"role": "operator", "name": "erin"}
     finished = run(tmp_path, "jobs", "cancel", populated["report"])
     assert "already ended (completed)" in finished.stdout
 
