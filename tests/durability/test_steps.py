@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from mcp import Client
 
 from handles import Handles, JobContext
@@ -138,14 +139,24 @@ def test_step_names_must_be_unique_within_a_job(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
 def test_kill_9_mid_step_reruns_a_repeatable_step_and_fails_any_other_for_reconciliation(
-    tmp_path: Path,
+    tmp_path: Path, engine: str, request: pytest.FixtureRequest
 ) -> None:
-    """A real process killed (SIGKILL) inside two steps: on restart, the retry runs the one declared
-    `repeatable` again to completion, and the other, whose effect may have happened, fails `step_unknown`."""
+    """A real process killed (SIGKILL) inside two steps, on an SQLite file and on PostgreSQL: on restart, the
+    retry runs the one declared `repeatable` again to completion, and the other, whose effect may have
+    happened, fails `step_unknown`."""
+    database = {}
+    if engine == "postgresql":
+        url = request.getfixturevalue("postgres_url")
+        database = {"HANDLES_DATABASE_URL": url, "HANDLES_AUTO_MIGRATE": "1"}
     runs = tmp_path / "runs.log"
     node = http_node(
-        "tests.durability.steps_app", tmp_path, STEPS_RUNS_FILE=str(runs), STEPS_HOLD_SECONDS="60"
+        "tests.durability.steps_app",
+        tmp_path,
+        STEPS_RUNS_FILE=str(runs),
+        STEPS_HOLD_SECONDS="60",
+        **database,
     )
 
     async def call(tool: str, **arguments: Any) -> tuple[dict[str, Any], bool]:
