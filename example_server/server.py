@@ -91,8 +91,9 @@ async def deploy_release(ctx: JobContext, version: str) -> Deployment:
     pause = job_seconds() / 2 / len(steps)
     for done, step in enumerate(steps, start=1):
         # Steps too: once the question is answered the job is replayed from the top (possibly on
-        # another node), and recorded steps are not run again.
-        await ctx.step(step, asyncio.sleep, pause)
+        # another node), and recorded steps are not run again. They have no effect outside the job, so
+        # they are safe to repeat: one cut short by a crash runs again in the retry.
+        await ctx.step(step, asyncio.sleep, pause, repeatable=True)
         await ctx.progress(done, len(steps) * 2, f"{step} finished")
     approval = await ctx.ask(f"Release {version} is built and tested. Deploy it, and where?", Approval)
     if not approval.approve:

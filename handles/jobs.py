@@ -8,10 +8,12 @@ the `CallToolResult` the plain tool would have returned.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import functools
 import inspect
 import re
+import textwrap
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -164,6 +166,11 @@ class JobSpec:
         if not inspect.iscoroutinefunction(fn):
             raise ConfigurationError(f"Job {job_name!r} must be an `async def` function.")
         context_param = _find_context_param(fn, job_name)
+        if not (options.get("asks_input") or options.get("ask_first")) and _calls_ask(fn, context_param):
+            raise ConfigurationError(
+                f"Job {job_name!r} calls {context_param}.ask() but is not declared to ask: declare it with "
+                "@jobs.job(asks_input=True), which gives it the respond tool that takes the answers."
+            )
         try:
             metadata = func_metadata(_described(fn), skip_names=[context_param], structured_output=True)
         except Exception as exc:
@@ -239,6 +246,22 @@ def _described(fn: Callable[..., Any]) -> Callable[..., Any]:
     return shim
 
 
+def _calls_ask(fn: Callable[..., Any], context_param: str) -> bool:
+    """Whether the job function's own source calls `<context_param>.ask`. A job that asks only through a
+    helper is not seen here: it fails when it asks (`UndeclaredAsk`). No source to read: False."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    return any(
+        isinstance(node, ast.Attribute)
+        and node.attr == "ask"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == context_param
+        for node in ast.walk(tree)
+    )
+
+
 def _find_context_param(fn: Callable[..., Any], job_name: str) -> str:
     try:
         hints = typing.get_type_hints(fn)
@@ -259,6 +282,11 @@ class JobParked(BaseException):
     answered, the job is replayed from the top: answers and completed steps come back
     from the store, so nothing repeats.
     """
+
+
+class UndeclaredAsk(ConfigurationError):
+    """Raised by `ctx.ask` in a job not declared `asks_input=True`: the job fails, its caller is told it is
+    the server's configuration, and the server log names the fix."""
 
 
 class JobContext:
@@ -431,8 +459,9 @@ class JobContext:
         asked.
         """
         if not self.spec.asks_input:
-            raise ConfigurationError(
-                f"Job {self.spec.name!r} called ctx.ask() but was not declared with asks_input=True."
+            raise UndeclaredAsk(
+                f"Job {self.spec.name!r} called ctx.ask() but is not declared to ask: declare it with "
+                "@jobs.job(asks_input=True), which gives it the respond tool that takes the answers."
             )
         requested = elicitation_schema(schema)
         self._ask_count += 1
@@ -469,6 +498,7 @@ class JobContext:
         name: str,
         fn: Callable[..., Any],
         *args: Any,
+        repeatable: bool = False,
         recheck: Callable[[], Any] | None = None,
         result_type: Any = None,
         **kwargs: Any,
@@ -480,13 +510,19 @@ class JobContext:
         deployment is never repeated by a retry. Results are stored as JSON and
         returned as JSON values (pass `result_type` to rebuild a type). A step that
         started in an earlier attempt and never recorded an outcome raises
-        `StepOutcomeUnknown`, unless `recheck` is given: an idempotent function that
-        finds out what happened, whose answer is recorded instead. Step names must be
-        unique within a job.
+        `StepOutcomeUnknown`, unless it is `repeatable` (safe to run again: a build,
+        a test, a pure computation), and then `fn` runs again, or `recheck` is given:
+        an idempotent function that finds out what happened, whose answer is recorded
+        instead. Step names must be unique within a job.
         """
         if name in self._step_names:
             raise ValueError(
                 f"Step name {name!r} is used twice in job {self.spec.name!r}; give every step its own name."
+            )
+        if repeatable and recheck is not None:
+            raise ValueError(
+                f"Step {name!r} of job {self.spec.name!r} is repeatable and has a recheck: a step safe to "
+                "repeat runs again after a crash and needs no recheck; drop one of the two."
             )
         self._step_names.add(name)
         if name in self._completed:  # replayed: recorded by an earlier run
@@ -494,7 +530,7 @@ class JobContext:
             return _typed(self._completed[name], result_type)
         self._running_steps.add(name)  # before any await: a cancel now waits for this step
         try:
-            stored = await self._run_step(name, fn, args, kwargs, recheck)
+            stored = await self._run_step(name, fn, args, kwargs, recheck, repeatable)
         finally:
             self._running_steps.discard(name)
             if self._interrupt_pending and not self._running_steps:
@@ -509,12 +545,20 @@ class JobContext:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         recheck: Callable[[], Any] | None,
+        repeatable: bool,
     ) -> Any:
         repo = self._store.repo
         attempt = self.attempt  # the step's start: its outcome is written for it even if the lease moves
         # Its start time fixed here: a try again after an outage knows its own committed start by it.
         record, fresh = await self._store.write_report(
-            self.job_id, repo.begin_step, self.job_id, self._owner, name, attempt, started_at=repo.clock()
+            self.job_id,
+            repo.begin_step,
+            self.job_id,
+            self._owner,
+            name,
+            attempt,
+            started_at=repo.clock(),
+            repeatable=repeatable,
         )
         if not fresh and record.status == "completed":
             return record.result

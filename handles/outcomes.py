@@ -1,8 +1,9 @@
-"""How the end of a run is written down: a stored result, a failure with its reason, a cancellation."""
+"""How the end of a run is written down: a stored result, a failure with its reason, a cancellation (saying
+who asked for it)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from handles.limits import clean_message
 from handles.states import Status
@@ -22,18 +23,64 @@ def failed(message: str, reason: str, **data: Any) -> Outcome:
     return Status.FAILED, {"error": error, "status_message": clean_message(message)}
 
 
-def cancelled_at_request() -> Outcome:
-    """Cancelled by its caller (or an operator) and interrupted once the grace period ran out."""
-    return Status.CANCELLED, {"status_message": "Cancelled at the caller's request."}
+OPERATOR_PREFIX = "operator:"
+"""How a cancel or an answer by an operator (the CLI, the console) is recorded: `operator:<name>`."""
+
+RUNTIME_PREFIX = "handles:"
+"""How a cancel the runtime decided is recorded: `handles:<reason>` (`handles:abandoned`)."""
+
+CancelRole = Literal["caller", "operator", "server", "principal"]
 
 
-def cancelled_with_unknown_steps(steps: list[str], waited: float) -> Outcome:
+def canceller(by: str | None, principal: str) -> tuple[CancelRole, str] | None:
+    """Who asked for a job's cancel, from its recorded `cancel_requested_by` and the job's `principal`:
+    (role, name). The role is `caller` (the job's own principal), `operator` (name: the operator's),
+    `server` (name: the runtime's reason) or `principal` (another principal: none cancels today).
+    None when nobody is recorded (no cancel, or one recorded before who asked was)."""
+    if by is None:
+        return None
+    if by == principal:
+        return "caller", by
+    if by.startswith(OPERATOR_PREFIX):
+        return "operator", by.removeprefix(OPERATOR_PREFIX)
+    if by.startswith(RUNTIME_PREFIX):
+        return "server", by.removeprefix(RUNTIME_PREFIX)
+    return "principal", by
+
+
+def _by_whom(by: str | None, principal: str) -> str:
+    """How a caller is told who cancelled: never an operator's name or another principal's."""
+    who = canceller(by, principal)
+    if who is None:
+        return ""
+    role, name = who
+    if role == "caller":
+        return " at the caller's request"
+    if role == "operator":
+        return " by the server's operator"
+    if role == "server" and name == "abandoned":
+        return " by the server, since nobody had followed it for its abandon_after time,"
+    return " by the server" if role == "server" else " at another caller's request"
+
+
+def cancelled_message(by: str | None, principal: str, when: str = "") -> str:
+    """The status message of a cancelled job: who asked (`canceller`) and, in `when`, at what point it was
+    (" before it started", " while it waited for an answer")."""
+    return f"Cancelled{_by_whom(by, principal)}{when}".rstrip(",") + "."
+
+
+def cancelled_at_request(by: str | None, principal: str) -> Outcome:
+    """Cancelled at the request of `by` (see `canceller`) and interrupted once the grace period ran out."""
+    return Status.CANCELLED, {"status_message": cancelled_message(by, principal)}
+
+
+def cancelled_with_unknown_steps(steps: list[str], waited: float, by: str | None, principal: str) -> Outcome:
     """Cancelled while durable steps still executed past the limit: their outcome is unknown."""
     names = ", ".join(repr(name) for name in steps)
     message = (
-        f"Cancelled at the caller's request while step {names} was still running; it did not finish within "
-        f"{waited:g} s, so its outcome is unknown. Reconcile it (check whether its effect happened) before "
-        "retrying."
+        f"{cancelled_message(by, principal, f' while step {names} was still running')[:-1]}; it did not "
+        f"finish within {waited:g} s, so its outcome is unknown. Reconcile it (check whether its effect "
+        "happened) before retrying."
     )
     error = {"code": INTERNAL_ERROR, "message": message, "data": {"reason": "step_unknown", "steps": steps}}
     return Status.CANCELLED, {"error": error, "status_message": clean_message(message)}

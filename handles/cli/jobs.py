@@ -15,6 +15,7 @@ from handles.cli.common import find_job, open_repository
 from handles.cli.formatting import _clip, _iso, _one_line, _table, _when
 from handles.config import HandlesConfig
 from handles.errors import ConfigurationError
+from handles.outcomes import OPERATOR_PREFIX, canceller
 from handles.principal import principal_match, readable
 from handles.sealing import shown as sensitive_shown
 from handles.states import Status
@@ -100,6 +101,13 @@ def _question(request: InputRequestRecord, reveal: bool) -> dict[str, Any]:
     return shown
 
 
+def _cancel_requester(job: JobRecord) -> dict[str, str] | None:
+    """Who asked to cancel the job: `role` (`caller`, the job's principal; `operator`; `server`, the runtime
+    itself) and `name` (the principal, the operator's name, or the runtime's reason)."""
+    who = canceller(job.cancel_requested_by, job.principal)
+    return None if who is None else {"role": who[0], "name": who[1]}
+
+
 def _shown_lines(key: str, value: Any) -> list[str]:
     """A `jobs show` field as text: a run or a question per line, other lists and objects as JSON."""
     if key == "runs":
@@ -115,6 +123,8 @@ def _shown_lines(key: str, value: Any) -> list[str]:
             + (f", answer {json.dumps(q['answer'], default=str)}" if "answer" in q else "")
             for q in value
         ]
+    if key == "cancel_requested_by" and value is not None:
+        return [f"{value['role']} {value['name']}"]
     if isinstance(value, list | dict):
         return [json.dumps(value, default=str)]
     return [str(value)]
@@ -128,6 +138,7 @@ def jobs_show(args: argparse.Namespace) -> int:
         started_at=_iso(job.started_at),
         finished_at=_iso(job.finished_at),
         cancel_requested_at=_iso(job.cancel_requested_at),
+        cancel_requested_by=_cancel_requester(job),
         lease_owner=job.lease_owner,
         runs=[
             {
@@ -173,7 +184,7 @@ def jobs_show(args: argparse.Namespace) -> int:
 def jobs_cancel(args: argparse.Namespace) -> int:
     repository = open_repository()
     job = find_job(repository, args.job)
-    outcome = repository.request_cancel(job.id, f"operator:{args.by}")
+    outcome = repository.request_cancel(job.id, OPERATOR_PREFIX + args.by)
     assert outcome is not None
     repository.load_notice_scope()  # its notice names its deployment's schema, as a node's do
     repository.publish(job.id, "cli")

@@ -32,7 +32,7 @@ from mcp_types import CallToolResult, TextContent
 from handles.ask_first import FIRST_KEY
 from handles.config import HandlesConfig
 from handles.errors import JobFailed, LeaseLost, StepOutcomeUnknown, StoreUnavailable
-from handles.jobs import JobContext, JobParked, JobSpec
+from handles.jobs import JobContext, JobParked, JobSpec, UndeclaredAsk
 from handles.limits import clean_message, json_size, sized_json
 from handles.outcomes import (
     Outcome,
@@ -518,7 +518,7 @@ class Runtime:
                 return False
             if not entry.ctx.cancelled:
                 raise
-            await self._settle(entry, record.id, cancelled_at_request(), None)
+            await self._settle(entry, record.id, await self._cancelled(record), None)
             return False
         return True
 
@@ -621,6 +621,16 @@ class Runtime:
             return failed(str(exc), "sealed_value_unreadable")
         except StepOutcomeUnknown as exc:
             return failed(str(exc), "step_unknown", step=exc.step)
+        except UndeclaredAsk as exc:
+            reference = secrets.token_hex(6)
+            logger.error("job %s (%s) cannot run [reference %s]: %s", record.id, spec.name, reference, exc)
+            return failed(
+                "The job cannot run because of this server's configuration, not because of your request: it "
+                "asks a question, but the server does not take answers for it. Starting it again fails the "
+                f"same way until the server's operator fixes it (reference {reference}).",
+                "server_configuration",
+                reference=reference,
+            )
         except LeaseLost:
             logger.info("job %s ended elsewhere while it ran here; dropping this run", record.id)
             return None
@@ -640,7 +650,7 @@ class Runtime:
                     await self.store.announce(record.id, queued=True)  # another node takes it now
                 return None
             if ctx.cancelled:
-                return cancelled_at_request()
+                return await self._cancelled(record)
             raise
         except Exception as exc:
             reference = secrets.token_hex(6)
@@ -709,17 +719,34 @@ class Runtime:
             return
         if not entry.enter(RunLife.LOST):  # the run goes on in its thread; nothing it writes is taken any more
             return
-        status, values = cancelled_with_unknown_steps(steps, self.config.step_cancel_limit_seconds)
         job_id = entry.ctx.job_id
         logger.warning(
             "job %s: step(s) %s still running past the cancel limit; outcome unknown", job_id, steps
         )
         self._spawn(
-            self.store.write(
-                job_id, self.store.repo.end_with_unknown_steps, job_id, self.owner, steps, status, **values
-            ),
-            name=f"handles-unknown-{job_id}",
+            self._end_with_unknown_steps(job_id, entry.ctx.principal, steps), f"handles-unknown-{job_id}"
         )
+
+    async def _end_with_unknown_steps(self, job_id: str, principal: str, steps: list[str]) -> None:
+        by = await self._cancel_requester(job_id)
+        limit = self.config.step_cancel_limit_seconds
+        status, values = cancelled_with_unknown_steps(steps, limit, by, principal)
+        await self.store.write(
+            job_id, self.store.repo.end_with_unknown_steps, job_id, self.owner, steps, status, **values
+        )
+
+    async def _cancelled(self, record: JobRecord) -> Outcome:
+        """The outcome of a run interrupted by a cancel: its message says who asked for it."""
+        return cancelled_at_request(await self._cancel_requester(record.id), record.principal)
+
+    async def _cancel_requester(self, job_id: str) -> str | None:
+        """Who asked to cancel `job_id`, as recorded (None if it cannot be read now: the message then names
+        nobody rather than guess)."""
+        try:
+            job = await self.store.read(self.store.repo.get, job_id)
+        except StoreUnavailable:
+            return None
+        return None if job is None else job.cancel_requested_by
 
     def _drop(self, job_id: str) -> None:
         """The job ended in the store while it runs here: stop it without writing anything."""

@@ -233,12 +233,18 @@ class JobTools:
             if fetching:
                 return f"The job is finished and this is its result. Nothing more to do; it stays available until {until}."
             return f"The job is finished. Call {self.tool('fetch')} with this handle to get the result (kept until {until})."
+        if status is Status.FAILED and _reason(job) == "server_configuration":
+            return (
+                "The job failed because of the server's configuration, not because of your request; see "
+                "error. Starting it again fails the same way: tell the server's operator the reference in "
+                "error, and start it again once they have fixed it."
+            )
         if status is Status.FAILED:
             return (
                 "The job failed and will not produce a result; see error. Do not retry blindly: check whether "
                 f"anything it started must be reconciled, then start a new job with {self.tool('start')} if needed."
             )
-        if job.error is not None and job.error.get("data", {}).get("reason") == "step_unknown":
+        if _reason(job) == "step_unknown":
             return (
                 "The job was cancelled while a step was still running, and that step's outcome is unknown (see "
                 "status_message). Reconcile it (check whether its effect happened) before starting a new job "
@@ -650,6 +656,11 @@ def follow_definitions(
             )
         )
     return defs
+
+
+def _reason(job: JobRecord | JobState) -> str | None:
+    """Why a failed (or cancelled) job ended, as its error says (`error.data.reason`)."""
+    return None if job.error is None else job.error.get("data", {}).get("reason")
 
 
 def _seconds(arguments: dict[str, Any]) -> float:

@@ -27,6 +27,7 @@ from typing import Any, Literal, ParamSpec, TypeVar
 import anyio
 from sqlalchemy import (
     JSON,
+    Boolean,
     Connection,
     Integer,
     Text,
@@ -53,7 +54,7 @@ from sqlmodel import Session, col, select
 
 from handles.backoff import backoff_seconds
 from handles.errors import LeaseLost
-from handles.outcomes import failed
+from handles.outcomes import cancelled_message, failed
 from handles.states import ACTIVE, TERMINAL, Status, can_transition, sources_of
 from handles.store.engine import NOTICE, NOTIFY_CHANNEL, as_sqlalchemy_error, is_sqlite
 from handles.store.housekeeping import Housekeeping
@@ -905,7 +906,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
                 return None
             if job.cancel_requested_at is not None:
                 job.status = Status.CANCELLED.value
-                job.status_message = "Cancelled at the caller's request while it waited for an answer."
+                job.status_message = _cancelled(job, " while it waited for an answer")
                 _finish(job, now)
             else:
                 job.lease_owner = None
@@ -917,8 +918,9 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
             return Status(job.status)
 
     def request_cancel(self, job_id: str, by: str | None = None) -> CancelOutcome | None:
-        """Record a cancel request (and `by` whom). A queued job ends `cancelled` at once; a running
-        one is signalled."""
+        """Record a cancel request (and `by` whom, unless one was recorded before). A job no worker holds
+        (queued, waiting to run again, or parked on a question) ends `cancelled` at once, its status message
+        saying who asked and at what point; a running one is signalled."""
         now = self.clock()
         with self._writing() as session:
             job = self._locked(session, job_id)
@@ -926,14 +928,14 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
                 return None
             if Status(job.status) in TERMINAL:
                 return CancelOutcome(job, ended_now=False)
-            ended = job.lease_owner is None
-            if ended:
-                job.status = Status.CANCELLED.value
-                job.status_message = "Cancelled before it started."
-                _finish(job, now)
             if job.cancel_requested_at is None:
                 job.cancel_requested_at = now
                 job.cancel_requested_by = by
+            ended = job.lease_owner is None
+            if ended:
+                job.status_message = _cancelled(job, _waiting_as(job))
+                job.status = Status.CANCELLED.value
+                _finish(job, now)
             _touch(job, now)
             session.add(job)
         return CancelOutcome(job, ended_now=ended)
@@ -1012,12 +1014,20 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
     # -- durable steps --------------------------------------------------------
 
     def begin_step(
-        self, job_id: str, owner: str, name: str, attempt: int, *, started_at: datetime | None = None
+        self,
+        job_id: str,
+        owner: str,
+        name: str,
+        attempt: int,
+        *,
+        started_at: datetime | None = None,
+        repeatable: bool = False,
     ) -> tuple[StepRecord, bool]:
         """Record that step `name` starts, unless it is already known: (record, fresh).
 
         Not fresh: the step completed before (replay its result) or started without
-        a recorded outcome (unknown). A failed step is started afresh.
+        a recorded outcome (unknown). A failed step is started afresh, and so is a
+        `repeatable` one (safe to run again) that started without a recorded outcome.
 
         `started_at` (when given; else now) makes the start safe to try again: a try that finds the step
         started with this very attempt and time finds its own earlier try, committed though its answer was
@@ -1035,11 +1045,11 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
         values |= {"started_at": now, "finished_at": None, "result": None, "error": None}
         own = None if started_at is None else (attempt, started_at)  # what an earlier try stored
         if self.dialect == "postgresql":
-            return self._begin_step_in_one(values, owner, now, own)
+            return self._begin_step_in_one(values | {"repeatable": repeatable}, owner, now, own)
         with self._sqlite_writing() as connection:
             self._hold_lease(connection, job_id, owner)
             found = self._prepare(_STEP_BY_NAME).rows(connection, {"job_id": job_id, "name": name})
-            if found and found[0]["status"] != "failed":
+            if found and not _starts_again(found[0]["status"], repeatable):
                 known = _detached(StepRecord, found[0])
                 return known, _own_start(known, own)
             if found:
@@ -1297,17 +1307,31 @@ _KNOWN = (
     .cte("known")
 )
 _STEP_VALUES = ("name", "status", "attempt", "started_at", "finished_at", "result", "error")
+
+
+def _starts_again(status: str, repeatable: bool) -> bool:
+    """Whether `begin_step` starts a known step of `status` afresh: it failed, or it is safe to repeat and did
+    not complete (an earlier run began it and never recorded its outcome)."""
+    return status == "failed" or (repeatable and status != "completed")
+
+
+def _starts_again_in_sql(status: Any) -> Any:
+    """`_starts_again` in SQL, with `repeatable` a parameter (PostgreSQL's `begin_step` in one statement)."""
+    repeatable = bindparam("repeatable", type_=Boolean())
+    return or_(status == literal("failed"), and_(repeatable, status != literal("completed")))
+
+
 _STARTED_STEP = pg_insert(_STEPS).from_select(
     ["job_id", *_STEP_VALUES],
     sa_select(_HELD.c.id, *(bindparam(name, type_=_STEPS.c[name].type) for name in _STEP_VALUES)).where(
-        ~sa_select(_KNOWN.c.name).where(_KNOWN.c.status != literal("failed")).exists()
+        ~sa_select(_KNOWN.c.name).where(~_starts_again_in_sql(_KNOWN.c.status)).exists()
     ),
 )
 _STARTED = (
     _STARTED_STEP.on_conflict_do_update(
         index_elements=[_STEPS.c.job_id, _STEPS.c.name],
         set_={name: _STARTED_STEP.excluded[name] for name in _RESTARTED},
-        where=_STEPS.c.status == literal("failed"),
+        where=_starts_again_in_sql(_STEPS.c.status),
     )
     .returning(_STEPS.c.job_id)
     .cte("started")
@@ -1534,7 +1558,7 @@ def _interrupted_outcome(job: JobRecord, now: datetime, *, shutdown: bool) -> di
     if job.cancel_requested_at is not None:
         return {
             "status": Status.CANCELLED.value,
-            "status_message": "Cancelled at the caller's request; its process stopped before it finished.",
+            "status_message": _cancelled(job, "; its process stopped before it finished"),
         }
     if job.on_interrupt == "retry" and shutdown:
         return {
@@ -1563,6 +1587,20 @@ def _interrupted_outcome(job: JobRecord, now: datetime, *, shutdown: bool) -> di
     )
     status, fields = failed(message, "shutdown" if shutdown else "interrupted", attempts=attempts)
     return {"status": status.value, **fields}
+
+
+def _cancelled(job: JobRecord, when: str) -> str:
+    """The status message of `job` cancelled `when`, saying who asked (`cancelled_message`)."""
+    return cancelled_message(job.cancel_requested_by, job.principal, when)
+
+
+def _waiting_as(job: JobRecord) -> str:
+    """At what point a job no worker holds is: before its first run, parked on a question, or between runs."""
+    if job.started_at is None:
+        return " before it started"
+    if Status(job.status) is Status.INPUT_REQUIRED:
+        return " while it waited for an answer"
+    return " while it waited to run again"
 
 
 def _job_values(job: JobRecord) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp import Client
 
 from example_server.server import create_jobs
 from handles import HandlesConfig
@@ -36,7 +37,7 @@ from tests.harness.postgres import listening, notices, repository, schema_of
 from tests.harness.seed import seed_jobs
 from tests.runtime.support import job_row
 from tests.startup.support import UNREACHABLE_URL, assert_one_line_failure, outdated_sqlite
-from tests.support import HttpExampleServer, free_port, token_of
+from tests.support import LOCAL_PRINCIPAL, HttpExampleServer, free_port, token_of
 
 KEY = "cli-test-key-" + "c" * 40
 HANDLES = Path(sys.executable).parent / "handles"
@@ -206,9 +207,12 @@ def test_clear_errors_for_unknown_id_foreign_key_and_bad_database(
 
 
 def test_cancel_queued_and_finished_jobs(tmp_path: Path, populated: dict[str, str]) -> None:
-    cancelled = run(tmp_path, "jobs", "cancel", populated["queued"])
+    cancelled = run(tmp_path, "jobs", "cancel", populated["queued"], "--by", "erin")
     assert cancelled.returncode == 0 and "now cancelled" in cancelled.stdout
-    assert run_json(tmp_path, "jobs", "show", populated["queued"], "--json")["status"] == "cancelled"
+    shown = run_json(tmp_path, "jobs", "show", populated["queued"], "--json")
+    assert shown["status"] == "cancelled"
+    assert shown["status_message"] == "Cancelled by the server's operator before it started."
+    assert shown["cancel_requested_by"] == {"role": "operator", "name": "erin"}
     finished = run(tmp_path, "jobs", "cancel", populated["report"])
     assert "already ended (completed)" in finished.stdout
 
@@ -551,3 +555,64 @@ def test_a_cancel_on_postgresql_sends_its_notice_naming_its_schema(tmp_path: Pat
         cancelled = run(tmp_path, "jobs", "cancel", job.id, HANDLES_DATABASE_URL=postgres_url)
         assert cancelled.returncode == 0, cancelled.stderr
         assert notices(listener, job.id) == [f"{job.id} cli changed {schema_of(postgres_url)}"]
+
+
+def test_cancel_messages_say_who_cancelled_and_when_and_jobs_show_records_who_asked(tmp_path: Path) -> None:
+    """An operator's cancel (`handles jobs cancel`, a subprocess) of a running job and of a job parked on its
+    question, and a caller's cancel of a parked job that had started: each status message, as the caller
+    reads it through the handle tools, says truly who cancelled and when; `jobs show` records who asked,
+    and the caller never sees the operator's name."""
+    server = HttpExampleServer(tmp_path, [KEY], env={"EXAMPLE_JOB_SECONDS": "12"})
+
+    async def call(tool: str, **arguments: Any) -> dict[str, Any]:
+        async with Client(server.url) as client:
+            result = await client.call_tool(tool, arguments)
+        assert result.structured_content is not None, result
+        assert "dana" not in json.dumps(result.structured_content), "the operator's name reached the caller"
+        return result.structured_content
+
+    async def until(job: str, handle: str, predicate: Any) -> None:
+        for _ in range(60):
+            if predicate(await call(f"{job}_progress", handle=handle, wait_seconds=1)):
+                return
+        raise AssertionError(f"{job} never got there")
+
+    async def main() -> dict[str, str]:
+        export = (await call("export_dataset_start", rows=1000))["handle"]
+        parked = {
+            who: (await call("deploy_release_start", version=who))["handle"] for who in ("caller", "operator")
+        }
+        await until("export_dataset", export, lambda s: (s["progress"]["done"] or 0) > 0)
+        cancelled = run(tmp_path, "jobs", "cancel", export, "--by", "dana")
+        assert cancelled.returncode == 0 and "Cancellation requested" in cancelled.stdout, cancelled.stderr
+        final = await call("export_dataset_fetch", handle=export, wait_seconds=20)
+        assert (final["status"], final["status_message"]) == (
+            "cancelled",
+            "Cancelled by the server's operator.",
+        )
+
+        for handle in parked.values():
+            await until("deploy_release", handle, lambda s: s["status"] == "input_required")
+        by_caller = await call("deploy_release_cancel", handle=parked["caller"])
+        assert (by_caller["status"], by_caller["status_message"]) == (
+            "cancelled",
+            "Cancelled at the caller's request while it waited for an answer.",
+        )
+        cancelled = run(tmp_path, "jobs", "cancel", parked["operator"], "--by", "dana")
+        assert cancelled.returncode == 0, cancelled.stderr
+        by_operator = await call("deploy_release_fetch", handle=parked["operator"])
+        assert (by_operator["status"], by_operator["status_message"]) == (
+            "cancelled",
+            "Cancelled by the server's operator while it waited for an answer.",
+        )
+        return {"export": export, **parked}
+
+    with server.running():
+        handles = asyncio.run(main())
+    shown = {name: run_json(tmp_path, "jobs", "show", handle, "--json") for name, handle in handles.items()}
+    assert shown["caller"]["cancel_requested_by"] == {"role": "caller", "name": LOCAL_PRINCIPAL}
+    for name in ("export", "operator"):
+        assert shown[name]["cancel_requested_by"] == {"role": "operator", "name": "dana"}, name
+    assert all(job["cancel_requested_at"] for job in shown.values())
+    text = run(tmp_path, "jobs", "show", handles["operator"]).stdout
+    assert "cancel_requested_by  operator dana" in text, text

@@ -105,6 +105,12 @@ async def rig(jobs: Handles, declare: Callable[[Handles], None] | None = None) -
 def example_node(data_dir: Path, framework: str = "mcpserver", **env: str) -> ServerProcess:
     """`python -m example_server --http` (on `framework`) with short leases and sweeps, which tests can
     kill -9 and restart on the same port; `env` adds or overrides settings."""
+    return http_node("example_server", data_dir, "--http", *framework_args(framework), **env)
+
+
+def http_node(module: str, data_dir: Path, *args: str, **env: str) -> ServerProcess:
+    """`python -m <module> <args> --port N` serving HTTP on `data_dir`, with short leases and sweeps, which
+    tests can kill -9 and restart on the same port; `env` adds or overrides settings."""
     port = free_port()
     settings = dict(os.environ)
     settings.update(
@@ -119,7 +125,7 @@ def example_node(data_dir: Path, framework: str = "mcpserver", **env: str) -> Se
     )
     settings.update(env)
     return ServerProcess(
-        python_module("example_server", "--http", "--port", str(port), *framework_args(framework)),
+        python_module(module, *args, "--port", str(port)),
         settings,
         data_dir / "server.log",
         port,

@@ -100,3 +100,38 @@ def test_kill_9_with_retry_policy_completes_without_repeating_steps(
         "migrate 9.9.9 to production",
         "switch traffic 9.9.9 to production",
     ], lines
+
+
+def test_kill_9_inside_a_repeatable_step_runs_it_again_in_the_retry(tmp_path: Path) -> None:
+    """deploy_release's build, test and package are safe to repeat: killed in the middle of one, the job is
+    retried, runs that step again, and goes on to its question, where a step with an effect would have failed
+    it for reconciliation."""
+    effects = tmp_path / "effects.log"
+    node = example_node(tmp_path, EXAMPLE_JOB_SECONDS="12", EXAMPLE_EFFECTS_FILE=str(effects))  # 2 s a step
+
+    def running_step(state: dict[str, Any]) -> str | None:
+        return next((step["name"] for step in state["steps"] if step["status"] == "started"), None)
+
+    async def main() -> None:
+        started, _ = await _call(node.url, "deploy_release_start", version="7.1.0")
+        handle = started["handle"]
+        killed_in = running_step(await _until(node.url, "deploy_release", handle, running_step))
+        node.kill()
+        node.start()
+        asked = await _until(node.url, "deploy_release", handle, lambda s: s["status"] != "working")
+        assert asked["status"] == "input_required", asked
+        assert asked["attempts"] == 2
+        rerun = next(s for s in asked["steps"] if s["name"] == killed_in)
+        assert (rerun["status"], rerun["attempt"]) == ("completed", 2), f"the retry ran {killed_in} again"
+        answer = {"q1": {"approve": True, "environment": "staging"}}
+        await _call(node.url, "deploy_release_respond", handle=handle, responses=answer)
+        body, is_error = await _call(node.url, "deploy_release_fetch", handle=handle, wait_seconds=30)
+        assert not is_error and body["status"] == "completed", body
+
+    with node.running():
+        asyncio.run(main())
+    assert effects.read_text().splitlines() == [
+        "upload 7.1.0 to staging",
+        "migrate 7.1.0 to staging",
+        "switch traffic 7.1.0 to staging",
+    ]

@@ -123,6 +123,7 @@ def test_job_nobody_polls_is_cancelled_after_abandon_after(tmp_path: Path) -> No
         assert counts["abandoned"] == 1
         final = await r.ok("forgettable_fetch", handle=forgotten, wait_seconds=5)
         assert final["status"] == "cancelled"
+        assert final["status_message"].startswith("Cancelled by the server, since nobody had followed it")
         assert (await r.ok("forgettable_progress", handle=watched))["status"] == "working"
 
     _run(tmp_path, scenario)

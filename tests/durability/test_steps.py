@@ -1,14 +1,20 @@
-"""Durable steps: a completed step is never run again by a retry; an interrupted one is reported unknown."""
+"""Durable steps: a completed step is never run again by a retry; an interrupted one is reported unknown,
+unless it was declared safe to repeat, and then it runs again."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
-from handles import Handles, JobContext
+import pytest
+from mcp import Client
 
-from .harness import config, crash, rig
+from handles import Handles, JobContext
+from tests.runtime.support import job_id_of
+
+from .harness import config, crash, http_node, rig
 
 EFFECTS: list[str] = []
 
@@ -129,5 +135,65 @@ def test_step_names_must_be_unique_within_a_job(tmp_path: Path) -> None:
             body, is_error = await r.call("twice_fetch", handle=started["handle"], wait_seconds=10)
             assert is_error and body["status"] == "failed"
             assert body["error"]["data"]["reason"] == "exception"
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+def test_kill_9_mid_step_reruns_a_repeatable_step_and_fails_any_other_for_reconciliation(
+    tmp_path: Path, engine: str, request: pytest.FixtureRequest
+) -> None:
+    """A real process killed (SIGKILL) inside two steps, on an SQLite file and on PostgreSQL: on restart, the
+    retry runs the one declared `repeatable` again to completion, and the other, whose effect may have
+    happened, fails `step_unknown`."""
+    database = {}
+    if engine == "postgresql":
+        url = request.getfixturevalue("postgres_url")
+        database = {"HANDLES_DATABASE_URL": url, "HANDLES_AUTO_MIGRATE": "1"}
+    runs = tmp_path / "runs.log"
+    node = http_node(
+        "tests.durability.steps_app",
+        tmp_path,
+        STEPS_RUNS_FILE=str(runs),
+        STEPS_HOLD_SECONDS="60",
+        **database,
+    )
+
+    async def call(tool: str, **arguments: Any) -> tuple[dict[str, Any], bool]:
+        async with Client(node.url) as client:
+            result = await client.call_tool(tool, arguments)
+        assert result.structured_content is not None, result
+        return result.structured_content, bool(result.is_error)
+
+    def runs_of(handle: str) -> list[str]:
+        job = job_id_of(handle)
+        return [line.split()[1] for line in runs.read_text().splitlines() if line.split()[0] == job]
+
+    async def main() -> None:
+        with node.running():
+            handles = {}
+            for repeatable in (True, False):
+                started, _ = await call("pipeline_start", repeatable=repeatable)
+                handles[repeatable] = started["handle"]
+            deadline = time.monotonic() + 20
+            while not (runs.exists() and all(runs_of(handle) == ["1"] for handle in handles.values())):
+                assert time.monotonic() < deadline, "the steps never began"
+                await asyncio.sleep(0.05)
+            node.kill()  # inside both steps
+            node.env["STEPS_HOLD_SECONDS"] = "0"
+            node.start()
+            rerun, is_error = await call("pipeline_fetch", handle=handles[True], wait_seconds=20)
+            assert not is_error and rerun["status"] == "completed", rerun
+            assert rerun["result"] == {"step": "worked in attempt 2", "attempt": 2}
+            progress, _ = await call("pipeline_progress", handle=handles[True])
+            assert [(s["name"], s["status"], s["attempt"]) for s in progress["steps"]] == [
+                ("work", "completed", 2)
+            ]
+            honest, is_error = await call("pipeline_fetch", handle=handles[False], wait_seconds=20)
+            assert is_error and honest["status"] == "failed", honest
+            assert honest["error"]["data"] == {"reason": "step_unknown", "step": "work"}
+            assert "Reconcile" in honest["error"]["message"]
+        assert runs_of(handles[True]) == ["1", "2"], "the repeatable step ran again in the retry"
+        assert runs_of(handles[False]) == ["1"], "the other step never runs twice"
 
     asyncio.run(main())

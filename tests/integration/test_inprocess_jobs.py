@@ -26,6 +26,7 @@ from pydantic import BaseModel
 
 from example_server.server import build_server, create_jobs
 from handles import Handles, JobContext, JobFailed
+from handles.errors import ConfigurationError
 from handles.tool_layout import LAYOUTS, ToolLayout, ToolNames
 from tests.support import MovableClock, ToolClient, connect, handles_config, job_id_of
 
@@ -68,11 +69,20 @@ def declare_jobs(jobs: Handles) -> None:
             from handles import ToolError as OldToolError
         raise OldToolError("The input file is empty; upload a file with at least one row.")
 
+    @jobs.job
+    async def asks_undeclared(ctx: JobContext) -> Answer:
+        """Asks through a helper, though not declared to ask (a mistake no look at its own code can see)."""
+        return await _confirmed(ctx)
+
     @jobs.job(retention=timedelta(minutes=10))
     async def gated(ctx: JobContext, gate: str) -> Answer:
         """Holds, without reporting anything, until the test sets its gate."""
         await GATES[gate].wait()
         return Answer(value=42, note=gate)
+
+
+async def _confirmed(context: JobContext) -> Answer:
+    return await context.ask("Go ahead?", Answer)
 
 
 @dataclass
@@ -149,6 +159,47 @@ async def test_an_unexpected_exception_fails_the_job_with_a_sanitized_message(
     # Operators find the details in the server log under the same reference.
     logged = "\n".join(record.getMessage() for record in caplog.records)
     assert reference in logged and SECRET in logged and "Traceback" in logged
+
+
+def test_a_job_that_asks_without_declaring_it_is_refused_where_it_is_declared(tmp_path: Path) -> None:
+    jobs = Handles(handles_config(tmp_path, ["k" * 40]))
+    with pytest.raises(ConfigurationError) as refused:
+
+        @jobs.job
+        async def approve(ctx: JobContext, version: str) -> Answer:
+            if version:
+                return await ctx.ask(f"Ship {version}?", Answer)
+            return Answer(value=0, note="")
+
+    assert str(refused.value) == (
+        "Job 'approve' calls ctx.ask() but is not declared to ask: declare it with "
+        "@jobs.job(asks_input=True), which gives it the respond tool that takes the answers."
+    )
+
+
+async def test_asking_undeclared_fails_the_job_as_the_servers_configuration_and_logs_the_fix(
+    custom: Custom, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job that asks through a helper is only found asking when it runs: the caller is told it is the
+    server's configuration (not an unexpected error, not theirs), and the log names the fix."""
+    with caplog.at_level(logging.ERROR, logger="handles.runtime"):
+        handle = await start(custom.client, "asks_undeclared")
+        failed = await custom.client.call(
+            custom.tool("asks_undeclared", "fetch"), {"handle": handle, "wait_seconds": 10}
+        )
+    assert failed.is_error and failed["status"] == "failed"
+    error = failed["error"]
+    assert error["data"]["reason"] == "server_configuration"
+    reference = error["data"]["reference"]
+    assert error["message"] == (
+        "The job cannot run because of this server's configuration, not because of your request: it asks "
+        "a question, but the server does not take answers for it. Starting it again fails the same way "
+        f"until the server's operator fixes it (reference {reference})."
+    )
+    assert "unexpected" not in failed.text and "reconcile" not in failed["next"]
+    assert "server's operator" in failed["next"] and "reference" in failed["next"]
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    assert reference in logged and "@jobs.job(asks_input=True)" in logged and "asks_undeclared" in logged
 
 
 async def test_job_failed_shows_the_authors_message(custom: Custom) -> None:

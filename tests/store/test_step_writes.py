@@ -3,7 +3,7 @@
 They run past the ORM session (issue 14, change 42): statements compiled once in one write transaction on
 the driver's own connection, as a job's outcome is written. What they store and refuse is the step
 ledger's contract: a step is started once (a completed or unknown one is returned, a failed one started
-again), its outcome is written once and only while it is started, every change touches its job (a new
+again, and so is an unknown one that is safe to repeat), its outcome is written once and only while it is started, every change touches its job (a new
 version, the time), and only the job's lease holder, while the job is active, writes at all, but for one
 write: a run that lost the job records the outcome of the step it started itself, while that start is the
 step's last and has no outcome.
@@ -119,6 +119,29 @@ def test_a_known_step_is_returned_as_stored_and_a_failed_one_is_started_afresh(
     assert fresh and record.model_dump() == again
     assert _ledger(repo, job.id) == before | {"refused": again}
     assert _version(repo, job.id) == (version[0] + 1, clock.now)
+
+
+def test_a_repeatable_step_without_an_outcome_is_started_afresh_and_a_completed_one_is_not(
+    repo: JobRepository, clock: MovableClock
+) -> None:
+    job = _running(repo)
+    repo.begin_step(job.id, OWNER, "build", 1, repeatable=True)  # started, its outcome never recorded
+    repo.begin_step(job.id, OWNER, "test", 1, repeatable=True)
+    repo.finish_step(job.id, OWNER, "test", result={"passed": 12})
+    before, version = _ledger(repo, job.id), _version(repo, job.id)
+
+    clock.advance(5)
+    record, fresh = repo.begin_step(job.id, OWNER, "test", 2, repeatable=True)
+    assert not fresh and record.model_dump() == before["test"], "a completed step is replayed, never rerun"
+    assert _version(repo, job.id) == version
+    record, fresh = repo.begin_step(job.id, OWNER, "build", 2, repeatable=True)
+    again = _step(job.id, "build", status="started", attempt=2, started_at=clock.now)
+    assert fresh and record.model_dump() == again
+    assert _ledger(repo, job.id) == before | {"build": again}
+    assert _version(repo, job.id) == (version[0] + 1, clock.now)
+    with pytest.raises(LeaseLost):  # the first run, which lost the job, finishing its own start late
+        repo.finish_step(job.id, "node-b:2:bbbb", "build", result="built", attempt=1)
+    assert _ledger(repo, job.id)["build"] == again, "only the run that started it last records its outcome"
 
 
 def test_finishing_a_step_that_is_not_started_changes_nothing(
