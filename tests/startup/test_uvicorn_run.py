@@ -3,13 +3,10 @@ one sentence by uvicorn, between uvicorn's own lines, with no traceback."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.startup.support import outdated_sqlite
-from tests.support import REPO_ROOT, free_port, new_key
+from tests.startup.support import outdated_sqlite, run_program
+from tests.support import free_port, new_key
 
 PROGRAM = """
 import uvicorn
@@ -33,21 +30,12 @@ uvicorn.run(streamable_http_app(server, jobs), host="127.0.0.1", port={port})
 
 def test_an_outdated_schema_is_one_error_line_not_a_traceback(tmp_path: Path) -> None:
     url = outdated_sqlite(tmp_path / "old.db")
-    environment = dict(
-        os.environ,
-        PYTHONPATH=str(REPO_ROOT),
+    done = run_program(
+        tmp_path,
+        PROGRAM.format(port=free_port()),
         HANDLES_DATABASE_URL=url,
         HANDLES_AUTO_MIGRATE="0",
         HANDLES_SECRET_KEYS=new_key(),
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", PROGRAM.format(port=free_port())],
-        cwd=tmp_path,
-        env=environment,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
     )
     assert done.returncode != 0, done.stderr
     assert "Traceback" not in done.stderr and "File " not in done.stderr, done.stderr
