@@ -242,7 +242,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.tokens:
         base = f"http://127.0.0.1:{args.port}"
         options["token_verifier"] = FileTokenVerifier(json.loads(args.tokens.read_text()))
-        options["auth"] = AuthSettings(issuer_url=base, resource_server_url=f"{base}/mcp")
+        options["auth"] = AuthSettings(
+            issuer_url=base, resource_server_url=f"{base}/mcp", validate_token_resource=False
+        )
     _serve_uvicorn(streamable_http_app(build_server(jobs, **options), jobs), args.port)
 
 

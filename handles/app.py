@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, cast, overload
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -31,7 +30,7 @@ from handles.server.plain_tool import PlainCallPolicy, PlainTool
 from handles.server.result_links import ResultLinks
 from handles.server.tasks_extension import TasksExtension
 from handles.store import Clock, JobRepository, Store, utc_now
-from handles.store.reach import database_errors
+from handles.store.reach import database_errors, make_sqlite_folder
 from handles.store.schema import SchemaGate
 from handles.tool_layout import PlainCall, ToolLayout, ToolNames
 
@@ -159,8 +158,7 @@ class Handles:
         """The service, built without touching the database (which may not answer yet)."""
         if self._service is None:
             url = self.config.resolved_database_url()
-            if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
-                Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            make_sqlite_folder(url)
             codec = HandleCodec(self.config.resolved_secret_keys())
             with database_errors(url):
                 repository = JobRepository(url, clock=self._clock)

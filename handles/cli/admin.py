@@ -16,7 +16,7 @@ from handles.cli.common import open_repository
 from handles.config import MIN_KEY_LENGTH, HandlesConfig
 from handles.errors import ConfigurationError
 from handles.store import JobRepository, migrate
-from handles.store.reach import database_errors
+from handles.store.reach import database_errors, make_sqlite_folder
 
 if TYPE_CHECKING:
     from handles.app import Handles
@@ -32,6 +32,7 @@ def keygen(_args: argparse.Namespace) -> int:
 def db_upgrade(args: argparse.Namespace) -> int:
     config = HandlesConfig.from_env()
     url = args.database_url or config.resolved_database_url()
+    make_sqlite_folder(url)  # as a server does: the default `.handles/` may not exist yet
     with database_errors(url):
         repository = JobRepository(url)
         try:

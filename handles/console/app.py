@@ -22,8 +22,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from handles.config import HandlesConfig
 from handles.console import pages
-from handles.console.auth import COOKIE, SESSION_SECONDS, Gate, Operator, clean_name
+from handles.console.auth import COOKIE, SESSION_SECONDS, Gate, Operator, clean_name, client_of
 from handles.console.operations import PAGE_SIZE, Filters, Operations, cursor_of, parse_cursor
+from handles.console.throttle import Throttled
 from handles.errors import InvalidArguments
 from handles.sealing import Sealer
 from handles.store import JobRepository, Store
@@ -112,7 +113,10 @@ class Console:
 
     def guarded(self, handler: Handler, *, post: bool = False) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
-            operator = self.gate.operator(request)
+            try:
+                operator = self.gate.operator(request)
+            except Throttled as throttled:
+                return self.throttled(request, throttled)
             if operator is None:
                 return self.refuse(request)
             if post:
@@ -134,6 +138,18 @@ class Console:
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         return HTMLResponse(pages.login(_base(request), target), status_code=401)
 
+    def throttled(self, request: Request, throttled: Throttled, next_path: str = "") -> Response:
+        """429 with `Retry-After`: the login form with the wait for a browser, JSON for a script."""
+        headers = {"retry-after": str(throttled.retry_after)}
+        message = (
+            f"Too many wrong tokens from your address: try again in {throttled.retry_after} s "
+            "(until then even the right token is refused)."
+        )
+        if request.url.path.endswith("/login") and not _wants_json(request):
+            page = pages.login(_base(request), next_path or _base(request) + "/", message)
+            return HTMLResponse(page, status_code=429, headers=headers)
+        return JSONResponse({"error": "throttled", "message": message}, status_code=429, headers=headers)
+
     # -- sign in and out ------------------------------------------------------------------
 
     async def live_script(self, _request: Request) -> Response:
@@ -148,7 +164,11 @@ class Console:
         token, name, next_path = (str(form.get(k) or "") for k in ("token", "name", "next"))
         base = _base(request)
         name = clean_name(name)
-        if not self.gate.token_matches(token) or not name:
+        try:
+            matches = self.gate.token_matches(token, client_of(request))
+        except Throttled as throttled:
+            return self.throttled(request, throttled, next_path)
+        if not matches or not name:
             problem = "That is not the operator token." if name else "Give your name: it is recorded."
             return HTMLResponse(pages.login(base, next_path, problem), status_code=401)
         # only a path on this console: never an open redirect

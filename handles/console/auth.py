@@ -4,7 +4,10 @@ The console is for operators, never for the principals whose jobs it shows, so i
 of its own (`HANDLES_CONSOLE_TOKEN`). A browser trades it at the login form for a session cookie
 (HttpOnly, SameSite=Strict, signed with a key derived from the token, so changing the token ends
 every session); a script sends it as `Authorization: Bearer`. The name an operator gives is what
-the console records on the jobs they steer, as `operator:<name>` (like the CLI's `--by`).
+the console records on the jobs they steer, as `operator:<name>` (like the CLI's `--by`). Every check
+of the token goes through the client's `LoginThrottle` (handles/console/throttle.py); a session cookie
+is not a guess and is not throttled. Whatever a client sends is compared as bytes, so text that is not
+ASCII is simply a mismatch.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import time
 from dataclasses import dataclass
 
 from starlette.requests import Request
+
+from handles.console.throttle import LoginThrottle
 
 COOKIE = "handles_console"
 SESSION_SECONDS = 12 * 3600
@@ -46,16 +51,24 @@ def clean_name(name: str) -> str:
 class Gate:
     """Checks the operator token, issues and reads session cookies, and makes and checks CSRF tokens."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, throttle: LoginThrottle | None = None) -> None:
         if len(token) < 16:
             raise ValueError(
                 "The console's operator token must be at least 16 characters (`handles keygen` makes one)."
             )
         self._token = token.encode()
         self._key = hmac.new(self._token, b"handles-console-session", hashlib.sha256).digest()
+        self.throttle = throttle or LoginThrottle()
 
-    def token_matches(self, offered: str) -> bool:
-        return hmac.compare_digest(offered.encode(), self._token)
+    def token_matches(self, offered: str, client: str) -> bool:
+        """Whether `offered` is the operator token, counted for `client`; raises `Throttled` (and checks
+        nothing) while `client` has sent too many wrong ones."""
+        self.throttle.check(client)
+        if hmac.compare_digest(offered.encode(), self._token):
+            self.throttle.succeeded(client)
+            return True
+        self.throttle.failed(client)
+        return False
 
     def _sign(self, payload: bytes) -> str:
         return hmac.new(self._key, payload, hashlib.sha256).hexdigest()
@@ -73,7 +86,7 @@ class Gate:
             payload = base64.urlsafe_b64decode(encoded.encode())
         except ValueError:
             return None
-        if not hmac.compare_digest(self._sign(payload), signature):
+        if not _same(self._sign(payload), signature):
             return None
         session = json.loads(payload)
         if not isinstance(session, dict) or session.get("exp", 0) < time.time():
@@ -81,10 +94,11 @@ class Gate:
         return {"name": str(session["name"]), "nonce": str(session["nonce"])}
 
     def operator(self, request: Request) -> Operator | None:
-        """The operator making `request`, or None when it carries no valid credential."""
+        """The operator making `request`, or None when it carries no valid credential; raises `Throttled`
+        for a bearer token from a client that sent too many wrong ones."""
         scheme, _, offered = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and offered:
-            if not self.token_matches(offered.strip()):
+            if not self.token_matches(offered.strip(), client_of(request)):
                 return None
             return Operator(clean_name(request.headers.get(BEARER_OPERATOR_HEADER, "")) or "console", None)
         session = self._session(request.cookies.get(COOKIE, ""))
@@ -97,4 +111,15 @@ class Gate:
         """A form's CSRF token matches the session's (bearer requests need none)."""
         if operator.csrf is None:
             return True
-        return offered is not None and hmac.compare_digest(offered, operator.csrf)
+        return offered is not None and _same(offered, operator.csrf)
+
+
+def _same(offered: str, expected: str) -> bool:
+    """`offered == expected` in constant time; any text (compare_digest takes only ASCII `str`)."""
+    return hmac.compare_digest(offered.encode(), expected.encode())
+
+
+def client_of(request: Request) -> str:
+    """Whom the throttle counts a request against: its client's address (behind a proxy that uvicorn
+    trusts, the address the proxy reports)."""
+    return request.client.host if request.client is not None else "unknown"

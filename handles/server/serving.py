@@ -9,15 +9,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, cast
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.stdio import stdio_server
 from starlette.applications import Starlette
+from starlette.types import Message, Receive, Scope, Send
 
-from handles.errors import DatabaseUnreachable
+from handles.errors import ConfigurationError, DatabaseUnreachable
 from handles.server.bind_mcpserver import is_fastmcp
 from handles.server.health import health_routes
 from handles.server.startup import BackgroundStart
@@ -142,11 +143,16 @@ def streamable_http_app(
         handles, liveness_path=liveness_path, readiness_path=readiness_path, startup_problem=starter.problem
     )
     inner = app.router.lifespan_context
+    refused: list[ConfigurationError] = []
 
     @asynccontextmanager
     async def lifespan(scope_app: Any) -> AsyncIterator[None]:
         # A database that does not answer yet: serve anyway, not ready, retrying in the background.
-        await starter.begin()
+        try:
+            await starter.begin()
+        except ConfigurationError as exc:  # a missing key, an outdated schema: not transient
+            refused.append(exc)
+            raise
         try:
             async with inner(scope_app):
                 yield
@@ -156,7 +162,28 @@ def streamable_http_app(
             await handles.aclose()
 
     app.router.lifespan_context = lifespan
+    app.router.lifespan = _start_refused_in_one_line(app.router.lifespan, refused)  # type: ignore[method-assign,assignment]
     return app
+
+
+LifespanProtocol = Callable[[Scope, Receive, Send], Coroutine[Any, Any, None]]
+
+
+def _start_refused_in_one_line(
+    protocol: LifespanProtocol, refused: list[ConfigurationError]
+) -> LifespanProtocol:
+    """The router's lifespan protocol, with a start refused by a `ConfigurationError` reported as its one
+    sentence: the ASGI server (uvicorn run by hand) logs that message instead of Starlette's traceback."""
+
+    async def lifespan_protocol(scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_sentence(message: Message) -> None:
+            if message["type"] == "lifespan.startup.failed" and refused:
+                message = {**message, "message": str(refused[-1])}
+            await send(message)
+
+        await protocol(scope, receive, send_sentence)
+
+    return lifespan_protocol
 
 
 async def serve_http(

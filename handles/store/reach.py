@@ -4,13 +4,16 @@
 `handles db upgrade`, `handles worker`, a server's start): a bad URL, a missing driver
 or a database that does not answer becomes a `ConfigurationError` that says what is
 wrong and what to do, with the URL's password hidden. A database that does not answer
-is a `DatabaseUnreachable`, which an HTTP node may wait out (see `handles.server.startup`).
+is a `DatabaseUnreachable`, which an HTTP node may wait out (see `handles.server.startup`). An
+SQLite file that cannot be opened is named with its folder: there is no server to wait for.
+`make_sqlite_folder(url)` makes an SQLite file's folder, as everything that opens the store does first.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
@@ -42,6 +45,33 @@ def _reason(exc: SQLAlchemyError, url: str) -> str:
     return reason[:_REASON_LIMIT].rstrip(" .")
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file an SQLite URL names (None for another database, an in-memory one, or not a URL)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database).absolute()
+
+
+def make_sqlite_folder(url: str) -> None:
+    """Make the folder of an SQLite file URL (the default `.handles/`), so the file can be created in it;
+    a one-sentence `ConfigurationError` when it cannot be made. Nothing for another database."""
+    path = sqlite_file(url)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"Cannot make the folder {path.parent} for the SQLite database file {path.name} "
+            f"({exc.strerror or exc}). Set HANDLES_DATA_DIR (or HANDLES_DATABASE_URL) to a folder this "
+            "user may create and write."
+        ) from None
+
+
 @contextmanager
 def database_errors(url: str) -> Iterator[None]:
     """Raise a one-sentence `ConfigurationError` for a database URL that cannot be used.
@@ -63,6 +93,13 @@ def database_errors(url: str) -> Iterator[None]:
             "(for PostgreSQL: pip install 'mcp-handles[postgres]') and start again."
         ) from None
     except SQLAlchemyError as exc:
+        path = sqlite_file(url)
+        if path is not None:
+            raise ConfigurationError(
+                f"Cannot open the SQLite database file {path} in the folder {path.parent} "
+                f"({_reason(exc, url)}). Check that the folder exists and that this user may read and write "
+                "it and the file, or set HANDLES_DATA_DIR (or HANDLES_DATABASE_URL) to another place."
+            ) from None
         raise DatabaseUnreachable(
             f"Cannot reach the database at {shown_url(url)} ({_reason(exc, url)}). Check HANDLES_DATABASE_URL, "
             "that the database server is running and accepts connections from here, and the credentials."

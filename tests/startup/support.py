@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -28,6 +29,29 @@ def example_server(env: dict[str, str], *args: str, timeout: float = 60) -> subp
         capture_output=True,
         text=True,
         timeout=timeout,
+    )
+
+
+def run_program(folder: Path, source: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`source` saved as `folder/program.py` and run as `python program.py` in `folder` (stdin closed), as a
+    reader runs a program of their own: this repository importable, no HANDLES_* setting or warning filter
+    from the test's environment, its data under `folder/data`, then `env`."""
+    script = folder / "program.py"
+    script.write_text(source)
+    environment = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("HANDLES_") and k not in ("PYTHONWARNINGS", "PYTHONPATH")
+    }
+    environment.update(PYTHONPATH=str(REPO_ROOT), HANDLES_DATA_DIR=str(folder / "data"), **env)
+    return subprocess.run(
+        [sys.executable, str(script)],
+        cwd=folder,
+        env=environment,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
