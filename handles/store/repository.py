@@ -880,15 +880,11 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
             lease_now = self._lease_now_value(session, now)
             if lease_expired and (job.lease_expires_at is None or job.lease_expires_at >= lease_now):
                 return None
-            outcome = _interrupted_outcome(job, lease_now, shutdown=shutdown)
-            for name, value in outcome.items():
-                setattr(job, name, value)
-            if Status(job.status) in TERMINAL:
-                _finish(job, now)
-            else:
-                job.lease_owner = None
-                job.lease_expires_at = None
-            _touch(job, now)
+            target, values = _interrupted_outcome(job, lease_now, shutdown=shutdown)
+            if target in TERMINAL:
+                _transitioned(job, target, now, values)
+            else:  # queued again: its status stays, its lease goes
+                _released(job, now, values)
             session.add(job)
             return Status(job.status)
 
@@ -905,15 +901,10 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
             if job is None or job.lease_owner != owner or Status(job.status) not in ACTIVE:
                 return None
             if job.cancel_requested_at is not None:
-                job.status = Status.CANCELLED.value
-                job.status_message = _cancelled(job, " while it waited for an answer")
-                _finish(job, now)
+                message = _cancelled(job, " while it waited for an answer")
+                _transitioned(job, Status.CANCELLED, now, {"status_message": message})
             else:
-                job.lease_owner = None
-                job.lease_expires_at = None
-                job.resuming = True
-                job.run_after = self._lease_now_value(session, now)
-            _touch(job, now)
+                _released(job, now, {"resuming": True, "run_after": self._lease_now_value(session, now)})
             session.add(job)
             return Status(job.status)
 
@@ -933,10 +924,10 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
                 job.cancel_requested_by = by
             ended = job.lease_owner is None
             if ended:
-                job.status_message = _cancelled(job, _waiting_as(job))
-                job.status = Status.CANCELLED.value
-                _finish(job, now)
-            _touch(job, now)
+                message = _cancelled(job, _waiting_as(job))
+                _transitioned(job, Status.CANCELLED, now, {"status_message": message})
+            else:
+                _touch(job, now)
             session.add(job)
         return CancelOutcome(job, ended_now=ended)
 
@@ -964,12 +955,14 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
             job = self._locked(session, job_id)
             if job is None or job.lease_owner != owner or Status(job.status) not in ACTIVE:
                 raise LeaseLost(job_id)
-            job.status = Status.INPUT_REQUIRED.value
-            job.status_message = message
+            values: dict[str, Any] = {"status_message": message}
             if job.input_deadline is None and job.input_timeout_seconds is not None:
                 deadline_now = self._lease_now_value(session, now)
-                job.input_deadline = deadline_now + timedelta(seconds=job.input_timeout_seconds)
-            _touch(job, now)
+                values["input_deadline"] = deadline_now + timedelta(seconds=job.input_timeout_seconds)
+            if Status(job.status) is Status.INPUT_REQUIRED:  # another question of the same run: no move
+                _changed(job, now, values)
+            else:
+                _transitioned(job, Status.INPUT_REQUIRED, now, values)
             session.add(job)
         return None
 
@@ -1003,11 +996,11 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
                 accepted.append(key)
             if accepted:
                 if len(accepted) == len(pending):
-                    job.status = Status.WORKING.value
-                    job.status_message = "Answer received; continuing."
-                    job.input_deadline = None
-                    job.run_after = self._lease_now_value(session, now)
-                _touch(job, now)
+                    resumed: dict[str, Any] = {"status_message": "Answer received; continuing."}
+                    resumed["run_after"] = self._lease_now_value(session, now)
+                    _transitioned(job, Status.WORKING, now, resumed)
+                else:
+                    _touch(job, now)
                 session.add(job)
         return AnswerOutcome(job, accepted, ignored)
 
@@ -1167,11 +1160,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
                     step.status = "unknown"
                     step.finished_at = now
                     session.add(step)
-            job.status = target.value
-            for name, value in values.items():
-                setattr(job, name, value)
-            _finish(job, now)
-            _touch(job, now)
+            _transitioned(job, target, now, values)
             session.add(job)
         return True
 
@@ -1196,7 +1185,7 @@ class JobRepository(Housekeeping, OperatorReads, ResultFiles, SwitchRows):
 
 # The hot reads' statements, built once (building a statement costs more than SQLite runs it).
 _JOB_BY_ID = sa_select(_JOBS).where(_JOBS.c.id == bindparam("job_id"))
-# What `transition` on SQLite reads of the job: what its rules look at (`_may_transition`, `_finish`) and
+# What `transition` on SQLite reads of the job: what its rules look at (`_may_transition`) and
 # what they may change besides the values given (`_transitioned`); not the arguments, result or logs, which
 # would be decoded from JSON only to be left as they are.
 _TRANSITION_READ = sa_select(
@@ -1551,26 +1540,21 @@ def _claim_values(owner: str, now: datetime, lease_now: Any, lease_seconds: floa
     }
 
 
-def _interrupted_outcome(job: JobRecord, now: datetime, *, shutdown: bool) -> dict[str, Any]:
-    """The fields that settle an interrupted job (see `JobRepository.settle_interrupted`); `now` by the lease
-    clock, which judges when it is due again."""
+def _interrupted_outcome(job: JobRecord, now: datetime, *, shutdown: bool) -> tuple[Status, dict[str, Any]]:
+    """The status and fields that settle an interrupted job (see `JobRepository.settle_interrupted`); `now`
+    by the lease clock, which judges when it is due again."""
     attempts = job.attempts
     if job.cancel_requested_at is not None:
-        return {
-            "status": Status.CANCELLED.value,
-            "status_message": _cancelled(job, "; its process stopped before it finished"),
-        }
+        return Status.CANCELLED, {"status_message": _cancelled(job, "; its process stopped before it finished")}
     if job.on_interrupt == "retry" and shutdown:
-        return {
-            "status": Status.WORKING.value,
+        return Status.WORKING, {
             "status_message": "Its server is shutting down; another server continues it now.",
             "run_after": now,
             "resuming": True,
         }
     if job.on_interrupt == "retry" and attempts < job.max_attempts:
         delay = backoff_seconds(attempts, jitter=0, first=1, most=60)  # 1 s doubling to a minute
-        return {
-            "status": Status.WORKING.value,
+        return Status.WORKING, {
             "status_message": f"Interrupted during attempt {attempts}; retrying as attempt {attempts + 1} of "
             f"{job.max_attempts}.",
             "run_after": now + timedelta(seconds=delay),
@@ -1585,8 +1569,7 @@ def _interrupted_outcome(job: JobRecord, now: datetime, *, shutdown: bool) -> di
         f"The job was interrupted: {cause}. Its outcome is unknown; reconcile any external effects before "
         "starting it again."
     )
-    status, fields = failed(message, "shutdown" if shutdown else "interrupted", attempts=attempts)
-    return {"status": status.value, **fields}
+    return failed(message, "shutdown" if shutdown else "interrupted", attempts=attempts)
 
 
 def _cancelled(job: JobRecord, when: str) -> str:
@@ -1622,13 +1605,42 @@ def _may_transition(job: Any, target: Status, owner: str | None, lease_expired_b
     )
 
 
+_LEASE = ("lease_owner", "lease_expires_at")
+_CLEARED_ON_ENTERING: dict[Status, tuple[str, ...]] = {
+    Status.WORKING: ("input_deadline",),
+    Status.INPUT_REQUIRED: (),
+    **{status: (*_LEASE, "input_deadline", "abandon_at") for status in TERMINAL},
+}
+"""What entering each status empties of a job's other columns: a job that ends holds no lease and has no
+deadline left; one answered has no answer to wait for. A terminal status also stamps `finished_at` and
+shortens the retention to `keep_result_seconds` from then. The Python rules (`_transitioned`) and the SQL
+statement (`_transition_statement`) are both built from this table."""
+
+
 def _transitioned(job: Any, target: Status, now: datetime, values: Mapping[str, Any]) -> None:
-    """The changes `transition` makes to a job it moves to `target` (a model, or a row's values)."""
+    """Move a job (a model, or a row's values) to `target`, by the transition table, with what entering
+    `target` changes (`_CLEARED_ON_ENTERING`) and `values`. Every status change made in Python comes here;
+    its caller has checked that the job may move (`_may_transition`, or an equivalent guard)."""
+    source = Status(job.status)
+    if not can_transition(source, target):
+        raise ValueError(f"a job may not move from {source} to {target}")
     job.status = target.value
+    for name in _CLEARED_ON_ENTERING[target]:
+        setattr(job, name, None)
     if target in TERMINAL:
-        _finish(job, now)
-    elif target is Status.WORKING:
-        job.input_deadline = None
+        job.finished_at = now
+        if job.keep_result_seconds is not None:
+            job.expires_at = min(job.expires_at, now + timedelta(seconds=job.keep_result_seconds))
+    _changed(job, now, values)
+
+
+def _released(job: Any, now: datetime, values: Mapping[str, Any]) -> None:
+    """Give a job's lease back, its status unchanged (it is queued, or parked until an answer)."""
+    _changed(job, now, dict.fromkeys(_LEASE) | dict(values))
+
+
+def _changed(job: Any, now: datetime, values: Mapping[str, Any]) -> None:
+    """Set `values` on a job and count the change (its `version`, which wakes long-polls)."""
     for name, value in values.items():
         setattr(job, name, value)
     _touch(job, now)
@@ -1652,11 +1664,10 @@ def _transition_statement(
     """`transition`'s compare-and-set UPDATE on PostgreSQL, built once for each shape of call: the job moves to
     `target` from a status the transition table allows it from (`sources_of`), only while `owner` holds it
     when `owned`, and only once its lease ran out when `lease_by_database` is not None (by the database's
-    clock when True, by `now` when False). It changes what `_transitioned` changes, in SQL (a terminal
-    job's retention shortened to `keep_result_seconds` from now, as `_finish` does), and `columns` to the
-    values given (`set_<column>`). Its one row: how many jobs it changed (`_touched`), with the change notice
-    sent for each when `noticed`. The SQLite path applies the same rules in Python; a test of both stores
-    holds them together (`tests/store/test_postgres_writes.py`)."""
+    clock when True, by `now` when False). It changes what `_transitioned` changes, from the same table
+    (`_CLEARED_ON_ENTERING`), and `columns` to the values given (`set_<column>`). Its one row: how many jobs
+    it changed (`_touched`), with the change notice sent for each when `noticed`. A test of both stores holds
+    the two together (`tests/store/test_postgres_writes.py`)."""
     now = bindparam("now", type_=UTCDateTime())
     where = [
         _JOBS.c.id == bindparam("job_id"),
@@ -1667,19 +1678,15 @@ def _transition_statement(
     if lease_by_database is not None:
         where.append(_JOBS.c.lease_expires_at < (_DATABASE_NOW if lease_by_database else now))
     changes: dict[str, Any] = {"status": literal(target.value)}
+    changes |= {name: null() for name in _CLEARED_ON_ENTERING[target]}
     if target in TERMINAL:
         kept = func.least(
             _JOBS.c.expires_at, now + func.make_interval(0, 0, 0, 0, 0, 0, _JOBS.c.keep_result_seconds)
         )
         changes |= {
-            name: null() for name in ("lease_owner", "lease_expires_at", "input_deadline", "abandon_at")
-        }
-        changes |= {
             "finished_at": now,
             "expires_at": case((_JOBS.c.keep_result_seconds.is_(None), _JOBS.c.expires_at), else_=kept),
         }
-    elif target is Status.WORKING:
-        changes["input_deadline"] = null()
     changes |= {name: bindparam(f"set_{name}", type_=_JOBS.c[name].type) for name in columns}
     changes |= {"updated_at": now, "version": _JOBS.c.version + 1}
     changed = update(_JOBS).where(*where).values(changes).returning(_JOBS.c.id).cte("changed")
@@ -1693,17 +1700,6 @@ def _set_values(values: Mapping[str, Any], columns: Sequence[str]) -> dict[str, 
 def _touch(job: Any, now: datetime) -> None:
     job.updated_at = now
     job.version += 1
-
-
-def _finish(job: Any, now: datetime) -> None:
-    """Terminal bookkeeping: release the lease, stamp the end, keep the result only as long as allowed."""
-    job.lease_owner = None
-    job.lease_expires_at = None
-    job.input_deadline = None
-    job.abandon_at = None
-    job.finished_at = now
-    if job.keep_result_seconds is not None:
-        job.expires_at = min(job.expires_at, now + timedelta(seconds=job.keep_result_seconds))
 
 
 def _after(now: Any, seconds: float) -> Any:

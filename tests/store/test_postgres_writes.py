@@ -85,7 +85,7 @@ def test_an_outcome_stores_what_the_transition_rules_give(
     repo: JobRepository, target: Status, values: dict[str, Any], keep_result_seconds: float | None
 ) -> None:
     """PostgreSQL writes an outcome as one UPDATE whose changes are SQL; the SQLite file applies the same rules
-    in Python (`_transitioned`, `_finish`). What PostgreSQL stores is, column for column, what those rules
+    in Python (`_transitioned`). What PostgreSQL stores is, column for column, what those rules
     give the row, with a result's awkward numbers and a NUL intact, and a terminal job's retention
     shortened to `keep_result_seconds` from now (1.5 s), or left as it was when that is later (2 h)."""
     now = utc_now()

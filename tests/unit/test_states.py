@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import itertools
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from handles.states import ACTIVE, TERMINAL, TRANSITIONS, Status, can_transition, sources_of
+from handles.store import repository, utc_now
 
 W, Q, C, F, X = (
     Status.WORKING,
@@ -60,3 +64,38 @@ def test_sources_of_is_the_inverse_of_the_table(target: Status) -> None:
 def test_nothing_leads_back_to_a_terminal_state_from_a_terminal_state() -> None:
     for target in TERMINAL:
         assert sources_of(target) == ACTIVE
+
+
+
+def test_every_status_change_the_store_makes_in_python_goes_through_the_table() -> None:
+    """The store moves a job's status in one place (`_transitioned`), which refuses an edge the table lacks:
+    nothing else in handles/store assigns a job's status."""
+    store = Path(repository.__file__).parent
+    outside: list[str] = []
+    for path in store.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        allowed = {
+            line
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef) and node.name == "_transitioned"
+            for line in range(node.lineno, (node.end_lineno or node.lineno) + 1)
+        }
+        outside += [
+            f"{path.name}:{node.lineno}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Assign)
+            for target in node.targets
+            if isinstance(target, ast.Attribute)
+            and target.attr == "status"
+            and isinstance(target.value, ast.Name)
+            and target.value.id == "job"
+            and node.lineno not in allowed
+        ]
+    assert not outside, f"a job's status assigned outside _transitioned: {outside}"
+
+
+def test_a_move_the_table_lacks_is_refused_and_changes_nothing() -> None:
+    ended = SimpleNamespace(status="completed", version=1, updated_at=None)
+    with pytest.raises(ValueError, match="may not move from completed to working"):
+        repository._transitioned(ended, W, utc_now(), {})
+    assert (ended.status, ended.version) == ("completed", 1)
