@@ -204,15 +204,9 @@ class Runtime:
                 name="handles-watch",
             ),
         ]
-        if self.store.repo.dialect == "postgresql":
-            from handles.store.listen import ChangeListener
-
-            try:  # this node's notices name its schema, for deployments that share the database
-                await self.store.call(self.store.repo.load_notice_scope)
-            except Exception as exc:  # they name none: every listener of the database takes them, as before
-                logger.warning("could not read the store's schema for its change notices: %s", exc)
-            listener = ChangeListener(self.store.repo.url, self.owner, self._on_remote_change)
-            self._loops.append(asyncio.create_task(listener.run(), name="handles-listener"))
+        listening = await self.store.change_listener(self._on_remote_change)
+        if listening is not None:
+            self._loops.append(asyncio.create_task(listening, name="handles-listener"))
         if self.config.run_workers:
             # The first pass runs before any start is taken, so work queued before this node started
             # runs at once, and `_backlog` says truthfully from the first start whether anything waits.

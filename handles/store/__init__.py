@@ -388,6 +388,22 @@ class Store:
             with contextlib.suppress(StoreUnavailable):
                 await self._run(functools.partial(self.repo.publish, job_id, self.origin, queued=queued))
 
+    async def change_listener(
+        self, on_change: Callable[[str, Change], None]
+    ) -> Coroutine[Any, Any, None] | None:
+        """What hears other nodes' changes to run beside the runtime (PostgreSQL's `LISTEN`), calling
+        `on_change(job_id, change)` for each; None where the store has no notices (an SQLite file, shared by
+        the processes of one machine, is watched by `poll_watched` alone)."""
+        if not self._publishes:
+            return None
+        from handles.store.listen import ChangeListener
+
+        try:  # this node's notices name its schema, for deployments that share the database
+            await self.call(self.repo.load_notice_scope)
+        except Exception as exc:  # they name none: every listener of the database takes them, as before
+            logger.warning("could not read the store's schema for its change notices: %s", exc)
+        return ChangeListener(self.repo.url, self.origin, on_change).run()
+
     async def poll_watched(self) -> None:
         """Wake the waiters of every job changed by another process since they read it.
 
