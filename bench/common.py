@@ -49,6 +49,10 @@ class Options:
     def section_command(self, section: str) -> str:
         return f"python bench/run.py --only {section}" + (" --quick" if self.quick else "")
 
+    def table(self, section: str, title: str, columns: list[str], **fields: Any) -> Table:
+        """A section's result table, carrying the command that measures that section alone."""
+        return Table(section, title, columns, command=self.section_command(section), **fields)
+
 
 def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)

@@ -135,11 +135,11 @@ async def run(options: Options) -> list[Table]:
         if options.quick
         else [("max_running=1000", 1000), ("default max_running=32", 32)]
     )
-    table = Table(
-        section=SECTION,
-        title=f"5. Concurrency: {jobs_total} concurrent jobs ({JOB_SECONDS:g} s each), {clients} polling clients, "
+    table = options.table(
+        SECTION,
+        f"5. Concurrency: {jobs_total} concurrent jobs ({JOB_SECONDS:g} s each), {clients} polling clients, "
         "Streamable HTTP, SQLite file",
-        columns=[
+        [
             "server",
             "jobs completed",
             "errors",
@@ -152,7 +152,6 @@ async def run(options: Options) -> list[Table]:
             "server RSS before -> peak (VmHWM) MiB",
             "server CPU s",
         ],
-        command=options.section_command(SECTION),
     )
     for label, max_running in configs:
         log(f"concurrency: {jobs_total} jobs, {clients} clients, {label}")

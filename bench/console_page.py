@@ -73,11 +73,10 @@ async def run(options: Options) -> list[Table]:
         "live feed (JSON)",
         "overview",
     ]
-    table = Table(
-        section=SECTION,
-        title="Console: the jobs page by number of stored jobs (p50 / p99 ms)",
-        columns=["store", "stored jobs", *names, f"jobs page p99 <= {TARGET_MS:.0f} ms"],
-        command=options.section_command(SECTION),
+    table = options.table(
+        SECTION,
+        "Console: the jobs page by number of stored jobs (p50 / p99 ms)",
+        ["store", "stored jobs", *names, f"jobs page p99 <= {TARGET_MS:.0f} ms"],
     )
     with postgres_schema(options.postgres_url, "console") as pg_url:
         data_dir = Path(tempfile.mkdtemp(prefix="console-", dir=options.work_dir))

@@ -80,10 +80,10 @@ async def measure(server: ServerProcess, rows: int) -> dict[str, Any]:
 
 async def run(options: Options) -> list[Table]:
     rows = options.n(1_500_000, 150_000)
-    table = Table(
-        section=SECTION,
-        title=f"Large results: a CSV export of {rows:,} rows as a link, over Streamable HTTP",
-        columns=[
+    table = options.table(
+        SECTION,
+        f"Large results: a CSV export of {rows:,} rows as a link, over Streamable HTTP",
+        [
             "database",
             "file",
             "parts",
@@ -93,7 +93,6 @@ async def run(options: Options) -> list[Table]:
             "read rate",
             "server peak memory growth: store / read",
         ],
-        command=options.section_command(SECTION),
     )
     with tempfile.TemporaryDirectory(prefix="links-", dir=options.work_dir) as scratch:
         for label in ("SQLite file", "PostgreSQL"):

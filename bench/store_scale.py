@@ -63,10 +63,10 @@ async def run(options: Options) -> list[Table]:
     sizes = [1_000, 10_000] if options.quick else [1_000, 100_000, 1_000_000]
     rounds = options.n(600, 60)
     warmup = options.n(40, 10)
-    table = Table(
-        section=SECTION,
-        title="4. Scale of the store: latency by number of stored jobs",
-        columns=[
+    table = options.table(
+        SECTION,
+        "4. Scale of the store: latency by number of stored jobs",
+        [
             "store",
             "stored jobs",
             "seed s",
@@ -79,7 +79,6 @@ async def run(options: Options) -> list[Table]:
             "no-op p50 ms",
             f"progress flat (<= {FLAT_TARGET}x)",
         ],
-        command=options.section_command(SECTION),
     )
     with postgres_schema(options.postgres_url, "scale") as pg_url:
         data_dir = Path(tempfile.mkdtemp(prefix="scale-", dir=options.work_dir))

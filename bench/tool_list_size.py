@@ -66,10 +66,10 @@ async def listing(data_dir: Path, count: int, layout: str) -> tuple[int, int, in
 
 
 async def run(options: Options) -> list[Table]:
-    table = Table(
-        section=SECTION,
-        title="Tool-list weight: tools/list size by layout and number of jobs",
-        columns=[
+    table = options.table(
+        SECTION,
+        "Tool-list weight: tools/list size by layout and number of jobs",
+        [
             "jobs",
             "layout",
             "tools",
@@ -78,7 +78,6 @@ async def run(options: Options) -> list[Table]:
             "vs per_job",
             "output schemas",
         ],
-        command=options.section_command(SECTION),
     )
     with tempfile.TemporaryDirectory(prefix="tool-list-", dir=options.work_dir) as scratch:
         for count in JOB_COUNTS:
