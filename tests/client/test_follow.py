@@ -63,9 +63,8 @@ async def wait_for_status(client: Client, job: str, handle: str, status: str) ->
 
 
 async def test_the_tasks_face_and_the_handle_face_give_the_same_result(
-    inprocess_example: InProcessExample, tmp_path: Path
+    inprocess_example: InProcessExample, journal: Journal
 ) -> None:
-    journal = Journal(tmp_path / "journal.db")
     arguments = {"account": "acme", "months": 3}
     async with Client(inprocess_example.server, extensions=[TasksClientExtension()]) as client:
         by_tasks = await follow(
@@ -174,9 +173,8 @@ async def test_the_deadline_holds_while_the_job_keeps_reporting_progress(counted
 
 @pytest.mark.parametrize("face", FACES)
 async def test_following_the_same_key_after_the_deadline_resumes_the_same_job(
-    counted: Counted, face: str, tmp_path: Path
+    counted: Counted, face: str, journal: Journal
 ) -> None:
-    journal = Journal(tmp_path / "journal.db")
     # The deadline passes after the start's reply (so the error carries the handle) and long before the
     # job ends; 0.3 s once did not cover the first call's start on a loaded CI host (the error then rightly
     # had no handle, and said the start may not have been sent).
@@ -267,9 +265,8 @@ async def test_an_answer_that_does_not_fit_the_schema_is_rejected(counted: Count
 @pytest.mark.parametrize("face", FACES)
 @pytest.mark.parametrize("cancel_on_abandon", [True, False])
 async def test_a_caller_that_stops_waiting_cancels_the_job_only_when_asked(
-    counted: Counted, face: str, cancel_on_abandon: bool, tmp_path: Path
+    counted: Counted, face: str, cancel_on_abandon: bool, journal: Journal
 ) -> None:
-    journal = Journal(tmp_path / "journal.db")
     async with counted.client() as client:
         async with anyio.create_task_group() as group:
 
@@ -325,10 +322,9 @@ async def test_a_start_whose_answer_was_lost_is_resent_with_the_same_idempotency
 
 
 async def test_a_restarted_client_resends_a_start_it_never_heard_back_from(
-    counted: Counted, tmp_path: Path
+    counted: Counted, journal: Journal
 ) -> None:
     """The process died after journaling the idempotency key and sending the start, before the answer."""
-    journal = Journal(tmp_path / "journal.db")
     arguments = {"text": "crash"}
     async with counted.client() as client:
         entry, _ = journal.reserve(
@@ -348,8 +344,7 @@ async def test_a_restarted_client_resends_a_start_it_never_heard_back_from(
     assert recorded is not None and recorded.handle == sent.structured_content["handle"]
 
 
-async def test_an_ended_job_is_answered_from_the_journal(counted: Counted, tmp_path: Path) -> None:
-    journal = Journal(tmp_path / "journal.db")
+async def test_an_ended_job_is_answered_from_the_journal(counted: Counted, journal: Journal) -> None:
     async with counted.client() as client:
         first = await follow(client, "quick", {"text": "x"}, key="k", journal=journal)
         calls = {name: len(moments) for name, moments in counted.calls.items()}
@@ -373,9 +368,8 @@ async def test_an_ended_job_is_answered_from_the_journal(counted: Counted, tmp_p
 
 @pytest.mark.parametrize("face", FACES)
 async def test_failed_jobs_and_tool_errors_raise_and_are_recorded(
-    counted: Counted, face: str, tmp_path: Path
+    counted: Counted, face: str, journal: Journal
 ) -> None:
-    journal = Journal(tmp_path / "journal.db")
     async with counted.client() as client:
         for _ in range(2):  # the second time from the journal
             with pytest.raises(JobFailedError) as failed:
@@ -390,9 +384,8 @@ async def test_failed_jobs_and_tool_errors_raise_and_are_recorded(
 
 @pytest.mark.parametrize("face", FACES)
 async def test_a_handle_the_server_does_not_know_is_lost_not_restarted(
-    counted: Counted, face: str, tmp_path: Path
+    counted: Counted, face: str, journal: Journal
 ) -> None:
-    journal = Journal(tmp_path / "journal.db")
     journal.reserve(
         "k",
         server="inprocess:handles-tasks-test",
@@ -412,11 +405,10 @@ async def test_a_handle_the_server_does_not_know_is_lost_not_restarted(
 
 
 async def test_without_a_start_tool_the_task_is_created_once_and_never_guessed(
-    counted: Counted, tmp_path: Path
+    counted: Counted, journal: Journal
 ) -> None:
     for name in counted.jobs.specs:
         counted.server.remove_tool(f"{name}_start")
-    journal = Journal(tmp_path / "journal.db")
     async with counted.client() as client:
         assert await follow(client, "quick", {"text": "t"}, key="k", journal=journal) == {
             "text": "t",
@@ -461,9 +453,8 @@ class FailsToObserve(Client):
 
 @pytest.mark.parametrize("face", FACES)
 async def test_a_connection_that_stays_lost_is_reported_and_the_job_kept(
-    counted: Counted, face: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    counted: Counted, face: str, journal: Journal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    journal = Journal(tmp_path / "journal.db")
     failing_get = AsyncMock(side_effect=MCPError(code=REQUEST_TIMEOUT, message="Request timed out"))
     async with FailsToObserve(counted.server, extensions=[TasksClientExtension(push=False)]) as client:
         monkeypatch.setattr("handles.client.faces.get_task", failing_get)
