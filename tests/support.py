@@ -289,6 +289,17 @@ class ToolClient:
             missing = named - set(self._tools)
             assert not missing, f"{tool.name}'s next names unlisted tools {missing}: {body['next']}"
 
+    async def assert_expired(self, job: str, handle: str, kept: str) -> None:
+        """`job`'s progress, fetch and cancel each refuse `handle` as expired: when, after how long a stay
+        (`kept`, as the message words it: "1 hour"), and that a new `<job>_start` is the way on."""
+        await self.tools()
+        for verb in ("progress", "fetch", "cancel"):
+            tool = self.tool_for(job, verb)
+            reply = await self.call(tool, {"handle": handle})
+            assert reply.is_error and reply["error"] == "expired_handle", tool
+            assert "expired at" in reply["message"] and kept in reply["message"]
+            assert f"{job}_start" in reply["next"]
+
     async def wait_status(self, job: str, handle: str, *statuses: str, timeout: float = 20.0) -> Reply:
         """Long-poll `<job>_progress` (or `jobs_progress`) until the job's status is one of `statuses`."""
         await self.tools()
