@@ -49,9 +49,29 @@ class Options:
     def section_command(self, section: str) -> str:
         return f"python bench/run.py --only {section}" + (" --quick" if self.quick else "")
 
+    def table(self, section: str, title: str, columns: list[str], **fields: Any) -> Table:
+        """A section's result table, carrying the command that measures that section alone."""
+        return Table(section, title, columns, command=self.section_command(section), **fields)
+
 
 def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def run_alone(run: Callable[[Options], Awaitable[list[Table]]], command: str, *, with_data: bool = False) -> None:
+    """Run one section as a script of its own (`command` says how), in a scratch directory removed afterwards,
+    and print its tables (and, `with_data`, each table's figures as JSON)."""
+    import logging
+    import tempfile
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="handles-bench-") as work_dir:
+        options = Options(work_dir=Path(work_dir), command=command)
+        for table in asyncio.run(run(options)):
+            print(table.markdown())
+            if with_data:
+                print(json.dumps(table.data, indent=2))
 
 
 # -- statistics --------------------------------------------------------------------------
@@ -378,20 +398,36 @@ def postgres_schema(base: str, label: str) -> Iterator[str | None]:
 
 
 @contextlib.contextmanager
-def sqlite_and_postgres(options: Options, label: str, table: Table) -> Iterator[list[tuple[str, str, Path]]]:
+def sqlite_and_postgres(
+    options: Options, label: str, table: Table, *, sqlite_url: bool = False
+) -> Iterator[list[tuple[str, str, Path]]]:
     """The stores a section measures on, each as (name, database URL, a fresh data directory): the SQLite
-    file (URL "": the default in the data directory) and PostgreSQL in a fresh schema (dropped afterwards).
-    When PostgreSQL is unreachable, `table` gets a row saying so instead."""
+    file (URL "": the default in the data directory; with `sqlite_url`, that file's URL spelled out, for a
+    section that opens the store itself) and PostgreSQL in a fresh schema (dropped afterwards). When
+    PostgreSQL is unreachable, `table` gets a row saying so instead."""
     import tempfile
 
     with postgres_schema(options.postgres_url, label) as pg_url:
         stores: list[tuple[str, str, Path]] = []
         for name, url in (("SQLite file", ""), ("PostgreSQL", pg_url)):
             if url is None:
-                table.rows.append([name, "unreachable", 0] + ["n/a"] * (len(table.columns) - 3))
+                table.rows.append([name, "unreachable", *(["n/a"] * (len(table.columns) - 2))])
                 continue
-            stores.append((name, url, Path(tempfile.mkdtemp(prefix=f"{label}-", dir=options.work_dir))))
+            data_dir = Path(tempfile.mkdtemp(prefix=f"{label}-", dir=options.work_dir))
+            if sqlite_url and not url:
+                url = f"sqlite:///{(data_dir / 'handles.db').as_posix()}"
+            stores.append((name, url, data_dir))
         yield stores
+
+
+def seeded_to(url: str, size: int, what: str) -> float:
+    """Seed completed jobs into the store at `url` until it holds `size` of them (`what` names the step in
+    the log); the seconds the seeding took, 0 when the store already held as many."""
+    from tests.harness.seed import count_jobs, seed_jobs
+
+    have = count_jobs(url)
+    log(f"{what}, seeding to {size} jobs")
+    return seed_jobs(url, size - have) if size > have else 0.0
 
 
 async def sleep_ms(value: float) -> None:

@@ -25,6 +25,19 @@ SECTION = "concurrency"
 JOB_SECONDS = 1.0
 
 
+async def _timed_call(c: Any, record: dict[str, Any], kind: str, tool: str, arguments: dict[str, Any]) -> Any:
+    """The result of calling `tool` once, its time added to `record[kind]`; None, with the error recorded
+    under `kind`, when the call raised."""
+    started = time.perf_counter()
+    try:
+        result = await c.call_tool(tool, arguments)
+    except Exception as exc:
+        record["errors"].append(f"{kind}: {exc!r}")
+        return None
+    record[kind].append(time.perf_counter() - started)
+    return result
+
+
 async def _client_run(url: str, token: str, jobs: int, record: dict[str, Any], ready: asyncio.Event) -> None:
     async with client(url, token=token, tasks=False) as c:
         await c.call_tool("noop", {})  # connect and list tools before the clock starts
@@ -32,13 +45,9 @@ async def _client_run(url: str, token: str, jobs: int, record: dict[str, Any], r
         await ready.wait()
         handles: list[str] = []
         for _ in range(jobs):
-            started = time.perf_counter()
-            try:
-                result = await c.call_tool("work_start", {"seconds": JOB_SECONDS})
-            except Exception as exc:
-                record["errors"].append(f"start: {exc!r}")
+            result = await _timed_call(c, record, "start", "work_start", {"seconds": JOB_SECONDS})
+            if result is None:
                 continue
-            record["start"].append(time.perf_counter() - started)
             if result.is_error or result.structured_content is None:
                 record["errors"].append(f"start: {result.content}")
                 continue
@@ -47,13 +56,9 @@ async def _client_run(url: str, token: str, jobs: int, record: dict[str, Any], r
         pending = list(handles)
         while pending:
             for handle in list(pending):
-                started = time.perf_counter()
-                try:
-                    result = await c.call_tool("work_progress", {"handle": handle})
-                except Exception as exc:
-                    record["errors"].append(f"progress: {exc!r}")
+                result = await _timed_call(c, record, "progress", "work_progress", {"handle": handle})
+                if result is None:
                     continue
-                record["progress"].append(time.perf_counter() - started)
                 data = result.structured_content or {}
                 if result.is_error or "status" not in data:
                     record["errors"].append(f"progress: {result.content}")
@@ -135,11 +140,11 @@ async def run(options: Options) -> list[Table]:
         if options.quick
         else [("max_running=1000", 1000), ("default max_running=32", 32)]
     )
-    table = Table(
-        section=SECTION,
-        title=f"5. Concurrency: {jobs_total} concurrent jobs ({JOB_SECONDS:g} s each), {clients} polling clients, "
+    table = options.table(
+        SECTION,
+        f"5. Concurrency: {jobs_total} concurrent jobs ({JOB_SECONDS:g} s each), {clients} polling clients, "
         "Streamable HTTP, SQLite file",
-        columns=[
+        [
             "server",
             "jobs completed",
             "errors",
@@ -152,7 +157,6 @@ async def run(options: Options) -> list[Table]:
             "server RSS before -> peak (VmHWM) MiB",
             "server CPU s",
         ],
-        command=options.section_command(SECTION),
     )
     for label, max_running in configs:
         log(f"concurrency: {jobs_total} jobs, {clients} clients, {label}")

@@ -12,12 +12,9 @@ from __future__ import annotations
 import os
 import random
 import secrets
-import tempfile
 import time
-from pathlib import Path
 
-from bench.common import Options, Stats, Table, log, ms, postgres_schema, quiet_gc, verdict
-from tests.harness.seed import count_jobs, seed_jobs
+from bench.common import Options, Stats, Table, log, ms, quiet_gc, seeded_to, sqlite_and_postgres, verdict
 
 SECTION = "console_page"
 TARGET_MS = 100.0
@@ -73,21 +70,13 @@ async def run(options: Options) -> list[Table]:
         "live feed (JSON)",
         "overview",
     ]
-    table = Table(
-        section=SECTION,
-        title="Console: the jobs page by number of stored jobs (p50 / p99 ms)",
-        columns=["store", "stored jobs", *names, f"jobs page p99 <= {TARGET_MS:.0f} ms"],
-        command=options.section_command(SECTION),
+    table = options.table(
+        SECTION,
+        "Console: the jobs page by number of stored jobs (p50 / p99 ms)",
+        ["store", "stored jobs", *names, f"jobs page p99 <= {TARGET_MS:.0f} ms"],
     )
-    with postgres_schema(options.postgres_url, "console") as pg_url:
-        data_dir = Path(tempfile.mkdtemp(prefix="console-", dir=options.work_dir))
-        for label, url in (
-            ("SQLite file", f"sqlite:///{(data_dir / 'handles.db').as_posix()}"),
-            ("PostgreSQL", pg_url),
-        ):
-            if url is None:
-                table.rows.append([label, "unreachable", *(["n/a"] * (len(names) + 1))])
-                continue
+    with sqlite_and_postgres(options, "console", table, sqlite_url=True) as stores:
+        for label, url, _data_dir in stores:
             from handles.store import JobRepository
 
             repository = JobRepository(url)
@@ -95,10 +84,7 @@ async def run(options: Options) -> list[Table]:
             repository.dispose()
             table.data[label] = {}
             for size in sizes:
-                have = count_jobs(url)
-                log(f"console_page: {label}, seeding to {size} jobs")
-                if size > have:
-                    seed_jobs(url, size - have)
+                seeded_to(url, size, f"console_page: {label}")
                 quiet_gc()
                 log(f"console_page: {label}, {size} jobs, {rounds} rounds")
                 stats = {name: Stats.of(values) for name, values in measure(url, rounds, warmup).items()}

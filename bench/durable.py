@@ -143,11 +143,10 @@ async def measure(data_dir: Path, database_url: str, n: int, warmup: int) -> dic
 async def run(options: Options) -> list[Table]:
     n = options.n(1000, 60)
     warmup = options.n(50, 10)
-    table = Table(
-        section=SECTION,
-        title="2. Time to a durable handle: work_start latency by store",
-        columns=["store", "path", "n", "p50 ms", "p90 ms", "p99 ms", "max ms"],
-        command=options.section_command(SECTION),
+    table = options.table(
+        SECTION,
+        "2. Time to a durable handle: work_start latency by store",
+        ["store", "path", "n", "p50 ms", "p90 ms", "p99 ms", "max ms"],
     )
     with sqlite_and_postgres(options, "durable", table) as stores:
         for label, url, data_dir in stores:

@@ -132,10 +132,10 @@ def _fraction(head: float | None, filed: float | None) -> float | None:
 
 async def run(options: Options) -> list[Table]:
     rounds = options.n(2, 1)
-    table = Table(
-        section=SECTION,
-        title="20. Issue 14's rows in absolute time on this host: the code it was filed against, and this code",
-        columns=[
+    table = options.table(
+        SECTION,
+        "20. Issue 14's rows in absolute time on this host: the code it was filed against, and this code",
+        [
             "row",
             "the issue: filed / target ms (target / filed)",
             "the filed code here, p50 ms by round (here / filed)",
@@ -144,7 +144,6 @@ async def run(options: Options) -> list[Table]:
             "holds as the fraction asked",
             "holds in ms",
         ],
-        command=options.section_command(SECTION),
     )
     with tempfile.TemporaryDirectory(prefix="filed-", dir=options.work_dir) as scratch:
         tree = Path(scratch) / "tree"

@@ -109,16 +109,15 @@ async def measure(
 async def run(options: Options) -> list[Table]:
     rounds = options.n(400, 20)
     warmup = options.n(40, 4)
-    table = Table(
-        section=SECTION,
-        title="18. Group commit: a start's row inserted by the driver alone, k rows per transaction (p50 us per row)",
-        columns=[
+    table = options.table(
+        SECTION,
+        "18. Group commit: a start's row inserted by the driver alone, k rows per transaction (p50 us per row)",
+        [
             "store",
             "rows of",
             *(f"k={k}: one each" for k in GROUPS),
             *(f"k={k}: grouped" for k in GROUPS[1:]),
         ],
-        command=options.section_command(SECTION),
     )
     with sqlite_and_postgres(options, "group_commit", table) as stores:
         for name, url, data_dir in stores:

@@ -109,10 +109,10 @@ async def run(options: Options) -> list[Table]:
     seconds = 2.0 if options.quick else 6.0
     samples = options.n(40, 8)
     counts = NODE_COUNTS if not options.quick else (1, 2)
-    table = Table(
-        section="multinode",
-        title="7. Multi-node: N server nodes on one PostgreSQL (round robin over the nodes)",
-        columns=[
+    table = options.table(
+        "multinode",
+        "7. Multi-node: N server nodes on one PostgreSQL (round robin over the nodes)",
+        [
             "nodes",
             "starts/s",
             "start p50 / p99 (ms)",
@@ -121,7 +121,6 @@ async def run(options: Options) -> list[Table]:
             "wake p50 / p99 (ms)",
             "errors",
         ],
-        command=options.section_command("multinode"),
     )
     for count in counts:
         with postgres_schema(options.postgres_url, f"nodes{count}") as url:

@@ -127,11 +127,10 @@ async def run_transport(transport: str, rounds: int, warmup: int, work: Path) ->
 async def run(options: Options) -> list[Table]:
     rounds = options.n(1000, 60)
     warmup = options.n(50, 10)
-    table = Table(
-        section=SECTION,
-        title="1. Overhead against the bare call (SQLite file store)",
-        columns=["transport", "call", "p50 ms", "p99 ms", "p50 / no-op", "p99 / no-op", "target", "holds"],
-        command=options.section_command(SECTION),
+    table = options.table(
+        SECTION,
+        "1. Overhead against the bare call (SQLite file store)",
+        ["transport", "call", "p50 ms", "p99 ms", "p50 / no-op", "p99 / no-op", "target", "holds"],
     )
     for transport in TRANSPORTS:
         log(f"overhead: {transport}, {rounds} rounds")

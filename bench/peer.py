@@ -291,18 +291,17 @@ async def _alternating_throughput(
 
 
 async def run(options: Options) -> list[Table]:
-    table = Table(
-        section=SECTION,
-        title="6. Peer side by side: handles (SQLite file) vs FastMCP 4 + fastmcp-tasks (Docket memory://), "
+    table = options.table(
+        SECTION,
+        "6. Peer side by side: handles (SQLite file) vs FastMCP 4 + fastmcp-tasks (Docket memory://), "
         "Streamable HTTP",
-        columns=[
+        [
             "measure",
             "handles p50 / p99 ms",
             "peer p50 / p99 ms",
             "handles / peer (p50)",
             "handles faster",
         ],
-        command=options.section_command(SECTION),
     )
     if options.quick and not peer_ready():
         table.rows.append(["skipped", "n/a", "n/a", "n/a", "n/a"])

@@ -258,11 +258,10 @@ async def measure_across(
 async def run(options: Options) -> list[Table]:
     n = options.n(300, 25)
     warmup = options.n(20, 5)
-    table = Table(
-        section=SECTION,
-        title="3. Pickup and wake (one node, in-process client)",
-        columns=["store", "measure", "n", "p50 ms", "p90 ms", "p99 ms", "target (p50)", "holds"],
-        command=options.section_command(SECTION),
+    table = options.table(
+        SECTION,
+        "3. Pickup and wake (one node, in-process client)",
+        ["store", "measure", "n", "p50 ms", "p90 ms", "p99 ms", "target (p50)", "holds"],
     )
     with postgres_schema(options.postgres_url, "pickup") as pg_url:
         for label, url in (("SQLite file", ""), ("PostgreSQL", pg_url)):

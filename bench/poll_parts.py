@@ -132,11 +132,10 @@ async def run(options: Options) -> list[Table]:
     warmup = options.n(50, 5)
     log(f"poll_parts: stdio, {rounds} rounds")
     samples = await measure(rounds, warmup)
-    table = Table(
-        section=SECTION,
-        title="19. A progress poll over stdio by parts (SQLite file, p50)",
-        columns=["tool", "what it does", "p50 ms", "/ no-op", "adds (us)"],
-        command=options.section_command(SECTION),
+    table = options.table(
+        SECTION,
+        "19. A progress poll over stdio by parts (SQLite file, p50)",
+        ["tool", "what it does", "p50 ms", "/ no-op", "adds (us)"],
     )
     stats = {name: Stats.of(samples[name]) for name, _ in PARTS}
     noop = stats["noop"].p50

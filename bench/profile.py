@@ -120,11 +120,10 @@ async def breakdown(options: Options) -> Table:
     from handles.server.handle_tools import JobTools
 
     n = options.n(2000, 150)
-    table = Table(
-        section=SECTION,
-        title="Profile A. Where one call's time goes (in-process, SQLite file, each layer timed alone)",
-        columns=["layer", "p50 us", "p99 us"],
-        command=options.section_command(SECTION),
+    table = options.table(
+        SECTION,
+        "Profile A. Where one call's time goes (in-process, SQLite file, each layer timed alone)",
+        ["layer", "p50 us", "p99 us"],
     )
     data_dir = Path(tempfile.mkdtemp(prefix="profile-", dir=options.work_dir))
     async with inprocess(data_dir) as (jobs, c):
@@ -332,11 +331,10 @@ async def sampled(options: Options) -> list[Table]:
     seconds = options.n(12, 2)
     for tool in ("work_progress", "work_start", "work"):
         what = "plain `work` calls of a 0 s job (answered inline)" if tool == "work" else f"{tool} calls"
-        table = Table(
-            section=SECTION,
-            title=f"Profile B. Sampling profile of the server during back-to-back {what} (Streamable HTTP, SQLite file)",
-            columns=["where the server's CPU samples are", "share"],
-            command=options.section_command(SECTION),
+        table = options.table(
+            SECTION,
+            f"Profile B. Sampling profile of the server during back-to-back {what} (Streamable HTTP, SQLite file)",
+            ["where the server's CPU samples are", "share"],
         )
         tables.append(table)
         if spy is None:
@@ -476,15 +474,14 @@ async def owners(options: Options) -> list[Table]:
     rate = 250  # blocking samples (consistent stacks); a low rate keeps the pauses small
     tables: list[Table] = []
     for transport in ("stdio", "http"):
-        table = Table(
-            section=SECTION,
-            title=f"Profile C. CPU per call by owner, against the no-op ({transport}, SQLite file)",
-            columns=[
+        table = options.table(
+            SECTION,
+            f"Profile C. CPU per call by owner, against the no-op ({transport}, SQLite file)",
+            [
                 "owner",
                 *[f"server {call} ms" for call in OWNER_CALLS],
                 *[f"client {call} ms" for call in OWNER_CALLS],
             ],
-            command=options.section_command(SECTION),
         )
         tables.append(table)
         if spy is None:
@@ -610,12 +607,11 @@ async def active_count(options: Options) -> Table:
     from tests.harness.seed import seed_jobs
 
     size = options.n(300_000, 20_000)
-    table = Table(
-        section=SECTION,
-        title=f"Profile D. The per-principal active-job count of work_start, SQLite file with {size:,} stored "
+    table = options.table(
+        SECTION,
+        f"Profile D. The per-principal active-job count of work_start, SQLite file with {size:,} stored "
         "jobs of one principal",
-        columns=["query", "plan", "p50 ms"],
-        command=options.section_command(SECTION),
+        ["query", "plan", "p50 ms"],
     )
     data_dir = Path(tempfile.mkdtemp(prefix="count-", dir=options.work_dir))
     url = f"sqlite:///{(data_dir / 'handles.db').as_posix()}"
@@ -662,11 +658,10 @@ async def inside_server(options: Options) -> Table:
     import json
 
     n = options.n(1000, 100)
-    table = Table(
-        section=SECTION,
-        title="Profile E. The work_progress handler timed inside the server process (stdio, SQLite file)",
-        columns=["measure", "n", "p50 us", "p90 us", "p99 us"],
-        command=options.section_command(SECTION),
+    table = options.table(
+        SECTION,
+        "Profile E. The work_progress handler timed inside the server process (stdio, SQLite file)",
+        ["measure", "n", "p50 us", "p90 us", "p99 us"],
     )
     data_dir = Path(tempfile.mkdtemp(prefix="inside-", dir=options.work_dir))
     times = data_dir / "handler-times.json"

@@ -130,10 +130,10 @@ async def run(options: Options) -> list[Table]:
             f"{kind}: {polled} -> {pushed} requests ({polled - pushed} fewer, {polled / max(pushed, 1):.1f}x)"
         )
     return [
-        Table(
-            section=SECTION,
-            title=f"13. Pushed task status: requests of {count} followers of {seconds:g} s jobs, with and without push",
-            columns=[
+        options.table(
+            SECTION,
+            f"13. Pushed task status: requests of {count} followers of {seconds:g} s jobs, with and without push",
+            [
                 "job",
                 "followers",
                 "requests (all)",
@@ -150,7 +150,6 @@ async def run(options: Options) -> list[Table]:
                 "and each change (the last one carries the result); it would send one after 30 s without a push.",
                 *saved,
             ],
-            command=options.section_command(SECTION),
             data=data,
         )
     ]

@@ -14,10 +14,7 @@ and while it served it.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
-import logging
 import sys
 import tempfile
 import time
@@ -27,7 +24,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Options, Table, client, handles_env, postgres_schema
+from bench.common import Options, Table, client, handles_env, postgres_schema, run_alone
 from tests.harness.process import ServerProcess, free_port, status_kib
 
 SECTION = "result_links"
@@ -80,10 +77,10 @@ async def measure(server: ServerProcess, rows: int) -> dict[str, Any]:
 
 async def run(options: Options) -> list[Table]:
     rows = options.n(1_500_000, 150_000)
-    table = Table(
-        section=SECTION,
-        title=f"Large results: a CSV export of {rows:,} rows as a link, over Streamable HTTP",
-        columns=[
+    table = options.table(
+        SECTION,
+        f"Large results: a CSV export of {rows:,} rows as a link, over Streamable HTTP",
+        [
             "database",
             "file",
             "parts",
@@ -93,7 +90,6 @@ async def run(options: Options) -> list[Table]:
             "read rate",
             "server peak memory growth: store / read",
         ],
-        command=options.section_command(SECTION),
     )
     with tempfile.TemporaryDirectory(prefix="links-", dir=options.work_dir) as scratch:
         for label in ("SQLite file", "PostgreSQL"):
@@ -132,12 +128,7 @@ async def run(options: Options) -> list[Table]:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    with tempfile.TemporaryDirectory(prefix="handles-bench-") as work_dir:
-        options = Options(work_dir=Path(work_dir), command="python bench/result_links.py")
-        for table in asyncio.run(run(options)):
-            print(table.markdown())
-            print(json.dumps(table.data, indent=2))
+    run_alone(run, "python bench/result_links.py", with_data=True)
 
 
 if __name__ == "__main__":

@@ -244,11 +244,10 @@ async def measure(
 
 async def run(options: Options) -> list[Table]:
     n = options.n(20, 5)
-    table = Table(
-        section=SECTION,
-        title="8. PostgreSQL round trips per operation (counted from libpq's protocol trace, not timed)",
-        columns=["operation", "n", "round trips (median)", "min", "max", "what the client sent (one run)"],
-        command=options.section_command(SECTION),
+    table = options.table(
+        SECTION,
+        "8. PostgreSQL round trips per operation (counted from libpq's protocol trace, not timed)",
+        ["operation", "n", "round trips (median)", "min", "max", "what the client sent (one run)"],
     )
     with postgres_schema(options.postgres_url, "trips") as url:
         if url is None:

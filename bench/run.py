@@ -149,12 +149,11 @@ async def main_async(args: argparse.Namespace, command: str) -> int:
             detail = traceback.format_exc()
             log(f"section {section} failed:\n{detail}")
             produced = [
-                Table(
-                    section=section,
-                    title=f"{section}: FAILED",
-                    columns=["error"],
+                options.table(
+                    section,
+                    f"{section}: FAILED",
+                    ["error"],
                     rows=[[detail.strip().splitlines()[-1]]],
-                    command=options.section_command(section),
                 )
             ]
         for table in produced:

@@ -37,15 +37,14 @@ async def run(options: Options) -> list[Table]:
     n = options.n(4000, 600)
     blocks = 8 if not options.quick else 3
     size = n // blocks
-    table = Table(
-        section=SECTION,
-        title=f"17. A start by how many its principal made before it, on one server ({n} starts, p50 ms by block)",
-        columns=[
+    table = options.table(
+        SECTION,
+        f"17. A start by how many its principal made before it, on one server ({n} starts, p50 ms by block)",
+        [
             "store",
             *[f"starts {i * size + 1}-{(i + 1) * size}" for i in range(blocks)],
             "last / first",
         ],
-        command=options.section_command(SECTION),
     )
     with sqlite_and_postgres(options, SECTION, table) as stores:
         for name, url, data_dir in stores:

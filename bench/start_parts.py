@@ -311,11 +311,10 @@ def _derived(p50: dict[str, float | None], *, postgres: bool) -> None:
 async def run(options: Options) -> list[Table]:
     n = options.n(1000, 60)
     warmup = options.n(100, 10)
-    table = Table(
-        section=SECTION,
-        title="16. The start handler by parts (in-process, section 2's loop, each part timed in place)",
-        columns=["part", "SQLite file p50 us", "PostgreSQL p50 us"],
-        command=options.section_command(SECTION),
+    table = options.table(
+        SECTION,
+        "16. The start handler by parts (in-process, section 2's loop, each part timed in place)",
+        ["part", "SQLite file p50 us", "PostgreSQL p50 us"],
     )
     results: dict[str, dict[str, float | None]] = {}
     with sqlite_and_postgres(options, "start_parts", table) as stores:

@@ -71,11 +71,10 @@ async def measure(data_dir: Path, database_url: str, jobs: int) -> list[float]:
 
 async def run(options: Options) -> list[Table]:
     jobs = options.n(20, 2)
-    table = Table(
-        section=SECTION,
-        title="15. A durable step: `await ctx.step(...)` of a function that returns at once (in-process)",
-        columns=["store", "n", "p50 ms", "p90 ms", "p99 ms", "steps/s (one job)"],
-        command=options.section_command(SECTION),
+    table = options.table(
+        SECTION,
+        "15. A durable step: `await ctx.step(...)` of a function that returns at once (in-process)",
+        ["store", "n", "p50 ms", "p90 ms", "p99 ms", "steps/s (one job)"],
     )
     with sqlite_and_postgres(options, SECTION, table) as stores:
         for label, url, data_dir in stores:

@@ -84,11 +84,10 @@ async def measure(data_dir: Path, database_url: str, rounds: int, warmup: int) -
 async def run(options: Options) -> list[Table]:
     rounds = options.n(400, 40)
     warmup = options.n(40, 5)
-    table = Table(
-        section=SECTION,
-        title="14. A progress poll by what the job's steps returned (in-process client)",
-        columns=["store", "job", "n", "p50 ms", "p90 ms", "p50 / no-op"],
-        command=options.section_command(SECTION),
+    table = options.table(
+        SECTION,
+        "14. A progress poll by what the job's steps returned (in-process client)",
+        ["store", "job", "n", "p50 ms", "p90 ms", "p50 / no-op"],
     )
     with sqlite_and_postgres(options, SECTION, table) as stores:
         for label, url, data_dir in stores:

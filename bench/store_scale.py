@@ -10,7 +10,6 @@ one running and one completed job and the calls are measured in shuffled rounds 
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 from bench.common import (
@@ -20,14 +19,15 @@ from bench.common import (
     inprocess,
     log,
     ms,
-    postgres_schema,
     quiet_gc,
     ratio,
+    seeded_to,
     shuffled_rounds,
+    sqlite_and_postgres,
     structured,
     verdict,
 )
-from tests.harness.seed import count_jobs, seed_jobs
+from tests.harness.seed import count_jobs
 
 SECTION = "store_scale"
 FLAT_TARGET = 1.2
@@ -63,10 +63,10 @@ async def run(options: Options) -> list[Table]:
     sizes = [1_000, 10_000] if options.quick else [1_000, 100_000, 1_000_000]
     rounds = options.n(600, 60)
     warmup = options.n(40, 10)
-    table = Table(
-        section=SECTION,
-        title="4. Scale of the store: latency by number of stored jobs",
-        columns=[
+    table = options.table(
+        SECTION,
+        "4. Scale of the store: latency by number of stored jobs",
+        [
             "store",
             "stored jobs",
             "seed s",
@@ -79,26 +79,16 @@ async def run(options: Options) -> list[Table]:
             "no-op p50 ms",
             f"progress flat (<= {FLAT_TARGET}x)",
         ],
-        command=options.section_command(SECTION),
     )
-    with postgres_schema(options.postgres_url, "scale") as pg_url:
-        data_dir = Path(tempfile.mkdtemp(prefix="scale-", dir=options.work_dir))
-        for label, url in (
-            ("SQLite file", f"sqlite:///{(data_dir / 'handles.db').as_posix()}"),
-            ("PostgreSQL", pg_url),
-        ):
-            if url is None:
-                table.rows.append([label, "unreachable", *(["n/a"] * 9)])
-                continue
+    with sqlite_and_postgres(options, "scale", table, sqlite_url=True) as stores:
+        for label, url, data_dir in stores:
             # Create the schema first (a server instance does it), then grow the table in place.
             async with inprocess(data_dir, url):
                 pass
             base_progress = base_start = base_relative = None
             table.data[label] = {}
             for size in sizes:
-                have = count_jobs(url)
-                log(f"store_scale: {label}, seeding to {size} jobs")
-                seconds = seed_jobs(url, size - have) if size > have else 0.0
+                seconds = seeded_to(url, size, f"store_scale: {label}")
                 quiet_gc()
                 log(f"store_scale: {label}, {size} jobs, {rounds} rounds")
                 samples = await measure(data_dir, url, rounds, warmup)

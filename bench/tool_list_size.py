@@ -14,9 +14,7 @@ and the same on every machine.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -25,7 +23,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Options, Table, handles_config
+from bench.common import Options, Table, handles_config, run_alone
 
 SECTION = "tool_list_size"
 JOB_COUNTS = (2, 10)
@@ -66,10 +64,10 @@ async def listing(data_dir: Path, count: int, layout: str) -> tuple[int, int, in
 
 
 async def run(options: Options) -> list[Table]:
-    table = Table(
-        section=SECTION,
-        title="Tool-list weight: tools/list size by layout and number of jobs",
-        columns=[
+    table = options.table(
+        SECTION,
+        "Tool-list weight: tools/list size by layout and number of jobs",
+        [
             "jobs",
             "layout",
             "tools",
@@ -78,7 +76,6 @@ async def run(options: Options) -> list[Table]:
             "vs per_job",
             "output schemas",
         ],
-        command=options.section_command(SECTION),
     )
     with tempfile.TemporaryDirectory(prefix="tool-list-", dir=options.work_dir) as scratch:
         for count in JOB_COUNTS:
@@ -111,12 +108,7 @@ async def run(options: Options) -> list[Table]:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    logging.getLogger("alembic").setLevel(logging.WARNING)
-    with tempfile.TemporaryDirectory(prefix="handles-bench-") as work_dir:
-        options = Options(work_dir=Path(work_dir), command="python bench/tool_list_size.py")
-        for table in asyncio.run(run(options)):
-            print(table.markdown())
+    run_alone(run, "python bench/tool_list_size.py")
 
 
 if __name__ == "__main__":

@@ -72,11 +72,10 @@ async def measure(data_dir: Path, waiters: int, seconds: float) -> dict[str, Any
 async def run(options: Options) -> list[Table]:
     sizes = [1000] if options.quick else [1000, 3200, 10000]
     seconds = 3.0 if options.quick else 10.0
-    table = Table(
-        section=SECTION,
-        title="9. Open long-polls on one node (SQLite file): event-loop lag and store statements per second",
-        columns=["long-polls", "still waiting", "lag p50 ms", "lag p99 ms", "lag max ms", "SQL statements/s"],
-        command=options.section_command(SECTION),
+    table = options.table(
+        SECTION,
+        "9. Open long-polls on one node (SQLite file): event-loop lag and store statements per second",
+        ["long-polls", "still waiting", "lag p50 ms", "lag p99 ms", "lag max ms", "SQL statements/s"],
     )
     for waiters in sizes:
         log(f"waiters: {waiters} long-polls for {seconds:g} s")

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
 from example_server.server import build_fastmcp_server, build_server, create_jobs
 from handles.tool_layout import ToolLayout
+from tests.harness.database import own_connection
 from tests.harness.postgres import fresh_schema, unreachable
 from tests.support import (
     DRAIN_SECONDS,
@@ -81,21 +82,17 @@ def postgres_url() -> Iterator[str]:
 
 
 def _truncate_postgres(url: str) -> None:
-    engine = create_engine(url)
-    try:
-        with engine.begin() as connection:
-            tables = connection.execute(
-                # Keep the migration version table: the schema stays at its revision, only rows go.
-                text(
-                    "select tablename from pg_tables where schemaname = current_schema() "
-                    "and tablename <> 'handles_alembic_version'"
-                )
-            ).scalars()
-            names = ", ".join(f'"{name}"' for name in tables)
-            if names:
-                connection.execute(text(f"truncate {names} cascade"))
-    finally:
-        engine.dispose()
+    with own_connection(url) as connection:
+        tables = connection.execute(
+            # Keep the migration version table: the schema stays at its revision, only rows go.
+            text(
+                "select tablename from pg_tables where schemaname = current_schema() "
+                "and tablename <> 'handles_alembic_version'"
+            )
+        ).scalars()
+        names = ", ".join(f'"{name}"' for name in tables)
+        if names:
+            connection.execute(text(f"truncate {names} cascade"))
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

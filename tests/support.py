@@ -23,7 +23,7 @@ from typing import Any, Self
 from jsonschema.validators import validator_for
 from mcp import Client, StdioServerParameters
 from mcp.server.mcpserver import MCPServer
-from mcp_types import CallToolResult, ResourceLink, TextContent, Tool
+from mcp_types import CallToolResult, ElicitResult, ResourceLink, TextContent, Tool
 
 from handles import Handles, HandlesConfig
 from handles.handle import HandleCodec
@@ -289,6 +289,17 @@ class ToolClient:
             missing = named - set(self._tools)
             assert not missing, f"{tool.name}'s next names unlisted tools {missing}: {body['next']}"
 
+    async def assert_expired(self, job: str, handle: str, kept: str) -> None:
+        """`job`'s progress, fetch and cancel each refuse `handle` as expired: when, after how long a stay
+        (`kept`, as the message words it: "1 hour"), and that a new `<job>_start` is the way on."""
+        await self.tools()
+        for verb in ("progress", "fetch", "cancel"):
+            tool = self.tool_for(job, verb)
+            reply = await self.call(tool, {"handle": handle})
+            assert reply.is_error and reply["error"] == "expired_handle", tool
+            assert "expired at" in reply["message"] and kept in reply["message"]
+            assert f"{job}_start" in reply["next"]
+
     async def wait_status(self, job: str, handle: str, *statuses: str, timeout: float = 20.0) -> Reply:
         """Long-poll `<job>_progress` (or `jobs_progress`) until the job's status is one of `statuses`."""
         await self.tools()
@@ -414,3 +425,16 @@ async def wait_task(client: Client, task_id: str, *statuses: str, timeout: float
             return task
         assert time.monotonic() < deadline, f"task never reached {statuses}: {task.status}"
         await asyncio.sleep(0.1)
+
+
+async def approve_deploy_task(client: Client, task_id: str, environment: str) -> None:
+    """Answer the question of the `deploy_release` task `task_id` once it asks it (approved, to
+    `environment`), and wait for the task's result to name that environment."""
+    from handles.client.tasks import update_task
+
+    waiting = await wait_task(client, task_id, "input_required")
+    assert waiting.input_requests is not None and "q1" in waiting.input_requests
+    approval = ElicitResult(action="accept", content={"approve": True, "environment": environment})
+    await update_task(client.session, task_id, {"q1": approval})
+    done = await wait_task(client, task_id, "completed")
+    assert done.result is not None and done.result["structuredContent"]["environment"] == environment

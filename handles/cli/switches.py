@@ -75,11 +75,21 @@ def _takes_effect() -> str:
     return f"every node applies it within {seconds:g} s (HANDLES_SWITCH_CACHE_SECONDS), without a restart"
 
 
+def _changed(row: SwitchRecord, before: SwitchRecord | None, what: str, state: str) -> str:
+    """`what` the switch now does, who set it and when, a note when it was already so (`state` names the
+    engaged state: "on", "paused"), and when every node applies it."""
+    already = before is not None and before.engaged
+    if row.engaged:
+        was = f" (it was already {state}; now recorded as yours)" if already else ""
+    else:
+        was = "" if already else f" (it was not {state})"
+    return f"{what}, by {row.changed_by} at {_when(row.changed_at)} UTC{was}: {_takes_effect()}"
+
+
 def tasks_off(args: argparse.Namespace) -> int:
     row, before = _set_switch(open_repository(), args, TASKS, engaged=True)
-    was = " (it was already on; now recorded as yours)" if before is not None and before.engaged else ""
     print(
-        f"Tasks kill switch ON, by {row.changed_by} at {_when(row.changed_at)} UTC{was}: {_takes_effect()}. "
+        f"{_changed(row, before, 'Tasks kill switch ON', 'on')}. "
         "Calls that declare the Tasks extension now get the result inline or a handle, as other callers do; "
         "tasks already created are still served by tasks/get, tasks/update and tasks/cancel. "
         "Undo with `handles tasks on`."
@@ -89,9 +99,8 @@ def tasks_off(args: argparse.Namespace) -> int:
 
 def tasks_on(args: argparse.Namespace) -> int:
     row, before = _set_switch(open_repository(), args, TASKS, engaged=False)
-    was = "" if before is not None and before.engaged else " (it was not on)"
     print(
-        f"Tasks kill switch off, by {row.changed_by} at {_when(row.changed_at)} UTC{was}: {_takes_effect()}; "
+        f"{_changed(row, before, 'Tasks kill switch off', 'on')}; "
         "calls that declare the Tasks extension become tasks again."
     )
     return 0
@@ -101,9 +110,8 @@ def jobs_pause(args: argparse.Namespace) -> int:
     retry = args.retry_after.total_seconds()
     repository = open_repository()
     row, before = _set_switch(repository, args, paused_switch(args.job), engaged=True, retry=retry)
-    was = " (it was already paused; now recorded as yours)" if before is not None and before.engaged else ""
     print(
-        f"New {args.job} jobs PAUSED, by {row.changed_by} at {_when(row.changed_at)} UTC{was}: {_takes_effect()}. "
+        f"{_changed(row, before, f'New {args.job} jobs PAUSED', 'paused')}. "
         f"Starts are refused with the retryable `paused` error, telling callers to retry in about {retry:g} s; "
         f"{args.job} jobs already started go on. Undo with `handles jobs unpause {args.job}`."
     )
@@ -113,11 +121,7 @@ def jobs_pause(args: argparse.Namespace) -> int:
 
 def jobs_unpause(args: argparse.Namespace) -> int:
     row, before = _set_switch(open_repository(), args, paused_switch(args.job), engaged=False)
-    was = "" if before is not None and before.engaged else " (it was not paused)"
-    print(
-        f"New {args.job} jobs allowed again, by {row.changed_by} at {_when(row.changed_at)} UTC{was}: "
-        f"{_takes_effect()}."
-    )
+    print(f"{_changed(row, before, f'New {args.job} jobs allowed again', 'paused')}.")
     return 0
 
 

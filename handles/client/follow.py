@@ -9,6 +9,7 @@ import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import InitVar, dataclass, field
 from datetime import UTC, datetime, timedelta
 from os import PathLike
 from typing import Any, Literal, TypeVar
@@ -167,7 +168,7 @@ async def follow(
         journal if isinstance(journal, Journal) else Journal(journal if journal is not None else ":memory:")
     )
     follower = Follower(
-        client=client,
+        connection=client,
         job=job,
         arguments=dict(arguments or {}),
         key=key or f"{job}-{uuid.uuid4().hex}",
@@ -198,55 +199,47 @@ def _seconds_until(deadline: float | timedelta | datetime | None) -> float | Non
     return float(deadline)
 
 
+@dataclass(eq=False, kw_only=True)
 class Follower:
-    def __init__(
-        self,
-        *,
-        client: Client | Connect,
-        job: str,
-        arguments: dict[str, Any],
-        key: str,
-        journal: Journal,
-        on_progress: ProgressCallback | None,
-        on_input: InputCallback | None,
-        seconds: float | None,
-        cancel_on_abandon: bool,
-        prefer: Prefer,
-        server_id: str | None,
-        long_poll: float,
-        request_timeout: float,
-        retries: int,
-        jitter: float,
-    ) -> None:
-        self.client: Client | None = client if isinstance(client, Client) else None
-        self.connect: Connect | None = None if isinstance(client, Client) else client
-        self.job = job
-        self.arguments = arguments
-        self.key = key
-        self.journal = journal
-        self.on_progress = on_progress
-        self.on_input = on_input
-        self.seconds = seconds
-        self.cancel_on_abandon = cancel_on_abandon
-        self.prefer = prefer
+    """One call of `follow`: what it was asked (the fields given), and what it has learnt of the job so far."""
+
+    connection: InitVar[Client | Connect]
+    """A connected client, or a factory of them (then `follow` owns its connections)."""
+    job: str
+    arguments: dict[str, Any]
+    key: str
+    journal: Journal
+    on_progress: ProgressCallback | None
+    on_input: InputCallback | None
+    seconds: float | None
+    cancel_on_abandon: bool
+    prefer: Prefer
+    server_id: str | None
+    long_poll: float
+    request_timeout: float
+    retries: int
+    jitter: float
+    client: Client | None = field(init=False)
+    connect: Connect | None = field(init=False)
+    server: str | None = field(init=False, default=None)
+    digest: str = field(init=False)
+    handle: str | None = field(init=False, default=None)
+    status: str | None = field(init=False, default=None)
+    interval: float = field(init=False, default=DEFAULT_POLL_SECONDS)
+    _last_report: Progress | None = field(init=False, default=None)
+    face: Face | None = field(init=False, default=None)
+    names: ToolNames | None = field(init=False, default=None)
+    """The server's tool layout for this job, read from tools/list (None: it has no handle tools for it)."""
+    deadline_at: float | None = field(init=False, default=None)
+    _failures: int = field(init=False, default=0)
+    _answers: dict[str, dict[str, Any] | None] = field(init=False, default_factory=dict)
+
+    def __post_init__(self, connection: Client | Connect) -> None:
+        self.client = connection if isinstance(connection, Client) else None
+        self.connect = None if isinstance(connection, Client) else connection
         # connect(url) names its server by the URL, as a client of that URL would be named.
-        self.server_id = server_id or getattr(self.connect, "server_id", None)
-        self.server: str | None = None
-        self.long_poll = long_poll
-        self.request_timeout = request_timeout
-        self.retries = retries
-        self.jitter = jitter
-        self.digest = arguments_digest(job, arguments)
-        self.handle: str | None = None
-        self.status: str | None = None
-        self.interval = DEFAULT_POLL_SECONDS
-        self._last_report: Progress | None = None
-        self.face: Face | None = None
-        self.names: ToolNames | None = None
-        """The server's tool layout for this job, read from tools/list (None: it has no handle tools for it)."""
-        self.deadline_at: float | None = None
-        self._failures = 0
-        self._answers: dict[str, dict[str, Any] | None] = {}
+        self.server_id = self.server_id or getattr(self.connect, "server_id", None)
+        self.digest = arguments_digest(self.job, self.arguments)
 
     # -- the whole call ------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from mcp import Client
 from mcp.server.mcpserver import MCPServer
 
 from handles import Handles
+from handles.client import Journal
 from handles.client.tasks import TasksClientExtension
 from handles.server.handle_tools import JobTools
 from handles.server.tasks_extension import TasksExtension
@@ -75,3 +76,9 @@ async def counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
     jobs = create_test_jobs(tasks_config(tmp_path / "data", secrets.token_urlsafe(48)))
     async with jobs.running():
         yield Counted(jobs, build_test_server(jobs), calls)
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Journal:
+    """An empty journal in a file of its own."""
+    return Journal(tmp_path / "journal.db")

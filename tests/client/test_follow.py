@@ -29,6 +29,7 @@ from handles.client import (
     JobToolError,
     Journal,
     JournalConflict,
+    JournalEntry,
     OutcomeUnknownError,
     Progress,
     UnsupportedServerError,
@@ -63,9 +64,8 @@ async def wait_for_status(client: Client, job: str, handle: str, status: str) ->
 
 
 async def test_the_tasks_face_and_the_handle_face_give_the_same_result(
-    inprocess_example: InProcessExample, tmp_path: Path
+    inprocess_example: InProcessExample, journal: Journal
 ) -> None:
-    journal = Journal(tmp_path / "journal.db")
     arguments = {"account": "acme", "months": 3}
     async with Client(inprocess_example.server, extensions=[TasksClientExtension()]) as client:
         by_tasks = await follow(
@@ -147,6 +147,27 @@ async def test_a_long_poll_replaces_polling_while_nothing_changes(counted: Count
     assert len(counted.calls["progress"]) <= 3, counted.calls["progress"]
 
 
+def _reserved(
+    journal: Journal, key: str, arguments: dict[str, Any], created_via: str, state: str
+) -> tuple[JournalEntry, bool]:
+    """A journal entry of a `quick` job on the Tasks test server, as a run that stopped after writing it left it."""
+    return journal.reserve(
+        key,
+        server="inprocess:handles-tasks-test",
+        job="quick",
+        arguments_digest=arguments_digest("quick", arguments),
+        created_via=created_via,
+        state=state,
+    )
+
+
+async def _abandoned_at_the_deadline(client: Any, face: str, **options: Any) -> DeadlineExceeded:
+    """The error of following a 20 s `slow` job with a 1 s deadline (past the start's reply) on `face`."""
+    with pytest.raises(DeadlineExceeded) as late:
+        await follow(client, "slow", {"seconds": 20}, prefer=face, deadline=1.0, **options)  # type: ignore[arg-type]
+    return late.value
+
+
 # -- the deadline --------------------------------------------------------------------------------------
 
 
@@ -155,28 +176,19 @@ async def test_the_deadline_holds_while_the_job_keeps_reporting_progress(counted
     reports: list[Progress] = []
     async with counted.client() as client:
         began = time.monotonic()
-        with pytest.raises(DeadlineExceeded) as late:
-            await follow(
-                client,
-                "slow",
-                {"seconds": 20},
-                prefer=face,  # type: ignore[arg-type]
-                deadline=1.0,
-                on_progress=reports.append,
-            )
+        late = await _abandoned_at_the_deadline(client, face, on_progress=reports.append)
         elapsed = time.monotonic() - began
         assert 1.0 <= elapsed < 1.6, elapsed
-        assert late.value.handle and late.value.status == "working" and not late.value.cancelled
-        assert "follow the same key again" in late.value.message
-        assert await status_of(client, "slow", late.value.handle) == "working", "the job goes on"
+        assert late.handle and late.status == "working" and not late.cancelled
+        assert "follow the same key again" in late.message
+        assert await status_of(client, "slow", late.handle) == "working", "the job goes on"
     assert reports and reports[0].status == "working"
 
 
 @pytest.mark.parametrize("face", FACES)
 async def test_following_the_same_key_after_the_deadline_resumes_the_same_job(
-    counted: Counted, face: str, tmp_path: Path
+    counted: Counted, face: str, journal: Journal
 ) -> None:
-    journal = Journal(tmp_path / "journal.db")
     # The deadline passes after the start's reply (so the error carries the handle) and long before the
     # job ends; 0.3 s once did not cover the first call's start on a loaded CI host (the error then rightly
     # had no handle, and said the start may not have been sent).
@@ -195,17 +207,9 @@ async def test_following_the_same_key_after_the_deadline_resumes_the_same_job(
 @pytest.mark.parametrize("face", FACES)
 async def test_a_deadline_with_cancel_on_abandon_cancels_the_job(counted: Counted, face: str) -> None:
     async with counted.client() as client:
-        with pytest.raises(DeadlineExceeded) as late:
-            await follow(
-                client,
-                "slow",
-                {"seconds": 20},
-                prefer=face,  # type: ignore[arg-type]
-                deadline=1.0,  # after the start's reply, as in the test above
-                cancel_on_abandon=True,
-            )
-        assert late.value.cancelled and late.value.handle
-        await wait_for_status(client, "slow", late.value.handle, "cancelled")
+        late = await _abandoned_at_the_deadline(client, face, cancel_on_abandon=True)
+        assert late.cancelled and late.handle
+        await wait_for_status(client, "slow", late.handle, "cancelled")
 
 
 # -- input ---------------------------------------------------------------------------------------------
@@ -267,9 +271,8 @@ async def test_an_answer_that_does_not_fit_the_schema_is_rejected(counted: Count
 @pytest.mark.parametrize("face", FACES)
 @pytest.mark.parametrize("cancel_on_abandon", [True, False])
 async def test_a_caller_that_stops_waiting_cancels_the_job_only_when_asked(
-    counted: Counted, face: str, cancel_on_abandon: bool, tmp_path: Path
+    counted: Counted, face: str, cancel_on_abandon: bool, journal: Journal
 ) -> None:
-    journal = Journal(tmp_path / "journal.db")
     async with counted.client() as client:
         async with anyio.create_task_group() as group:
 
@@ -325,20 +328,12 @@ async def test_a_start_whose_answer_was_lost_is_resent_with_the_same_idempotency
 
 
 async def test_a_restarted_client_resends_a_start_it_never_heard_back_from(
-    counted: Counted, tmp_path: Path
+    counted: Counted, journal: Journal
 ) -> None:
     """The process died after journaling the idempotency key and sending the start, before the answer."""
-    journal = Journal(tmp_path / "journal.db")
     arguments = {"text": "crash"}
     async with counted.client() as client:
-        entry, _ = journal.reserve(
-            "k",
-            server="inprocess:handles-tasks-test",
-            job="quick",
-            arguments_digest=arguments_digest("quick", arguments),
-            created_via="start",
-            state="starting",
-        )
+        entry, _ = _reserved(journal, "k", arguments, "start", "starting")
         sent = await client.call_tool("quick_start", {**arguments, "idempotency_key": entry.idempotency_key})
         assert sent.structured_content is not None
         result = await follow(client, "quick", arguments, key="k", journal=journal)
@@ -348,8 +343,7 @@ async def test_a_restarted_client_resends_a_start_it_never_heard_back_from(
     assert recorded is not None and recorded.handle == sent.structured_content["handle"]
 
 
-async def test_an_ended_job_is_answered_from_the_journal(counted: Counted, tmp_path: Path) -> None:
-    journal = Journal(tmp_path / "journal.db")
+async def test_an_ended_job_is_answered_from_the_journal(counted: Counted, journal: Journal) -> None:
     async with counted.client() as client:
         first = await follow(client, "quick", {"text": "x"}, key="k", journal=journal)
         calls = {name: len(moments) for name, moments in counted.calls.items()}
@@ -373,9 +367,8 @@ async def test_an_ended_job_is_answered_from_the_journal(counted: Counted, tmp_p
 
 @pytest.mark.parametrize("face", FACES)
 async def test_failed_jobs_and_tool_errors_raise_and_are_recorded(
-    counted: Counted, face: str, tmp_path: Path
+    counted: Counted, face: str, journal: Journal
 ) -> None:
-    journal = Journal(tmp_path / "journal.db")
     async with counted.client() as client:
         for _ in range(2):  # the second time from the journal
             with pytest.raises(JobFailedError) as failed:
@@ -390,17 +383,9 @@ async def test_failed_jobs_and_tool_errors_raise_and_are_recorded(
 
 @pytest.mark.parametrize("face", FACES)
 async def test_a_handle_the_server_does_not_know_is_lost_not_restarted(
-    counted: Counted, face: str, tmp_path: Path
+    counted: Counted, face: str, journal: Journal
 ) -> None:
-    journal = Journal(tmp_path / "journal.db")
-    journal.reserve(
-        "k",
-        server="inprocess:handles-tasks-test",
-        job="quick",
-        arguments_digest=arguments_digest("quick", {"text": "z"}),
-        created_via="start",
-        state="starting",
-    )
+    _reserved(journal, "k", {"text": "z"}, "start", "starting")
     journal.set_handle("k", "not-a-real-handle", "working")
     async with counted.client() as client:
         with pytest.raises(JobLostError):
@@ -412,11 +397,10 @@ async def test_a_handle_the_server_does_not_know_is_lost_not_restarted(
 
 
 async def test_without_a_start_tool_the_task_is_created_once_and_never_guessed(
-    counted: Counted, tmp_path: Path
+    counted: Counted, journal: Journal
 ) -> None:
     for name in counted.jobs.specs:
         counted.server.remove_tool(f"{name}_start")
-    journal = Journal(tmp_path / "journal.db")
     async with counted.client() as client:
         assert await follow(client, "quick", {"text": "t"}, key="k", journal=journal) == {
             "text": "t",
@@ -427,14 +411,7 @@ async def test_without_a_start_tool_the_task_is_created_once_and_never_guessed(
         assert entry is not None and entry.created_via == "call" and entry.state == "completed"
 
         # A create an earlier run sent without ever learning its outcome is not sent again.
-        journal.reserve(
-            "lost",
-            server="inprocess:handles-tasks-test",
-            job="quick",
-            arguments_digest=arguments_digest("quick", {"text": "u"}),
-            created_via="call",
-            state="creating",
-        )
+        _reserved(journal, "lost", {"text": "u"}, "call", "creating")
         with pytest.raises(OutcomeUnknownError, match="forget"):
             await follow(client, "quick", {"text": "u"}, key="lost", journal=journal)
         lost = journal.get("lost")
@@ -461,9 +438,8 @@ class FailsToObserve(Client):
 
 @pytest.mark.parametrize("face", FACES)
 async def test_a_connection_that_stays_lost_is_reported_and_the_job_kept(
-    counted: Counted, face: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    counted: Counted, face: str, journal: Journal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    journal = Journal(tmp_path / "journal.db")
     failing_get = AsyncMock(side_effect=MCPError(code=REQUEST_TIMEOUT, message="Request timed out"))
     async with FailsToObserve(counted.server, extensions=[TasksClientExtension(push=False)]) as client:
         monkeypatch.setattr("handles.client.faces.get_task", failing_get)

@@ -22,6 +22,7 @@ from sqlalchemy import create_engine, text
 from handles.store import Clock, JobRepository, utc_now
 from handles.store.engine import NOTIFY_CHANNEL
 from handles.store.listen import libpq_url
+from tests.harness.database import own_connection
 
 CONNECT_TIMEOUT = {"connect_timeout": 3}
 
@@ -40,14 +41,11 @@ def schema_of(url: str) -> str:
 
 def unreachable(base: str) -> Exception | None:
     """Why PostgreSQL at `base` cannot be used (the error of `select 1`), or None when it answers."""
-    engine = create_engine(base, connect_args=CONNECT_TIMEOUT)
     try:
-        with engine.connect() as connection:
+        with own_connection(base, connect_args=CONNECT_TIMEOUT) as connection:
             connection.execute(text("select 1"))
     except Exception as exc:
         return exc
-    finally:
-        engine.dispose()
     return None
 
 
@@ -108,13 +106,9 @@ def backends_that_started(url: str, application_name: str) -> int:
 
 def _admin_count(url: str, query: str, application_name: str) -> int:
     """The count `query` (with `:n` for `application_name`) gives, on a connection of its own."""
-    admin = create_engine(url)
-    try:
-        with admin.begin() as connection:
-            found: int = connection.execute(text(query), {"n": application_name}).scalar_one()
-            return found
-    finally:
-        admin.dispose()
+    with own_connection(url) as connection:
+        found: int = connection.execute(text(query), {"n": application_name}).scalar_one()
+        return found
 
 
 @contextmanager

@@ -14,6 +14,8 @@ from typing import Any
 
 from sqlalchemy import create_engine, make_url, text
 
+from tests.harness.database import own_connection
+
 PRINCIPAL = "local:local"
 RESULT = {
     "content": [{"type": "text", "text": '{"slept": 0.0, "mark": ""}'}],
@@ -161,9 +163,5 @@ def seed_jobs(
 
 def count_jobs(database_url: str) -> int:
     """How many jobs the store holds."""
-    engine = create_engine(database_url)
-    try:
-        with engine.connect() as connection:
-            return int(connection.execute(text("SELECT count(*) FROM handles_jobs")).scalar() or 0)
-    finally:
-        engine.dispose()
+    with own_connection(database_url) as connection:
+        return int(connection.execute(text("SELECT count(*) FROM handles_jobs")).scalar() or 0)

@@ -302,16 +302,7 @@ async def test_a_handle_used_with_another_jobs_tools(example: Connected) -> None
 async def test_an_expired_handle_says_so(example: Connected) -> None:
     client = example.client
     handle = str((await start(client, "export_dataset", rows=10))["handle"])
-    expired = expired_twin(handle, example.key, example.principal)
-    for tool in (
-        example.tool("export_dataset", "progress"),
-        example.tool("export_dataset", "fetch"),
-        example.tool("export_dataset", "cancel"),
-    ):
-        reply = await client.call(tool, {"handle": expired})
-        assert reply.is_error and reply["error"] == "expired_handle", tool
-        assert "expired at" in reply["message"] and "1 hour" in reply["message"]
-        assert "export_dataset_start" in reply["next"]
+    await client.assert_expired("export_dataset", expired_twin(handle, example.key, example.principal), "1 hour")
     live = await client.call(example.tool("export_dataset", "progress"), {"handle": handle})
     assert not live.is_error, "the job itself is untouched; only the expired handle is refused"
 

@@ -296,15 +296,7 @@ async def test_a_handle_expires_with_its_retention(custom: Custom) -> None:
     assert done["status"] == "completed"
 
     custom.clock.offset = timedelta(minutes=10, seconds=1)
-    for tool in (
-        custom.tool("gated", "progress"),
-        custom.tool("gated", "fetch"),
-        custom.tool("gated", "cancel"),
-    ):
-        reply = await client.call(tool, {"handle": handle})
-        assert reply.is_error and reply["error"] == "expired_handle", tool
-        assert "expired at" in reply["message"] and "10 minutes" in reply["message"]
-        assert "gated_start" in reply["next"]
+    await client.assert_expired("gated", handle, "10 minutes")
 
     # The sweeper deletes it (the background pass may get there first, once the clock has moved).
     await custom.jobs.runtime.sweep_once()

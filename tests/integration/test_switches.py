@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 from mcp import Client
-from mcp_types import CallToolResult, ElicitResult
+from mcp_types import CallToolResult
 
-from handles.client.tasks import CreateTaskResult, TasksClientExtension, cancel_task, update_task
-from tests.support import HttpExampleServer, ToolClient, result_body, wait_task
+from handles.client.tasks import CreateTaskResult, TasksClientExtension, cancel_task
+from tests.support import HttpExampleServer, ToolClient, approve_deploy_task, result_body, wait_task
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -102,15 +102,7 @@ async def test_kill_switch_stops_new_tasks_and_keeps_serving_existing_ones(serve
         assert answered["accepted"] == ["q1"]
 
         # The tasks created before the switch are served in full: read, answered, cancelled.
-        waiting = await wait_task(client, deploy.task_id, "input_required")
-        assert waiting.input_requests is not None and "q1" in waiting.input_requests
-        await update_task(
-            client.session,
-            deploy.task_id,
-            {"q1": ElicitResult(action="accept", content={"approve": True, "environment": "production"})},
-        )
-        done = await wait_task(client, deploy.task_id, "completed")
-        assert done.result is not None and done.result["structuredContent"]["environment"] == "production"
+        await approve_deploy_task(client, deploy.task_id, "production")
         await cancel_task(client.session, export.task_id)
         assert (await wait_task(client, export.task_id, "cancelled", "completed")).status in (
             "cancelled",

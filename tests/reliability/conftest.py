@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx2
 import pytest
@@ -164,6 +164,12 @@ class Deployment:
         self.relay.close()
         self.server.stop()
 
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
 
 def deploy(
     data_dir: Path, scanner: WireScanner, *, database_url: str | None = None, **env: str
@@ -190,11 +196,8 @@ def deploy(
 @pytest.fixture(scope="session")
 def deployment(tmp_path_factory: pytest.TempPathFactory, scanner: WireScanner) -> Iterator[Deployment]:
     """One reliability server (SQLite) shared by the adversarial, content and fuzz tests."""
-    deployed = deploy(tmp_path_factory.mktemp("reliability"), scanner)
-    try:
+    with deploy(tmp_path_factory.mktemp("reliability"), scanner) as deployed:
         yield deployed
-    finally:
-        deployed.close()
 
 
 def result_text(result: CallToolResult) -> str:

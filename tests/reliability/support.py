@@ -20,9 +20,10 @@ from typing import Any, Self
 
 import httpx2
 from mcp.shared.inbound import encode_header_value
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
 from handles.states import Status, can_transition
+from tests.harness.database import own_connection
 from tests.harness.process import ServerProcess, free_port, python_module, server_env
 from tests.tasks.wire import PROTOCOL, meta, parse_sse
 
@@ -138,12 +139,8 @@ def install_audit(database_url: str) -> None:
 
 
 def _rows(database_url: str, query: str, **params: Any) -> list[Any]:
-    engine = create_engine(database_url)
-    try:
-        with engine.connect() as connection:
-            return list(connection.execute(text(query), params))
-    finally:
-        engine.dispose()
+    with own_connection(database_url) as connection:
+        return list(connection.execute(text(query), params))
 
 
 def audit_edges(database_url: str) -> list[tuple[str, str | None, str]]:

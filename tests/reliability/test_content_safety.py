@@ -227,15 +227,11 @@ async def test_sensitive_values_reach_the_job_and_nothing_else(alice: Alice, dep
 
 def database_text(url: str) -> str:
     """Every argument, answer, status message, result and error the store holds, as one text."""
-    from sqlalchemy import create_engine, text
+    from sqlalchemy import text
 
-    engine = create_engine(url)
-    try:
-        with engine.connect() as connection:
-            rows = connection.execute(
-                text("select arguments, status_message, result, error from handles_jobs")
-            ).all()
-            rows += connection.execute(text("select message, answer from handles_input_requests")).all()
-    finally:
-        engine.dispose()
+    from tests.harness.database import own_connection
+
+    with own_connection(url) as connection:
+        rows = connection.execute(text("select arguments, status_message, result, error from handles_jobs")).all()
+        rows += connection.execute(text("select message, answer from handles_input_requests")).all()
     return "\n".join(json.dumps([str(cell) for cell in row]) for row in rows)

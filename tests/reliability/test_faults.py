@@ -46,11 +46,8 @@ TERMINAL = {"completed", "failed", "cancelled"}
 
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory: pytest.TempPathFactory, scanner: WireScanner) -> Iterator[Deployment]:
-    deployed = deploy(tmp_path_factory.mktemp("faults"), scanner)
-    try:
+    with deploy(tmp_path_factory.mktemp("faults"), scanner) as deployed:
         yield deployed
-    finally:
-        deployed.close()
 
 
 @pytest.fixture(autouse=True)

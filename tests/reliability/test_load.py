@@ -211,13 +211,10 @@ def check(figures: Figures, dep: Deployment, *, p99_limit: float, rss_growth_mib
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory: pytest.TempPathFactory, scanner: WireScanner) -> Iterator[Deployment]:
     """A server of its own, so memory and descriptor figures are this load's alone."""
-    deployed = deploy(
+    with deploy(
         tmp_path_factory.mktemp("load"), scanner, HANDLES_LEASE_SECONDS="5", HANDLES_HEARTBEAT_SECONDS="1"
-    )
-    try:
+    ) as deployed:
         yield deployed
-    finally:
-        deployed.close()
 
 
 @pytest.mark.timeout(120)

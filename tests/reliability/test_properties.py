@@ -173,16 +173,9 @@ class StoreMachine(RuleBasedStateMachine):
         timeout=st.sampled_from([None, 20.0, 600.0]),
         abandon=st.sampled_from([None, 40.0]),
     )
-    def start(
-        self,
-        on_interrupt: str,
-        max_attempts: int,
-        keep: float | None,
-        timeout: float | None,
-        abandon: float | None,
-    ) -> None:
+    def start(self, **options: Any) -> None:
         if len(self.model) < 10:
-            self._insert(on_interrupt, max_attempts, keep, timeout, abandon)
+            self._insert(**options)
 
     def _insert(
         self,

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 from mcp import Client
-from mcp_types import CallToolResult, ElicitResult
+from mcp_types import CallToolResult
 
-from handles.client.tasks import CreateTaskResult, TasksClientExtension, cancel_task, update_task
+from handles.client.tasks import CreateTaskResult, TasksClientExtension, cancel_task
 from tests.multinode.conftest import Cluster, cluster, node_env, pg_url  # noqa: F401 (fixtures)
 from tests.reliability.support import report
-from tests.support import result_body, wait_task
+from tests.support import approve_deploy_task, result_body, wait_task
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -97,15 +97,7 @@ def test_a_switch_set_on_one_node_takes_effect_on_the_other(
             assert result_body(inline)["months"] == 2, "answered inline, as a caller without the extension"
 
             # Node b serves the tasks node a created before the switch: read, answered, cancelled.
-            waiting = await wait_task(on_b, answered.task_id, "input_required")
-            assert waiting.input_requests is not None
-            await update_task(
-                on_b.session,
-                answered.task_id,
-                {"q1": ElicitResult(action="accept", content={"approve": True, "environment": "staging"})},
-            )
-            done = await wait_task(on_b, answered.task_id, "completed")
-            assert done.result is not None and done.result["structuredContent"]["environment"] == "staging"
+            await approve_deploy_task(on_b, answered.task_id, "staging")
             await wait_task(on_b, dropped.task_id, "input_required")
             await cancel_task(on_b.session, dropped.task_id)
             assert (await wait_task(on_b, dropped.task_id, "cancelled")).status == "cancelled"

@@ -120,6 +120,29 @@ async def settled(jobs: Handles, handle: str, seconds: float = 5.0) -> JobRecord
     return stored(jobs, handle)
 
 
+async def start_given_up_while_it_waits(jobs: Handles, key: str, waits_for: str, seconds: float) -> None:
+    """Start the job `quick` as alice with idempotency key `key` and cancel the request after `seconds`,
+    while its write still waits for `waits_for` (which the caller holds): as when the caller goes away."""
+    request = asyncio.create_task(jobs.service.start(jobs.specs["quick"], "alice", {}, key))
+    await asyncio.sleep(seconds)
+    assert not request.done(), f"the start did not wait for {waits_for}"
+    request.cancel()
+    await asyncio.gather(request, return_exceptions=True)
+    assert request.cancelled()
+
+
+async def started_again_once_stored(jobs: Handles, key: str, stored_count: Callable[[], int]) -> JobRecord:
+    """After `start_given_up_while_it_waits`: once its job is committed (`stored_count()` is 1, or after
+    5 s), the same start again finds that job instead of storing one; the job once it has settled."""
+    for _ in range(100):
+        if stored_count() == 1:
+            break
+        await asyncio.sleep(0.05)
+    retried = await jobs.service.start(jobs.specs["quick"], "alice", {}, key)
+    assert not retried.created, "the cancelled start stored no job"
+    return await settled(jobs, retried.job.id)
+
+
 def job_row(job_id: str, **fields: Any) -> JobRecord:
     """A `working` job row of principal alice, due now and kept an hour; `fields` override any column."""
     now = utc_now()

@@ -10,9 +10,17 @@ from pathlib import Path
 from handles import Handles, JobContext
 from handles.server.tasks_extension import detailed_task
 from handles.states import Status
-from tests.durability.harness import config, rig
+from tests.durability.harness import Rig, config, rig
 
 from .support import stored, stored_steps
+
+
+async def _cancelled_while_its_step_runs(r: Rig, job: str, running: threading.Event) -> str:
+    """Start `job`, wait until its step has set `running`, and ask for the job's cancel; its handle."""
+    handle = str((await r.ok(f"{job}_start"))["handle"])
+    assert await asyncio.to_thread(running.wait, 10), "the step never started"
+    await r.ok(f"{job}_cancel", handle=handle)
+    return handle
 
 
 def test_cancel_waits_for_a_running_sync_step_and_records_it(tmp_path: Path) -> None:
@@ -35,10 +43,8 @@ def test_cancel_waits_for_a_running_sync_step_and_records_it(tmp_path: Path) -> 
             return "done"
 
         async with rig(jobs) as r:
-            handle = (await r.ok("payment_start"))["handle"]
             try:
-                assert await asyncio.to_thread(running.wait, 10), "the step never started"
-                await r.ok("payment_cancel", handle=handle)
+                handle = await _cancelled_while_its_step_runs(r, "payment", running)
                 await asyncio.sleep(0.6)  # past the grace period, the step still runs
                 assert stored(jobs, handle).status == Status.WORKING.value
             finally:
@@ -72,10 +78,8 @@ def test_a_step_outliving_the_hard_limit_is_marked_unknown_on_both_faces(tmp_pat
             return "done"
 
         async with rig(jobs) as r:
-            handle = (await r.ok("migration_start"))["handle"]
             try:
-                assert await asyncio.to_thread(running.wait, 10), "the step never started"
-                await r.ok("migration_cancel", handle=handle)
+                handle = await _cancelled_while_its_step_runs(r, "migration", running)
                 final = await r.ok("migration_fetch", handle=handle, wait_seconds=10)
                 assert final["status"] == "cancelled"
                 assert "migrate" in final["status_message"] and "unknown" in final["status_message"]

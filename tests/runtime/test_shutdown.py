@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,22 @@ from handles.store import JobRepository, utc_now
 from tests.durability.harness import config
 
 from .support import job_row, settled, slowed, start_as, stored, until_begun
+
+
+async def _begun_for_30_seconds(jobs: Handles, name: str, **options: Any) -> str:
+    """Declare the job `name` (`options` as `jobs.job` takes them), which runs for 30 s; start it as alice and
+    wait until it runs. Its handle."""
+    began = asyncio.Event()
+
+    async def thirty_seconds(ctx: JobContext) -> int:
+        began.set()
+        await asyncio.sleep(30)
+        return 1
+
+    jobs.job(name=name, **options)(thirty_seconds)
+    handle = await start_as(jobs, "alice", name)
+    await until_begun(began)
+    return handle
 
 
 def test_graceful_stop_lets_a_nearly_finished_job_complete(tmp_path: Path) -> None:
@@ -102,16 +119,7 @@ def test_a_retry_job_longer_than_the_drain_is_handed_over_at_once(tmp_path: Path
 def test_a_fail_job_longer_than_the_drain_ends_failed_saying_it_was_a_shutdown(tmp_path: Path) -> None:
     async def main() -> None:
         jobs = Handles(config(tmp_path, drain_seconds=0.2))
-        began = asyncio.Event()
-
-        @jobs.job
-        async def slow_export(ctx: JobContext) -> int:
-            began.set()
-            await asyncio.sleep(30)
-            return 1
-
-        handle = await start_as(jobs, "alice", "slow_export")
-        await until_begun(began)
+        handle = await _begun_for_30_seconds(jobs, "slow_export")
         await jobs.aclose()
         record = stored(jobs, handle)
         assert record.status == Status.FAILED.value
@@ -125,16 +133,7 @@ def test_cancel_then_stop_ends_cancelled(tmp_path: Path) -> None:
 
     async def main() -> None:
         jobs = Handles(config(tmp_path, drain_seconds=0.2, cancel_grace_seconds=30))
-        began = asyncio.Event()
-
-        @jobs.job(on_interrupt="retry")
-        async def stubborn(ctx: JobContext) -> int:
-            began.set()
-            await asyncio.sleep(30)
-            return 1
-
-        handle = await start_as(jobs, "alice", "stubborn")
-        await until_begun(began)
+        handle = await _begun_for_30_seconds(jobs, "stubborn", on_interrupt="retry")
         job = await jobs.service.open(jobs.specs["stubborn"], "alice", handle)
         await jobs.service.cancel(job)
         await jobs.aclose()

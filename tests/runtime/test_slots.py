@@ -21,7 +21,15 @@ from handles.store.repository import _take_turns
 from tests.durability.harness import config
 from tests.store.sqlite_support import this_process_writing
 
-from .support import quick_jobs, settled, slowed, start_as, stored, until_running
+from .support import (
+    quick_jobs,
+    slowed,
+    start_as,
+    start_given_up_while_it_waits,
+    started_again_once_stored,
+    stored,
+    until_running,
+)
 
 
 def test_max_running_is_a_true_cap_under_a_burst_of_starts(tmp_path: Path) -> None:
@@ -99,20 +107,9 @@ def test_a_start_cancelled_while_its_insert_waits_for_the_writer_still_runs(tmp_
         await jobs.start()
         repo = jobs.service.store.repo
         with this_process_writing(repo):  # the writer is free again at the end of the block
-            request = asyncio.create_task(jobs.service.start(jobs.specs["quick"], "alice", {}, "key-2"))
-            await asyncio.sleep(0.2)
-            assert not request.done(), "the insert did not wait for the writer"
-            request.cancel()
-            await asyncio.gather(request, return_exceptions=True)
-            assert request.cancelled()
-        try:
-            for _ in range(100):  # the shielded insert commits once the writer is free
-                if _stored_keys(repo, "key-2") == 1:
-                    break
-                await asyncio.sleep(0.05)
-            retried = await jobs.service.start(jobs.specs["quick"], "alice", {}, "key-2")
-            assert not retried.created, "the cancelled start stored its job"
-            record = await settled(jobs, retried.job.id)
+            await start_given_up_while_it_waits(jobs, "key-2", "the writer", 0.2)
+        try:  # the shielded insert commits once the writer is free
+            record = await started_again_once_stored(jobs, "key-2", lambda: _stored_keys(repo, "key-2"))
         finally:
             await jobs.aclose()
         assert record.status == Status.COMPLETED.value, record.status_message

@@ -20,7 +20,7 @@ from handles.store.engine import LOOP_CONNECTIONS
 from handles.store.listen import libpq_url
 from tests.durability.harness import config
 from tests.harness.postgres import backends_that_started, named, repository, terminate_backends
-from tests.runtime.support import job_row, settled
+from tests.runtime.support import job_row, start_given_up_while_it_waits, started_again_once_stored
 
 
 def _id() -> str:
@@ -179,20 +179,10 @@ def test_a_start_whose_caller_goes_away_while_its_statement_waits_is_stored_and_
         try:
             with psycopg.connect(libpq_url(postgres_url)) as blocker:
                 blocker.execute("LOCK TABLE handles_jobs IN EXCLUSIVE MODE")
-                request = asyncio.create_task(jobs.service.start(jobs.specs["quick"], "alice", {}, "key-c"))
-                await asyncio.sleep(0.3)
-                assert not request.done(), "the start did not wait for the lock"
-                request.cancel()
-                await asyncio.gather(request, return_exceptions=True)
-                assert request.cancelled()
+                await start_given_up_while_it_waits(jobs, "key-c", "the lock", 0.3)
                 blocker.rollback()
-            for _ in range(100):  # the shielded start commits once the lock is gone
-                if _stored_keys(postgres_url, "key-c") == 1:
-                    break
-                await asyncio.sleep(0.05)
-            retried = await jobs.service.start(jobs.specs["quick"], "alice", {}, "key-c")
-            assert not retried.created, "the cancelled start stored nothing"
-            record = await settled(jobs, retried.job.id)
+            # the shielded start commits once the lock is gone
+            record = await started_again_once_stored(jobs, "key-c", lambda: _stored_keys(postgres_url, "key-c"))
         finally:
             await jobs.aclose()
         assert record.status == Status.COMPLETED.value, record.status_message

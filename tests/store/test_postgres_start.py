@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
 from handles.errors import StoreUnavailable
@@ -22,6 +22,7 @@ from handles.states import Status
 from handles.store import InputRequestRecord, JobRepository, JobState, StepState, Store, utc_now
 from handles.store.listen import libpq_url
 from handles.store.repository import _START, ActiveLimitReached, _job_values
+from tests.harness.database import own_connection
 from tests.harness.postgres import (
     fresh_schema,
     notices,
@@ -48,18 +49,14 @@ def repo(postgres_url: str) -> Iterator[JobRepository]:
 
 
 def test_the_start_function_exists_after_the_migration(repo: JobRepository, postgres_url: str) -> None:
-    engine = create_engine(postgres_url)
-    try:
-        with engine.connect() as connection:
-            found = connection.execute(
-                text(
-                    "select count(*) from pg_proc p join pg_namespace n on n.oid = p.pronamespace "
-                    "where p.proname = 'handles_start' and n.nspname = current_schema()"
-                )
-            ).scalar_one()
-        assert found == 1
-    finally:
-        engine.dispose()
+    with own_connection(postgres_url) as connection:
+        found = connection.execute(
+            text(
+                "select count(*) from pg_proc p join pg_namespace n on n.oid = p.pronamespace "
+                "where p.proname = 'handles_start' and n.nspname = current_schema()"
+            )
+        ).scalar_one()
+    assert found == 1
 
 
 def test_a_start_is_one_round_trip(repo: JobRepository) -> None:

@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
 from handles import Handles, JobContext
 from handles.limits import SizedJSON, json_size, sized_json, stored_json
 from tests.durability.harness import config
+from tests.harness.database import own_connection
 from tests.runtime.support import job_id_of, settled, start_as
 
 
@@ -34,16 +35,12 @@ REPORT = Report(
 
 def _stored_text(url: str, job_id: str) -> str:
     """The result column as the database holds it, read by an engine of the test's own."""
-    engine = create_engine(url)
-    try:
-        with engine.connect() as connection:
-            return str(
-                connection.execute(
-                    text("SELECT CAST(result AS TEXT) FROM handles_jobs WHERE id = :id"), {"id": job_id}
-                ).scalar_one()
-            )
-    finally:
-        engine.dispose()
+    with own_connection(url) as connection:
+        return str(
+            connection.execute(
+                text("SELECT CAST(result AS TEXT) FROM handles_jobs WHERE id = :id"), {"id": job_id}
+            ).scalar_one()
+        )
 
 
 async def test_the_result_stored_is_the_text_it_was_sized_by(database_url: str, tmp_path: Path) -> None:

@@ -31,6 +31,12 @@ from tests.store.sqlite_support import (
 UPDATE = "UPDATE handles_jobs"
 
 
+@pytest.fixture
+def updates(sqlite_repo: JobRepository) -> list[int]:
+    """The threads that run each UPDATE of handles_jobs on `sqlite_repo`, in order."""
+    return statement_threads(sqlite_repo, UPDATE)
+
+
 def _status(path: Path, job_id: str) -> str:
     """Read by a connection of its own: what is on disk, committed."""
     connection = sqlite3.connect(path)
@@ -59,10 +65,9 @@ def _outcome(store: Store, job_id: str, owner: str) -> asyncio.Task[bool]:
 
 
 def test_an_outcome_is_written_on_the_event_loop_committed_and_its_waiters_woken(
-    sqlite_repo: JobRepository, sqlite_path: Path
+    sqlite_repo: JobRepository, sqlite_path: Path, updates: list[int]
 ) -> None:
     job_id = _held_job(sqlite_repo, "me")
-    threads = statement_threads(sqlite_repo, UPDATE)
 
     async def main() -> None:
         store = Store(sqlite_repo)
@@ -70,31 +75,29 @@ def test_an_outcome_is_written_on_the_event_loop_committed_and_its_waiters_woken
         assert await _outcome(store, job_id, "me")
         assert changed.is_set()
         assert _status(sqlite_path, job_id) == "completed"
-        assert threads == [threading.get_ident()], "written on the event loop's thread"
+        assert updates == [threading.get_ident()], "written on the event loop's thread"
 
     asyncio.run(main())
 
 
 def test_an_outcome_of_a_job_held_by_another_runtime_writes_nothing(
-    sqlite_repo: JobRepository, sqlite_path: Path
+    sqlite_repo: JobRepository, sqlite_path: Path, updates: list[int]
 ) -> None:
     job_id = _held_job(sqlite_repo, "someone-else")
-    threads = statement_threads(sqlite_repo, UPDATE)
 
     async def main() -> None:
         store = Store(sqlite_repo)
         assert not await _outcome(store, job_id, "me")
         assert _status(sqlite_path, job_id) == "working"
-        assert threads == []
+        assert updates == []
 
     asyncio.run(main())
 
 
 def test_an_outcome_goes_to_a_worker_thread_while_another_process_writes_and_the_loop_stays_free(
-    sqlite_repo: JobRepository, sqlite_path: Path
+    sqlite_repo: JobRepository, sqlite_path: Path, updates: list[int]
 ) -> None:
     job_id = _held_job(sqlite_repo, "me")
-    threads = statement_threads(sqlite_repo, UPDATE)
 
     async def main() -> None:
         store = Store(sqlite_repo)
@@ -105,18 +108,17 @@ def test_an_outcome_goes_to_a_worker_thread_while_another_process_writes_and_the
         assert await asyncio.wait_for(outcome, 10)
         assert _status(sqlite_path, job_id) == "completed"
         assert ticks >= 10
-        assert threads and threads[-1] != threading.get_ident(), "written on a worker thread"
+        assert updates and updates[-1] != threading.get_ident(), "written on a worker thread"
 
     asyncio.run(main())
 
 
 def test_an_outcome_waits_on_the_event_loop_while_this_process_writes_and_is_written_there(
-    sqlite_repo: JobRepository, sqlite_path: Path
+    sqlite_repo: JobRepository, sqlite_path: Path, updates: list[int]
 ) -> None:
     """A writer of this process holds the lock (a sweep, a heartbeat, a checkpoint): the outcome waits for it on
     the event loop, which keeps serving, and is written there once it is free, its waiters woken."""
     job_id = _held_job(sqlite_repo, "me")
-    threads = statement_threads(sqlite_repo, UPDATE)
 
     async def main() -> None:
         store = Store(sqlite_repo)
@@ -130,7 +132,7 @@ def test_an_outcome_waits_on_the_event_loop_while_this_process_writes_and_is_wri
         assert changed.is_set()
         assert ticks >= 10
         assert _status(sqlite_path, job_id) == "completed"
-        assert threads == [threading.get_ident()], (
+        assert updates == [threading.get_ident()], (
             "written on the event loop's thread once the writer was done"
         )
 

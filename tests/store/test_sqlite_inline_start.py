@@ -31,6 +31,12 @@ def _insert_threads(repo: JobRepository) -> list[int]:
     return statement_threads(repo, "INSERT INTO handles_jobs")
 
 
+@pytest.fixture
+def inserts(sqlite_repo: JobRepository) -> list[int]:
+    """The threads that run each INSERT into handles_jobs on `sqlite_repo`, in order."""
+    return _insert_threads(sqlite_repo)
+
+
 def _committed(path: Path, job_id: str) -> bool:
     """Read by a connection of its own: the row is on disk, committed."""
     connection = sqlite3.connect(path)
@@ -43,17 +49,15 @@ def _committed(path: Path, job_id: str) -> bool:
 
 
 def test_a_start_is_written_on_the_event_loop_and_committed_before_it_returns(
-    sqlite_repo: JobRepository, sqlite_path: Path
+    sqlite_repo: JobRepository, sqlite_path: Path, inserts: list[int]
 ) -> None:
-    threads = _insert_threads(sqlite_repo)
-
     async def main() -> None:
         store = Store(sqlite_repo)
         job = job_row(f"i-{secrets.token_hex(4)}")
         stored, created = await store.insert(job, queued=False, active_limit=5)
         assert created and stored.id == job.id
         assert _committed(sqlite_path, job.id)
-        assert threads == [threading.get_ident()], "written on the event loop's thread"
+        assert inserts == [threading.get_ident()], "written on the event loop's thread"
 
     asyncio.run(main())
 
@@ -76,10 +80,8 @@ def test_the_limit_and_the_idempotency_key_hold_on_the_event_loop(sqlite_repo: J
 
 
 def test_a_start_goes_to_a_worker_thread_while_another_process_writes_and_the_loop_stays_free(
-    sqlite_repo: JobRepository, sqlite_path: Path
+    sqlite_repo: JobRepository, sqlite_path: Path, inserts: list[int]
 ) -> None:
-    threads = _insert_threads(sqlite_repo)
-
     async def main() -> None:
         store = Store(sqlite_repo)
         job = job_row(f"i-{secrets.token_hex(4)}")
@@ -90,18 +92,16 @@ def test_a_start_goes_to_a_worker_thread_while_another_process_writes_and_the_lo
         _, created = await asyncio.wait_for(start, 10)
         assert created and _committed(sqlite_path, job.id)
         assert ticks >= 10
-        assert threads and threads[-1] != threading.get_ident(), "written on a worker thread"
+        assert inserts and inserts[-1] != threading.get_ident(), "written on a worker thread"
 
     asyncio.run(main())
 
 
 def test_a_start_waits_on_the_event_loop_while_this_process_writes_and_is_written_there(
-    sqlite_repo: JobRepository, sqlite_path: Path
+    sqlite_repo: JobRepository, sqlite_path: Path, inserts: list[int]
 ) -> None:
     """A writer of this process (a sweep, a heartbeat, a checkpoint) holds the lock: the start waits for it on
     the event loop, which keeps serving meanwhile, and inserts there once it is free, not on a worker thread."""
-    threads = _insert_threads(sqlite_repo)
-
     async def main() -> None:
         store = Store(sqlite_repo)
         with this_process_writing(sqlite_repo) as release:
@@ -112,7 +112,7 @@ def test_a_start_waits_on_the_event_loop_while_this_process_writes_and_is_writte
             assert (await asyncio.wait_for(start, 10))[1]
         assert ticks >= 10
         assert _committed(sqlite_path, job.id)
-        assert threads == [threading.get_ident()], (
+        assert inserts == [threading.get_ident()], (
             "written on the event loop's thread once the writer was done"
         )
 
