@@ -182,7 +182,12 @@ class JobOperations:
         return self.store.repo.clock
 
     async def ensure_running(self) -> None:
-        """Start the runtime on first use; once it is draining or stopped, refuse (retryably), never restart."""
+        """Make the service ready, lazily: the one way every face reaches the store, awaited first by each
+        operation a request begins with (a start, opening a handle or a task, reading a result link).
+
+        On first use it brings the schema current on a worker thread (a database that does not answer is
+        the retryable `StoreUnavailable`, and the next call tries again) and starts the runtime; once the
+        runtime is draining or stopped it refuses (retryably), never restarts."""
         if self.runtime.closed:
             raise ShuttingDown(
                 "This server is shutting down and takes no new calls; nothing was changed.",
@@ -191,7 +196,7 @@ class JobOperations:
             )
         if self.schema is not None and not self.schema.is_open:
             try:
-                await self.schema.aopen()
+                await self.schema.open()
             except DatabaseUnreachable as exc:
                 raise StoreUnavailable.now() from exc
         if not self.runtime.started:
