@@ -1,5 +1,6 @@
 """SIGTERM of a node while a plain call waits for its job inline: the call, the probes and a second signal
-are all answered at once, because waiting on a draining node awaits instead of spinning on reads."""
+are all answered at once, because waiting on a draining node awaits instead of spinning on reads (on an
+SQLite file, reads that run on the event loop and never yield; on PostgreSQL, a tight read loop)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import httpx2
 import pytest
 from mcp import Client
 
-from tests.support import FRAMEWORKS
+from tests.harness.postgres import fresh_schema
 
 from .harness import example_node
 
@@ -26,10 +27,20 @@ def _probe(base: str, path: str) -> tuple[int, dict[str, Any]] | None:
     return response.status_code, response.json()
 
 
-@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize(
+    ("framework", "database"), [("mcpserver", "sqlite"), ("fastmcp", "sqlite"), ("mcpserver", "postgresql")]
+)
 def test_a_plain_call_in_flight_at_sigterm_gets_its_handle_and_the_node_stays_responsive(
-    tmp_path: Path, framework: str
+    tmp_path: Path, framework: str, database: str, request: pytest.FixtureRequest
 ) -> None:
+    if database == "sqlite":
+        _signalled_mid_call(tmp_path, framework)
+        return
+    with fresh_schema(request.getfixturevalue("postgres_url").split("?")[0], "handles_drain") as url:
+        _signalled_mid_call(tmp_path, framework, HANDLES_DATABASE_URL=url, HANDLES_AUTO_MIGRATE="1")
+
+
+def _signalled_mid_call(tmp_path: Path, framework: str, **env: str) -> None:
     server = example_node(
         tmp_path,
         framework,
@@ -37,6 +48,7 @@ def test_a_plain_call_in_flight_at_sigterm_gets_its_handle_and_the_node_stays_re
         HANDLES_LEASE_SECONDS="30",
         HANDLES_DRAIN_SECONDS="25",
         HANDLES_INLINE_BUDGET_SECONDS="30",
+        **env,
     )
     base = server.url.removesuffix("/mcp")
     server.start()
