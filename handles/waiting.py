@@ -32,12 +32,13 @@ async def job_versions(
 ) -> AsyncGenerator[Opened | JobRecord]:
     """`record`, then each newer version of its job as it is stored here or on any other node.
 
-    Ends after a terminal version, when the job is gone, once `seconds` have passed (None: no limit), or
-    as soon as `draining()` holds: a draining node answers every wait at once (its `notify_all` wakes
-    them). A burst of writes between two reads yields only the latest. Woken by a change in this process,
-    another node's notice, or the runtime's poll of every watched job (each `store_poll_seconds`);
-    `reread_seconds` re-reads anyway. `past_reports`: not woken for what a running job reports on its
-    way (`ChangeNotifier.watch`). `outage_pause`: a store outage pauses the reads for that long instead of
+    Ends after a terminal version, when the job is gone, once `seconds` have passed (None: no limit),
+    or after the first read once `draining()` holds: a draining node answers every wait at once (its
+    `notify_all` wakes them), with the job's latest state. A burst of writes between two reads yields
+    only the latest. Woken by a change in this process, another node's notice, or the runtime's poll
+    of every watched job (each `store_poll_seconds`); `reread_seconds` re-reads anyway.
+    `past_reports`: not woken for what a running job reports on its way (`ChangeNotifier.watch`).
+    `outage_pause`: a store outage pauses the reads for that long (until the node drains) instead of
     raising `StoreUnavailable`.
     """
     yield record
@@ -52,7 +53,8 @@ async def job_versions(
             return 0.0
         return reread_seconds if deadline is None else min(reread_seconds, deadline - loop.time())
 
-    while left() > 0:
+    # Draining is checked after each read, not before: the answer a drain cuts short is the latest state.
+    while not Status(last.status).is_terminal and (deadline is None or loop.time() < deadline):
         # Watch, then read: a change landing after the read still ends the wait below at once.
         changed = notifier.watch(job_id, past_reports=past_reports)
         try:
@@ -60,6 +62,8 @@ async def job_versions(
         except StoreUnavailable:
             if outage_pause is None:
                 raise
+            if draining():
+                return
             await asyncio.sleep(outage_pause)
             continue
         if latest is None:
