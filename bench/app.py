@@ -104,7 +104,7 @@ def progress_shaped_tool(jobs: Handles) -> Callable[[], Annotated[CallToolResult
     """The tool `progress_shaped`: it runs no `handles` code when called and returns, prebuilt, the
     result `work_progress` gives for a running `work` job, made once here by the package's own parts
     (the same fields, guidance text and text content)."""
-    tools = JobTools(jobs.specs["work"], jobs._machinery())  # no database needed
+    tools = JobTools(jobs.specs["work"], jobs.service)  # no database needed
     now = datetime.now(UTC)
     running = JobRecord.model_construct(status=Status.WORKING.value, expires_at=now + timedelta(hours=6))
     content = ProgressOutput(

@@ -66,7 +66,7 @@ class Handles:
             configured local principal (`HANDLES_LOCAL_PRINCIPAL`).
         clock: the source of "now" (an aware `datetime`); tests pass a fake one.
 
-    Nothing is opened until first use (`service`, `start()`, `running()`, or the first tool call).
+    Nothing is opened until first use (`start()`, `running()`, or the first tool call).
     """
 
     def __init__(
@@ -148,14 +148,13 @@ class Handles:
 
     @property
     def service(self) -> JobOperations:
-        """The shared operations, built (store opened, schema upgraded or checked) on first use."""
-        service = self._machinery()
-        assert service.schema is not None
-        service.schema.open()
-        return service
+        """The shared operations every face serves, built on first use without touching the database.
 
-    def _machinery(self) -> JobOperations:
-        """The service, built without touching the database (which may not answer yet)."""
+        Nothing here waits for the database: each operation a request begins with (a start, opening a
+        handle) first awaits `JobOperations.ensure_running`, the one way to a ready service, which brings
+        the schema current on a worker thread and answers a database that does not answer with the
+        retryable `store_unavailable`.
+        """
         if self._service is None:
             url = self.config.resolved_database_url()
             make_sqlite_folder(url)
@@ -178,12 +177,12 @@ class Handles:
 
     @property
     def runtime(self) -> Runtime:
-        return self._machinery().runtime
+        return self.service.runtime
 
     def tool_definitions(self, layout: ToolLayout = "per_job") -> list[ToolDefinition]:
         """Every handle tool of every declared job, in `layout` (see `bind`)."""
         names = ToolNames.of(layout)
-        service = self._machinery()
+        service = self.service
         tools = {name: JobTools(spec, service, names) for name, spec in self._specs.items()}
         definitions = [definition for job in tools.values() for definition in job.definitions()]
         if names.shared:
@@ -193,7 +192,7 @@ class Handles:
     def plain_tools(self, layout: ToolLayout = "per_job") -> list[PlainTool]:
         """The plain tool `<job>` of every declared job, pointing at the tools of `layout`."""
         names = ToolNames.of(layout)
-        service = self._machinery()
+        service = self.service
         return [PlainTool(spec, service, self._plain[name], names) for name, spec in self._specs.items()]
 
     def tasks_extension(self) -> TasksExtension:
@@ -240,7 +239,7 @@ class Handles:
 
             bind_fastmcp(
                 cast("FastMCP[Any]", server),
-                service=self._machinery(),
+                service=self.service,
                 resolver=self.principal_resolver,
                 definitions=definitions,
                 plain=plain,
@@ -253,7 +252,7 @@ class Handles:
                 f"bind() takes the SDK's MCPServer or a FastMCP 4 server, not {type(server).__name__}."
             )
         add_tools(server, definitions, self.principal_resolver)
-        ResultLinks.install(server, self._machinery(), self.principal_resolver)
+        ResultLinks.install(server, self.service, self.principal_resolver)
         if self._tasks is not None:
             # The SDK's Extension seam cannot reach subscriptions/listen: a middleware adds taskIds to it.
             self._tasks.status_push.install(server)
@@ -275,14 +274,14 @@ class Handles:
         Raises `ConfigurationError` (one sentence saying what to do) for a missing key, a bad URL, an
         outdated schema, or a database that does not answer (`DatabaseUnreachable`).
         """
-        service = self._machinery()
+        service = self.service
         assert service.schema is not None
-        await service.schema.aopen()
+        await service.schema.open()
 
     async def start(self) -> None:
         """Start the runtime now (otherwise it starts on the first tool call); raises as `prepare` does."""
         await self.prepare()
-        await self._machinery().ensure_running()
+        await self.service.ensure_running()
 
     def reconfigure(self, **changes: Any) -> None:
         """Change settings before the runtime starts, even if the machinery was already built.

@@ -7,6 +7,7 @@ wire shapes; neither touches the store or the codec directly.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
@@ -14,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import cached_property, partial
-from typing import Any, TypeVar
+from typing import Any
 
 from handles.ask_first import FIRST_KEY
 from handles.config import HandlesConfig
@@ -53,9 +54,7 @@ from handles.store.rows import new_model
 from handles.store.schema import SchemaGate
 from handles.switches import SwitchBoard
 from handles.telemetry import start_context
-
-Opened = TypeVar("Opened", JobRecord, JobState)
-"""A job read whole, or its state alone (`JobRepository.snapshot`)."""
+from handles.waiting import Opened, job_versions
 
 
 @dataclass(frozen=True)
@@ -183,7 +182,12 @@ class JobOperations:
         return self.store.repo.clock
 
     async def ensure_running(self) -> None:
-        """Start the runtime on first use; once it is draining or stopped, refuse (retryably), never restart."""
+        """Make the service ready, lazily: the one way every face reaches the store, awaited first by each
+        operation a request begins with (a start, opening a handle or a task, reading a result link).
+
+        On first use it brings the schema current on a worker thread (a database that does not answer is
+        the retryable `StoreUnavailable`, and the next call tries again) and starts the runtime; once the
+        runtime is draining or stopped it refuses (retryably), never restarts."""
         if self.runtime.closed:
             raise ShuttingDown(
                 "This server is shutting down and takes no new calls; nothing was changed.",
@@ -192,7 +196,7 @@ class JobOperations:
             )
         if self.schema is not None and not self.schema.is_open:
             try:
-                await self.schema.aopen()
+                await self.schema.open()
             except DatabaseUnreachable as exc:
                 raise StoreUnavailable.now() from exc
         if not self.runtime.started:
@@ -501,6 +505,27 @@ class JobOperations:
 
     # -- waiting -----------------------------------------------------------
 
+    def versions(
+        self,
+        record: Opened,
+        seconds: float | None = None,
+        *,
+        past_reports: bool = False,
+        reread_seconds: float = 60.0,
+        outage_pause: float | None = None,
+    ) -> AsyncGenerator[Opened | JobRecord]:
+        """`record`, then each newer version of its job, for `seconds` at most (None: until it ends), ending at
+        once when the node drains: the one way a face waits for a job (see `handles.waiting.job_versions`)."""
+        return job_versions(
+            self.store,
+            record,
+            draining=lambda: self.runtime.closed,
+            seconds=seconds,
+            past_reports=past_reports,
+            reread_seconds=reread_seconds,
+            outage_pause=outage_pause,
+        )
+
     async def wait(
         self,
         record: Opened,
@@ -515,50 +540,22 @@ class JobOperations:
         so the wait is not woken, nor the job read again, for those reports (`ChangeNotifier`)."""
         if wait_seconds <= 0 or until(record):
             return record
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(wait_seconds, self.config.max_wait_seconds)
-        job_id = record.id
-        current: Opened | JobRecord = record
-        while True:
-            # Watch, then read: a change landing after the read still ends the wait at once.
-            changed = self.store.notifier.watch(job_id, past_reports=past_reports)
-            latest = await self.store.read(self.store.repo.get, job_id)
-            if latest is None:
-                return current
-            current = latest
-            remaining = deadline - loop.time()
-            if until(latest) or remaining <= 0 or self.runtime.closed:
-                return latest  # a draining node answers long-polls at once
-            # Woken by a change in this process, by another node's notice, or by the runtime's poll of
-            # every watched job (each store_poll_seconds), which sees changes made by any process.
-            self.store.notifier.seen(job_id, latest.version)
-            await self.store.notifier.wait(job_id, remaining, event=changed)
+        latest: Opened | JobRecord = record
+        seconds = min(wait_seconds, self.config.max_wait_seconds)
+        async with contextlib.aclosing(self.versions(record, seconds, past_reports=past_reports)) as versions:
+            async for latest in versions:
+                if until(latest):
+                    break
+        return latest
 
-    async def changes(self, record: JobRecord, *, reread_seconds: float = 60.0) -> AsyncGenerator[JobRecord]:
+    def changes(self, record: JobRecord, *, reread_seconds: float = 60.0) -> AsyncGenerator[JobRecord]:
         """Each new version of an opened job, as it is stored here or on any other node, until it ends.
 
-        Yields `record` itself first, then every version read after it; a burst of writes between two
-        reads yields only the latest. Ends after a terminal version, when the job is gone, or when the
-        node drains. Woken like `wait` (this process, another node's notice, the runtime's poll of
-        every watched job); `reread_seconds` re-reads anyway. A store outage pauses it, not ends it.
+        Yields `record` itself first, then every version read after it (`versions`); ends after a terminal
+        version, when the job is gone, or when the node drains; `reread_seconds` re-reads anyway. A store
+        outage pauses it, not ends it.
         """
-        yield record
-        last = record
-        while not Status(last.status).is_terminal and not self.runtime.closed:
-            changed = self.store.notifier.watch(last.id)
-            try:
-                latest = await self.store.read(self.store.repo.get, last.id)
-            except StoreUnavailable:
-                await asyncio.sleep(self.config.store_poll_seconds)
-                continue
-            if latest is None:
-                return
-            if latest.version != last.version:
-                last = latest
-                yield latest
-                continue
-            self.store.notifier.seen(last.id, last.version)
-            await self.store.notifier.wait(last.id, reread_seconds, event=changed)
+        return self.versions(record, reread_seconds=reread_seconds, outage_pause=self.config.store_poll_seconds)
 
     async def pending_inputs(self, record: JobRecord) -> list[InputRequestRecord]:
         if Status(record.status) is not Status.INPUT_REQUIRED:

@@ -21,6 +21,7 @@ Calls of a paused job kind are refused (retryable `paused`) before any question 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -197,24 +198,21 @@ class PlainTool:
         self, job: JobRecord, report: ProgressReporter, settled: asyncio.Future[Outcome]
     ) -> JobRecord | Outcome:
         """Wait for the job to end or park, within the budget, relaying progress as it grows. The job as
-        last read, or the outcome its run in this process stored (`settled`), whichever comes first."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.budget_seconds
+        last read, or the outcome its run in this process stored (`settled`), whichever comes first. A
+        draining node stops waiting at once: the caller gets the handle, to follow the job elsewhere."""
         reported: float | None = None
-        while True:
-            if settled.done():
-                return settled.result()
-            status = Status(job.status)
-            if status.is_terminal or status is Status.INPUT_REQUIRED:
-                return job
-            done = job.progress_done
-            if done is not None and (reported is None or done > reported):
-                await report(done, job.progress_total, job.status_message)
-                reported = done
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return job
-            job = await self.service.wait(job, remaining, _changed_since(job.version))
+        async with contextlib.aclosing(self.service.versions(job, self.budget_seconds)) as versions:
+            async for job in versions:
+                if settled.done():
+                    return settled.result()
+                status = Status(job.status)
+                if status.is_terminal or status is Status.INPUT_REQUIRED:
+                    return job
+                done = job.progress_done
+                if done is not None and (reported is None or done > reported):
+                    await report(done, job.progress_total, job.status_message)
+                    reported = done
+        return settled.result() if settled.done() else job
 
     async def _answer(self, job: JobRecord | Outcome, started: StartedJob) -> CallToolResult:
         """The job's ending, or its handle (signed only now: an answer inline never shows one)."""
@@ -227,6 +225,8 @@ class PlainTool:
         pending = await self.service.pending_inputs(job)
         if lead is None and Status(job.status) is Status.INPUT_REQUIRED:
             lead = "The job needs an answer before it can go on, so this answer is its handle. "
+        elif lead is None and self.service.runtime.closed:
+            lead = "This server is shutting down, so this answer is the job's handle instead of its result. "
         elif lead is None:
             lead = f"No result within {self.budget_seconds:g} s, so this answer is the job's handle instead. "
         out = HandoffOutput(
@@ -245,7 +245,3 @@ class PlainTool:
             + " Keep the handle: it is the only way back to this job.",
         )
         return to_call_tool_result(ToolReply(out.model_dump(mode="json")))
-
-
-def _changed_since(version: int) -> Callable[[JobRecord], bool]:
-    return lambda job: job.version != version

@@ -250,6 +250,7 @@ class TasksExtension(Extension):
 
     @property
     def service(self) -> JobOperations:
+        """The jobs' operations, which open the store lazily and off the event loop (`JobOperations.ensure_running`)."""
         return self._handles.service
 
     @property

@@ -1,13 +1,14 @@
 """Bringing the database's schema to what this version of handles needs, once per process.
 
-`SchemaGate.open()` runs before the runtime starts and before the first call that changes
-a job: it upgrades the schema (when auto-migrate is on) or checks it is current. A database
-that does not answer raises `DatabaseUnreachable` and the gate stays shut, so a later call
-tries again; an outdated schema raises `ConfigurationError`.
+`SchemaGate.open()` runs, on a worker thread, before the runtime starts and before the first call that
+changes a job: it upgrades the schema (when auto-migrate is on) or checks it is current. Calls arriving
+while an attempt is under way share it. A database that does not answer raises `DatabaseUnreachable` and
+the gate stays shut, so a later call tries again; an outdated schema raises `ConfigurationError`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import anyio.to_thread
@@ -17,19 +18,34 @@ from handles.store.repository import JobRepository
 
 
 class SchemaGate:
-    """Opens once the schema is current; thread-safe and idempotent."""
+    """Opens once the schema is current; idempotent, and never waits for the database on the event loop."""
 
     def __init__(self, repository: JobRepository, *, auto_migrate: bool) -> None:
         self._repository = repository
         self._auto_migrate = auto_migrate
         self._lock = threading.Lock()
         self._open = False
+        self._attempt: asyncio.Task[None] | None = None
 
     @property
     def is_open(self) -> bool:
         return self._open
 
-    def open(self) -> None:
+    async def open(self) -> None:
+        """Upgrade or check the schema on a worker thread, so the event loop keeps serving while the database
+        answers (or, for up to its connect timeout, does not). A call arriving while an attempt is under way
+        waits for that attempt rather than queueing one of its own behind it; raises as it did."""
+        if self._open:
+            return
+        loop = asyncio.get_running_loop()
+        attempt = self._attempt
+        if attempt is None or attempt.done() or attempt.get_loop() is not loop:
+            attempt = self._attempt = loop.create_task(anyio.to_thread.run_sync(self._open_blocking))
+            attempt.add_done_callback(_retrieve)
+        # Shielded: a caller that goes away leaves the attempt to the others (and to the next caller).
+        await asyncio.shield(attempt)
+
+    def _open_blocking(self) -> None:
         """Upgrade or check the schema (blocking); raises `ConfigurationError`/`DatabaseUnreachable`."""
         with self._lock:
             if self._open:
@@ -38,7 +54,8 @@ class SchemaGate:
                 self._repository.prepare(auto_migrate=self._auto_migrate)
             self._open = True
 
-    async def aopen(self) -> None:
-        """`open` on a worker thread, so the event loop keeps serving while the database answers."""
-        if not self._open:
-            await anyio.to_thread.run_sync(self.open)
+
+def _retrieve(attempt: asyncio.Task[None]) -> None:
+    """Mark an attempt's failure as seen: its callers raise it, and one may have gone away."""
+    if not attempt.cancelled():
+        attempt.exception()

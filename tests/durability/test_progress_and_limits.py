@@ -64,7 +64,7 @@ def test_sizes_are_bounded_with_clear_errors_and_nothing_half_stored(tmp_path: P
             assert is_error and failed["status"] == "failed"
             assert failed["error"]["data"]["reason"] == "result_too_large"
             assert failed.get("result") is None and failed.get("result_link") is None
-            with jobs._machinery().store.repo.engine.connect() as connection:  # the parts written are gone
+            with jobs.service.store.repo.engine.connect() as connection:  # the parts written are gone
                 assert connection.execute(text("SELECT count(*) FROM handles_result_parts")).scalar() == 0
 
             noisy = "\x1b[31mred\x07 " + "\u202eevil " + "z" * (MAX_STATUS_MESSAGE * 2)

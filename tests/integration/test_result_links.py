@@ -197,7 +197,7 @@ async def test_a_file_past_the_size_limit_fails_the_job_and_leaves_no_parts(
             done = await client.call("essay_fetch", {"handle": started["handle"], "wait_seconds": 30})
             assert done["status"] == "failed" and done["error"]["data"]["reason"] == "result_too_large"
             assert str(PART_BYTES) in done["error"]["message"]
-        with jobs._machinery().store.repo.engine.connect() as connection:  # the part written is gone
+        with jobs.service.store.repo.engine.connect() as connection:  # the part written is gone
             assert connection.execute(text("SELECT count(*) FROM handles_result_parts")).scalar() == 0
     finally:
         await jobs.aclose()
@@ -218,7 +218,7 @@ async def test_links_are_made_up_foreign_or_gone_alike_and_parts_go_with_the_job
     assert len(answers) == 1, answers  # one answer, whatever is wrong with the link
 
     # Another principal's server view: the same job read by a different principal looks made up.
-    repo = jobs._machinery().store.repo
+    repo = jobs.service.store.repo
     with repo.engine.begin() as connection:
         connection.execute(
             text("UPDATE handles_jobs SET principal = 'local:mallory' WHERE id = :id"), {"id": job_id}
