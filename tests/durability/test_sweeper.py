@@ -23,7 +23,10 @@ def test_ten_thousand_expired_jobs_are_swept_in_bounded_batches(tmp_path: Path) 
         async def noop(ctx: JobContext) -> int:
             return 0
 
-        repo = jobs.service.store.repo
+        service = jobs.service
+        assert service.schema is not None
+        await service.schema.open()  # the tables, made before the first call as a running server makes them
+        repo = service.store.repo
         past = clock.now - timedelta(days=2)
         seed_jobs(
             repo.engine.url.render_as_string(hide_password=False),
