@@ -133,9 +133,10 @@ class HandleCodec:
     def _open(self, token: object, principal: str | None) -> HandleClaims | None:
         """The claims of a handle signed by one of our keys (and bound to `principal`, unless None).
 
-        One spelling only: the signature must be exactly the one we would write (base64
-        leaves slack bits in its last character; a looser decoder would accept four
-        spellings). Every well-formed handle goes through the same steps whatever it
+        One spelling only: the token must be exactly the string we would write, with
+        nothing around it (no whitespace either), and its signature exactly the one we
+        would write (base64 leaves slack bits in its last character; a looser decoder
+        would accept four spellings). Every well-formed handle goes through the same steps whatever it
         turns out to be: every key's signature is computed and compared, the payload is
         decoded and parsed, and the principal tag is computed and compared for every key
         (against a placeholder payload when the handle's own does not parse), with no
@@ -144,7 +145,7 @@ class HandleCodec:
         """
         if not isinstance(token, str) or not token or len(token) > MAX_HANDLE_LENGTH or not token.isascii():
             return None
-        value, _, signature = token.strip().rpartition(".")
+        value, _, signature = token.rpartition(".")
         presented = signature.encode()
         data = value.encode()
         signed = [hmac.compare_digest(self._signature(keyed, data), presented) for keyed in self._signers]
