@@ -73,7 +73,7 @@ class StartedJob:
     job: JobRecord
     created: bool
     mint: Callable[[], str]
-    """Signs the job's handle (about 30 us): a plain call answered inline never needs one."""
+    """Signs the job's handle, when first read: a plain call answered inline never needs one."""
 
     @cached_property
     def handle(self) -> str:
