@@ -17,9 +17,10 @@ from datetime import timedelta
 from functools import cached_property, partial
 from typing import Any
 
+from handles.answer_checks import checked_answers, unasked_answers
 from handles.ask_first import FIRST_KEY
 from handles.config import HandlesConfig
-from handles.elicitation import describe_fields, validate_answer
+from handles.elicitation import validate_answer
 from handles.errors import (
     DatabaseUnreachable,
     ExpiredHandle,
@@ -71,7 +72,7 @@ class StartedJob:
     job: JobRecord
     created: bool
     mint: Callable[[], str]
-    """Signs the job's handle (about 30 us): a plain call answered inline never needs one."""
+    """Signs the job's handle, when first read: a plain call answered inline never needs one."""
 
     @cached_property
     def handle(self) -> str:
@@ -119,39 +120,6 @@ def arguments_digest(arguments: dict[str, Any], sensitive: frozenset[str] = froz
 
 def _seconds(delta: timedelta | None) -> float | None:
     return None if delta is None else delta.total_seconds()
-
-
-def checked_answers(
-    sealer: Sealer, pending: Mapping[str, InputRequestRecord], responses: dict[str, Any], retry: str
-) -> dict[str, Any]:
-    """`responses` checked against the schemas of the `pending` questions they answer, sensitive fields
-    sealed, ready for `answer_inputs`; `InvalidArguments` naming every misfit (and what to do: `retry`)
-    otherwise. The one check of an answer, whoever sends it (a `*_respond` tool, `tasks/update`, the
-    operator console)."""
-    problems: list[str] = []
-    expected: list[str] = []
-    for key, answer in responses.items():
-        request = pending.get(key)
-        if request is None:
-            continue
-        found = validate_answer(request.requested_schema, answer)
-        problems.extend(f"{key}.{p}" for p in found)
-        if found:
-            expected.append(f"{key} expects {describe_fields(request.requested_schema)}.")
-    if problems:
-        raise InvalidArguments(
-            "Some answers do not fit the requested schema: "
-            + "; ".join(problems)
-            + ". "
-            + " ".join(expected),
-            f"Fix those fields and {retry}; nothing was stored.",
-        )
-    return {
-        key: sealer.seal(answer, sensitive_fields(pending[key].requested_schema))
-        if key in pending and isinstance(answer, dict)
-        else answer
-        for key, answer in responses.items()
-    }
 
 
 class JobOperations:
@@ -578,11 +546,20 @@ class JobOperations:
         return outcome.job
 
     async def respond(
-        self, spec: JobSpec, record: JobRecord, responses: dict[str, Any], *, again: str | None = None
+        self,
+        spec: JobSpec,
+        record: JobRecord,
+        responses: dict[str, Any],
+        *,
+        again: str | None = None,
+        follow: str | None = None,
     ) -> AnswerOutcome:
         """Check every answer against its question's schema, then store them all or none.
 
-        `again` is the tool to call again after a refused answer (default `<job>_respond`).
+        A reply none of whose keys is a question the job asked (an empty one included) answers nothing
+        and is refused; keys of questions already answered are not unknown (a retry is ignored, as any
+        answer to them is). `again` is the tool to call again after a refused answer (default
+        `<job>_respond`), `follow` the one to follow the job with (default `<job>_progress`).
         """
         check_size(
             responses,
@@ -590,10 +567,19 @@ class JobOperations:
             "responses",
             "Send each answer as an object of the requested fields, in valid Unicode and within the size limit.",
         )
+        again = again or f"{spec.name}_respond"
         pending = {r.key: r for r in await self.store.read(self.store.repo.pending_inputs, record.id)}
-        sealed = checked_answers(
-            self.sealer, pending, responses, f"call {again or spec.name + '_respond'} again"
-        )
+        if not pending.keys() & responses.keys():
+            asked = {r.key for r in await self.store.read(self.store.repo.questions, record.id)}
+            if not asked & responses.keys():
+                raise unasked_answers(
+                    responses,
+                    list(pending) if record.status == Status.INPUT_REQUIRED else [],
+                    status=record.status,
+                    again=again,
+                    follow=follow or f"{spec.name}_progress",
+                )
+        sealed = checked_answers(self.sealer, pending, responses, f"call {again} again")
         outcome = await self.store.write(
             record.id, self.store.repo.answer_inputs, record.id, sealed, record.principal
         )

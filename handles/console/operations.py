@@ -1,7 +1,7 @@
 """What the console reads and changes: pages of jobs, one job, the overview, answers and cancels.
 
 Everything goes through the store and the checks the MCP faces use: an answer is checked by
-`handles.job_operations.checked_answers` (as `*_respond` and `tasks/update` check it), a cancel is the
+`handles.answer_checks.checked_answers` (as `*_respond` and `tasks/update` check it), a cancel is the
 repository's `request_cancel`, each recorded `by` the operator. Mounted in a server, the console
 also tells that node's runtime at once; standalone, other nodes hear of the change on PostgreSQL
 by its notice, on SQLite at their next poll or heartbeat.
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from handles.job_operations import checked_answers
+from handles.answer_checks import checked_answers
 from handles.principal import principal_match
 from handles.runtime import Runtime
 from handles.sealing import Sealer

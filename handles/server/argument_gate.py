@@ -83,15 +83,33 @@ class ArgumentRules:
                 f"again with {self.usage}.",
                 data={"accepted": list(self.accepted)},
             )
-        try:
-            self.metadata.validate_arguments(dict(arguments))
-        except ValidationError as exc:
-            problems = [_problem(error, self.schema) for error in exc.errors()]
+        problems = self._booleans_for_numbers(arguments)
+        if not problems:
+            try:
+                self.metadata.validate_arguments(dict(arguments))
+            except ValidationError as exc:
+                problems = [_problem(error, self.schema) for error in exc.errors()]
+        if problems:
             return InvalidArguments(
                 f"Invalid arguments for {self.tool}: " + "; ".join(problems) + ".",
                 f"Call {self.tool} again with {self.usage}.",
             )
         return None
+
+    def _booleans_for_numbers(self, arguments: Mapping[str, Any]) -> list[str]:
+        """A problem for each `true` or `false` given for a number: pydantic's lax mode reads `true` as 1,
+        JSON does not (`wait_seconds: true` is a mistake, not one second)."""
+        problems = []
+        properties = self.schema.get("properties", {})
+        for name, value in arguments.items():
+            types = _json_types(properties.get(name, {}))
+            if isinstance(value, bool) and types & {"number", "integer"} and "boolean" not in types:
+                kind = "number" if "number" in types else "integer"
+                expected = _expected(properties[name], self.schema)
+                problems.append(
+                    f"{name}: should be a valid {kind}, not {str(value).lower()} (expected {expected})"
+                )
+        return problems
 
 
 def nesting(value: Any) -> int:
@@ -125,6 +143,15 @@ def _problem(error: Any, schema: dict[str, Any]) -> str:
     elif message.startswith("Value error, "):
         message = message.removeprefix("Value error, ")
     return f"{location}: {message} (expected {expected})"
+
+
+def _json_types(prop: Mapping[str, Any]) -> set[str]:
+    """The JSON types a property's schema names, its `anyOf` options' included."""
+    types = prop.get("type", ())
+    found = {types} if isinstance(types, str) else set(types)
+    for option in prop.get("anyOf", ()):
+        found |= _json_types(option)
+    return found
 
 
 _TYPE_NAMES = {"array": "list", "object": "object", "integer": "integer", "number": "number"}

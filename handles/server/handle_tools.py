@@ -419,7 +419,9 @@ class JobTools:
     async def respond(self, principal: str, arguments: dict[str, Any]) -> ToolReply:
         job = await self.service.open(self.spec, principal, arguments.get("handle"))
         responses = arguments.get("responses") or {}
-        outcome = await self.service.respond(self.spec, job, responses, again=self.tool("respond"))
+        outcome = await self.service.respond(
+            self.spec, job, responses, again=self.tool("respond"), follow=self.tool("progress")
+        )
         pending = await self.service.pending_inputs(outcome.job)
         out = RespondOutput(
             job=self.spec.name,
@@ -637,8 +639,9 @@ def follow_definitions(
                 description=(
                     f"Answer the questions {scope.subject} is waiting on (status input_required). "
                     "responses maps each question key from input_requests to an object of the requested "
-                    "fields. Unknown or already answered keys are ignored. The fields of each question are "
-                    f"its requested_schema, in input_requests of the {tool('progress')} reply; an answer "
+                    "fields. Keys already answered, and unknown keys beside an answer, are ignored; a reply "
+                    "that answers no question the job asked is refused, naming the open ones. The fields "
+                    f"of each question are its requested_schema, in input_requests of the {tool('progress')} reply; an answer "
                     "is checked against it, and one of the wrong shape is refused (saying what was "
                     "expected) with nothing stored."
                 ),

@@ -159,8 +159,8 @@ async def test_deploy_release_asks_and_continues_with_the_answer(example: Connec
     unknown = await client.call(
         example.tool("deploy_release", "respond"), {"handle": handle, "responses": {"q9": {"approve": True}}}
     )
-    assert not unknown.is_error and unknown["accepted"] == [] and unknown["ignored"] == ["q9"]
-    assert unknown["status"] == "input_required" and list(unknown["input_requests"]) == ["q1"]
+    assert unknown.is_error and unknown["error"] == "invalid_arguments", "a reply that answers nothing"
+    assert unknown["open_questions"] == ["q1"] and "q9" in unknown["message"] and "q1" in unknown["next"]
 
     answered = await client.call(
         example.tool("deploy_release", "respond"),

@@ -353,17 +353,19 @@ async def test_a_missing_mcp_name_header_is_accepted_as_fastmcp_tasks_and_the_sd
     assert cancel.status == 200 and cancel.result["resultType"] == "complete"
 
 
-async def test_the_mcp_name_header_is_compared_after_the_trimming_the_tool_face_applies(wire: Wire) -> None:
+async def test_the_mcp_name_header_is_compared_trimmed_but_the_task_id_must_be_exact(wire: Wire) -> None:
     task = await create(wire, "quick", {"text": "padded"})
     task_id = task["taskId"]
     padded_header = encode_header_value(f" {task_id}\n")  # non-ASCII-safe values travel base64-encoded
     reply = await wire.get(task_id, token=ALICE, headers={"Mcp-Name": padded_header})
     assert reply.status == 200
     assert reply.result["taskId"] == task_id
+    # One spelling per handle: the header matches, and the padded taskId is refused like a made-up one.
+    made_up = await wire.get("not-a-task", token=ALICE)
     padded_param = await wire.call(
         "tasks/get", {"taskId": f"{task_id} "}, token=ALICE, headers={"Mcp-Name": task_id}
     )
-    assert padded_param.status == 200
+    assert (padded_param.status, padded_param.error) == (400, made_up.error)
 
 
 async def test_tasks_get_carries_numeric_progress_in_meta_under_the_projects_key(wire: Wire) -> None:

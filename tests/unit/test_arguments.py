@@ -65,3 +65,26 @@ def test_each_mistake_names_the_argument_what_it_expected_and_the_next_call() ->
 def test_the_signature_is_the_sdk_view_of_the_function() -> None:
     assert list(inspect.signature(progress).parameters)[-1] == "mcp_context"
     assert "mcp_context" not in RULES.accepted
+
+
+async def counted(
+    months: int, share: float | None = None, flag_or_count: bool | int = 0, mcp_context: Any = None
+) -> None:
+    """A stand-in with numbers of several shapes, and one that takes a boolean too."""
+
+
+def test_a_boolean_is_not_a_number() -> None:
+    """pydantic's lax mode reads `true` as 1; JSON does not, and neither does the gate."""
+    error = RULES.check({"handle": "h", "wait_seconds": True})
+    assert error is not None and error.code == "invalid_arguments"
+    assert "wait_seconds: should be a valid number, not true (expected number >= 0)" in error.message
+    rules = ArgumentRules.of("demo_start", counted, "mcp_context")
+    for arguments, expected in (
+        ({"months": False}, "months: should be a valid integer, not false (expected integer)"),
+        ({"months": 2, "share": True}, "share: should be a valid number, not true (expected number or null)"),
+    ):
+        error = rules.check(arguments)
+        assert error is not None and expected in error.message, (arguments, error and error.message)
+    assert rules.check({"months": 2, "share": None, "flag_or_count": True}) is None, (
+        "a boolean where one fits"
+    )

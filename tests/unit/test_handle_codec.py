@@ -176,7 +176,9 @@ def test_one_handle_has_exactly_one_spelling() -> None:
         for junk in ("=", "==", "!"):
             assert codec.verify(f"{payload}.{signature}{junk}", principal=ALICE) is None
             assert codec.verify(f"{payload}.{signature[:5]}{junk}{signature[5:]}", principal=ALICE) is None
-        assert codec.verify(f"  {handle}\n", principal=ALICE) is not None, "surrounding whitespace is trimmed"
+        for padded in (f" {handle}", f"{handle}\n", f"{handle}\t", f"  {handle}\n", f"\r\n{handle}\x0b"):
+            assert codec.verify(padded, principal=ALICE) is None, f"nothing is trimmed: {padded!r}"
+            assert codec.inspect(padded) is None, f"nothing is trimmed: {padded!r}"
 
 
 def test_refusals_do_the_same_work_whatever_the_handle_is(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -230,7 +232,7 @@ def test_a_handle_verified_for_its_principal_is_remembered_for_that_principal_on
     assert opened == [ALICE, BOB, BOB], "another principal is never answered from memory"
     respelled = last_char_spellings(handle)[0]
     assert codec.verify(respelled, principal=ALICE) is None
-    assert codec.verify(f" {handle}", principal=ALICE) == first
+    assert codec.verify(f" {handle}", principal=ALICE) is None
     assert opened == [ALICE, BOB, BOB, ALICE, ALICE], "only the exact string that verified is remembered"
     assert codec.inspect(handle) == first
     assert opened[-1] is None, "inspect (the operator's) always does the work"
@@ -253,10 +255,35 @@ def test_a_codec_with_other_keys_remembers_nothing_of_another() -> None:
     assert HandleCodec([KEY]).verify(handle, principal=ALICE) is None
 
 
+GOLDEN_KEY = "golden-key-for-format-checks-only"
+GOLDEN = {
+    "generate_report": (
+        "WzEsIkdqNHgwS3E3YzJWYk44c0xyMVR6UHdBZSIsImdlbmVyYXRlX3JlcG9ydCIsMTg5MzUwMTA0NSwiVTVMVjhTSzNzWDlFd3hf"
+        "eEJrekV2QSJd.TqfPf11MUn0FkZwQ5r4mmlaHR2Suh4hdDpm93hzy0u0"
+    ),
+    "report_" * 7: (
+        ".eJyLNtRRcs8yqTDwLjRPNgpL8rMo9ikyDKkKKHdMVdJRKkotyC8qiSeeUtIxtLA0NjUwNDAx1VEKNfUJswj2Ni6OsHQtr4ivcMquci1z"
+        "VIoFAIuBKJ4.Lb6b-VQEPT1wZPaDisqyZJ6Vg0xhO0WwLlU10wZ9ruI"
+    ),
+}
+"""Handles minted by an earlier version of the codec (which wrote itsdangerous's bytes itself), one
+plain and one zlib-compressed, for job `Gj4x0Kq7c2VbN8sLr1TzPwAe` of ALICE."""
+
+
+@pytest.mark.parametrize("kind", sorted(GOLDEN))
+def test_handles_already_issued_still_open_and_are_minted_the_same(kind: str) -> None:
+    """The format is itsdangerous's serializer's: a handle a deployed server issued opens after an
+    upgrade, and the same job gets the very same handle string (an idempotent start, a journal)."""
+    codec = HandleCodec([GOLDEN_KEY])
+    claims = HandleClaims(job_id="Gj4x0Kq7c2VbN8sLr1TzPwAe", kind=kind, expires_at=EXPIRES)
+    assert codec.verify(GOLDEN[kind], principal=ALICE) == claims
+    assert mint(codec, job_id=claims.job_id, kind=kind) == GOLDEN[kind]
+    assert HandleCodec([KEY, GOLDEN_KEY]).verify(GOLDEN[kind], principal=ALICE) == claims, "an older key"
+
+
 def test_a_minted_handle_is_what_itsdangerous_writes() -> None:
-    """`mint` writes the token itself (its keys derived once), byte for byte what itsdangerous's serializer
-    writes, compressed by its rule where zlib shortens the payload: so a job's handle is the same string
-    whichever version minted it."""
+    """`mint` is itsdangerous's serializer's `dumps`, compressed by its rule where zlib shortens the
+    payload: so a job's handle is the same string whichever version minted it."""
     codec = HandleCodec([KEY, OLD_KEY])
     for kind in ("generate_report", "report_" * 7):
         handle = mint(codec, kind=kind)  # job-1, ALICE
@@ -283,9 +310,8 @@ def test_a_minted_handle_is_what_itsdangerous_writes() -> None:
     ],
 )
 def test_a_name_json_escapes_or_keeps_is_written_as_itsdangerous_writes_it(kind: str) -> None:
-    """`mint` writes the payload's JSON itself only when no string in it needs escaping; a job name with a
-    quote, a backslash or a control character (or a character JSON keeps as it is, like an accent) gives
-    the same bytes as itsdangerous's serializer, and verifies."""
+    """A job name with a quote, a backslash or a control character (or a character JSON keeps as it is,
+    like an accent) gives the same bytes as itsdangerous's serializer, and verifies."""
     codec = HandleCodec([KEY])
     handle = mint(codec, kind=kind)
     assert serializer(KEY).dumps(serializer(KEY).loads(handle)) == handle
