@@ -107,6 +107,12 @@ class HandlesConfig:
             raise ConfigurationError(" ".join(map(_refusal, error.errors()))) from None
 
     @property
+    def heartbeat_interval(self) -> float:
+        """How often a node renews the leases of the jobs it runs: `heartbeat_seconds`, but at least three
+        times per lease, so one late beat never loses a lease."""
+        return max(min(self.heartbeat_seconds, self.lease_seconds / 3), 0.05)
+
+    @property
     def principal_slot_limit(self) -> int:
         """How many of this node's slots one principal may hold while others wait (at least one)."""
         return max(1, int(self.max_running * self.principal_share))
