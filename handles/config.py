@@ -66,7 +66,9 @@ class HandlesConfig:
     max_running: Annotated[Integer, Field(ge=1)] = 32
     max_wait_seconds: Annotated[Number, Field(ge=0)] = 50.0
     max_active_per_principal: Annotated[Integer, Field(ge=1)] = 50
-    lease_seconds: Annotated[Number, Field(gt=0)] = 30.0
+    # A dead node's jobs are taken over within the lease plus one sweep; a live node that cannot renew
+    # for the lease less one heartbeat (a stalled loop, a database failover) loses its jobs.
+    lease_seconds: Annotated[Number, Field(gt=0)] = 15.0
     heartbeat_seconds: Annotated[Number, Field(gt=0)] = 2.0
     sweep_interval_seconds: Annotated[Number, Field(gt=0, alias="HANDLES_SWEEP_SECONDS")] = 5.0
     store_poll_seconds: Annotated[Number, Field(gt=0)] = 1.0
