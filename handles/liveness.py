@@ -37,6 +37,12 @@ class LeaseTiming:
         """How long a node may go unheard before its jobs count as on a quiet node."""
         return QUIET_BEATS * self.heartbeat_interval + 1.0
 
+    @property
+    def quiet_margin(self) -> timedelta:
+        """How long before its lease's expiry a job's node counts as quiet: a reader on a hot path compares
+        `now` with the expiry less this, and asks `node_contact` only past it."""
+        return timedelta(seconds=self.lease_seconds - self.quiet_after)
+
 
 @dataclass(frozen=True, slots=True)
 class NodeContact:

@@ -196,6 +196,7 @@ class JobTools:
         self.max_wait = service.config.max_wait_seconds
         self._progress_replies: ReplyMemo[ToolReply] = ReplyMemo()
         self.lease_timing = LeaseTiming.of(service.config)
+        self._quiet_margin = self.lease_timing.quiet_margin
         result_type: Any = spec.metadata.output_model
         self.fetch_model: type[FetchOutputBase] = create_model(
             f"{spec.name}_fetch_output",
@@ -260,6 +261,15 @@ class JobTools:
             f"The job is still running. Call {self.tool('progress')} with this handle in about "
             f"{seconds:g} s ({wait_hint}), or {self.tool('fetch')} with wait_seconds to wait for the result."
         )
+
+    def _quiet_node(self, job: JobState) -> NodeContact | None:
+        """What the job's lease tells of its node, once the node has gone quiet (None before: a poll of a
+        healthy job pays one comparison)."""
+        lease_end, now = job.lease_expires_at, datetime.now(UTC)
+        if lease_end is None or now <= lease_end - self._quiet_margin:
+            return None
+        contact = node_contact(job.status, lease_end, now, self.lease_timing)
+        return contact if contact is not None and contact.quiet else None
 
     def _quiet_status(self, job: JobState, quiet: NodeContact) -> str:
         """The status message of a job whose server has gone quiet: the job's own, then how long and until when
@@ -351,8 +361,7 @@ class JobTools:
             )
             view = await self.service.view(latest)
         job = view.job
-        contact = node_contact(job.status, job.lease_expires_at, datetime.now(UTC), self.lease_timing)
-        quiet = contact if contact is not None and contact.quiet else None
+        quiet = self._quiet_node(job)
         # The reply is made from the job's state and its steps' alone: an unchanged job's is the last one.
         # A job waiting for answers is not remembered (its questions are read apart from its state), nor one
         # whose node has gone quiet (its reply says for how long).
