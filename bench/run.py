@@ -18,7 +18,8 @@ handler by parts), start_drift (17: a start by how many its principal made befor
 one transaction for several starts would save each, the driver alone), poll_parts (19: a progress poll over
 stdio by parts, each a tool of its own), filed (20: the start and pickup rows in absolute time, the code the targets were
 set against and this code on one host, in alternation; about seven minutes), handle_timing (refusing a forged
-handle vs another principal's genuine one; about 30 s). The last two are not part of --quick unless named with --only. Absolute times on a shared machine are noisy: read the ratios, measured in the same run.
+handle vs another principal's genuine one; about 30 s), lease_load (what renewing the leases of 1,000 running
+jobs costs PostgreSQL at each lease and heartbeat setting; about two minutes). The last three are not part of --quick unless named with --only. Absolute times on a shared machine are noisy: read the ratios, measured in the same run.
 """
 
 from __future__ import annotations
@@ -63,8 +64,9 @@ SECTIONS = (
     "group_commit",
     "poll_parts",
     "filed",
+    "lease_load",
 )
-NOT_QUICK = ("handle_timing", "filed")
+NOT_QUICK = ("handle_timing", "filed", "lease_load")
 """Sections a `--quick` run leaves out unless named with `--only` (each takes more than 20 s)."""
 
 

@@ -66,7 +66,9 @@ class HandlesConfig:
     max_running: Annotated[Integer, Field(ge=1)] = 32
     max_wait_seconds: Annotated[Number, Field(ge=0)] = 50.0
     max_active_per_principal: Annotated[Integer, Field(ge=1)] = 50
-    lease_seconds: Annotated[Number, Field(gt=0)] = 30.0
+    # A dead node's jobs are taken over within the lease plus one sweep; a live node that cannot renew
+    # for the lease less one heartbeat (a stalled loop, a database failover) loses its jobs.
+    lease_seconds: Annotated[Number, Field(gt=0)] = 15.0
     heartbeat_seconds: Annotated[Number, Field(gt=0)] = 2.0
     sweep_interval_seconds: Annotated[Number, Field(gt=0, alias="HANDLES_SWEEP_SECONDS")] = 5.0
     store_poll_seconds: Annotated[Number, Field(gt=0)] = 1.0
@@ -105,6 +107,12 @@ class HandlesConfig:
             return validate(values)
         except ValidationError as error:
             raise ConfigurationError(" ".join(map(_refusal, error.errors()))) from None
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """How often a node renews the leases of the jobs it runs: `heartbeat_seconds`, but at least three
+        times per lease, so one late beat never loses a lease."""
+        return max(min(self.heartbeat_seconds, self.lease_seconds / 3), 0.05)
 
     @property
     def principal_slot_limit(self) -> int:

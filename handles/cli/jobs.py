@@ -15,6 +15,7 @@ from handles.cli.common import find_job, open_repository
 from handles.cli.formatting import _clip, _iso, _one_line, _table, _when
 from handles.config import HandlesConfig
 from handles.errors import ConfigurationError
+from handles.liveness import LeaseTiming, node_contact
 from handles.outcomes import OPERATOR_PREFIX, canceller
 from handles.principal import principal_match, readable
 from handles.sealing import shown as sensitive_shown
@@ -32,7 +33,18 @@ def _progress(job: JobRecord) -> str:
     return f"{job.progress_done:g}"
 
 
-def job_summary(job: JobRecord) -> dict[str, Any]:
+def job_summary(
+    job: JobRecord, *, now: datetime | None = None, timing: LeaseTiming | None = None
+) -> dict[str, Any]:
+    """A job as `jobs list --json` shows it; `node_contact` says, while a node runs it, when that node was
+    last heard from and by when another takes the job over (`timing` and `now`: the configured lease
+    settings and the current time, unless given)."""
+    contact = node_contact(
+        job.status,
+        job.lease_expires_at,
+        now or datetime.now(UTC),
+        timing or LeaseTiming.of(HandlesConfig.from_env()),
+    )
     return {
         "id": job.id,
         "job": job.kind,
@@ -45,6 +57,7 @@ def job_summary(job: JobRecord) -> dict[str, Any]:
         "created_at": job.created_at.isoformat(),
         "updated_at": job.updated_at.isoformat(),
         "expires_at": job.expires_at.isoformat(),
+        "node_contact": None if contact is None else contact.as_dict(),
     }
 
 
@@ -59,8 +72,10 @@ def jobs_list(args: argparse.Namespace) -> int:
         created_after=now - args.newer_than if args.newer_than else None,
         limit=args.limit,
     )
+    timing = LeaseTiming.of(HandlesConfig.from_env())
+    summaries = [job_summary(j, now=now, timing=timing) for j in jobs]
     if args.json:
-        print(json.dumps([job_summary(j) for j in jobs], indent=2))
+        print(json.dumps(summaries, indent=2))
         return 0
     engaged = Switches.of(repository.switches()).lines()
     for line in engaged:
@@ -80,10 +95,12 @@ def jobs_list(args: argparse.Namespace) -> int:
             _clip(readable(j.principal), 40),
             _when(j.created_at),
             _when(j.updated_at),
+            (s["node_contact"] or {}).get("summary", "-"),
         ]
-        for j in jobs
+        for j, s in zip(jobs, summaries, strict=True)
     ]
-    print(_table(rows, ["ID", "JOB", "STATUS", "PROGRESS", "ATTEMPTS", "PRINCIPAL", "CREATED", "UPDATED"]))
+    headers = ["ID", "JOB", "STATUS", "PROGRESS", "ATTEMPTS", "PRINCIPAL", "CREATED", "UPDATED", "NODE"]
+    print(_table(rows, headers))
     return 0
 
 
@@ -125,6 +142,12 @@ def _shown_lines(key: str, value: Any) -> list[str]:
         ]
     if key == "cancel_requested_by" and value is not None:
         return [f"{value['role']} {value['name']}"]
+    if key == "node_contact" and value is not None:
+        return [
+            value["summary"],
+            f"last heard {value['last_heard_at']}",
+            f"taken over by {value['takeover_by']} at the latest, unless heard from first",
+        ]
     if isinstance(value, list | dict):
         return [json.dumps(value, default=str)]
     return [str(value)]

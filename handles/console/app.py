@@ -26,6 +26,7 @@ from handles.console.auth import COOKIE, SESSION_SECONDS, Gate, Operator, clean_
 from handles.console.operations import PAGE_SIZE, Filters, Operations, cursor_of, parse_cursor
 from handles.console.throttle import Throttled
 from handles.errors import InvalidArguments
+from handles.liveness import LeaseTiming
 from handles.sealing import Sealer
 from handles.store import JobRepository, Store
 
@@ -198,7 +199,7 @@ class Console:
         found = await self.ops.page(filters, parse_cursor(request.query_params.get("after")))
         now = datetime.now(UTC)
         shown = found[:PAGE_SIZE]
-        rows = [pages.row_data(job, now, _base(request)) for job in shown]
+        rows = [pages.row_data(job, now, _base(request), self.ops.timing) for job in shown]
         return rows, filters, cursor_of(shown[-1]) if len(found) > PAGE_SIZE else None
 
     async def jobs(self, request: Request, operator: Operator) -> Response:
@@ -249,6 +250,7 @@ class Console:
                 questions,
                 steps,
                 now=datetime.now(UTC),
+                timing=self.ops.timing,
                 reveal=request.query_params.get("reveal") == "1",
                 base=_base(request),
                 operator=operator,
@@ -335,12 +337,15 @@ def console_app(handles_or_database_url: Handles | str, *, token: str) -> Starle
     repository: JobRepository | None = None
     if isinstance(handles_or_database_url, Handles):
         service = handles_or_database_url.service
-        operations = Operations(service.store, service.sealer, service.runtime)
+        operations = Operations(
+            service.store, service.sealer, LeaseTiming.of(service.config), service.runtime
+        )
     else:
         repository = JobRepository(handles_or_database_url)
         store = Store(repository)
         store.origin = "console"
-        operations = Operations(store, Sealer(HandlesConfig.from_env().resolved_secret_keys()))
+        config = HandlesConfig.from_env()
+        operations = Operations(store, Sealer(config.resolved_secret_keys()), LeaseTiming.of(config))
     console = Console(operations, Gate(token))
 
     @contextlib.asynccontextmanager

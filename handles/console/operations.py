@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from handles.answer_checks import checked_answers
+from handles.liveness import LeaseTiming
 from handles.principal import principal_match
 from handles.runtime import Runtime
 from handles.sealing import Sealer
@@ -78,9 +79,12 @@ STATES = ("running", "queued", "parked", "failed (1 h)")
 class Operations:
     """The console's reads and writes on one store (and, mounted in a server, its runtime)."""
 
-    def __init__(self, store: Store, sealer: Sealer, runtime: Runtime | None = None) -> None:
+    def __init__(
+        self, store: Store, sealer: Sealer, timing: LeaseTiming, runtime: Runtime | None = None
+    ) -> None:
         self.store = store
         self.sealer = sealer
+        self.timing = timing
         self.runtime = runtime
 
     async def page(self, filters: Filters, after: tuple[datetime, str] | None) -> list[JobRecord]:

@@ -17,6 +17,7 @@ from urllib.parse import urlencode
 
 from handles.console.auth import Operator
 from handles.console.operations import STATES, Filters, Overview
+from handles.liveness import LeaseTiming, NodeContact, contact_text, node_contact
 from handles.principal import readable
 from handles.sealing import shown as sensitive_shown
 from handles.states import Status
@@ -48,7 +49,7 @@ form.filters{display:flex;gap:8px;flex-wrap:wrap;margin-bottom:12px}input,select
 .primary{background:#2456c7;color:#fff;border:0;border-radius:4px;padding:6px 12px}pre{white-space:pre-wrap;margin:0}
 ol.timeline{list-style:none;padding:0;margin:0}ol.timeline li{border-left:3px solid #c4cbd8;padding:4px 10px;margin-left:6px}
 ol.timeline li.step-completed{border-color:#2f9e5b}ol.timeline li.step-failed{border-color:#c7332b}ol.timeline li.step-started{border-color:#e0a800}
-label{display:block;margin:6px 0 2px;font-weight:600}
+label{display:block;margin:6px 0 2px;font-weight:600}.quiet{color:#a4221c;font-weight:600}
 """
 
 
@@ -121,8 +122,10 @@ def fraction(job: JobRecord) -> float | None:
     return None
 
 
-def row_data(job: JobRecord, now: datetime, base: str) -> dict[str, Any]:
-    """A jobs-table row as JSON for the live update (the script puts each value in as text)."""
+def row_data(job: JobRecord, now: datetime, base: str, timing: LeaseTiming) -> dict[str, Any]:
+    """A jobs-table row as JSON for the live update (the script puts each value in as text); `heard` says
+    when the job's node was last heard from, `quiet` whether it has gone quiet (see handles.liveness)."""
+    contact = node_contact(job.status, job.lease_expires_at, now, timing)
     return {
         "id": job.id,
         "href": f"{base}/jobs/{job.id}",
@@ -134,6 +137,8 @@ def row_data(job: JobRecord, now: datetime, base: str) -> dict[str, Any]:
         "done": job.progress_done,
         "age": _age((now - job.created_at).total_seconds()),
         "node": node_of(job) or "",
+        "heard": "" if contact is None else contact_text(contact),
+        "quiet": contact is not None and contact.quiet,
         "attempts": job.attempts,
     }
 
@@ -151,8 +156,17 @@ def _row(row: dict[str, Any]) -> str:
         f'<td><span class="badge {esc(row["status"])}">{esc(row["status"])}</span>'
         f'<div class="muted">{esc(row["message"])}</div></td>'
         f"<td>{_bar(row['fraction'], row['done'])}</td><td>{esc(row['age'])}</td>"
-        f'<td class="mono">{esc(row["node"])}</td><td class="num">{esc(row["attempts"])}</td></tr>'
+        f'<td><span class="mono">{esc(row["node"])}</span>{_heard(row)}</td>'
+        f'<td class="num">{esc(row["attempts"])}</td></tr>'
     )
+
+
+def _heard(row: dict[str, Any]) -> str:
+    """Under the node's name, when it was last heard from: muted while it renews its leases, a warning once
+    it has gone quiet."""
+    if not row["heard"]:
+        return ""
+    return f'<div class="{"quiet" if row["quiet"] else "muted"}">{esc(row["heard"])}</div>'
 
 
 LIVE_SCRIPT = """// The jobs list's live update: the rows again every 2 s, each value set as text (never as markup).
@@ -172,7 +186,10 @@ LIVE_SCRIPT = """// The jobs list's live update: the rows again every 2 s, each 
       if(r.fraction===null){const s=document.createElement('span');s.className='muted';s.textContent=r.done===null?'-':String(r.done);pr.appendChild(s);}
       else{const bar=document.createElement('span');bar.className='bar';const fill=document.createElement('span');fill.style.width=(r.fraction*100).toFixed(1)+'%';bar.appendChild(fill);pr.appendChild(bar);
         const p=document.createElement('span');p.className='pct';p.textContent=Math.round(r.fraction*100)+'%';pr.appendChild(p);}
-      cell(tr,r.age);cell(tr,r.node,'mono');cell(tr,String(r.attempts),'num');
+      cell(tr,r.age);
+      const nd=cell(tr,'');const nm=document.createElement('span');nm.className='mono';nm.textContent=r.node;nd.appendChild(nm);
+      if(r.heard){const h=document.createElement('div');h.className=r.quiet?'quiet':'muted';h.textContent=r.heard;nd.appendChild(h);}
+      cell(tr,String(r.attempts),'num');
       fresh.appendChild(tr);
     }
     body.replaceChildren(fresh);
@@ -330,12 +347,24 @@ def _question(
     return head + error + form + "</div>"
 
 
+def _contact_facts(contact: NodeContact | None) -> list[tuple[str, str]]:
+    """The job page's lines on its node's lease: when last heard from, and by when another node takes over."""
+    if contact is None:
+        return []
+    heard = f'<span class="{"quiet" if contact.quiet else "muted"}">{esc(contact_text(contact))}</span>'
+    return [
+        ("Node last heard", f"{_when(contact.last_heard_at)} {heard}"),
+        ("Taken over by", f"{_when(contact.takeover_by)} at the latest, unless its node is heard from first"),
+    ]
+
+
 def job_page(
     job: JobRecord,
     questions: list[InputRequestRecord],
     steps: list[StepRecord],
     *,
     now: datetime,
+    timing: LeaseTiming,
     reveal: bool,
     base: str,
     operator: Operator,
@@ -366,6 +395,7 @@ def job_page(
         ("Finished", _when(job.finished_at)),
         ("Attempts", f"{job.attempts} of at most {job.max_attempts} (on interrupt: {esc(job.on_interrupt)})"),
         ("Running on", esc(job.lease_owner or "-")),
+        *_contact_facts(node_contact(job.status, job.lease_expires_at, now, timing)),
         (
             "Retention",
             f"kept until {_when(job.expires_at)}"

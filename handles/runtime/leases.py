@@ -65,7 +65,7 @@ class LeaseKeeper:
 
     @property
     def interval(self) -> float:
-        return max(min(self.config.heartbeat_seconds, self.config.lease_seconds / 3), 0.05)
+        return self.config.heartbeat_interval
 
     async def run(self) -> None:
         await every(lambda: self.wake, self.interval, self.beat, "heartbeat")

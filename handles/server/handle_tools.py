@@ -17,7 +17,7 @@ import functools
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Optional
 
 from pydantic import BaseModel, Field, create_model
@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field, create_model
 from handles.errors import CallerError, UnknownHandle
 from handles.job_operations import UNKNOWN_HANDLE, JobOperations
 from handles.jobs import JobSpec, describe_duration
+from handles.liveness import LeaseTiming, NodeContact, clock_time, node_contact
 from handles.results import ResultLink, link_of, link_size_text, tool_error_text
 from handles.server.output_schema import FlatSchemaModel
 from handles.server.reply_memo import ReplyMemo
@@ -194,6 +195,8 @@ class JobTools:
         self.names = names or ToolNames()
         self.max_wait = service.config.max_wait_seconds
         self._progress_replies: ReplyMemo[ToolReply] = ReplyMemo()
+        self.lease_timing = LeaseTiming.of(service.config)
+        self._quiet_margin = self.lease_timing.quiet_margin
         result_type: Any = spec.metadata.output_model
         self.fetch_model: type[FetchOutputBase] = create_model(
             f"{spec.name}_fetch_output",
@@ -258,12 +261,56 @@ class JobTools:
     @functools.cached_property
     def _still_running(self) -> str:
         """`next_step` of a job still working: the same for every poll of this job kind, so made once."""
-        seconds = max(self.spec.poll_after.total_seconds(), 0.1)
+        seconds = self._poll_seconds
         wait_hint = f"set wait_seconds (up to {int(self.max_wait)}) to wait for the change instead of polling"
         return (
             f"The job is still running. Call {self.tool('progress')} with this handle in about "
             f"{seconds:g} s ({wait_hint}), or {self.tool('fetch')} with wait_seconds to wait for the result."
         )
+
+    def _quiet_node(self, job: JobState) -> NodeContact | None:
+        """What the job's lease tells of its node, once the node has gone quiet (None before: a poll of a
+        healthy job pays one comparison)."""
+        lease_end, now = job.lease_expires_at, datetime.now(UTC)
+        if lease_end is None or now <= lease_end - self._quiet_margin:
+            return None
+        contact = node_contact(job.status, lease_end, now, self.lease_timing)
+        return contact if contact is not None and contact.quiet else None
+
+    def _quiet_status(self, job: JobState, quiet: NodeContact) -> str:
+        """The status message of a job whose server has gone quiet: the job's own, then how long and until when
+        (never which server: a caller is not told where its job runs)."""
+        own = f"{job.status_message} " if job.status_message else ""
+        takeover = (
+            "another server takes the job over as soon as one is running"
+            if quiet.takeover_overdue
+            else f"another server takes the job over by {clock_time(quiet.takeover_by)}"
+        )
+        return (
+            f"{own}(The server running this job has not been heard from for {quiet.silent_seconds:.0f} s; "
+            f"{takeover}.)"
+        )
+
+    def _quiet_next(self, job: JobState, quiet: NodeContact) -> str:
+        """`next` for a job whose server has gone quiet: keep following it, do not start it again."""
+        when = (
+            "as soon as one is running" if quiet.takeover_overdue else f"by {clock_time(quiet.takeover_by)}"
+        )
+        then = (
+            "runs it again (steps it already recorded are not repeated)"
+            if self.spec.on_interrupt == "retry" and job.attempts < self.spec.max_attempts
+            else "ends it as failed (this job is not run again after an interruption), and its reply will say so"
+        )
+        return (
+            f"The server running this job has not been heard from for {quiet.silent_seconds:.0f} s (it may have "
+            f"stopped). Nothing is lost: another server takes the job over {when} and {then}. Do not start a new "
+            f"job; keep calling {self.tool('progress')} with this handle in about {self._poll_seconds:g} s (or "
+            f"with wait_seconds up to {int(self.max_wait)} to wait for the change)."
+        )
+
+    @property
+    def _poll_seconds(self) -> float:
+        return max(self.spec.poll_after.total_seconds(), 0.1)
 
     def _requests(self, pending: list[InputRequestRecord]) -> dict[str, InputRequestView]:
         return {
@@ -320,9 +367,11 @@ class JobTools:
             )
             view = await self.service.view(latest)
         job = view.job
+        quiet = self._quiet_node(job)
         # The reply is made from the job's state and its steps' alone: an unchanged job's is the last one.
-        # A job waiting for answers is not remembered (its questions are read apart from its state).
-        state = None if view.pending else (job, view.steps)
+        # A job waiting for answers is not remembered (its questions are read apart from its state), nor one
+        # whose node has gone quiet (its reply says for how long).
+        state = None if view.pending or quiet else (job, view.steps)
         if state is not None:
             last = self._progress_replies.get(job.id, state)
             if last is not None:
@@ -330,7 +379,7 @@ class JobTools:
         out = ProgressOutput(
             job=self.spec.name,
             status=Status(job.status),
-            status_message=job.status_message,
+            status_message=job.status_message if quiet is None else self._quiet_status(job, quiet),
             progress=_progress(job),
             input_requests=self._requests(view.pending),
             attempts=job.attempts,
@@ -348,7 +397,7 @@ class JobTools:
             updated_at=job.updated_at,
             expires_at=job.expires_at,
             poll_after_ms=None if Status(job.status).is_terminal else self.poll_after_ms,
-            next=self.next_step(job, view.pending),
+            next=self.next_step(job, view.pending) if quiet is None else self._quiet_next(job, quiet),
         )
         reply = ToolReply(out.model_dump(mode="json"))
         if state is not None:

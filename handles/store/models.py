@@ -206,7 +206,7 @@ class JobRecord(SQLModel, table=True):
 @dataclass(frozen=True, slots=True)
 class JobState:
     """A job as the caller following it sees it: its status, progress and times, and what its owner and
-    kind checks need, without its arguments, result, lease or policies.
+    kind checks need, and when its lease runs out, without its arguments, result, lease owner or policies.
 
     `JobRepository.snapshot` (a progress poll, the hottest read) reads only these columns of the job's
     row: decoding the rest (its JSON and its times) cost about as much again as the read itself.
@@ -227,6 +227,9 @@ class JobState:
     expires_at: datetime
     abandon_at: datetime | None
     abandon_after_seconds: float | None
+    # When its node's lease runs out: what tells a caller the node running it has gone quiet
+    # (handles.liveness), never who that node is.
+    lease_expires_at: datetime | None
 
     @classmethod
     def of(cls, job: JobRecord | JobState) -> JobState:

@@ -355,3 +355,33 @@ def test_every_reply_forbids_inline_scripts_and_framing(repo: JobRepository, url
     assert "textContent" in replies[2].text and replies[2].headers["content-type"].startswith(
         "text/javascript"
     )
+
+
+def test_a_running_jobs_node_shows_when_it_was_last_heard_from_and_when_another_takes_over(
+    repo: JobRepository, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in (("LEASE", "30"), ("HEARTBEAT", "2"), ("SWEEP", "5")):
+        monkeypatch.setenv(f"HANDLES_{name}_SECONDS", value)
+    healthy = new_job(repo, kind="generate_report")
+    assert repo.claim(healthy.id, OWNER, 30) is not None  # renewed just now
+    quiet = new_job(repo, kind="export_dataset")
+    assert repo.claim(quiet.id, OTHER_OWNER, 10) is not None  # as if last renewed 20 s ago
+    stored = repo.get(quiet.id)
+    assert stored is not None and stored.lease_expires_at is not None
+    takeover = (stored.lease_expires_at + timedelta(seconds=5)).strftime("%H:%M:%S UTC")
+    with console(url) as client:
+        rows = {row["id"]: row for row in client.get("/api/jobs").json()["jobs"]}
+        assert rows[healthy.id]["quiet"] is False and rows[healthy.id]["heard"].startswith("heard ")
+        assert rows[quiet.id]["quiet"] is True
+        assert re.fullmatch(
+            rf"quiet (19|20|21) s; another node takes over by {takeover}", rows[quiet.id]["heard"]
+        )
+        listing = client.get("/").text
+        assert '<div class="quiet">quiet ' in listing and f"takes over by {takeover}" in listing
+        page = client.get(f"/jobs/{quiet.id}").text
+        assert "Node last heard" in page and "Taken over by" in page and f"takes over by {takeover}" in page
+        calm = client.get(f"/jobs/{healthy.id}").text
+        assert "Node last heard" in calm and 'class="quiet"' not in calm
+        ended = claimed_job(repo, kind="generate_report")
+        assert repo.transition(ended.id, Status.COMPLETED, owner=OWNER, result={})
+        assert "Node last heard" not in client.get(f"/jobs/{ended.id}").text
