@@ -6,8 +6,8 @@ connection runs in WAL mode with synchronous=NORMAL (a commit survives a crash o
 begin with BEGIN IMMEDIATE behind one writer lock per process, and an SQLite file gets long-lived
 connections for reads and short writes made on the event loop itself (`read_inline`, `write_inline`).
 
-`JobRepository` (repository.py) and its parts (housekeeping.py, operator_reads.py, result_files.py,
-switch_rows.py) build on it: every query lives there.
+`JobRepository` (repository.py), its parts (claims.py, housekeeping.py, operator_reads.py, result_files.py,
+switch_rows.py) and its engines' operations (sqlite.py, postgres.py) build on it: every query lives there.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from sqlalchemy.exc import DBAPIError
 
 from handles.states import TERMINAL, Status
 from handles.store import JobRecord, JobRepository, utc_now
-from handles.store.repository import _transitioned
+from handles.store.rules import _transitioned
 from tests.harness.postgres import notices, repository, round_trips, terminate_backends
 from tests.runtime.support import job_row
 
