@@ -176,7 +176,7 @@ def _timers(jobs: Any, samples: dict[str, list[float]]) -> Iterator[None]:
     from handles.job_operations import JobOperations
     from handles.server.handle_tools import JobTools
     from handles.store import Store
-    from handles.store.postgres import _START
+    from handles.store.postgres_statements import _START
     from handles.store.repository import JobRepository
 
     service = jobs.service

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar
 
 from sqlalchemy import Connection, Engine
@@ -22,7 +22,7 @@ from sqlmodel import Session
 
 from handles.states import Status
 from handles.store.loop_connections import LoopConnections
-from handles.store.models import InputRequestRecord, JobRecord, JobState, StepRecord, StepState
+from handles.store.models import Clock, InputRequestRecord, JobRecord, JobState, StepRecord, StepState
 from handles.store.sqlite_direct import _Prepared
 
 P = ParamSpec("P")
@@ -53,10 +53,6 @@ class EngineHost(Protocol):
 
     def _fast_reading(self) -> AbstractContextManager[Connection]: ...
 
-    def _postgres_autocommit(self) -> AbstractContextManager[Any]: ...
-
-    def _postgres_writing_at_once(self) -> AbstractContextManager[Any]: ...
-
     def _writing(self) -> AbstractContextManager[Session]: ...
 
     def _by_database_clock(self, values: Mapping[str, Any]) -> Mapping[str, Any]: ...
@@ -83,6 +79,8 @@ class EngineOps(Protocol):
     def hot_reading(self) -> AbstractContextManager[Any]: ...
 
     def skip_locked(self, query: Any) -> Any: ...
+
+    def clock_offset(self, clock: Clock) -> timedelta: ...
 
     def snapshot(self, job_id: str) -> tuple[JobState | None, list[InputRequestRecord], list[StepState]]: ...
 

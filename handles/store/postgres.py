@@ -4,7 +4,7 @@ statement execution (`sqlite_direct._Prepared` compiles it once): a start (one c
 `handles_start`, on a worker thread or awaited on the event loop's own connections, `LoopConnections`), a
 job's outcome (a compare-and-set UPDATE built from the transition table), a durable step's start and
 outcome, a progress report, the snapshot. Each sends its change notice (`publishing`'s) by the same
-statement, and only when it changed something (`_touched`).
+statement, and only when it changed something. The statements are postgres_statements.py's.
 
 PostgreSQL has a clock of its own (leases may be judged by it), row locks (a claim skips the rows another
 worker holds) and change notices (`pg_notify` on `NOTIFY_CHANNEL`), which every node listens to.
@@ -12,50 +12,42 @@ worker holds) and change notices (`pg_notify` on `NOTIFY_CHANNEL`), which every 
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
 import anyio
-from sqlalchemy import (
-    JSON,
-    Boolean,
-    Connection,
-    Integer,
-    Text,
-    and_,
-    bindparam,
-    case,
-    column,
-    func,
-    literal,
-    literal_column,
-    null,
-    or_,
-    text,
-    update,
-)
-from sqlalchemy import select as sa_select
-from sqlalchemy.dialects.postgresql import aggregate_order_by
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy import Engine, func
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlmodel import select
 
 from handles.errors import LeaseLost
-from handles.states import TERMINAL, Status, sources_of
+from handles.states import Status
 from handles.store.engine import NOTICE, NOTIFY_CHANNEL, as_sqlalchemy_error
 from handles.store.engines import Change, EngineHost
 from handles.store.models import (
-    JOB_STATE_COLUMNS,
+    Clock,
     InputRequestRecord,
     JobRecord,
     JobState,
     StepRecord,
     StepState,
-    UTCDateTime,
+)
+from handles.store.postgres_statements import (
+    _BEGIN_STEP_IN_ONE,
+    _BEGIN_STEP_NOTICED,
+    _FINISH_STEP_IN_ONE,
+    _FINISH_STEP_NOTICED,
+    _INPUT_JSON,
+    _JOB_JSON,
+    _PROGRESS_CHANGED,
+    _PROGRESS_NOTICED,
+    _START,
+    _snapshot_in_one,
+    _transition_statement,
 )
 from handles.store.rows import (
     _INPUTS,
@@ -65,23 +57,10 @@ from handles.store.rows import (
     _detached,
     _from_json,
     _json_document,
-    _utc_time,
 )
-from handles.store.rules import _CLEARED_ON_ENTERING, ActiveLimitReached, _own_start, _set_values
+from handles.store.rules import ActiveLimitReached, _own_start, _set_values
 from handles.store.sqlite_direct import _DriverReads, _Prepared
-from handles.store.statements import (
-    _DATABASE_NOW,
-    _FINISH_STEP,
-    _HELD_BY_OWNER,
-    _JOB_STATE,
-    _OWN_START,
-    _PROGRESS,
-    _RESTARTED,
-    _STEP_BY_NAME,
-    _TOUCH_JOB,
-    _step_states,
-    _steps_as_json,
-)
+from handles.store.statements import _STEP_BY_NAME
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -100,12 +79,71 @@ class PostgresOps:
     def __init__(self, repo: EngineHost) -> None:
         self.repo = repo
 
+    def clock_offset(self, clock: Clock) -> timedelta:
+        """How far the database server's clock is ahead of `clock` (`JobRepository.read_database_clock`): read
+        between two readings of `clock`, on a connection already checked out."""
+        with self.autocommit() as connection:
+            before = clock()
+            (database_now,) = connection.execute("SELECT clock_timestamp()").fetchone()
+            after = clock()
+        offset: timedelta = database_now - (before + (after - before) / 2)
+        return offset
+
+    @contextmanager
+    def autocommit(self) -> Iterator[Any]:
+        """psycopg's own connection from the read engine's pool (autocommit, no ping at checkout), for a
+        statement that is its own transaction run past SQLAlchemy's statement execution (a start: one
+        call of `handles_start`, whose execution through SQLAlchemy cost a third of the round trip).
+        Its errors come out as SQLAlchemy's exceptions (`_connection`)."""
+        with self._connection(self.repo._read_engine) as connection:
+            yield connection
+
+    @contextmanager
+    def writing_at_once(self) -> Iterator[Any]:
+        """psycopg's own connection from the write engine's pool, in autocommit for the block: for a write
+        that is one statement, and so its own transaction, one round trip past the pool's ping (a job's
+        outcome, `JobRepository.transition`; a step's start and outcome). The ping at checkout makes a
+        write after a restart or a failover succeed at its first try (SQLAlchemy's own ping switches
+        autocommit on and off the same way). Errors as `_connection` gives them."""
+        with self._connection(self.repo.engine) as connection:
+            connection.autocommit = True
+            try:
+                yield connection
+            finally:
+                with contextlib.suppress(Exception):  # a dropped connection: `_connection` tells
+                    connection.autocommit = False
+
+    @staticmethod
+    @contextmanager
+    def _connection(engine: Engine) -> Iterator[Any]:
+        """psycopg's own connection from `engine`'s pool, back to the pool after (pinged at checkout when the
+        pool pings: the write engine's, not the read engine's).
+
+        Its errors come out as SQLAlchemy's exceptions, as from `engine.connect()` and `execute`: a
+        connection the server dropped (a restart, a failover, an idle timeout) is a `DBAPIError` with
+        `connection_invalidated` set, and, as SQLAlchemy's own `Connection` does then, every connection
+        the pool made before it is replaced at its next checkout, so a second try gets a fresh one.
+        """
+        dialect = engine.dialect
+        pooled: Any = None
+        try:
+            pooled = engine.raw_connection()
+            yield pooled.driver_connection
+        except dialect.loaded_dbapi.Error as exc:
+            disconnect = pooled is not None and dialect.is_disconnect(exc, pooled.dbapi_connection, None)
+            if disconnect:
+                engine.pool._invalidate(pooled, exc)
+            raise as_sqlalchemy_error(engine, exc, disconnect=disconnect) from exc
+        finally:
+            if pooled is not None and pooled.is_valid:
+                pooled.close()  # back to the pool (which rolls back what is still open)
+
     @contextmanager
     def hot_reading(self) -> Iterator[Any]:
-        """What the hot reads by key run on: psycopg's own connection in autocommit (`_postgres_autocommit`),
+        """What the hot reads by key run on: psycopg's own connection in autocommit (`autocommit`),
         each statement compiled once (`_DriverReads`), past SQLAlchemy's statement execution (about a third
         of a round trip)."""
-        with self.repo._postgres_autocommit() as connection:
+        with self.autocommit() as connection:
             yield _DriverReads(connection, self.repo._prepare)
 
     def skip_locked(self, query: Any) -> Any:
@@ -151,7 +189,7 @@ class PostgresOps:
         (`publishing`) sent by the same statement and only when the row changed, one round trip in all."""
         notice = NOTICE.get()
         statement = _PROGRESS_NOTICED if notice is not None else _PROGRESS_CHANGED
-        with self.repo._postgres_autocommit() as connection:
+        with self.autocommit() as connection:
             return len(self.repo._prepare(statement).rows(connection, {**values, "notice": notice})) == 1
 
     def begin_step(
@@ -182,7 +220,7 @@ class PostgresOps:
         lease_seconds: float | None,
     ) -> tuple[JobRecord, bool]:
         """`JobRepository.insert` on PostgreSQL: one call of the function `handles_start` (migrations 0011 and 0012), in
-        autocommit, on psycopg's own connection (`_postgres_autocommit`), compiled once (`_Prepared`: its
+        autocommit, on psycopg's own connection (`autocommit`), compiled once (`_Prepared`: its
         result columns through the same type processors as SQLAlchemy's), past SQLAlchemy's statement
         execution.
 
@@ -201,7 +239,7 @@ class PostgresOps:
         start = self.repo._prepare(_START)
         for attempt in (1, 2):
             try:
-                with self.repo._postgres_autocommit() as connection:  # psycopg's own: autocommit, no ping
+                with self.autocommit() as connection:  # psycopg's own: autocommit, no ping
                     (row,) = start.rows(connection, params)
                 break
             except DBAPIError as exc:
@@ -359,178 +397,18 @@ class PostgresOps:
             return known, _own_start(known, own)
         # Started by a concurrent writer that the job's lock made the statement wait for: its snapshot,
         # taken before that wait, does not show the step, which a read now does.
-        with self.repo._postgres_autocommit() as connection:
+        with self.autocommit() as connection:
             (stored,) = self.repo._prepare(_STEP_BY_NAME).rows(connection, values)
         known = _detached(StepRecord, stored)
         return known, _own_start(known, own)
 
     def _in_one(self, plain: Any, noticed: Any, values: Mapping[str, Any]) -> dict[str, Any]:
         """A PostgreSQL write that is one statement, and so its own transaction: run in autocommit on a
-        connection of the write pool, pinged at checkout (`_postgres_writing_at_once`); `noticed`, which
+        connection of the write pool, pinged at checkout (`writing_at_once`); `noticed`, which
         also sends the change notice `publishing` gives, when there is one, else `plain`. Its one row."""
         notice = NOTICE.get()
-        with self.repo._postgres_writing_at_once() as connection:
+        with self.writing_at_once() as connection:
             (outcome,) = self.repo._prepare(plain if notice is None else noticed).rows(
                 connection, {**values, "notice": notice}
             )
         return outcome
-
-
-_NOTIFY = func.pg_notify(NOTIFY_CHANNEL, bindparam("notice", type_=Text()))
-
-# A step's outcome on PostgreSQL in one statement: the job locked while `owner` holds it and it is active
-# (`held`), the step's outcome written while it is started, and the job touched when it was; its result
-# row says whether the lease was held. With the change notice, sent (by `pg_notify` over the touched
-# rows) only when the step changed, once the statement commits.
-_HELD = sa_select(_JOBS.c.id).where(*_HELD_BY_OWNER).with_for_update().cte("held")
-_FINISHED = (
-    _FINISH_STEP.where(or_(_STEPS.c.job_id == sa_select(_HELD.c.id).scalar_subquery(), _OWN_START))
-    .returning(_STEPS.c.job_id)
-    .cte("finished")
-)
-_TOUCHED = (
-    _TOUCH_JOB.where(_JOBS.c.id.in_(sa_select(_FINISHED.c.job_id))).returning(_JOBS.c.id).cte("touched")
-)
-_HELD_COUNT = sa_select(func.count()).select_from(_HELD).scalar_subquery().label("held")
-
-
-def _touched(touched: Any, *, noticed: bool) -> Any:
-    """The rows the CTE `touched` changed (1 or 0), as the column `touched`; with `noticed`, the change notice
-    (`notice`) sent for each of them."""
-    counted = func.count(_NOTIFY) if noticed else func.count()
-    return sa_select(counted).select_from(touched).scalar_subquery().label("touched")
-
-
-_FINISH_STEP_IN_ONE = sa_select(_HELD_COUNT, _touched(_TOUCHED, noticed=False))
-_FINISH_STEP_NOTICED = sa_select(_HELD_COUNT, _touched(_TOUCHED, noticed=True))
-
-# A step's start on PostgreSQL in one statement: with the job `held` (as for an outcome), the step as stored
-# (`known`), and the step inserted unless it is known and not failed (a failed one is started again by the
-# insert's conflict clause, only while it is still failed), the job touched when it was. The result row
-# says whether the lease was held, whether the step was started, and the known step (`row_to_json`).
-_KNOWN = (
-    sa_select(_STEPS)
-    .where(_STEPS.c.job_id == sa_select(_HELD.c.id).scalar_subquery(), _STEPS.c.name == bindparam("name"))
-    .cte("known")
-)
-_STEP_VALUES = ("name", "status", "attempt", "started_at", "finished_at", "result", "error")
-
-
-def _starts_again_in_sql(status: Any) -> Any:
-    """`_starts_again` in SQL, with `repeatable` a parameter (PostgreSQL's `begin_step` in one statement)."""
-    repeatable = bindparam("repeatable", type_=Boolean())
-    return or_(status == literal("failed"), and_(repeatable, status != literal("completed")))
-
-
-_STARTED_STEP = pg_insert(_STEPS).from_select(
-    ["job_id", *_STEP_VALUES],
-    sa_select(_HELD.c.id, *(bindparam(name, type_=_STEPS.c[name].type) for name in _STEP_VALUES)).where(
-        ~sa_select(_KNOWN.c.name).where(~_starts_again_in_sql(_KNOWN.c.status)).exists()
-    ),
-)
-_STARTED = (
-    _STARTED_STEP.on_conflict_do_update(
-        index_elements=[_STEPS.c.job_id, _STEPS.c.name],
-        set_={name: _STARTED_STEP.excluded[name] for name in _RESTARTED},
-        where=_starts_again_in_sql(_STEPS.c.status),
-    )
-    .returning(_STEPS.c.job_id)
-    .cte("started")
-)
-_STEP_TOUCHED = (
-    _TOUCH_JOB.where(_JOBS.c.id.in_(sa_select(_STARTED.c.job_id))).returning(_JOBS.c.id).cte("step_touched")
-)
-_KNOWN_STEP = (
-    sa_select(func.row_to_json(literal_column("known"), type_=JSON))
-    .select_from(_KNOWN)
-    .scalar_subquery()
-    .label("known")
-)
-_BEGIN_STEP_IN_ONE = sa_select(_HELD_COUNT, _touched(_STEP_TOUCHED, noticed=False), _KNOWN_STEP)
-_BEGIN_STEP_NOTICED = sa_select(_HELD_COUNT, _touched(_STEP_TOUCHED, noticed=True), _KNOWN_STEP)
-
-_PROGRESS_CTE = _PROGRESS.returning(_JOBS.c.id).cte("changed")
-_PROGRESS_CHANGED = sa_select(_PROGRESS_CTE.c.id)
-_PROGRESS_NOTICED = sa_select(_NOTIFY.label("noticed")).select_from(_PROGRESS_CTE)
-
-# The progress snapshot on PostgreSQL in one statement (one round trip): the job's state, with its open
-# questions (only while it waits for answers) as a JSON array in the order `_OPEN_QUESTIONS_OF_JOB` reads
-# them, and its steps as `_steps_as_json` gives them (times as ISO 8601).
-_Q = _INPUTS.alias("q")
-_SNAPSHOT_IN_ONE = sa_select(
-    *_JOB_STATE,
-    case(
-        (
-            _JOBS.c.status == Status.INPUT_REQUIRED.value,
-            sa_select(func.json_agg(aggregate_order_by(literal_column("q"), _Q.c.created_at, _Q.c.key)))
-            .where(_Q.c.job_id == _JOBS.c.id, _Q.c.answered_at.is_(None))
-            .scalar_subquery(),
-        ),
-        else_=None,
-    ).label("handles_open_questions"),
-    _steps_as_json(func.json_build_array, func.json_agg).label("handles_steps"),
-).where(_JOBS.c.id == bindparam("job_id"))
-
-
-def _snapshot_in_one(
-    connection: Connection, job_id: str
-) -> tuple[JobState | None, list[InputRequestRecord], list[StepState]]:
-    row = connection.execute(_SNAPSHOT_IN_ONE, {"job_id": job_id}).mappings().first()
-    if row is None:
-        return None, [], []
-    job = JobState(**{name: row[name] for name in JOB_STATE_COLUMNS})
-    pending = [_from_json(_INPUTS, InputRequestRecord, q) for q in row["handles_open_questions"] or ()]
-    return job, pending, _step_states(row["handles_steps"], _utc_time)
-
-
-# The start on PostgreSQL: one call of the function of migrations 0011 and 0012.
-# Its JSON columns travel as `json` parameters of their own (see the migration), as SQLAlchemy's JSON
-# type writes them (None as JSON null).
-_JOB_JSON = ("arguments", "result", "error", "trace_context")
-_INPUT_JSON = ("requested_schema", "answer")
-_START = text(
-    "SELECT outcome, active, lease_expires_at, stored FROM handles_start(CAST(:job AS json), "
-    "CAST(:arguments AS json), CAST(:result AS json), CAST(:error AS json), CAST(:trace_context AS json), "
-    "CAST(:questions AS json), CAST(:schemas AS json[]), CAST(:answers AS json[]), :limit, :lease, :notice)"
-).columns(
-    column("outcome", Text()),
-    column("active", Integer()),
-    column("lease_expires_at", UTCDateTime()),
-    column("stored", JSON()),
-)
-
-
-@functools.cache
-def _transition_statement(
-    target: Status, owned: bool, lease_by_database: bool | None, columns: tuple[str, ...], noticed: bool
-) -> Any:
-    """`transition`'s compare-and-set UPDATE on PostgreSQL, built once for each shape of call: the job moves to
-    `target` from a status the transition table allows it from (`sources_of`), only while `owner` holds it
-    when `owned`, and only once its lease ran out when `lease_by_database` is not None (by the database's
-    clock when True, by `now` when False). It changes what `_transitioned` changes, from the same table
-    (`_CLEARED_ON_ENTERING`), and `columns` to the values given (`set_<column>`). Its one row: how many jobs
-    it changed (`_touched`), with the change notice sent for each when `noticed`. A test of both stores holds
-    the two together (`tests/store/test_postgres_writes.py`)."""
-    now = bindparam("now", type_=UTCDateTime())
-    where = [
-        _JOBS.c.id == bindparam("job_id"),
-        _JOBS.c.status.in_([literal(source.value) for source in sorted(sources_of(target))]),
-    ]
-    if owned:
-        where.append(_JOBS.c.lease_owner == bindparam("owner"))
-    if lease_by_database is not None:
-        where.append(_JOBS.c.lease_expires_at < (_DATABASE_NOW if lease_by_database else now))
-    changes: dict[str, Any] = {"status": literal(target.value)}
-    changes |= {name: null() for name in _CLEARED_ON_ENTERING[target]}
-    if target in TERMINAL:
-        kept = func.least(
-            _JOBS.c.expires_at, now + func.make_interval(0, 0, 0, 0, 0, 0, _JOBS.c.keep_result_seconds)
-        )
-        changes |= {
-            "finished_at": now,
-            "expires_at": case((_JOBS.c.keep_result_seconds.is_(None), _JOBS.c.expires_at), else_=kept),
-        }
-    changes |= {name: bindparam(f"set_{name}", type_=_JOBS.c[name].type) for name in columns}
-    changes |= {"updated_at": now, "version": _JOBS.c.version + 1}
-    changed = update(_JOBS).where(*where).values(changes).returning(_JOBS.c.id).cte("changed")
-    return sa_select(_touched(changed, noticed=noticed))

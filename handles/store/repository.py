@@ -150,11 +150,7 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
         node judges them by the database's clock, as it judges leases. The sweeper measures it each pass."""
         if not self._database_leases:
             return timedelta(0)
-        with self._postgres_autocommit() as connection:
-            before = self.clock()
-            (database_now,) = connection.execute("SELECT clock_timestamp()").fetchone()
-            after = self.clock()
-        self._clock_offset = database_now - (before + (after - before) / 2)
+        self._clock_offset = self._engine.clock_offset(self.clock)
         return self._clock_offset
 
     def _by_database_clock(self, values: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, ParamSpec, TypeVar
 
@@ -24,7 +24,15 @@ from sqlalchemy.exc import IntegrityError
 from handles.errors import LeaseLost
 from handles.states import ACTIVE, Status
 from handles.store.engines import Change, EngineHost
-from handles.store.models import InputRequestRecord, JobRecord, JobState, StepRecord, StepState, UTCDateTime
+from handles.store.models import (
+    Clock,
+    InputRequestRecord,
+    JobRecord,
+    JobState,
+    StepRecord,
+    StepState,
+    UTCDateTime,
+)
 from handles.store.rows import _INPUTS, _JOBS, _column_values, _detached, _rows
 from handles.store.rules import (
     ActiveLimitReached,
@@ -103,6 +111,10 @@ class SqliteOps:
                 return
         with repo._fast_reading() as connection:
             yield connection
+
+    def clock_offset(self, clock: Clock) -> timedelta:
+        """No clock but `clock`: no offset."""
+        return timedelta(0)
 
     def skip_locked(self, query: Any) -> Any:
         """`query` as a claim reads its candidates: as it is (the write lock keeps other writers out)."""
