@@ -1,6 +1,6 @@
 """A running job's writes on PostgreSQL past the ORM session, on psycopg's own connection.
 
-Its outcome (`JobRepository.transition`): one write transaction (`_transition_direct`), storing exactly what
+Its outcome (`JobRepository.transition`): one compare-and-set statement (`PostgresOps.transition`), storing exactly what
 the ORM's path stores, with its change notice inside the transaction, and SQLAlchemy's errors when the
 database fails it. Its progress reports (`JobRepository.set_progress`): one statement in autocommit, whose
 change notice goes out only when it changed the row."""
