@@ -176,7 +176,8 @@ def _timers(jobs: Any, samples: dict[str, list[float]]) -> Iterator[None]:
     from handles.job_operations import JobOperations
     from handles.server.handle_tools import JobTools
     from handles.store import Store
-    from handles.store.repository import _START, JobRepository
+    from handles.store.postgres_statements import _START
+    from handles.store.repository import JobRepository
 
     service = jobs.service
     repo = service.store.repo
@@ -243,7 +244,8 @@ def _timers(jobs: Any, samples: dict[str, list[float]]) -> Iterator[None]:
                 )
             )
             prepared = repo._prepare(_START)
-            patch(_patched(repo, "_start_statement", _timed_await(repo._start_statement, s["database"])))
+            engine = repo._engine  # PostgresOps
+            patch(_patched(engine, "_start_statement", _timed_await(engine._start_statement, s["database"])))
             connections = repo.loop_connections
             checkout = _timed_around_async(connections.connection, s["pool"], lambda: inserting[0])
             patch(_patched(connections, "connection", checkout))
@@ -251,7 +253,7 @@ def _timers(jobs: Any, samples: dict[str, list[float]]) -> Iterator[None]:
             method(Store, "insert_now", "stored", _timed_call)
             writing = repo._sqlite_writing
             patch(_patched(repo, "_sqlite_writing", _timed_transaction(writing, s, lambda: inserting[0])))
-            prepared = repo._sqlite_start[1]  # the INSERT of the job's row
+            prepared = repo._engine._start[1]  # the INSERT of the job's row (SqliteOps)
         patch(_patched(prepared, "parameters", _timed_call(prepared.parameters, s["bind"])))
         yield
 

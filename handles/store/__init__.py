@@ -177,7 +177,7 @@ class Store:
         self.repo = repository
         self.notifier = ChangeNotifier()
         self.origin = "unnamed"  # the runtime names it; other nodes ignore their own publications
-        self._publishes = repository.dialect == "postgresql"
+        self._publishes = repository.publishes
         self._limiter = anyio.CapacityLimiter(threads)
         # The loop time until which a write of what this node's run of a job knows waits out an outage (None:
         # this node holds no lease on it); the runtime that holds the leases sets it (`LeaseKeeper`).

@@ -6,8 +6,8 @@ connection runs in WAL mode with synchronous=NORMAL (a commit survives a crash o
 begin with BEGIN IMMEDIATE behind one writer lock per process, and an SQLite file gets long-lived
 connections for reads and short writes made on the event loop itself (`read_inline`, `write_inline`).
 
-`JobRepository` (repository.py) and its parts (housekeeping.py, operator_reads.py, result_files.py,
-switch_rows.py) build on it: every query lives there.
+`JobRepository` (repository.py), its parts (claims.py, housekeeping.py, operator_reads.py, result_files.py,
+switch_rows.py) and its engines' operations (sqlite.py, postgres.py) build on it: every query lives there.
 """
 
 from __future__ import annotations
@@ -435,54 +435,6 @@ class Database:
                 if isinstance(exc, sqlite3.Error):
                     raise DBAPIError.instance(None, None, exc, sqlite3.Error) from exc
                 raise
-
-    @contextmanager
-    def _postgres_autocommit(self) -> Iterator[Any]:
-        """psycopg's own connection from the read engine's pool (autocommit, no ping at checkout), for a
-        statement that is its own transaction run past SQLAlchemy's statement execution (a start: one
-        call of `handles_start`, whose execution through SQLAlchemy cost a third of the round trip).
-        Its errors come out as SQLAlchemy's exceptions (`_postgres_connection`)."""
-        with self._postgres_connection(self._read_engine) as connection:
-            yield connection
-
-    @contextmanager
-    def _postgres_writing_at_once(self) -> Iterator[Any]:
-        """psycopg's own connection from the write engine's pool, in autocommit for the block: for a write
-        that is one statement, and so its own transaction, one round trip past the pool's ping (a job's
-        outcome, `JobRepository.transition`; a step's start and outcome). The ping at checkout makes a
-        write after a restart or a failover succeed at its first try (SQLAlchemy's own ping switches
-        autocommit on and off the same way). Errors as `_postgres_connection` gives them."""
-        with self._write_lock, self._postgres_connection(self._write_engine) as connection:
-            connection.autocommit = True
-            try:
-                yield connection
-            finally:
-                with contextlib.suppress(Exception):  # a dropped connection: `_postgres_connection` tells
-                    connection.autocommit = False
-
-    @contextmanager
-    def _postgres_connection(self, engine: Engine) -> Iterator[Any]:
-        """psycopg's own connection from `engine`'s pool, back to the pool after (pinged at checkout when the
-        pool pings: the write engine's, not the read engine's).
-
-        Its errors come out as SQLAlchemy's exceptions, as from `engine.connect()` and `execute`: a
-        connection the server dropped (a restart, a failover, an idle timeout) is a `DBAPIError` with
-        `connection_invalidated` set, and, as SQLAlchemy's own `Connection` does then, every connection
-        the pool made before it is replaced at its next checkout, so a second try gets a fresh one.
-        """
-        dialect = engine.dialect
-        pooled: Any = None
-        try:
-            pooled = engine.raw_connection()
-            yield pooled.driver_connection
-        except dialect.loaded_dbapi.Error as exc:
-            disconnect = pooled is not None and dialect.is_disconnect(exc, pooled.dbapi_connection, None)
-            if disconnect:
-                engine.pool._invalidate(pooled, exc)
-            raise as_sqlalchemy_error(engine, exc, disconnect=disconnect) from exc
-        finally:
-            if pooled is not None and pooled.is_valid:
-                pooled.close()  # back to the pool (which rolls back what is still open)
 
     @contextmanager
     def _reading(self) -> Iterator[Session]:

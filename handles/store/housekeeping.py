@@ -16,6 +16,7 @@ from sqlmodel import Session, col, delete, select
 from handles.states import ACTIVE, TERMINAL, Status
 from handles.store.audit import evidence
 from handles.store.engine import Database
+from handles.store.engines import EngineOps
 from handles.store.models import (
     AuditRecord,
     Clock,
@@ -34,6 +35,7 @@ class Housekeeping(Database):
     """Deadlines, retention and evidence, on the engines and transactions of `Database`."""
 
     clock: Clock  # set by JobRepository
+    _engine: EngineOps  # set by JobRepository
 
     def _lease_now(self, now: datetime) -> Any:
         """`now` by the clock that judges leases and deadlines (JobRepository's: the database's, or `now`)."""
@@ -120,7 +122,7 @@ class Housekeeping(Database):
 
     def _one_sweep_each(self, query: Any) -> Any:
         """`query` locking the rows it reads, skipping those another transaction holds (PostgreSQL)."""
-        return query.with_for_update(skip_locked=True) if self.dialect == "postgresql" else query
+        return self._engine.skip_locked(query)
 
     def _archive(self, session: Session, jobs: list[JobRecord], now: datetime, keep_until: datetime) -> None:
         ids = [job.id for job in jobs]

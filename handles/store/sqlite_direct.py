@@ -4,10 +4,10 @@ SQLAlchemy's statement execution costs several times what SQLite takes to run a 
 hot paths on an SQLite file (a start, an outcome, the reads by key) run their statements here, each
 compiled once for the dialect, its values bound and its rows read through the type processors SQLAlchemy
 uses (JSON, aware UTC times): what is stored and read back is the same either way. On PostgreSQL the start
-(`JobRepository._start`; `start_on_loop` on an asynchronous connection of the event loop's), the hot reads by
-key, a job's outcome (`JobRepository._transition_in_one`), its progress reports (`JobRepository.set_progress`)
-and its durable steps' writes (`begin_step`, `finish_step`) run their statements the same way, on psycopg's
-own connection.
+(`PostgresOps.insert`; `start_on_loop` on an asynchronous connection of the event loop's), the hot reads by
+key, a job's outcome (`PostgresOps.transition`), its progress reports (`PostgresOps.set_progress`) and its
+durable steps' writes (`begin_step`, `finish_step`) run their statements the same way, on psycopg's own
+connection (postgres.py; SQLite's paths: sqlite.py).
 """
 
 from __future__ import annotations

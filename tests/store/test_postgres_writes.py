@@ -1,6 +1,6 @@
 """A running job's writes on PostgreSQL past the ORM session, on psycopg's own connection.
 
-Its outcome (`JobRepository.transition`): one write transaction (`_transition_direct`), storing exactly what
+Its outcome (`JobRepository.transition`): one compare-and-set statement (`PostgresOps.transition`), storing exactly what
 the ORM's path stores, with its change notice inside the transaction, and SQLAlchemy's errors when the
 database fails it. Its progress reports (`JobRepository.set_progress`): one statement in autocommit, whose
 change notice goes out only when it changed the row."""
@@ -20,7 +20,7 @@ from sqlalchemy.exc import DBAPIError
 
 from handles.states import TERMINAL, Status
 from handles.store import JobRecord, JobRepository, utc_now
-from handles.store.repository import _transitioned
+from handles.store.rules import _transitioned
 from tests.harness.postgres import notices, repository, round_trips, terminate_backends
 from tests.runtime.support import job_row
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from sqlalchemy.dialects import postgresql, sqlite
 
-from handles.store.repository import _INSERT_JOB, _JOB_COLUMNS
 from handles.store.sqlite_direct import _PER_BIND, _bound_none, _Prepared
+from handles.store.statements import _INSERT_JOB, _JOB_COLUMNS
 from tests.store.test_detached_rows import rows
 
 DIALECTS = {"sqlite": sqlite.dialect(), "postgresql": postgresql.psycopg.dialect()}
@@ -63,7 +63,7 @@ def test_a_constant_written_into_a_statement_is_bound_with_its_value(dialect: st
     from sqlalchemy import bindparam
     from sqlalchemy import select as sa_select
 
-    from handles.store.repository import _JOBS
+    from handles.store.rows import _JOBS
 
     statement = sa_select(_JOBS.c.id).where(
         _JOBS.c.status == "input_required", _JOBS.c.id == bindparam("job_id"), _JOBS.c.attempts > 2

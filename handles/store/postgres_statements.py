@@ -1,0 +1,210 @@
+"""The statements only PostgreSQL runs (`PostgresOps`, postgres.py), each built once: a start (one call of
+`handles_start`, migrations 0011 and 0012), a job's outcome as one compare-and-set UPDATE built from the
+transition table (`_transition_statement`), a durable step's start and outcome and a progress report as one
+statement each, sending their change notice only when they changed something (`_touched`), and the snapshot
+in one statement.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Connection,
+    Integer,
+    Text,
+    and_,
+    bindparam,
+    case,
+    column,
+    func,
+    literal,
+    literal_column,
+    null,
+    or_,
+    text,
+    update,
+)
+from sqlalchemy import select as sa_select
+from sqlalchemy.dialects.postgresql import aggregate_order_by
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from handles.states import TERMINAL, Status, sources_of
+from handles.store.engine import NOTIFY_CHANNEL
+from handles.store.models import JOB_STATE_COLUMNS, InputRequestRecord, JobState, StepState, UTCDateTime
+from handles.store.rows import _INPUTS, _JOBS, _STEPS, _from_json, _utc_time
+from handles.store.rules import _CLEARED_ON_ENTERING
+from handles.store.statements import (
+    _DATABASE_NOW,
+    _FINISH_STEP,
+    _HELD_BY_OWNER,
+    _JOB_STATE,
+    _OWN_START,
+    _PROGRESS,
+    _RESTARTED,
+    _TOUCH_JOB,
+    _step_states,
+    _steps_as_json,
+)
+
+_NOTIFY = func.pg_notify(NOTIFY_CHANNEL, bindparam("notice", type_=Text()))
+
+# A step's outcome on PostgreSQL in one statement: the job locked while `owner` holds it and it is active
+# (`held`), the step's outcome written while it is started, and the job touched when it was; its result
+# row says whether the lease was held. With the change notice, sent (by `pg_notify` over the touched
+# rows) only when the step changed, once the statement commits.
+_HELD = sa_select(_JOBS.c.id).where(*_HELD_BY_OWNER).with_for_update().cte("held")
+_FINISHED = (
+    _FINISH_STEP.where(or_(_STEPS.c.job_id == sa_select(_HELD.c.id).scalar_subquery(), _OWN_START))
+    .returning(_STEPS.c.job_id)
+    .cte("finished")
+)
+_TOUCHED = (
+    _TOUCH_JOB.where(_JOBS.c.id.in_(sa_select(_FINISHED.c.job_id))).returning(_JOBS.c.id).cte("touched")
+)
+_HELD_COUNT = sa_select(func.count()).select_from(_HELD).scalar_subquery().label("held")
+
+
+def _touched(touched: Any, *, noticed: bool) -> Any:
+    """The rows the CTE `touched` changed (1 or 0), as the column `touched`; with `noticed`, the change notice
+    (`notice`) sent for each of them."""
+    counted = func.count(_NOTIFY) if noticed else func.count()
+    return sa_select(counted).select_from(touched).scalar_subquery().label("touched")
+
+
+_FINISH_STEP_IN_ONE = sa_select(_HELD_COUNT, _touched(_TOUCHED, noticed=False))
+_FINISH_STEP_NOTICED = sa_select(_HELD_COUNT, _touched(_TOUCHED, noticed=True))
+
+# A step's start on PostgreSQL in one statement: with the job `held` (as for an outcome), the step as stored
+# (`known`), and the step inserted unless it is known and not failed (a failed one is started again by the
+# insert's conflict clause, only while it is still failed), the job touched when it was. The result row
+# says whether the lease was held, whether the step was started, and the known step (`row_to_json`).
+_KNOWN = (
+    sa_select(_STEPS)
+    .where(_STEPS.c.job_id == sa_select(_HELD.c.id).scalar_subquery(), _STEPS.c.name == bindparam("name"))
+    .cte("known")
+)
+_STEP_VALUES = ("name", "status", "attempt", "started_at", "finished_at", "result", "error")
+
+
+def _starts_again_in_sql(status: Any) -> Any:
+    """`_starts_again` in SQL, with `repeatable` a parameter (PostgreSQL's `begin_step` in one statement)."""
+    repeatable = bindparam("repeatable", type_=Boolean())
+    return or_(status == literal("failed"), and_(repeatable, status != literal("completed")))
+
+
+_STARTED_STEP = pg_insert(_STEPS).from_select(
+    ["job_id", *_STEP_VALUES],
+    sa_select(_HELD.c.id, *(bindparam(name, type_=_STEPS.c[name].type) for name in _STEP_VALUES)).where(
+        ~sa_select(_KNOWN.c.name).where(~_starts_again_in_sql(_KNOWN.c.status)).exists()
+    ),
+)
+_STARTED = (
+    _STARTED_STEP.on_conflict_do_update(
+        index_elements=[_STEPS.c.job_id, _STEPS.c.name],
+        set_={name: _STARTED_STEP.excluded[name] for name in _RESTARTED},
+        where=_starts_again_in_sql(_STEPS.c.status),
+    )
+    .returning(_STEPS.c.job_id)
+    .cte("started")
+)
+_STEP_TOUCHED = (
+    _TOUCH_JOB.where(_JOBS.c.id.in_(sa_select(_STARTED.c.job_id))).returning(_JOBS.c.id).cte("step_touched")
+)
+_KNOWN_STEP = (
+    sa_select(func.row_to_json(literal_column("known"), type_=JSON))
+    .select_from(_KNOWN)
+    .scalar_subquery()
+    .label("known")
+)
+_BEGIN_STEP_IN_ONE = sa_select(_HELD_COUNT, _touched(_STEP_TOUCHED, noticed=False), _KNOWN_STEP)
+_BEGIN_STEP_NOTICED = sa_select(_HELD_COUNT, _touched(_STEP_TOUCHED, noticed=True), _KNOWN_STEP)
+
+_PROGRESS_CTE = _PROGRESS.returning(_JOBS.c.id).cte("changed")
+_PROGRESS_CHANGED = sa_select(_PROGRESS_CTE.c.id)
+_PROGRESS_NOTICED = sa_select(_NOTIFY.label("noticed")).select_from(_PROGRESS_CTE)
+
+# The progress snapshot on PostgreSQL in one statement (one round trip): the job's state, with its open
+# questions (only while it waits for answers) as a JSON array in the order `_OPEN_QUESTIONS_OF_JOB` reads
+# them, and its steps as `_steps_as_json` gives them (times as ISO 8601).
+_Q = _INPUTS.alias("q")
+_SNAPSHOT_IN_ONE = sa_select(
+    *_JOB_STATE,
+    case(
+        (
+            _JOBS.c.status == Status.INPUT_REQUIRED.value,
+            sa_select(func.json_agg(aggregate_order_by(literal_column("q"), _Q.c.created_at, _Q.c.key)))
+            .where(_Q.c.job_id == _JOBS.c.id, _Q.c.answered_at.is_(None))
+            .scalar_subquery(),
+        ),
+        else_=None,
+    ).label("handles_open_questions"),
+    _steps_as_json(func.json_build_array, func.json_agg).label("handles_steps"),
+).where(_JOBS.c.id == bindparam("job_id"))
+
+
+def _snapshot_in_one(
+    connection: Connection, job_id: str
+) -> tuple[JobState | None, list[InputRequestRecord], list[StepState]]:
+    row = connection.execute(_SNAPSHOT_IN_ONE, {"job_id": job_id}).mappings().first()
+    if row is None:
+        return None, [], []
+    job = JobState(**{name: row[name] for name in JOB_STATE_COLUMNS})
+    pending = [_from_json(_INPUTS, InputRequestRecord, q) for q in row["handles_open_questions"] or ()]
+    return job, pending, _step_states(row["handles_steps"], _utc_time)
+
+
+# The start on PostgreSQL: one call of the function of migrations 0011 and 0012.
+# Its JSON columns travel as `json` parameters of their own (see the migration), as SQLAlchemy's JSON
+# type writes them (None as JSON null).
+_JOB_JSON = ("arguments", "result", "error", "trace_context")
+_INPUT_JSON = ("requested_schema", "answer")
+_START = text(
+    "SELECT outcome, active, lease_expires_at, stored FROM handles_start(CAST(:job AS json), "
+    "CAST(:arguments AS json), CAST(:result AS json), CAST(:error AS json), CAST(:trace_context AS json), "
+    "CAST(:questions AS json), CAST(:schemas AS json[]), CAST(:answers AS json[]), :limit, :lease, :notice)"
+).columns(
+    column("outcome", Text()),
+    column("active", Integer()),
+    column("lease_expires_at", UTCDateTime()),
+    column("stored", JSON()),
+)
+
+
+@functools.cache
+def _transition_statement(
+    target: Status, owned: bool, lease_by_database: bool | None, columns: tuple[str, ...], noticed: bool
+) -> Any:
+    """`transition`'s compare-and-set UPDATE on PostgreSQL, built once for each shape of call: the job moves to
+    `target` from a status the transition table allows it from (`sources_of`), only while `owner` holds it
+    when `owned`, and only once its lease ran out when `lease_by_database` is not None (by the database's
+    clock when True, by `now` when False). It changes what `_transitioned` changes, from the same table
+    (`_CLEARED_ON_ENTERING`), and `columns` to the values given (`set_<column>`). Its one row: how many jobs
+    it changed (`_touched`), with the change notice sent for each when `noticed`. A test of both stores holds
+    the two together (`tests/store/test_postgres_writes.py`)."""
+    now = bindparam("now", type_=UTCDateTime())
+    where = [
+        _JOBS.c.id == bindparam("job_id"),
+        _JOBS.c.status.in_([literal(source.value) for source in sorted(sources_of(target))]),
+    ]
+    if owned:
+        where.append(_JOBS.c.lease_owner == bindparam("owner"))
+    if lease_by_database is not None:
+        where.append(_JOBS.c.lease_expires_at < (_DATABASE_NOW if lease_by_database else now))
+    changes: dict[str, Any] = {"status": literal(target.value)}
+    changes |= {name: null() for name in _CLEARED_ON_ENTERING[target]}
+    if target in TERMINAL:
+        kept = func.least(
+            _JOBS.c.expires_at, now + func.make_interval(0, 0, 0, 0, 0, 0, _JOBS.c.keep_result_seconds)
+        )
+        changes |= {
+            "finished_at": now,
+            "expires_at": case((_JOBS.c.keep_result_seconds.is_(None), _JOBS.c.expires_at), else_=kept),
+        }
+    changes |= {name: bindparam(f"set_{name}", type_=_JOBS.c[name].type) for name in columns}
+    changes |= {"updated_at": now, "version": _JOBS.c.version + 1}
+    changed = update(_JOBS).where(*where).values(changes).returning(_JOBS.c.id).cte("changed")
+    return sa_select(_touched(changed, noticed=noticed))
