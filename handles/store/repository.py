@@ -46,6 +46,7 @@ from handles.store.postgres import PostgresOps
 from handles.store.result_files import ResultFiles
 from handles.store.rows import _JOBS, _one, _rows
 from handles.store.rules import (
+    _LEASE,
     ActiveLimitReached,
     _cancelled,
     _changed,
@@ -368,10 +369,12 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
             if lease_expired and (job.lease_expires_at is None or job.lease_expires_at >= lease_now):
                 return None
             target, values = _interrupted_outcome(job, lease_now, shutdown=shutdown)
-            if target in TERMINAL:
+            if target not in TERMINAL:  # queued again: its lease goes
+                values = dict.fromkeys(_LEASE) | values
+            if target is Status(job.status):
+                _changed(job, now, values)
+            else:  # an end, or a run stopped as it asked a question, queued to run again
                 _transitioned(job, target, now, values)
-            else:  # queued again: its status stays, its lease goes
-                _released(job, now, values)
             session.add(job)
             return Status(job.status)
 

@@ -657,3 +657,25 @@ def test_operators_setting_one_switch_at_once_both_succeed_and_one_change_is_las
         assert all(row.engaged for row, _ in outcomes)
         stored = {row.name: row for row in repo.switches()}[name]
         assert stored.changed_by in ("alice", "bob")
+
+
+@pytest.mark.parametrize("asking", [False, True], ids=["working", "input_required"])
+def test_a_crashed_retry_job_is_queued_again_working_without_a_lease(
+    repo: JobRepository, clock: MovableClock, asking: bool
+) -> None:
+    """A `retry` job whose node died goes back to the queue as `working`, whether it was running or had just
+    asked a question (its lease not yet given up by parking): nobody holds it, and a claim runs it again."""
+    job = claimed_job(repo)
+    with repo._writing() as session:  # a retry job, as `on_interrupt="retry"` declares it
+        stored = session.get(JobRecord, job.id)
+        assert stored is not None
+        stored.on_interrupt, stored.max_attempts = "retry", 3
+        session.add(stored)
+    if asking:
+        assert repo.open_input(job.id, OWNER, "q1", "Approve?", SCHEMA) is None
+    clock.advance(31)  # past the lease of `claimed_job`
+    assert repo.settle_interrupted(job.id, OWNER, shutdown=False, lease_expired=True) is Status.WORKING
+    record = repo.get(job.id)
+    assert record is not None
+    assert (record.status, record.lease_owner, record.lease_expires_at) == ("working", None, None)
+    assert record.input_deadline is None and record.finished_at is None
