@@ -41,8 +41,9 @@ from bench.common import (
     structured,
 )
 from handles.server.bind_mcpserver import add_tools, tool_function
-from handles.server.handle_tools import JobTools, ProgressOutput, ToolReply
+from handles.server.handle_tools import JobTools
 from handles.server.reply_memo import ReplyMemo
+from handles.server.tool_shapes import ProgressOutput, ToolReply
 
 SECTION = "poll_parts"
 PARTS = (

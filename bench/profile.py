@@ -172,7 +172,7 @@ async def breakdown(options: Options) -> Table:
             ),
             ("no-op plain tool via mcp.Client in-process", lambda: c.call_tool("noop", {})),
         ]
-        from handles.server.handle_tools import ProgressOutput
+        from handles.server.tool_shapes import ProgressOutput
 
         listed = {tool.name: tool for tool in (await c.list_tools()).tools}
         progress_result = await structured(c, "work_progress", {"handle": handle})

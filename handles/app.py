@@ -25,10 +25,11 @@ from handles.principal import PrincipalResolver, default_resolver
 from handles.runtime import Runtime
 from handles.sealing import Sealer
 from handles.server.bind_mcpserver import add_plain_tool, add_tools, is_fastmcp
-from handles.server.handle_tools import JobTools, SharedTools, ToolDefinition
+from handles.server.handle_tools import JobTools, SharedTools
 from handles.server.plain_tool import PlainCallPolicy, PlainTool
 from handles.server.result_links import ResultLinks
 from handles.server.tasks_extension import TasksExtension
+from handles.server.tool_shapes import ToolDefinition
 from handles.store import Clock, JobRepository, Store, utc_now
 from handles.store.reach import database_errors, make_sqlite_folder
 from handles.store.schema import SchemaGate

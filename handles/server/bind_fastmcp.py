@@ -65,8 +65,8 @@ if TYPE_CHECKING:
 
     from handles.job_operations import JobOperations
     from handles.principal import PrincipalResolver
-    from handles.server.handle_tools import ToolDefinition
     from handles.server.plain_tool import PlainTool
+    from handles.server.tool_shapes import ToolDefinition
 
 SharedFunction = Callable[..., Awaitable[CallToolResult | InputRequiredResult]]
 

@@ -26,7 +26,7 @@ from handles.errors import CallerError, ConfigurationError, InvalidArguments
 from handles.principal import PrincipalResolver
 from handles.results import resource_link
 from handles.server.argument_gate import ArgumentGate, ArgumentRules
-from handles.server.handle_tools import ToolDefinition, ToolReply, error_reply
+from handles.server.tool_shapes import ToolDefinition, ToolReply, error_reply
 
 if TYPE_CHECKING:
     pass

@@ -1,202 +1,61 @@
 """The generator: one job in, its handle tools out (names, descriptions, schemas, handlers).
 
-`JobTools` makes a job's `<job>_start` and, in the per-job layout, its follow tools;
-`SharedTools` makes the compact layout's `jobs_*` follow tools, which hand each handle to
-the `JobTools` of its job. Both build the follow tools with `follow_definitions`, told whose
-handles they take by a `FollowScope`, and name every tool through `handles.tool_layout.ToolNames`.
+`JobTools` makes a job's `<job>_start` and, in the per-job layout, its follow tools, and answers
+them; `SharedTools` answers the compact layout's `jobs_*` follow tools by handing each handle to
+the `JobTools` of its job. Both build the follow tools with `follow_definitions`
+(`handles.server.follow_tools`), and name every tool through `handles.tool_layout.ToolNames`.
 
-Framework-neutral: a `ToolDefinition` carries pydantic models for its input and
-output and an async handler `(principal, arguments) -> ToolReply`. `handles.server.bind_mcpserver`
-binds these to the SDK's server. Every reply says what to call next (`next`),
-because the caller is often a language model that would otherwise guess.
+Framework-neutral: a `ToolDefinition` (`handles.server.tool_shapes`) carries pydantic models for its
+input and output and an async handler `(principal, arguments) -> ToolReply`.
+`handles.server.bind_mcpserver` binds these to the SDK's server. Every reply says what to call next
+(`next`, `handles.server.next_steps`), because the caller is often a language model that would
+otherwise guess.
 """
 
 from __future__ import annotations
 
-import functools
-import json
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Mapping
 from typing import Any, Optional
 
-from pydantic import BaseModel, Field, create_model
+from pydantic import Field, create_model
 
-from handles.errors import CallerError, UnknownHandle
+from handles.errors import UnknownHandle
 from handles.job_operations import UNKNOWN_HANDLE, JobOperations
 from handles.jobs import JobSpec, describe_duration
-from handles.liveness import LeaseTiming, NodeContact, clock_time, node_contact
-from handles.results import ResultLink, link_of, link_size_text, tool_error_text
-from handles.server.output_schema import FlatSchemaModel
+from handles.liveness import LeaseTiming
+from handles.results import link_of, link_size_text, tool_error_text
+from handles.server.follow_tools import FollowScope, follow_definitions
+from handles.server.quiet_node import QuietNodeGuidance
 from handles.server.reply_memo import ReplyMemo
+from handles.server.tool_shapes import (
+    CancelOutput,
+    ErrorView,
+    FetchOutputBase,
+    InputRequestView,
+    ProgressOutput,
+    ProgressView,
+    RespondOutput,
+    StartOutput,
+    StepView,
+    ToolDefinition,
+    ToolHandler,
+    ToolReply,
+    guarded,
+)
 from handles.states import Status
 from handles.store import InputRequestRecord, JobRecord, JobState
 from handles.tool_layout import FOLLOW_VERBS, SHARED_PREFIX, ToolNames
 
-HANDLE_DESCRIPTION = "The handle string returned by the start tool, exactly as given."
 
-
-# -- output models -------------------------------------------------------------
-
-
-class ProgressView(BaseModel):
-    done: float | None = Field(None, description="Units of work done so far, as reported by the job.")
-    total: float | None = Field(None, description="Total units of work, when the job knows it.")
-    fraction: float | None = Field(None, description="done / total between 0 and 1, when both are known.")
-
-
-class InputRequestView(BaseModel):
-    message: str = Field(description="The question, for a person or for you to answer.")
-    requested_schema: dict[str, Any] = Field(
-        description="JSON schema of the answer: an object of primitive fields."
-    )
-
-
-class StepView(BaseModel):
-    name: str
-    status: str = Field(description="started (outcome not yet recorded), completed, or failed.")
-    attempt: int
-    started_at: datetime
-    finished_at: datetime | None = None
-
-
-class ErrorView(BaseModel):
-    code: int
-    message: str
-    data: dict[str, Any] | None = None
-
-
-class StartOutput(FlatSchemaModel):
-    handle: str = Field(description="Pass this to the progress, fetch, cancel and respond tools.")
-    job: str
-    status: Status
-    status_message: str | None = None
-    created: bool = Field(
-        description="False when an earlier start with the same idempotency_key is returned."
-    )
-    poll_after_ms: int = Field(description="Wait at least this long before checking progress.")
-    expires_at: datetime = Field(description="When the job and its result are deleted.")
-    input_requests: dict[str, InputRequestView] = Field(
-        default_factory=dict,
-        description="Questions the job needs answered before it starts, by key (answer with the respond tool).",
-    )
-    next: str = Field(description="What to do next.")
-
-
-class ProgressOutput(FlatSchemaModel):
-    job: str
-    status: Status
-    status_message: str | None = None
-    progress: ProgressView
-    input_requests: dict[str, InputRequestView] = Field(
-        default_factory=dict,
-        description="Questions waiting for an answer, by key (answer with the respond tool).",
-    )
-    attempts: int = Field(
-        0, description="How many times the job has been started (more than 1 after a retry)."
-    )
-    steps: list[StepView] = Field(
-        default_factory=list, description="The job's durable steps so far (names and outcomes, not values)."
-    )
-    created_at: datetime
-    updated_at: datetime
-    expires_at: datetime
-    poll_after_ms: int | None = Field(None, description="When to check again; null once the job has ended.")
-    next: str
-
-
-class CancelOutput(FlatSchemaModel):
-    job: str
-    status: Status
-    status_message: str | None = None
-    cancel_requested: bool
-    next: str
-
-
-class RespondOutput(FlatSchemaModel):
-    job: str
-    status: Status
-    accepted: list[str] = Field(description="Keys whose answers were recorded.")
-    ignored: list[str] = Field(
-        description="Keys that were unknown or already answered; nothing was changed for them."
-    )
-    input_requests: dict[str, InputRequestView] = Field(default_factory=dict)
-    next: str
-
-
-class FetchOutputBase(FlatSchemaModel):
-    job: str
-    status: Status
-    status_message: str | None = None
-    error: ErrorView | None = Field(None, description="Why the job failed, when it failed.")
-    tool_error: str | None = Field(
-        None, description="The job's own error message, when it ended in a tool error."
-    )
-    result_link: ResultLink | None = Field(None, description="The result, when too large to show here.")
-    poll_after_ms: int | None = None
-    expires_at: datetime
-    next: str
-
-
-# -- definitions -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ToolReply:
-    """A tool's answer: structured content (conforming to the output model) or a caller error."""
-
-    structured: dict[str, Any]
-    is_error: bool = False
-    link: ResultLink | None = None
-    """A large result's link, also given as a `resource_link` content item."""
-
-    @functools.cached_property
-    def text(self) -> str:
-        """The structured content as JSON text (made once: a progress reply may be reused, `ReplyMemo`)."""
-        return json.dumps(self.structured, ensure_ascii=False, default=str)
-
-
-ToolHandler = Callable[[str, dict[str, Any]], Awaitable[ToolReply]]
-
-
-@dataclass(frozen=True)
-class ToolDefinition:
-    name: str
-    title: str
-    description: str
-    input_model: type[BaseModel]
-    output_model: type[BaseModel]
-    handler: ToolHandler
-    read_only: bool
-    destructive: bool = False
-    idempotent: bool = True
-
-
-def error_reply(error: CallerError) -> ToolReply:
-    return ToolReply(structured=error.to_dict(), is_error=True)
-
-
-def _guarded(handler: ToolHandler) -> ToolHandler:
-    async def guarded(principal: str, arguments: dict[str, Any]) -> ToolReply:
-        try:
-            return await handler(principal, arguments)
-        except CallerError as error:
-            return error_reply(error)
-
-    return guarded
-
-
-class JobTools:
+class JobTools(QuietNodeGuidance):
     """The handle tools of one job, named as the layout says (`names`)."""
 
     def __init__(self, spec: JobSpec, service: JobOperations, names: ToolNames | None = None) -> None:
-        self.spec = spec
+        super().__init__(
+            spec, names or ToolNames(), service.config.max_wait_seconds, LeaseTiming.of(service.config)
+        )
         self.service = service
-        self.names = names or ToolNames()
-        self.max_wait = service.config.max_wait_seconds
         self._progress_replies: ReplyMemo[ToolReply] = ReplyMemo()
-        self.lease_timing = LeaseTiming.of(service.config)
-        self._quiet_margin = self.lease_timing.quiet_margin
         result_type: Any = spec.metadata.output_model
         self.fetch_model: type[FetchOutputBase] = create_model(
             f"{spec.name}_fetch_output",
@@ -206,111 +65,6 @@ class JobTools:
                 Field(None, description=f"The {spec.name} result, once completed."),
             ),
         )
-
-    # -- names and guidance ------------------------------------------------
-
-    def tool(self, verb: str) -> str:
-        """The name of this job's `verb` tool in the layout (`<job>_progress` or the shared `jobs_progress`)."""
-        return self.names.name(self.spec.name, verb)
-
-    @property
-    def poll_after_ms(self) -> int:
-        return int(self.spec.poll_after.total_seconds() * 1000)
-
-    def next_step(
-        self, job: JobRecord | JobState, pending: list[InputRequestRecord], *, fetching: bool = False
-    ) -> str:
-        status = Status(job.status)
-        if status is Status.WORKING:
-            return self._still_running
-        if status is Status.INPUT_REQUIRED:
-            keys = ", ".join(r.key for r in pending) or "the pending keys"
-            example = json.dumps({r.key: {"...": "..."} for r in pending[:1]} or {"q1": {"...": "..."}})
-            return (
-                f"The job is waiting for an answer to {keys}. Read input_requests, then call "
-                f"{self.tool('respond')} with this handle and responses like {example} (one object per key, "
-                f"fields as in its requested_schema); then keep following the job with {self.tool('progress')}."
-            )
-        if status is Status.COMPLETED:
-            until = job.expires_at.isoformat()
-            if fetching:
-                return f"The job is finished and this is its result. Nothing more to do; it stays available until {until}."
-            return f"The job is finished. Call {self.tool('fetch')} with this handle to get the result (kept until {until})."
-        if status is Status.FAILED and _reason(job) == "server_configuration":
-            return (
-                "The job failed because of the server's configuration, not because of your request; see "
-                "error. Starting it again fails the same way: tell the server's operator the reference in "
-                "error, and start it again once they have fixed it."
-            )
-        if status is Status.FAILED:
-            return (
-                "The job failed and will not produce a result; see error. Do not retry blindly: check whether "
-                f"anything it started must be reconciled, then start a new job with {self.tool('start')} if needed."
-            )
-        if _reason(job) == "step_unknown":
-            return (
-                "The job was cancelled while a step was still running, and that step's outcome is unknown (see "
-                "status_message). Reconcile it (check whether its effect happened) before starting a new job "
-                f"with {self.tool('start')}."
-            )
-        return (
-            "The job was cancelled and will not produce a result. Start a new job with "
-            f"{self.tool('start')} if you still need it."
-        )
-
-    @functools.cached_property
-    def _still_running(self) -> str:
-        """`next_step` of a job still working: the same for every poll of this job kind, so made once."""
-        seconds = self._poll_seconds
-        wait_hint = f"set wait_seconds (up to {int(self.max_wait)}) to wait for the change instead of polling"
-        return (
-            f"The job is still running. Call {self.tool('progress')} with this handle in about "
-            f"{seconds:g} s ({wait_hint}), or {self.tool('fetch')} with wait_seconds to wait for the result."
-        )
-
-    def _quiet_node(self, job: JobState) -> NodeContact | None:
-        """What the job's lease tells of its node, once the node has gone quiet (None before: a poll of a
-        healthy job pays one comparison)."""
-        lease_end, now = job.lease_expires_at, datetime.now(UTC)
-        if lease_end is None or now <= lease_end - self._quiet_margin:
-            return None
-        contact = node_contact(job.status, lease_end, now, self.lease_timing)
-        return contact if contact is not None and contact.quiet else None
-
-    def _quiet_status(self, job: JobState, quiet: NodeContact) -> str:
-        """The status message of a job whose server has gone quiet: the job's own, then how long and until when
-        (never which server: a caller is not told where its job runs)."""
-        own = f"{job.status_message} " if job.status_message else ""
-        takeover = (
-            "another server takes the job over as soon as one is running"
-            if quiet.takeover_overdue
-            else f"another server takes the job over by {clock_time(quiet.takeover_by)}"
-        )
-        return (
-            f"{own}(The server running this job has not been heard from for {quiet.silent_seconds:.0f} s; "
-            f"{takeover}.)"
-        )
-
-    def _quiet_next(self, job: JobState, quiet: NodeContact) -> str:
-        """`next` for a job whose server has gone quiet: keep following it, do not start it again."""
-        when = (
-            "as soon as one is running" if quiet.takeover_overdue else f"by {clock_time(quiet.takeover_by)}"
-        )
-        then = (
-            "runs it again (steps it already recorded are not repeated)"
-            if self.spec.on_interrupt == "retry" and job.attempts < self.spec.max_attempts
-            else "ends it as failed (this job is not run again after an interruption), and its reply will say so"
-        )
-        return (
-            f"The server running this job has not been heard from for {quiet.silent_seconds:.0f} s (it may have "
-            f"stopped). Nothing is lost: another server takes the job over {when} and {then}. Do not start a new "
-            f"job; keep calling {self.tool('progress')} with this handle in about {self._poll_seconds:g} s (or "
-            f"with wait_seconds up to {int(self.max_wait)} to wait for the change)."
-        )
-
-    @property
-    def _poll_seconds(self) -> float:
-        return max(self.spec.poll_after.total_seconds(), 0.1)
 
     def _requests(self, pending: list[InputRequestRecord]) -> dict[str, InputRequestView]:
         return {
@@ -513,7 +267,7 @@ class JobTools:
             ),
             input_model=start_input,
             output_model=StartOutput,
-            handler=_guarded(self.start),
+            handler=guarded(self.start),
             read_only=False,
             idempotent=False,
         )
@@ -596,123 +350,6 @@ class SharedTools:
         handlers = {verb: self._dispatch(verb) for verb in FOLLOW_VERBS}
         asks = any(tools.spec.asks_input for tools in self.tools.values())
         return follow_definitions(scope, handlers, self.fetch_model, asks_input=asks)
-
-
-@dataclass(frozen=True)
-class FollowScope:
-    """Whose handles a set of follow tools takes, in the words their names and descriptions use."""
-
-    names: ToolNames
-    job: str
-    label: str
-    subject: str
-    started: str
-    running: str
-    expiry: str
-    kept: str
-    max_wait: float
-
-    def tool(self, verb: str) -> str:
-        return self.names.name(self.job, verb)
-
-
-def follow_definitions(
-    scope: FollowScope,
-    handlers: Mapping[str, ToolHandler],
-    fetch_model: type[BaseModel],
-    *,
-    asks_input: bool,
-) -> list[ToolDefinition]:
-    """The progress, fetch, cancel (and respond) tools of one job, or the shared ones of every job."""
-    wait_field = (
-        float,
-        Field(
-            0,
-            ge=0,
-            description=(
-                f"Seconds to wait for a change before answering (0 answers at once; at most "
-                f"{int(scope.max_wait)}). Waiting is cheaper than polling often."
-            ),
-        ),
-    )
-    handle_field = (str, Field(description=HANDLE_DESCRIPTION))
-    tool = scope.tool
-    defs = [
-        ToolDefinition(
-            name=tool("progress"),
-            title=f"{scope.label} progress",
-            description=(
-                f"Status and progress of {scope.subject} {scope.started}: "
-                "working, input_required, completed, failed or cancelled, with any questions waiting "
-                f"for an answer. {scope.expiry}"
-            ),
-            input_model=create_model(
-                f"{tool('progress')}_input", handle=handle_field, wait_seconds=wait_field
-            ),
-            output_model=ProgressOutput,
-            handler=_guarded(handlers["progress"]),
-            read_only=True,
-        ),
-        ToolDefinition(
-            name=tool("fetch"),
-            title=f"{scope.label} result",
-            description=(
-                f"The result of {scope.subject} {scope.started}, once completed. "
-                "Before that it reports the status and never invents a result; with wait_seconds it "
-                f"waits for the job to finish. {scope.kept}"
-            ),
-            input_model=create_model(f"{tool('fetch')}_input", handle=handle_field, wait_seconds=wait_field),
-            output_model=fetch_model,
-            handler=_guarded(handlers["fetch"]),
-            read_only=True,
-        ),
-        ToolDefinition(
-            name=tool("cancel"),
-            title=f"Cancel {scope.label}",
-            description=(
-                f"Ask {scope.running} to stop. Safe to repeat; cancelling a finished job changes "
-                "nothing and reports its final status."
-            ),
-            input_model=create_model(f"{tool('cancel')}_input", handle=handle_field),
-            output_model=CancelOutput,
-            handler=_guarded(handlers["cancel"]),
-            read_only=False,
-            destructive=True,
-        ),
-    ]
-    if asks_input:
-        defs.append(
-            ToolDefinition(
-                name=tool("respond"),
-                title=f"Answer {scope.label}",
-                description=(
-                    f"Answer the questions {scope.subject} is waiting on (status input_required). "
-                    "responses maps each question key from input_requests to an object of the requested "
-                    "fields. Keys already answered, and unknown keys beside an answer, are ignored; a reply "
-                    "that answers no question the job asked is refused, naming the open ones. The fields "
-                    f"of each question are its requested_schema, in input_requests of the {tool('progress')} reply; an answer "
-                    "is checked against it, and one of the wrong shape is refused (saying what was "
-                    "expected) with nothing stored."
-                ),
-                input_model=create_model(
-                    f"{tool('respond')}_input",
-                    handle=handle_field,
-                    responses=(
-                        dict[str, dict[str, Any]],
-                        Field(description='Answers by question key, e.g. {"q1": {"approve": true}}.'),
-                    ),
-                ),
-                output_model=RespondOutput,
-                handler=_guarded(handlers["respond"]),
-                read_only=False,
-            )
-        )
-    return defs
-
-
-def _reason(job: JobRecord | JobState) -> str | None:
-    """Why a failed (or cancelled) job ended, as its error says (`error.data.reason`)."""
-    return None if job.error is None else job.error.get("data", {}).get("reason")
 
 
 def _seconds(arguments: dict[str, Any]) -> float:

@@ -39,8 +39,9 @@ from handles.outcomes import Outcome
 from handles.server.bind_mcpserver import to_call_tool_result
 from handles.server.endings import cancel_orphaned, ended_answer, outcome_answer
 from handles.server.first_round import first_round
-from handles.server.handle_tools import InputRequestView, JobTools, ToolReply, error_reply
+from handles.server.handle_tools import JobTools
 from handles.server.tasks_extension import declares_tasks, missing_tasks_capability
+from handles.server.tool_shapes import InputRequestView, ToolReply, error_reply
 from handles.states import Status
 from handles.store import JobRecord
 from handles.tasks_wire import TASKS_EXTENSION

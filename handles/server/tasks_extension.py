@@ -60,7 +60,7 @@ from handles.server.bind_mcpserver import resolve_principal, to_call_tool_result
 from handles.server.endings import cancel_orphaned, outcome_answer
 from handles.server.envelope import SdkServer
 from handles.server.first_round import first_round
-from handles.server.handle_tools import error_reply
+from handles.server.tool_shapes import error_reply
 from handles.states import Status
 from handles.store import InputRequestRecord, JobRecord
 from handles.tasks_wire import PROGRESS_META_KEY, TASKS_EXTENSION

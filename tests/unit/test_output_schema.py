@@ -12,14 +12,14 @@ from jsonschema.validators import validator_for
 from mcp.server.mcpserver.utilities.func_metadata import StrictJsonSchema
 from pydantic import BaseModel, Field, TypeAdapter, create_model
 
-from handles.server.handle_tools import (
+from handles.server.output_schema import FlatSchemaModel
+from handles.server.tool_shapes import (
     CancelOutput,
     FetchOutputBase,
     ProgressOutput,
     RespondOutput,
     StartOutput,
 )
-from handles.server.output_schema import FlatSchemaModel
 
 
 class Color(Enum):

@@ -1,0 +1,90 @@
+"""What each handle tool's reply tells the caller to do next (`next`), from the job's state: the
+sentences name the tools of the job's layout and the wait to keep between polls.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+from handles.jobs import JobSpec
+from handles.states import Status
+from handles.store import InputRequestRecord, JobRecord, JobState
+from handles.tool_layout import ToolNames
+
+
+class JobGuidance:
+    """The names of one job's tools and the `next` sentences of their replies."""
+
+    def __init__(self, spec: JobSpec, names: ToolNames, max_wait: float) -> None:
+        self.spec = spec
+        self.names = names
+        self.max_wait = max_wait
+
+    def tool(self, verb: str) -> str:
+        """The name of this job's `verb` tool in the layout (`<job>_progress` or the shared `jobs_progress`)."""
+        return self.names.name(self.spec.name, verb)
+
+    @property
+    def poll_after_ms(self) -> int:
+        return int(self.spec.poll_after.total_seconds() * 1000)
+
+    def next_step(
+        self, job: JobRecord | JobState, pending: list[InputRequestRecord], *, fetching: bool = False
+    ) -> str:
+        status = Status(job.status)
+        if status is Status.WORKING:
+            return self._still_running
+        if status is Status.INPUT_REQUIRED:
+            keys = ", ".join(r.key for r in pending) or "the pending keys"
+            example = json.dumps({r.key: {"...": "..."} for r in pending[:1]} or {"q1": {"...": "..."}})
+            return (
+                f"The job is waiting for an answer to {keys}. Read input_requests, then call "
+                f"{self.tool('respond')} with this handle and responses like {example} (one object per key, "
+                f"fields as in its requested_schema); then keep following the job with {self.tool('progress')}."
+            )
+        if status is Status.COMPLETED:
+            until = job.expires_at.isoformat()
+            if fetching:
+                return f"The job is finished and this is its result. Nothing more to do; it stays available until {until}."
+            return f"The job is finished. Call {self.tool('fetch')} with this handle to get the result (kept until {until})."
+        if status is Status.FAILED and _reason(job) == "server_configuration":
+            return (
+                "The job failed because of the server's configuration, not because of your request; see "
+                "error. Starting it again fails the same way: tell the server's operator the reference in "
+                "error, and start it again once they have fixed it."
+            )
+        if status is Status.FAILED:
+            return (
+                "The job failed and will not produce a result; see error. Do not retry blindly: check whether "
+                f"anything it started must be reconciled, then start a new job with {self.tool('start')} if needed."
+            )
+        if _reason(job) == "step_unknown":
+            return (
+                "The job was cancelled while a step was still running, and that step's outcome is unknown (see "
+                "status_message). Reconcile it (check whether its effect happened) before starting a new job "
+                f"with {self.tool('start')}."
+            )
+        return (
+            "The job was cancelled and will not produce a result. Start a new job with "
+            f"{self.tool('start')} if you still need it."
+        )
+
+    @functools.cached_property
+    def _still_running(self) -> str:
+        """`next_step` of a job still working: the same for every poll of this job kind, so made once."""
+        seconds = self._poll_seconds
+        wait_hint = f"set wait_seconds (up to {int(self.max_wait)}) to wait for the change instead of polling"
+        return (
+            f"The job is still running. Call {self.tool('progress')} with this handle in about "
+            f"{seconds:g} s ({wait_hint}), or {self.tool('fetch')} with wait_seconds to wait for the result."
+        )
+
+    @property
+    def _poll_seconds(self) -> float:
+        return max(self.spec.poll_after.total_seconds(), 0.1)
+
+
+def _reason(job: JobRecord | JobState) -> str | None:
+    """Why a failed (or cancelled) job ended, as its error says (`error.data.reason`)."""
+    return None if job.error is None else job.error.get("data", {}).get("reason")
