@@ -21,15 +21,8 @@ from handles.client.outcomes import (
     Question,
     Retryable,
 )
-from handles.client.tasks import (
-    PUSHED_RECHECK_SECONDS,
-    TERMINAL_STATUSES,
-    DetailedTask,
-    PushedStatus,
-    cancel_task,
-    get_task,
-    update_task,
-)
+from handles.client.task_messages import TERMINAL_STATUSES, DetailedTask, cancel_task, get_task, update_task
+from handles.client.task_pushes import PUSHED_RECHECK_SECONDS, PushedStatus
 from handles.client.transient import AUTHENTICATION_FAILED, TRANSIENT_MCP_CODES
 from handles.results import link_of, text_of, tool_error_text
 from handles.tool_layout import ToolNames
@@ -39,7 +32,7 @@ _RAISED_AS_IS = TRANSIENT_MCP_CODES | {AUTHENTICATION_FAILED}  # retried, or an 
 
 
 class Following(Protocol):
-    """What a face reads of the `Follower` that drives it (handles/client/follow.py)."""
+    """What a face reads of the `Follower` that drives it (handles/client/follower.py)."""
 
     key: str
     job: str
