@@ -17,8 +17,8 @@ from handles.limits import clean_message
 from handles.telemetry import Telemetry
 
 if TYPE_CHECKING:
+    from handles.runtime.job_writes import JobWrites
     from handles.sealing import Redactor
-    from handles.store import Store
 
 
 class DurableSteps:
@@ -27,8 +27,7 @@ class DurableSteps:
     job_id: str
     attempt: int
     redact: Redactor
-    _owner: str
-    _store: Store
+    _writes: JobWrites
     _step_names: set[str]
     _completed: dict[str, Any]
     _running_steps: set[str]
@@ -93,19 +92,8 @@ class DurableSteps:
         recheck: Callable[[], Any] | None,
         repeatable: bool,
     ) -> Any:
-        repo = self._store.repo
         attempt = self.attempt  # the step's start: its outcome is written for it even if the lease moves
-        # Its start time fixed here: a try again after an outage knows its own committed start by it.
-        record, fresh = await self._store.write_report(
-            self.job_id,
-            repo.begin_step,
-            self.job_id,
-            self._owner,
-            name,
-            attempt,
-            started_at=repo.clock(),
-            repeatable=repeatable,
-        )
+        record, fresh = await self._writes.begin_step(name, attempt, repeatable=repeatable)
         if not fresh and record.status == "completed":
             return record.result
         if not fresh:
@@ -117,21 +105,11 @@ class DurableSteps:
                 value = await _invoke(fn, *args, **kwargs)
             except Exception as exc:
                 error = clean_message(self.redact(f"{type(exc).__name__}: {exc}"))
-                await self._store.write_report(
-                    self.job_id,
-                    repo.finish_step,
-                    self.job_id,
-                    self._owner,
-                    name,
-                    error=error,
-                    attempt=attempt,
-                )
+                await self._writes.finish_step(name, attempt, error=error)
                 Telemetry.step(name, "failed")
                 raise
         stored = to_jsonable_python(value)
-        await self._store.write_report(
-            self.job_id, repo.finish_step, self.job_id, self._owner, name, result=stored, attempt=attempt
-        )
+        await self._writes.finish_step(name, attempt, result=stored)
         Telemetry.step(name, "completed")
         return stored
 

@@ -31,10 +31,9 @@ from handles.errors import ConfigurationError, InvalidArguments, StoreUnavailabl
 from handles.limits import MAX_RESULT_BYTES, clean_message
 from handles.results import ResultFile, ResultLink
 from handles.sealing import Redactor, Sealer, sensitive_fields
-from handles.store import run_shielded
 
 if TYPE_CHECKING:
-    from handles.store import StepRecord, Store
+    from handles.runtime.job_writes import JobWrites, StepRecord
 
 StepT = TypeVar("StepT")
 
@@ -300,8 +299,7 @@ class JobContext(DurableSteps):
         job_id: str,
         principal: str,
         attempt: int,
-        owner: str,
-        store: Store,
+        writes: JobWrites,
         progress_flush_seconds: float,
         sealer: Sealer,
     ) -> None:
@@ -312,8 +310,7 @@ class JobContext(DurableSteps):
         self.job_id = job_id
         self.principal = principal
         self.attempt = attempt
-        self._owner = owner
-        self._store = store
+        self._writes = writes
         self._flush_interval = progress_flush_seconds
         self._cancel_requested = asyncio.Event()
         self._ask_count = 0
@@ -407,13 +404,13 @@ class JobContext(DurableSteps):
     async def _write_progress(self) -> None:
         """Store the latest report, if it is not stored yet.
 
-        It runs to its end in a task of its own (`run_shielded`), holding the write lock until the write has
+        It runs to its end in a task of its own (`JobWrites.to_the_end`), holding the write lock until the write has
         landed: a caller cancelled meanwhile (`flush` cancels the delayed write) leaves the lock held, so the
         next write waits for it. Otherwise an earlier report still at the database (on a worker thread,
         PostgreSQL) could commit after a later one and overwrite it. With nothing to store and no write at the
         database, it returns at once (a job's end flushes: a short job's outcome follows without a turn)."""
         if self._dirty or self._write_lock.locked():
-            await run_shielded(self._write_latest())
+            await self._writes.to_the_end(self._write_latest())
 
     async def _write_latest(self) -> None:
         async with self._write_lock:
@@ -423,11 +420,8 @@ class JobContext(DurableSteps):
             self._dirty = False
             self._last_write = asyncio.get_running_loop().time()
             self.progress_writes += 1
-            repo = self._store.repo
             try:
-                await self._store.write_report(
-                    self.job_id, repo.set_progress, self.job_id, self._owner, done, total, message
-                )
+                await self._writes.progress(done, total, message)
             except StoreUnavailable:
                 # Progress is advisory: keep working, and store the latest value once the database is back.
                 self._dirty = True
@@ -471,12 +465,9 @@ class JobContext(DurableSteps):
     async def _open_question(self, key: str, text: str, requested: dict[str, Any]) -> dict[str, Any]:
         """Store the question; return its answer if one is recorded, else park the job (raises `JobParked`)."""
         await self.flush()
-        repo = self._store.repo
         self._opening += 1
         try:
-            recorded = await self._store.write(
-                self.job_id, repo.open_input, self.job_id, self._owner, key, text, requested
-            )
+            recorded = await self._writes.open_question(key, text, requested)
         finally:
             self._opening -= 1
         if recorded is not None and recorded.answer is not None:

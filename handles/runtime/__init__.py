@@ -6,6 +6,7 @@
 - `cancellation`: honours cancels and interrupts, never mid-step;
 - `drain`: drains on shutdown;
 - `run_life`, `state`: where a run stands, and the state the parts share;
+- `job_writes`: what a running job writes to the store, handed to its `JobContext`;
 - `slots`: this node's worker slots, the one place that counts them;
 - `leases`: the heartbeat that keeps this node's leases alive and hears cancels;
 - `sweeper`: recovery and deadlines, safe to run on every node at once;

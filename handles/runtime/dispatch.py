@@ -9,6 +9,7 @@ from typing import Any
 from handles.jobs import JobContext, JobSpec
 from handles.outcomes import Outcome
 from handles.runtime.job_runner import JobRunner
+from handles.runtime.job_writes import JobWrites
 from handles.runtime.leases import every
 from handles.runtime.run_life import RunningJob
 from handles.store import Change, JobRecord
@@ -94,8 +95,7 @@ class JobDispatch(JobRunner):
             job_id=record.id,
             principal=record.principal,
             attempt=record.attempts,
-            owner=self.owner,
-            store=self.store,
+            writes=JobWrites(self.store, record.id, self.owner),
             progress_flush_seconds=self.config.progress_flush_seconds,
             sealer=self.sealer,
         )
