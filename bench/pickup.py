@@ -113,14 +113,14 @@ def _began_in(path: Path) -> Callable[[str], float]:
 def _job_before_reply() -> Iterator[None]:
     """The runtime with no reply-first turns (`REPLY_FIRST_TURNS` = 0, bench-only): a job started by a request
     begins at once, before its start's reply, as before change 26."""
-    from handles.runtime import executor
+    from handles.runtime import job_runner
 
-    turns = executor.REPLY_FIRST_TURNS
-    executor.REPLY_FIRST_TURNS = 0
+    turns = job_runner.REPLY_FIRST_TURNS
+    job_runner.REPLY_FIRST_TURNS = 0
     try:
         yield
     finally:
-        executor.REPLY_FIRST_TURNS = turns
+        job_runner.REPLY_FIRST_TURNS = turns
 
 
 async def _pickup(c: Any, bare: Any, floor: DriverInsert, mark: str) -> dict[str, float]:

@@ -20,28 +20,20 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, Unpack, overload
 
-import anyio.to_thread
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata, func_metadata
 from mcp_types import CallToolResult
-from pydantic import BaseModel, SecretStr, TypeAdapter, ValidationError
-from pydantic_core import to_jsonable_python
+from pydantic import BaseModel, SecretStr, ValidationError
 
 from handles.ask_first import AskFirst
+from handles.durable_steps import DurableSteps
 from handles.elicitation import elicitation_schema
-from handles.errors import (
-    ConfigurationError,
-    InvalidArguments,
-    StepOutcomeUnknown,
-    StoreUnavailable,
-)
+from handles.errors import ConfigurationError, InvalidArguments, StoreUnavailable
 from handles.limits import MAX_RESULT_BYTES, clean_message
 from handles.results import ResultFile, ResultLink
 from handles.sealing import Redactor, Sealer, sensitive_fields
-from handles.store import run_shielded
-from handles.telemetry import Telemetry
 
 if TYPE_CHECKING:
-    from handles.store import StepRecord, Store
+    from handles.runtime.job_writes import JobWrites, StepRecord
 
 StepT = TypeVar("StepT")
 
@@ -289,7 +281,7 @@ class UndeclaredAsk(ConfigurationError):
     the server's configuration, and the server log names the fix."""
 
 
-class JobContext:
+class JobContext(DurableSteps):
     """The handle a running job has on its own stored state.
 
     `progress()` reports how far it got (coalesced, so a tight loop costs few
@@ -307,8 +299,7 @@ class JobContext:
         job_id: str,
         principal: str,
         attempt: int,
-        owner: str,
-        store: Store,
+        writes: JobWrites,
         progress_flush_seconds: float,
         sealer: Sealer,
     ) -> None:
@@ -319,8 +310,7 @@ class JobContext:
         self.job_id = job_id
         self.principal = principal
         self.attempt = attempt
-        self._owner = owner
-        self._store = store
+        self._writes = writes
         self._flush_interval = progress_flush_seconds
         self._cancel_requested = asyncio.Event()
         self._ask_count = 0
@@ -414,13 +404,13 @@ class JobContext:
     async def _write_progress(self) -> None:
         """Store the latest report, if it is not stored yet.
 
-        It runs to its end in a task of its own (`run_shielded`), holding the write lock until the write has
+        It runs to its end in a task of its own (`JobWrites.to_the_end`), holding the write lock until the write has
         landed: a caller cancelled meanwhile (`flush` cancels the delayed write) leaves the lock held, so the
         next write waits for it. Otherwise an earlier report still at the database (on a worker thread,
         PostgreSQL) could commit after a later one and overwrite it. With nothing to store and no write at the
         database, it returns at once (a job's end flushes: a short job's outcome follows without a turn)."""
         if self._dirty or self._write_lock.locked():
-            await run_shielded(self._write_latest())
+            await self._writes.to_the_end(self._write_latest())
 
     async def _write_latest(self) -> None:
         async with self._write_lock:
@@ -430,11 +420,8 @@ class JobContext:
             self._dirty = False
             self._last_write = asyncio.get_running_loop().time()
             self.progress_writes += 1
-            repo = self._store.repo
             try:
-                await self._store.write_report(
-                    self.job_id, repo.set_progress, self.job_id, self._owner, done, total, message
-                )
+                await self._writes.progress(done, total, message)
             except StoreUnavailable:
                 # Progress is advisory: keep working, and store the latest value once the database is back.
                 self._dirty = True
@@ -478,12 +465,9 @@ class JobContext:
     async def _open_question(self, key: str, text: str, requested: dict[str, Any]) -> dict[str, Any]:
         """Store the question; return its answer if one is recorded, else park the job (raises `JobParked`)."""
         await self.flush()
-        repo = self._store.repo
         self._opening += 1
         try:
-            recorded = await self._store.write(
-                self.job_id, repo.open_input, self.job_id, self._owner, key, text, requested
-            )
+            recorded = await self._writes.open_question(key, text, requested)
         finally:
             self._opening -= 1
         if recorded is not None and recorded.answer is not None:
@@ -493,113 +477,5 @@ class JobContext:
             await asyncio.sleep(0.005)
         raise JobParked(key)
 
-    async def step(
-        self,
-        name: str,
-        fn: Callable[..., Any],
-        *args: Any,
-        repeatable: bool = False,
-        recheck: Callable[[], Any] | None = None,
-        result_type: Any = None,
-        **kwargs: Any,
-    ) -> Any:
-        """Run `fn(*args, **kwargs)` at most once over the job's life and record its result.
-
-        A retried job that reaches a step that already completed gets the recorded
-        result back and `fn` does not run again, so a payment, a publish or a
-        deployment is never repeated by a retry. Results are stored as JSON and
-        returned as JSON values (pass `result_type` to rebuild a type). A step that
-        started in an earlier attempt and never recorded an outcome raises
-        `StepOutcomeUnknown`, unless it is `repeatable` (safe to run again: a build,
-        a test, a pure computation), and then `fn` runs again, or `recheck` is given:
-        an idempotent function that finds out what happened, whose answer is recorded
-        instead. Step names must be unique within a job.
-        """
-        if name in self._step_names:
-            raise ValueError(
-                f"Step name {name!r} is used twice in job {self.spec.name!r}; give every step its own name."
-            )
-        if repeatable and recheck is not None:
-            raise ValueError(
-                f"Step {name!r} of job {self.spec.name!r} is repeatable and has a recheck: a step safe to "
-                "repeat runs again after a crash and needs no recheck; drop one of the two."
-            )
-        self._step_names.add(name)
-        if name in self._completed:  # replayed: recorded by an earlier run
-            Telemetry.step(name, "replayed")
-            return _typed(self._completed[name], result_type)
-        self._running_steps.add(name)  # before any await: a cancel now waits for this step
-        try:
-            stored = await self._run_step(name, fn, args, kwargs, recheck, repeatable)
-        finally:
-            self._running_steps.discard(name)
-            if self._interrupt_pending and not self._running_steps:
-                # A cancel or a shutdown waited for the step to be recorded: stop here.
-                raise asyncio.CancelledError("interrupted after the running steps were recorded")
-        return _typed(stored, result_type)
-
-    async def _run_step(
-        self,
-        name: str,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        recheck: Callable[[], Any] | None,
-        repeatable: bool,
-    ) -> Any:
-        repo = self._store.repo
-        attempt = self.attempt  # the step's start: its outcome is written for it even if the lease moves
-        # Its start time fixed here: a try again after an outage knows its own committed start by it.
-        record, fresh = await self._store.write_report(
-            self.job_id,
-            repo.begin_step,
-            self.job_id,
-            self._owner,
-            name,
-            attempt,
-            started_at=repo.clock(),
-            repeatable=repeatable,
-        )
-        if not fresh and record.status == "completed":
-            return record.result
-        if not fresh:
-            if recheck is None:
-                raise StepOutcomeUnknown(name, record.started_at.isoformat(), record.attempt)
-            value = await _invoke(recheck)
-        else:
-            try:
-                value = await _invoke(fn, *args, **kwargs)
-            except Exception as exc:
-                error = clean_message(self.redact(f"{type(exc).__name__}: {exc}"))
-                await self._store.write_report(
-                    self.job_id,
-                    repo.finish_step,
-                    self.job_id,
-                    self._owner,
-                    name,
-                    error=error,
-                    attempt=attempt,
-                )
-                Telemetry.step(name, "failed")
-                raise
-        stored = to_jsonable_python(value)
-        await self._store.write_report(
-            self.job_id, repo.finish_step, self.job_id, self._owner, name, result=stored, attempt=attempt
-        )
-        Telemetry.step(name, "completed")
-        return stored
-
     def _request_cancel(self) -> None:
         self._cancel_requested.set()
-
-
-async def _invoke(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Await an async callable; run a plain one on a worker thread so it cannot block the event loop."""
-    if inspect.iscoroutinefunction(fn):
-        return await fn(*args, **kwargs)
-    value = await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
-    return await value if inspect.isawaitable(value) else value
-
-
-def _typed(value: Any, result_type: Any) -> Any:
-    return value if result_type is None else TypeAdapter(result_type).validate_python(value)

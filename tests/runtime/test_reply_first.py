@@ -15,7 +15,7 @@ from typing import Any, Literal
 import pytest
 
 from handles import Handles, JobContext
-from handles.runtime import executor
+from handles.runtime import executor, job_runner
 from handles.states import Status
 from tests.durability.harness import config, rig
 
@@ -118,7 +118,7 @@ def test_a_job_stopped_before_its_first_step_is_handed_over_and_runs_once(
     async def main() -> None:
         # The stop's own path may wait on worker threads (the dispatcher's query in flight, say), longer
         # than eight turns of the loop take: the turns are widened here so that the stop lands in them.
-        monkeypatch.setattr(executor, "REPLY_FIRST_TURNS", 200_000)
+        monkeypatch.setattr(job_runner, "REPLY_FIRST_TURNS", 200_000)
         first, began = quick_jobs(tmp_path, on_interrupt, drain_seconds=0, lease_seconds=30)
         handle = await start_as(first, "alice", "quick")
         await first.aclose()  # before the job's first step

@@ -96,14 +96,14 @@ def declare(jobs: Handles, world: World, node: str) -> None:
     @jobs.job(asks_input=True, on_interrupt="retry", max_attempts=3)
     async def work(ctx: JobContext, steps: int, asks: bool, seconds: float) -> int:
         running = world.executing[node]
-        running.append((ctx.job_id, ctx._owner))
+        running.append((ctx.job_id, ctx._writes.owner))
         try:
             if len(running) > MAX_RUNNING:
                 # Which runtime ran each (a node restarted gracefully keeps its name, not its owner id).
                 bodies = ", ".join(f"{job} on runtime {owner}" for job, owner in running)
                 world.violations.append(f"{len(running)} jobs ran at once on {node}: {bodies}")
             for index in range(steps):
-                await ctx.step(f"s{index}", effect, ctx.job_id, f"s{index}", seconds, ctx._owner)
+                await ctx.step(f"s{index}", effect, ctx.job_id, f"s{index}", seconds, ctx._writes.owner)
                 if asks and index == 0:
                     answer = await ctx.ask("Continue?", Go)
                     if not answer.go:
@@ -111,7 +111,7 @@ def declare(jobs: Handles, world: World, node: str) -> None:
             return steps
         finally:
             with contextlib.suppress(ValueError):  # a crash rule already cleared this node's list
-                running.remove((ctx.job_id, ctx._owner))
+                running.remove((ctx.job_id, ctx._writes.owner))
 
 
 class _Recorder(logging.Handler):

@@ -92,3 +92,17 @@ def test_the_store_and_the_runtime_know_no_face() -> None:
         if _within(target, ("handles.server", "handles.client", "handles.console", "handles.cli"))
     )
     assert not faces, f"imports of a face from the store or the runtime: {faces}"
+
+
+def test_a_job_authors_modules_reach_the_store_only_through_the_runtime() -> None:
+    """`handles.jobs` (JobContext, JobSpec) and what it imports reach no module of the store but by way of
+    `handles.runtime`, which hands each JobContext its writes (`JobWrites`)."""
+    graph = _graph()
+    outside_runtime = {
+        module: {target for target in targets if not _within(target, ("handles.runtime",))}
+        for module, targets in graph.items()
+        if not _within(module, ("handles.runtime",))
+    }
+    reached = _reached_from(outside_runtime, {"handles.jobs"})
+    forbidden = sorted(module for module in reached if _within(module, ("handles.store",)))
+    assert not forbidden, f"handles.jobs reaches {forbidden} other than through handles.runtime"

@@ -1,0 +1,110 @@
+"""A node's shutdown: it stops taking work, lets running jobs finish for `drain_seconds` (or until
+`end_drain`), then hands the rest over by their interrupt policy."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from handles.runtime.dispatch import JobDispatch
+from handles.runtime.run_life import RunLife
+
+logger = logging.getLogger("handles.runtime")
+
+
+class ShutdownDrain(JobDispatch):
+    """The part of `Runtime` that drains it on shutdown."""
+
+    def begin_drain(self) -> None:
+        """Stop taking work now and wake every waiter (long-polls answer at once); running jobs go on.
+
+        Safe to call from a signal handler's callback; `stop` finishes the drain.
+        """
+        if self._draining:
+            return
+        self._draining = True
+        with contextlib.suppress(RuntimeError):
+            loop = asyncio.get_running_loop()
+            self._drain_deadline = loop.time() + self.config.drain_seconds
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+        self.store.notifier.notify_all()
+        if self._running:
+            logger.info(
+                "draining: %d running job(s) may finish for up to %gs",
+                len(self._running),
+                self.config.drain_seconds,
+            )
+
+    def end_drain(self) -> None:
+        """End the drain now (a second shutdown signal, or one after a stdio client has gone): `stop` hands
+        the running jobs over at once, as it does when `drain_seconds` have passed, instead of waiting
+        for them. Safe to call from a signal handler's callback."""
+        self.begin_drain()
+        if not self._drain_cut.is_set() and self._running:
+            logger.info("drain ended early: %d running job(s) are handed over now", len(self._running))
+        self._drain_cut.set()
+
+    async def drained(self) -> None:
+        """After `begin_drain`: wait until the running jobs have ended, the drain's deadline has passed, or
+        `end_drain` has ended it."""
+        loop = asyncio.get_running_loop()
+        if self._drain_deadline is None:
+            self._drain_deadline = loop.time() + self.config.drain_seconds
+        waiting = {entry.task for entry in self._running.values() if entry.task is not None}
+        if not waiting or self._drain_cut.is_set():
+            return
+        cut = asyncio.create_task(self._drain_cut.wait(), name="handles-drain-cut")
+        try:
+            while waiting and not cut.done() and (left := self._drain_deadline - loop.time()) > 0:
+                done, _ = await asyncio.wait(
+                    waiting | {cut}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+                waiting -= done
+        finally:
+            cut.cancel()
+
+    async def stop(self) -> None:
+        """Drain: stop claiming, let running jobs finish for `drain_seconds`, then hand the rest over.
+
+        A `retry` job still running is released for any node at once; any other job ends
+        `failed`, saying it was interrupted by a shutdown; a job with a cancel request
+        ends `cancelled`. Steps that are executing are waited for, up to
+        `step_cancel_limit_seconds`. Parked jobs are untouched: they hold nothing here.
+        """
+        if not self._started:
+            self._closed = True
+            return
+        self.begin_drain()
+        loop = asyncio.get_running_loop()
+        if self._drain_deadline is None:
+            self._drain_deadline = loop.time() + self.config.drain_seconds
+        if self._dispatcher is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._dispatcher
+        await self._settle_background()
+        await self.drained()
+        leftover = list(self._running.values())
+        for entry in leftover:
+            entry.enter(RunLife.STOPPING)
+            self._interrupt(entry)
+        tasks = [entry.task for entry in leftover if entry.task is not None and not entry.task.done()]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=self.config.step_cancel_limit_seconds + 1.0)
+            if late:
+                logger.warning(
+                    "%d job(s) did not stop in time (a step is still executing); their leases will run out "
+                    "and another node settles them",
+                    len(late),
+                )
+        await self._settle_background()
+        for loop_task in self._loops:
+            loop_task.cancel()
+        for loop_task in self._loops:
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop_task
+        self._loops = []
+        self._started = False
+        self._closed = True
+        self.telemetry.forget(self)

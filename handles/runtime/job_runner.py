@@ -1,0 +1,260 @@
+"""Running one claimed job to its outcome: the call of its function, the mapping of what it raised to
+an outcome, the outcome's write (or the job's parking), and its result stored inline or as a file."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import sys
+import traceback
+from typing import TYPE_CHECKING, Any
+
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, TextContent
+
+from handles.ask_first import FIRST_KEY
+from handles.errors import JobFailed, LeaseLost, StepOutcomeUnknown, StoreUnavailable
+from handles.jobs import JobParked, JobSpec, UndeclaredAsk
+from handles.limits import clean_message, json_size, sized_json
+from handles.outcomes import (
+    Outcome,
+    failed,
+    result_to_json,
+)
+from handles.results import ResultFile, ResultLink, linked_result
+from handles.runtime.cancellation import RunCancellation
+from handles.runtime.result_files import ResultTooLarge, write_result_file
+from handles.runtime.run_life import RunLife, RunningJob
+from handles.sealing import SealedValueUnreadable
+from handles.states import Status
+from handles.store import JobRecord
+from handles.store.models import claims_of
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+logger = logging.getLogger("handles.runtime")
+
+REPLY_FIRST_TURNS = 8
+"""How many turns of the event loop a job started by a request of this process waits before its first step,
+so that the request's reply, already on its way out, is sent first (docs/performance.md shows what the
+order buys a start). A turn is short when the loop has nothing else to do."""
+
+
+def tool_errors() -> tuple[type[Exception], ...]:
+    """What a job raises to end `completed` with a tool-level error: the SDK's `ToolError`, and FastMCP's.
+
+    The same exception a tool raises for a failure it saw coming. FastMCP's counts once FastMCP is loaded.
+    """
+    fastmcp = sys.modules.get("fastmcp.exceptions")
+    return (ToolError,) if fastmcp is None else (ToolError, fastmcp.ToolError)
+
+
+class JobRunner(RunCancellation):
+    """The part of `Runtime` that runs a job it holds and writes how the run ended."""
+
+    async def _execute(self, entry: RunningJob, record: JobRecord) -> None:
+        spec, ctx = entry.spec, entry.ctx
+        job_id = record.id
+        try:
+            if entry.reply_first and not await self._reply_first(entry, record):
+                return
+            claims = claims_of(record)
+            if len(claims) == 1:  # its first claim: how long it waited for a worker
+                self.telemetry.queue_wait(
+                    spec.name, (claims[0].claimed_at - record.created_at).total_seconds()
+                )
+            began = asyncio.get_running_loop().time()
+            with self.telemetry.attempt(spec.name, job_id, record.attempts, record.trace_context) as span:
+                outcome = await self._run_job(entry, record)
+                self.telemetry.run_time(spec.name, asyncio.get_running_loop().time() - began)
+                if outcome is not None:
+                    await self._settle(entry, job_id, outcome, span)
+        except Exception:
+            logger.exception("could not record the outcome of job %s (%s)", job_id, spec.name)
+        finally:
+            for timer in entry.timers:
+                timer.cancel()
+            ctx._stop_trailing_writes()
+            self._running.pop(job_id, None)
+            self.slots.release(job_id)
+            if self._backlog and not self.closed:
+                self._wake.set()  # a slot is free and jobs may be waiting for one
+
+    async def _reply_first(self, entry: RunningJob, record: JobRecord) -> bool:
+        """Let the reply of the start that stored this job, on its way out through this event loop, go before
+        the job's first step (for a short job, its whole run up to its outcome write): `REPLY_FIRST_TURNS`
+        turns of the loop. True to run the job now. False when it was interrupted meanwhile, and dealt with
+        here: dropped (it ended elsewhere), handed back to the queue for any node by a stop (it never ran
+        here, so no interrupt policy applies: as `adopt` sends back a job it cannot run), or ended
+        `cancelled` by a cancel whose grace ran out."""
+        try:
+            for _ in range(REPLY_FIRST_TURNS):
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            if entry.life is RunLife.LOST:
+                return False
+            if entry.life is RunLife.STOPPING:
+                await self._hand_back(record.id)
+                return False
+            if not entry.ctx.cancelled:
+                raise
+            await self._settle(entry, record.id, await self._cancelled(record), None)
+            return False
+        return True
+
+    async def _settle(self, entry: RunningJob, job_id: str, outcome: Outcome, span: Span | None) -> None:
+        """Write a run's outcome (and count it, on the attempt's `span` too when it has one). From here on
+        nothing interrupts the run (a cancel, a drain)."""
+        entry.enter(RunLife.SETTLING)
+        with contextlib.suppress(Exception):
+            await entry.ctx.flush()
+        status, values = outcome
+        reason = ((values.get("error") or {}).get("data") or {}).get("reason")
+        if await self._record_outcome(job_id, status, values):
+            if entry.settled is not None and not entry.settled.done():
+                entry.settled.set_result(outcome)
+            self.telemetry.ended(entry.spec.name, status.value, reason)
+            if span is not None:
+                self.telemetry.outcome(span, status.value, reason)
+        else:
+            logger.info("job %s ended %s here, but its stored state had already moved on", job_id, status)
+
+    def running_by_kind(self) -> dict[str, int]:
+        """How many jobs of each kind run here now (the `handles.jobs.running` gauge)."""
+        counts: dict[str, int] = {}
+        for entry in list(self._running.values()):
+            counts[entry.spec.name] = counts.get(entry.spec.name, 0) + 1
+        return counts
+
+    async def _record_outcome(self, job_id: str, status: Status, values: dict[str, Any]) -> bool:
+        """Store a job's final state, waiting out a database outage while its lease may still be this
+        node's (`Store.write_short`; the heartbeat renews the lease meanwhile). Past that, the sweep of
+        whichever node sees the database first settles the job."""
+        try:
+            return await self.store.write_short(
+                job_id, self.store.repo.transition, job_id, status, owner=self.owner, **values
+            )
+        except StoreUnavailable:
+            logger.error("could not store the outcome of job %s: the database stayed unavailable", job_id)
+            return False
+
+    async def _result_of(self, spec: JobSpec, record: JobRecord, value: Any) -> dict[str, Any]:
+        """The result to store: the job's own, or a link to the file it is stored in when it is a
+        `ResultFile` or larger than the job's `link_results_over` (see handles.runtime.result_files)."""
+        if isinstance(value, ResultFile):
+            return linked_result(await self._write_file(record, value), structured=True)
+        # Serialised once: its size, and the text the store writes (`SizedJSON`).
+        result = sized_json(result_to_json(spec.to_tool_result(value)))
+        if json_size(result) > (spec.link_results_over or self.config.link_results_over):
+            file = ResultFile.of_result(result, spec.name)
+            return linked_result(await self._write_file(record, file), structured=False)
+        return result
+
+    async def _write_file(self, record: JobRecord, file: ResultFile) -> ResultLink:
+        return await write_result_file(
+            self.store,
+            record.id,
+            file,
+            max_bytes=self.config.max_result_file_bytes,
+        )
+
+    async def _run_job(self, entry: RunningJob, record: JobRecord) -> Outcome | None:
+        """Run the job function; return the outcome to store, or None when there is nothing to store here."""
+        spec, ctx = entry.spec, entry.ctx
+        try:
+            try:
+                arguments = self.sealer.unseal(record.arguments)
+                ctx.redact.add(arguments, spec.sensitive_arguments)
+                kwargs = spec.call_arguments(arguments)
+                kwargs[spec.context_param] = ctx
+                if entry.replay is not None:
+                    answers, steps = entry.replay
+                else:
+                    answers, steps = await self.store.read(self.store.repo.replay_state, record.id)
+                ctx._replay(answers, steps)
+                ctx._first_answer = ctx._answers.get(FIRST_KEY)
+                value = await spec.fn(**kwargs)
+            except BaseExceptionGroup as group:  # a TaskGroup of asks, say: parked if every branch parked
+                parked, rest = group.split((JobParked, asyncio.CancelledError))
+                if parked is not None and rest is None and group.subgroup(JobParked) is not None:
+                    raise JobParked("") from None
+                raise
+            try:
+                result = await self._result_of(spec, record, value)
+            except ResultTooLarge as exc:
+                return failed(f"{exc} It was not stored.", "result_too_large")
+            return Status.COMPLETED, {"result": result, "status_message": "Completed."}
+        except JobParked:
+            entry.enter(RunLife.SETTLING)  # parking is writing its outcome: not to be interrupted
+            await self._park(entry, record)
+            return None
+        except tool_errors() as exc:
+            message = clean_message(ctx.redact(str(exc)), 4000) or "The job reported an error."
+            error_result = CallToolResult(content=[TextContent(type="text", text=message)], is_error=True)
+            return Status.COMPLETED, {
+                "result": result_to_json(error_result),
+                "status_message": clean_message(message),
+            }
+        except JobFailed as exc:
+            return failed(clean_message(ctx.redact(exc.message)) or "The job failed.", "job_failed")
+        except SealedValueUnreadable as exc:
+            return failed(str(exc), "sealed_value_unreadable")
+        except StepOutcomeUnknown as exc:
+            return failed(str(exc), "step_unknown", step=exc.step)
+        except UndeclaredAsk as exc:
+            reference = secrets.token_hex(6)
+            logger.error("job %s (%s) cannot run [reference %s]: %s", record.id, spec.name, reference, exc)
+            return failed(
+                "The job cannot run because of this server's configuration, not because of your request: it "
+                "asks a question, but the server does not take answers for it. Starting it again fails the "
+                f"same way until the server's operator fixes it (reference {reference}).",
+                "server_configuration",
+                reference=reference,
+            )
+        except LeaseLost:
+            logger.info("job %s ended elsewhere while it ran here; dropping this run", record.id)
+            return None
+        except StoreUnavailable:
+            # The job could not record what it did. Leave it to its lease: once the lease runs
+            # out, a sweep settles it by its interrupt policy (retry, or fail as interrupted).
+            logger.warning("job %s stopped: the database became unavailable mid-run", record.id)
+            return None
+        except asyncio.CancelledError:
+            if entry.life is RunLife.LOST:
+                return None
+            if entry.life is RunLife.STOPPING:
+                status = await self.store.write(
+                    record.id, self.store.repo.settle_interrupted, record.id, self.owner, shutdown=True
+                )
+                if status is Status.WORKING:
+                    await self.store.announce(record.id, queued=True)  # another node takes it now
+                return None
+            if ctx.cancelled:
+                return await self._cancelled(record)
+            raise
+        except Exception as exc:
+            reference = secrets.token_hex(6)
+            logger.error(
+                "job %s (%s) failed [reference %s]:\n%s",
+                record.id,
+                spec.name,
+                reference,
+                ctx.redact("".join(traceback.format_exception(exc))),
+            )
+            return failed(
+                "The job failed because of an unexpected error on the server "
+                f"(reference {reference}; operators can find details in the server log).",
+                "exception",
+                reference=reference,
+            )
+
+    async def _park(self, entry: RunningJob, record: JobRecord) -> None:
+        """The job waits for answers: give back its lease and slot until they arrive."""
+        with contextlib.suppress(Exception):
+            await entry.ctx.flush()
+        status = await self.store.write(record.id, self.store.repo.park, record.id, self.owner)
+        if status is Status.WORKING:  # answered meanwhile: resume it at once, here or elsewhere
+            await self._requeued(record.id)

@@ -1,0 +1,81 @@
+"""What a running job writes to its own stored state: its progress, its questions, its durable steps.
+
+The runtime hands one to each `JobContext` it starts, so a job author's module reaches the store only
+through the runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from handles.store import StepRecord, run_shielded
+
+if TYPE_CHECKING:
+    from handles.store import InputRequestRecord, Store
+
+__all__ = ["JobWrites", "StepRecord"]
+
+T = TypeVar("T")
+
+
+class JobWrites:
+    """The writes of one run of one job, made as `owner`, the node that holds its lease: each raises
+    `LeaseLost` once the job is no longer this run's, and `StoreUnavailable` while the database is down."""
+
+    def __init__(self, store: Store, job_id: str, owner: str) -> None:
+        self._store = store
+        self.job_id = job_id
+        self.owner = owner
+
+    async def progress(self, done: float | None, total: float | None, message: str | None) -> None:
+        """Store the job's latest progress report."""
+        repo = self._store.repo
+        await self._store.write_report(
+            self.job_id, repo.set_progress, self.job_id, self.owner, done, total, message
+        )
+
+    async def open_question(
+        self, key: str, text: str, requested: dict[str, Any]
+    ) -> InputRequestRecord | None:
+        """Store the question `key`; the stored request if it was answered already (a replay), else None."""
+        repo = self._store.repo
+        return await self._store.write(
+            self.job_id, repo.open_input, self.job_id, self.owner, key, text, requested
+        )
+
+    async def begin_step(self, name: str, attempt: int, *, repeatable: bool) -> tuple[StepRecord, bool]:
+        """Record that step `name` starts, unless it is already known: (record, fresh)."""
+        repo = self._store.repo
+        # Its start time fixed here: a try again after an outage knows its own committed start by it.
+        return await self._store.write_report(
+            self.job_id,
+            repo.begin_step,
+            self.job_id,
+            self.owner,
+            name,
+            attempt,
+            started_at=repo.clock(),
+            repeatable=repeatable,
+        )
+
+    async def finish_step(
+        self, name: str, attempt: int, *, result: Any = None, error: str | None = None
+    ) -> None:
+        """Record the outcome of step `name`, started in `attempt`: its JSON result, or the error it raised."""
+        repo = self._store.repo
+        await self._store.write_report(
+            self.job_id,
+            repo.finish_step,
+            self.job_id,
+            self.owner,
+            name,
+            result=result,
+            error=error,
+            attempt=attempt,
+        )
+
+    @staticmethod
+    async def to_the_end(work: Coroutine[Any, Any, T]) -> T:
+        """Await `work` in a task of its own that no cancellation of the caller stops (`run_shielded`)."""
+        return await run_shielded(work)

@@ -1,0 +1,58 @@
+"""Where a run of this process stands (`RunLife`), and what the runtime keeps of each job running here
+(`RunningJob`)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from handles.jobs import JobContext, JobSpec
+from handles.outcomes import Outcome
+
+
+class RunLife(Enum):
+    """Where a run of this process stands. It only moves forward, in the order written here
+    (`RunningJob.enter`): a stop or a loss may still be followed by the outcome's write, and nothing follows
+    that."""
+
+    RUNNING = "running"
+    STOPPING = "stopping"
+    """Interrupted by this node's shutdown: the job is handed over by its interrupt policy."""
+    LOST = "lost"
+    """It ended elsewhere (or was recovered) while it ran here: nothing it writes is taken."""
+    SETTLING = "settling"
+    """Its outcome (or its parking) is being written: nothing interrupts it any more."""
+
+
+_NEXT_LIVES: dict[RunLife, frozenset[RunLife]] = {
+    RunLife.RUNNING: frozenset({RunLife.STOPPING, RunLife.LOST, RunLife.SETTLING}),
+    RunLife.STOPPING: frozenset({RunLife.LOST, RunLife.SETTLING}),
+    RunLife.LOST: frozenset({RunLife.SETTLING}),
+    RunLife.SETTLING: frozenset(),
+}
+
+
+@dataclass
+class RunningJob:
+    spec: JobSpec
+    ctx: JobContext
+    task: asyncio.Task[None] | None = None
+    life: RunLife = RunLife.RUNNING
+    timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    # What the run replays (answers by key, steps by name) when known without reading the store:
+    # a job stored a moment ago by this process has no steps, and only the answers it was stored with.
+    replay: tuple[dict[str, dict[str, Any]], dict[str, Any]] | None = None
+    # Started by a request of this process, whose reply is on its way out: the run lets it go first.
+    reply_first: bool = False
+    # Started by a request of this process that waits for the job's result (a plain call): the outcome
+    # this run stores is set on it once committed, so that request needs no read of it.
+    settled: asyncio.Future[Outcome] | None = None
+
+    def enter(self, life: RunLife) -> bool:
+        """Move the run to `life` if it may go there from where it stands; whether it did."""
+        if life not in _NEXT_LIVES[self.life]:
+            return False
+        self.life = life
+        return True
