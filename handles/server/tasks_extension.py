@@ -436,8 +436,9 @@ def _check_routing_header(ctx: ServerRequestContext[Any, Any], task_id: str) -> 
 
     Only a header that is present and differs is refused (`-32020`): the SDK's own client
     transport and FastMCP + fastmcp-tasks send `tasks/*` without one, and fastmcp-tasks' server
-    accepts that too. Both sides are compared after the trimming the tool face applies to a handle;
-    a malformed encoded value never matches.
+    accepts that too. Both sides are compared without surrounding whitespace, as HTTP trims a header's
+    value (a padded taskId still gets the made-up answer when its handle is opened); a malformed encoded
+    value never matches.
     """
     if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS or not isinstance(ctx.request, Request):
         return
