@@ -22,18 +22,17 @@ Not in `--quick`: it runs sections 2 and 3 twice per round (about three minutes 
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
 import subprocess
 import sys
-import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.common import REPO_ROOT, Options, Table, log, ms, verdict
+from bench.trees import tree_at
 
 SECTION = "filed"
 FILED_COMMIT = "9d9d03c37929319daacdc57af2b871c2aff932d9"
@@ -86,22 +85,6 @@ def p50_of(results: dict[str, Any], row: Row, key: str) -> float | None:
     return None
 
 
-def filed_tree(into: Path) -> str | None:
-    """`FILED_COMMIT`'s tree written into `into`; None when done, otherwise why it could not be."""
-    try:
-        archive = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "archive", "--format=tar", FILED_COMMIT],
-            capture_output=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError) as exc:
-        stderr = getattr(exc, "stderr", b"") or b""
-        return f"git archive {FILED_COMMIT[:7]} failed ({stderr.decode(errors='replace').strip() or exc})"
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
-    return None
-
-
 async def bench_of(tree: Path, options: Options, out: Path) -> dict[str, Any]:
     """`tree`'s own bench/, sections 2 and 3, in a fresh process with `tree` first on `sys.path`."""
     command = [sys.executable, "bench/run.py", "--only", "durable", "--only", "pickup", "--no-peer"]
@@ -148,7 +131,7 @@ async def run(options: Options) -> list[Table]:
     with tempfile.TemporaryDirectory(prefix="filed-", dir=options.work_dir) as scratch:
         tree = Path(scratch) / "tree"
         tree.mkdir()
-        missing = filed_tree(tree)
+        missing = tree_at(FILED_COMMIT, tree)
         if missing is not None:
             table.rows.append(["n/a", missing, "", "", "", "n/a", "n/a"])
             return [table]
