@@ -57,11 +57,7 @@ def checked_answers(
 def unasked_answers(
     responses: Mapping[str, Any], open_keys: Sequence[str], *, status: str, again: str, follow: str
 ) -> InvalidArguments:
-    """The error for a reply none of whose keys is a question the job asked: it answers nothing.
-
-    `open_keys`: the questions waiting for an answer now; `again`: the tool to answer them with;
-    `follow`: the tool to follow the job with when nothing waits for an answer.
-    """
+    """The error for a reply none of whose keys is a question the job asked: it answers nothing."""
     unknown = [clean_message(key, 60) or "''" for key in list(responses)[:SHOWN_KEYS]]
     more = len(responses) - len(unknown)
     named = ", ".join(unknown) + (f" and {more} more" if more > 0 else "")

@@ -1,8 +1,4 @@
-"""Configuration: every knob, its environment variable and its default, in one place.
-
-`HandlesConfig.from_env()` reads the environment; tests and embedders build a
-`HandlesConfig` directly. docs/operations.md lists the same table for operators.
-"""
+"""Configuration: every knob, its environment variable and its default, in one place."""
 
 from __future__ import annotations
 
@@ -53,10 +49,7 @@ _VARIABLES_OF_FIELDS = ConfigDict(
 
 @dataclass(frozen=True, config=_VARIABLES_OF_FIELDS)
 class HandlesConfig:
-    """Settings of one `Handles` instance.
-
-    `secret_keys` is newest first: the first key signs new handles, every key verifies.
-    """
+    """Settings of one `Handles` instance; `secret_keys` is newest first (the first signs, every key verifies)."""
 
     database_url: str = ""
     secret_keys: Names = ()

@@ -1,8 +1,4 @@
-"""Bounds on what callers and jobs may store, and the cleaning of text shown to callers.
-
-Status messages are data, never instructions: they are stripped of control
-characters and cut to a bounded length before they are stored.
-"""
+"""Bounds on what callers and jobs may store, and the cleaning of text shown to callers."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""What a reader can tell of a running job's node from the job's lease: when the node was last heard from,
-whether it has gone quiet, and by when another node takes the job over.
-
-A node renews the lease of every job it runs each `heartbeat_interval`, to `lease_seconds` from then, so
-the lease's expiry less `lease_seconds` is the node's last renewal; once the lease has run out, the next
-sweep of any node (every `sweep_interval_seconds`) settles the job. Every node, and the `handles` command
-and console reading the same database, must therefore share `HANDLES_LEASE_SECONDS`.
-"""
+"""What a reader can tell of a running job's node from the job's lease, assuming a shared `HANDLES_LEASE_SECONDS`."""
 
 from __future__ import annotations
 

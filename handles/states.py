@@ -1,10 +1,4 @@
-"""The job status enum and the one transition table every status change goes through.
-
-The statuses and edges are those of the MCP Tasks extension (2026-07-28), so the
-handle tools and the Tasks adapter can serve the same stored job: `working` and
-`input_required` alternate; `completed`, `failed` and `cancelled` are terminal and
-never change again.
-"""
+"""The job status enum and the one transition table every status change goes through."""
 
 from __future__ import annotations
 

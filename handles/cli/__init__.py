@@ -80,12 +80,7 @@ _DASHED_ID = re.compile(r"^-[A-Za-z0-9_-]{16,64}$")
 
 
 def accept_dashed_ids(argv: list[str]) -> list[str]:
-    """`argv` with a job id that begins with `-` passed as the value it is, not read as an option.
-
-    No option of this CLI looks like one (they are `-h` and `--long` names), and every command that takes
-    an id takes it as its one positional argument or as the value of `--job`: the id goes after `--`
-    at the end, or joins its option as `--job=ID`.
-    """
+    """`argv` with a job id that begins with `-` passed as the value it is, not read as an option."""
     if "--" in argv:
         return argv
     dashed = [index for index, token in enumerate(argv) if _DASHED_ID.match(token)]

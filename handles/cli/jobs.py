@@ -255,11 +255,7 @@ def audit_export(args: argparse.Namespace) -> int:
 
 
 def watch_line(job: JobRecord, columns: int | None = None) -> str:
-    """One line of `handles watch`: the job's bar, percentage, status and status message.
-
-    Within `columns`, the bar narrows (to nothing at worst) and the message is cut, so the percentage
-    and the status stay in view.
-    """
+    """One line of `handles watch`: the job's bar, percentage, status and status message."""
     fraction = (job.progress_done or 0) / job.progress_total if job.progress_total else None
     shown = f"{fraction * 100:5.1f}%" if fraction is not None else "   ..."
     status = _one_line(f"{shown} {job.status}: {job.status_message or ''}")

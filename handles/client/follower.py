@@ -1,7 +1,4 @@
-"""`Follower`: the loop behind one `follow` call. It connects (again after a lost connection), creates
-the job or resumes it from the journal, watches it through either face, answers its questions, and
-settles its outcome as a return value or a `FollowError`.
-"""
+"""`Follower`: the loop behind one `follow` call, from connecting to a settled outcome."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The Tasks extension's messages as the client sends and reads them: the task's wire models, the
-`tasks/get`, `tasks/update` and `tasks/cancel` requests (`get_task`, `update_task`, `cancel_task`), and
-the errors a task's end raises (`TaskFailed`, `TaskCancelled`).
-"""
+"""The Tasks extension's messages as the client sends and reads them, and the errors a task's end raises."""
 
 from __future__ import annotations
 

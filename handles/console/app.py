@@ -1,9 +1,4 @@
-"""The console's Starlette app: routes, the operator check on every one, and form handling.
-
-`console_app(handles_or_url, token=...)` is mounted beside `/mcp` or served alone by
-`handles console`. Every route answers an unauthenticated request with the login page (or a
-bare 401 for JSON and form posts) that names no job; every form post checks its CSRF token.
-"""
+"""The console's Starlette app: routes, the operator check on every one, and form handling."""
 
 from __future__ import annotations
 
@@ -59,11 +54,7 @@ def _wants_json(request: Request) -> bool:
 
 
 def form_answer(schema: dict[str, Any], form: FormData) -> dict[str, Any]:
-    """The answer a question's form sends, as the JSON object `*_respond` would get.
-
-    Values are turned into the types the schema names where they read as such; anything that does
-    not stays a string, so the one schema check (`checked_answers`) reports it.
-    """
+    """The answer a question's form sends, as the JSON object `*_respond` would get."""
     answer: dict[str, Any] = {}
     for name, prop in schema.get("properties", {}).items():
         kind = prop.get("type", "string")
@@ -327,8 +318,7 @@ class Console:
 
 
 def console_app(handles_or_database_url: Handles | str, *, token: str) -> Starlette:
-    """The operator console as a Starlette app, on the store of a `Handles` (mounted in its server,
-    which then also signals its own runtime) or on a database URL (served alone).
+    """The operator console as a Starlette app, on the store of a `Handles` or on a database URL.
 
     `token` is the operator credential (at least 16 characters): nothing is shown without it.
     """

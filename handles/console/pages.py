@@ -1,11 +1,4 @@
-"""The console's HTML: plain string templates, every value from a job escaped by `esc`.
-
-Status messages, questions, step names, errors, kinds and principals are written by jobs and
-callers, so they are untrusted text: each passes through `html.escape` here, and the live
-update script sets them with `textContent`, never as markup. No external asset: the style is
-inline and the one small script is served by the console itself (`/live.js`), so the pages' content
-security policy allows no inline script at all.
-"""
+"""The console's HTML: plain string templates, every job-written value escaped by `esc`."""
 
 from __future__ import annotations
 

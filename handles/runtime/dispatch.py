@@ -20,11 +20,7 @@ class JobDispatch(JobRunner):
     """The part of `Runtime` that takes jobs into this node's slots and starts their runs."""
 
     def reserve(self, kind: str, principal: str) -> bool:
-        """Hold a slot for a start stored already claimed by this runtime (see `adopt`).
-
-        Only when nothing waits before it: a start never jumps the queue, and a principal
-        at its share of the slots waits its turn like everyone else.
-        """
+        """Hold a slot for a start stored already claimed by this runtime (see `adopt`)."""
         if self.closed or not self._started or kind not in self.specs or self._backlog:
             return False
         return self.slots.reserve_for(principal_key(principal))
@@ -54,12 +50,7 @@ class JobDispatch(JobRunner):
     ) -> None:
         """Run a job that was stored already leased to this runtime, in the slot `reserve` held.
 
-        `answers` are the answers it was stored with (by question key): a job that never ran has
-        no steps, so its first run needs nothing else from the store. If the runtime began to
-        drain while the insert was under way, the job is handed to the queue instead, for any node.
-        The start's reply goes out before the job's first step (`_reply_first`), unless the caller waits
-        for the job's own result instead (a plain call): then `settled` gets the outcome this run stores,
-        once committed (it stays pending when the run stores none here: parked, dropped, handed over).
+        `settled` (a plain call's) gets the outcome this run stores, once committed.
         """
         if self.closed:
             self.slots.unreserve(1)

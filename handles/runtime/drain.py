@@ -17,10 +17,7 @@ class ShutdownDrain(JobDispatch):
     """The part of `Runtime` that drains it on shutdown."""
 
     def begin_drain(self) -> None:
-        """Stop taking work now and wake every waiter (long-polls answer at once); running jobs go on.
-
-        Safe to call from a signal handler's callback; `stop` finishes the drain.
-        """
+        """Stop taking work now and wake every waiter; running jobs go on. Safe from a signal callback."""
         if self._draining:
             return
         self._draining = True
@@ -68,10 +65,8 @@ class ShutdownDrain(JobDispatch):
     async def stop(self) -> None:
         """Drain: stop claiming, let running jobs finish for `drain_seconds`, then hand the rest over.
 
-        A `retry` job still running is released for any node at once; any other job ends
-        `failed`, saying it was interrupted by a shutdown; a job with a cancel request
-        ends `cancelled`. Steps that are executing are waited for, up to
-        `step_cancel_limit_seconds`. Parked jobs are untouched: they hold nothing here.
+        A running `retry` job is released for any node; any other ends `failed` (or `cancelled` when a
+        cancel was asked). Parked jobs are untouched.
         """
         if not self._started:
             self._closed = True

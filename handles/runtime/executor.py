@@ -1,15 +1,4 @@
-"""The executor: runs the jobs of one process against a shared store.
-
-It claims queued jobs into slots (`slots.Slots`), holds a lease on each while it
-runs (`leases.LeaseKeeper`), and writes every outcome to the store before anyone
-is told. A job that asks a question and finds no answer is *parked*: its run ends,
-its lease and slot are given back, and once answered it is claimed again (on any
-node) and replayed from the top, its answers and completed steps read back from
-the store. A cancel or a shutdown never interrupts a durable step that is
-executing: the step finishes and is recorded first, or, past a hard limit, is
-recorded as outcome-unknown. A stopping node drains: it stops claiming, lets
-running jobs finish for `drain_seconds`, then hands the rest over.
-"""
+"""The executor: runs the jobs of one process against a shared store."""
 
 from __future__ import annotations
 

@@ -75,15 +75,9 @@ class LeaseKeeper:
         self._renewed[job_id] = asyncio.get_running_loop().time()
 
     def writable_until(self, job_id: str) -> float | None:
-        """The loop time until which a write of what this node's run of `job_id` knows (a step's outcome, a
-        progress report, the job's outcome) is worth trying again through a database outage; None when
-        this node holds no lease on it.
-
-        The lease surely holds for `lease_seconds` from its claim or the last heartbeat that reached the
-        database. Past that it is still this node's until another node's sweep takes it (the first
-        heartbeat once the database is back renews it), so the write goes on trying for as long again (at
-        least `OUTAGE_PATIENCE_SECONDS` in all). Every such write is guarded (by the lease's owner, or by
-        the step's own start), so one that comes after the lease was lost changes nothing."""
+        """The loop time until which a write of what this node's run of `job_id` knows is worth retrying
+        through a database outage; None when this node holds no lease on it.
+        """
         renewed = self._renewed.get(job_id)
         if renewed is None:
             return None

@@ -1,17 +1,6 @@
-"""Output schemas that are cheap to check: the handle tools' `outputSchema`, written flat.
+"""Output schemas written flat (references inlined, optionals as `"type": [X, "null"]`), which clients check faster.
 
-A client checks every structured result against the tool's listed `outputSchema` (the official SDK
-does, with `jsonschema`, on every call). pydantic writes a model's schema with a `$ref` into `$defs`
-for every nested model and enum, and `anyOf: [X, {"type": "null"}]` for every optional field; the
-checker resolves each reference and tries each branch on every call. The same schema written flat
-(references inlined, an optional plain value as `"type": [X, "null"]`) accepts exactly the same
-documents and is checked in about half the time (`bench/profile.py`, docs/performance.md). So the
-output models of the handle tools derive from `FlatSchemaModel`, and whatever framework asks pydantic
-for their schema (the SDK's `MCPServer`, FastMCP) gets the flat one.
-
-Only what is equivalent is rewritten: a reference to a model that contains itself (a recursive result
-type) stays a reference, and an optional value keeps its `anyOf` when its schema restricts values
-(`enum`, `const`) or combines schemas.
+Only equivalent rewrites: a recursive reference stays, and a restricted optional keeps its `anyOf`.
 """
 
 from __future__ import annotations

@@ -1,21 +1,7 @@
 """The plain tool `<job>`: a job as one ordinary tool with the job's own parameters.
 
-A `tools/call <job>` that declares the Tasks extension is turned into a task before it
-gets here (handles/server/tasks_extension.py). Every other call follows the job's `plain_call` policy:
-
-- `"adaptive"` (the default): store and start the job, then wait up to the inline
-  budget. A job that ends in time answers exactly as an ordinary tool would (its
-  stored `CallToolResult`; a failed job's JSON-RPC error). A job still running, or
-  waiting for an answer, answers with its handle and says to continue with
-  `<job>_progress` / `<job>_fetch` (and `<job>_respond`), or the shared `jobs_*` tools
-  in the compact layout. While waiting, progress goes
-  out as `notifications/progress` when the request carries a progress token.
-- `"tasks_only"`: refused with `-32021`, naming the extension the caller must declare.
-
-A call that declares the extension reaches this tool only when no task is made for it (the Tasks
-face's kill switch is on, see handles/switches.py): it is answered as above, except that a
-`"tasks_only"` job is not waited for inline: its handle goes back at once, for the handle tools.
-Calls of a paused job kind are refused (retryable `paused`) before any question is asked.
+"adaptive" answers the job's result when it ends within the inline budget, else its handle;
+"tasks_only" refuses a call that does not declare the Tasks extension (`-32021`).
 """
 
 from __future__ import annotations
@@ -123,10 +109,7 @@ class PlainTool:
         )
 
     async def refusal(self, *, declared_tasks: bool) -> CallToolResult | None:
-        """Why this call must not start the job (checked before any question is asked), or None.
-
-        `declared_tasks`: the request declared the Tasks extension (and still got here: no task is made).
-        """
+        """Why this call must not start the job (checked before any question is asked), or None."""
         if self.policy.mode == "tasks_only" and not declared_tasks:
             raise missing_tasks_capability(
                 f"{self.name} runs only as a task: declare the {TASKS_EXTENSION} extension on this "

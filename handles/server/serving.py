@@ -1,8 +1,4 @@
-"""Serving a bound server with its job runtime: stdio, the Streamable HTTP app, and `serve_http`.
-
-Each helper takes an `MCPServer` or a FastMCP server. The runtime starts with the server and
-drains on SIGTERM (see `Handles.aclose`); the HTTP app carries the health routes.
-"""
+"""Serving a bound server with its job runtime: stdio, the Streamable HTTP app, and `serve_http`."""
 
 from __future__ import annotations
 
@@ -40,17 +36,8 @@ if TYPE_CHECKING:
 async def serve_stdio(server: MCPServer[Any] | FastMCP[Any], handles: Handles) -> None:
     """Serve `server` over stdio with the job runtime running.
 
-    On SIGTERM or SIGINT, or when stdin closes, the runtime drains: no new work, running jobs may
-    finish for `drain_seconds`, the rest is handed over (see `Handles.aclose`). A signal during the
-    drain ends it at once (`Handles.end_drain`): the running jobs are handed over now. That is how a
-    client ends a stdio server (the specification's stdio shutdown, which the official SDKs follow):
-    it closes stdin, waits 2 s, sends SIGTERM, waits 2 s, sends SIGKILL. So running jobs have those
-    2 s to finish, and are handed over at the SIGTERM rather than killed holding their leases.
-
-    An `MCPServer`'s replies are written to stdout from the event loop, not from a worker thread as the
-    SDK's `stdio_server` writes them, so a reply never waits for a job's step to let go of the GIL
-    (handles/server/stdio_stdout.py). fd 1 is claimed as the SDK claims it: while serving, a stray
-    `print` goes to stderr, not onto the wire. A FastMCP server is served by its own `run_stdio_async`.
+    On SIGTERM, SIGINT or stdin closing the runtime drains (see `Handles.aclose`); a second signal
+    hands the running jobs over at once. While serving, a stray `print` goes to stderr.
     """
     stop = asyncio.Event()
     with shutdown_signals(handles, stop):  # installed until the drain below has ended
@@ -93,10 +80,7 @@ def shutdown_signals(handles: Handles, stop: asyncio.Event) -> Iterator[None]:
 
 
 def _stdio_serving(server: MCPServer[Any] | FastMCP[Any]) -> Coroutine[Any, Any, None]:
-    """The server's stdio loop. An `MCPServer` runs its low-level server as `run_stdio_async` does, with the
-    SDK's `stdio_server` reading stdin and `LoopStdout` writing stdout on the event loop (see
-    handles/server/stdio_stdout.py); a FastMCP server (its own lifespan and logging around the same
-    loop), or an SDK without the low-level server this relies on, runs its own `run_stdio_async`."""
+    """The server's stdio loop, writing stdout from the event loop (`LoopStdout`) where the SDK allows."""
     if is_fastmcp(server):
         return cast("FastMCP[Any]", server).run_stdio_async(show_banner=False)
     lowlevel = getattr(server, "_lowlevel_server", None)
@@ -122,15 +106,9 @@ def streamable_http_app(
 ) -> Starlette:
     """The server's stateless Streamable HTTP app, with the job runtime started and drained by its lifespan.
 
-    The runtime starts before the SDK's session manager and stops after it, so requests in
-    flight finish against a running runtime; its shutdown drains (see `Handles.aclose`).
-    Serve it with `serve_http` to start the drain as soon as the shutdown signal arrives.
-
-    `GET liveness_path` answers 200 while the process serves; `GET readiness_path` answers 200
-    only when the runtime runs, is not draining and the database answers, else 503 with the
-    reason (see `handles.server.health`). Either path may be None to leave it out; neither needs a token.
-    Other options are passed to `MCPServer.streamable_http_app`, or to `FastMCP.http_app` for a
-    FastMCP server (`stateless_http=True` by default on both).
+    `GET liveness_path` answers 200 while the process serves; `GET readiness_path` answers 200 only
+    when the runtime runs, is not draining and the database answers, else 503 (None leaves a path out).
+    Other options go to `MCPServer.streamable_http_app` or `FastMCP.http_app`.
     """
     options.setdefault("stateless_http", True)
     app = (
@@ -198,12 +176,8 @@ async def serve_http(
 ) -> None:
     """Serve `streamable_http_app(server, handles)` with uvicorn, draining well on SIGTERM.
 
-    At the signal the runtime stops taking work and answers long-polls at once, and
-    `/readyz` answers 503; the node keeps listening while running jobs finish (for up to
-    `drain_seconds`), so probes and retried calls get an answer rather than a refused
-    connection. Then uvicorn stops, and the lifespan hands over what is left. A second
-    signal stops at once. A deployment's termination grace period should exceed
-    `drain_seconds` by a few seconds (the default 25 fits Kubernetes' 30).
+    At the signal `/readyz` answers 503 and running jobs get `drain_seconds` to finish while the node
+    still answers; a second signal stops at once. Set the termination grace period a few seconds longer.
     """
     import uvicorn
 

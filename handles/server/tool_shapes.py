@@ -1,8 +1,4 @@
-"""What a handle tool is and what it answers: the output models of its replies, `ToolReply`, and
-`ToolDefinition` (a name, descriptions, input and output models, and an async handler).
-
-Framework-neutral: `handles.server.bind_mcpserver` and `bind_fastmcp` bind these to a server.
-"""
+"""What a handle tool is and what it answers: `ToolReply`, its output models, and `ToolDefinition`."""
 
 from __future__ import annotations
 
