@@ -1,10 +1,4 @@
-"""What answers to a job's questions must be before anything is stored.
-
-`checked_answers` holds each answer to the schema of the question it answers; `unasked_answers`
-refuses a reply that answers no question the job ever asked (an empty one included), naming the
-questions still open. Every face that takes answers uses them (a `*_respond` tool, `tasks/update`,
-the operator console).
-"""
+"""What answers to a job's questions must be before anything is stored, on every face that takes them."""
 
 from __future__ import annotations
 
@@ -24,10 +18,10 @@ SHOWN_KEYS = 5
 def checked_answers(
     sealer: Sealer, pending: Mapping[str, InputRequestRecord], responses: dict[str, Any], retry: str
 ) -> dict[str, Any]:
-    """`responses` checked against the schemas of the `pending` questions they answer, sensitive fields
-    sealed, ready for `answer_inputs`; `InvalidArguments` naming every misfit (and what to do: `retry`)
-    otherwise. The one check of an answer, whoever sends it (a `*_respond` tool, `tasks/update`, the
-    operator console)."""
+    """`responses` checked against the schemas of the `pending` questions they answer, sensitive fields sealed.
+
+    Raises `InvalidArguments` naming every misfit; the one check of an answer, whoever sends it.
+    """
     problems: list[str] = []
     expected: list[str] = []
     for key, answer in responses.items():

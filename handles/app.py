@@ -77,8 +77,6 @@ class Handles:
         self._service: JobOperations | None = None
         self._tasks: TasksExtension | None = None
 
-    # -- defining jobs -----------------------------------------------------
-
     @overload
     def job(self, fn: F, /) -> F: ...
 
@@ -127,8 +125,6 @@ class Handles:
     @property
     def specs(self) -> dict[str, JobSpec]:
         return dict(self._specs)
-
-    # -- the machinery -----------------------------------------------------
 
     @property
     def service(self) -> JobOperations:
@@ -282,9 +278,7 @@ class Handles:
             await self._service.runtime.drained()
 
     async def aclose(self) -> None:
-        """Drain, then stop: running jobs may finish for `drain_seconds`; what is left is handed over
-        (`retry` jobs) or ends failed as interrupted by a shutdown; parked jobs are untouched. Then the
-        store is closed. The runtime never restarts afterwards."""
+        """Drain (see `stop`), then close the store; the runtime never restarts afterwards."""
         if self._service is None:
             return
         await self._service.runtime.stop()

@@ -1,8 +1,4 @@
-"""One error tree. Every error a caller can see says what happened and what to do next.
-
-`CallerError` subclasses become tool errors on the handle tools and JSON-RPC errors on the Tasks
-face; their text never carries another principal's data, a secret or a stack trace.
-"""
+"""One error tree. Every error a caller can see says what happened and what to do next."""
 
 from __future__ import annotations
 
@@ -20,10 +16,7 @@ class ConfigurationError(HandlesError):
 
 
 class DatabaseUnreachable(ConfigurationError):
-    """The configured database does not answer (or refuses the credentials) at start-up.
-
-    Fatal for a command or a stdio server; an HTTP node waits it out and reports not-ready.
-    """
+    """The configured database does not answer at start-up: fatal for a command or stdio, waited out by an HTTP node."""
 
 
 class CallerError(HandlesError):
@@ -137,10 +130,7 @@ class JobFailed(HandlesError):
 
 
 class StepOutcomeUnknown(HandlesError):
-    """A durable step started in an earlier attempt and never recorded an outcome; its effect may have happened.
-
-    Catch it to run an idempotent re-check, or let the job end `failed` for reconciliation.
-    """
+    """A durable step started earlier and never recorded an outcome: its effect may have happened."""
 
     def __init__(self, step: str, started_at: str, attempt: int) -> None:
         super().__init__(

@@ -1,8 +1,4 @@
-"""Minting and verifying handles: itsdangerous-signed tokens over a job id, kind, expiry and principal tag.
-
-The principal tag is an HMAC that binds the principal without showing it; a handle is never
-authentication (the request's principal is checked on every call).
-"""
+"""Minting and verifying handles: signed tokens over a job id, kind, expiry and a tag binding the principal."""
 
 from __future__ import annotations
 
@@ -53,15 +49,11 @@ class HandleCodec:
         if not secret_keys:
             raise ValueError("HandleCodec needs at least one secret key")
         keys = [key.encode() for key in secret_keys]
-        # itsdangerous's URL-safe serializer writes every handle and reads its payload (compact JSON in
-        # URL-safe base64, zlib-compressed behind a leading "." when that is shorter, then "." and the
-        # signature). It signs with the last key of its list: the newest, first in ours.
+        # itsdangerous signs with the last key of its list: the newest, first in ours.
         self._serializer = URLSafeSerializer(
             list(reversed(keys)), salt=HANDLE_SALT, signer_kwargs={"digest_method": hashlib.sha256}
         )
-        # One signer per key, so that `_open` computes every key's signature and compares its text whole
-        # (the serializer's own `loads` stops at the first key that verifies, and its base64 decoder reads
-        # four spellings of a signature's last character as one).
+        # One signer per key: `_open` checks every key's signature text whole, with no early exit.
         self._signers = [Signer(key, salt=HANDLE_SALT, digest_method=hashlib.sha256) for key in keys]
         self._tag_keys = [hmac.new(key, _TAG_LABEL, hashlib.sha256).digest() for key in keys]
         # (handle, principal) -> claims, for pairs that verified: a caller polls with the same handle.

@@ -260,10 +260,7 @@ def _find_context_param(fn: Callable[..., Any], job_name: str) -> str:
 
 
 class JobParked(BaseException):
-    """Raised by `ctx.ask` when the answer is not there yet: the run ends and the job is parked.
-
-    A BaseException so a job's `except Exception` cannot swallow it; once answered, the job replays.
-    """
+    """Raised by `ctx.ask` to park the job; a BaseException, so a job's `except Exception` cannot swallow it."""
 
 
 class UndeclaredAsk(ConfigurationError):
@@ -389,10 +386,7 @@ class JobContext(DurableSteps):
         await self._write_progress()
 
     async def _write_progress(self) -> None:
-        """Store the latest report, if it is not stored yet, holding the write lock until it has landed.
-
-        Run to its end in a task of its own, so an earlier report can never commit after a later one.
-        """
+        """Store the latest report in a task of its own, holding the write lock, so an older report never lands last."""
         if self._dirty or self._write_lock.locked():
             await self._writes.to_the_end(self._write_latest())
 

@@ -39,9 +39,7 @@ class LeaseTiming:
 
 @dataclass(frozen=True, slots=True)
 class NodeContact:
-    """A running job's node as its lease tells it: last heard from at `last_heard_at`, `silent_seconds`
-    ago; `quiet` once it missed its renewals; another node takes the job over by `takeover_by` (its
-    lease's expiry plus at most one sweep) unless the node is heard from again first."""
+    """A running job's node as its lease tells it: when it was last heard from, whether it is quiet, and the takeover time."""
 
     last_heard_at: datetime
     silent_seconds: float

@@ -47,9 +47,6 @@ def default_resolver(local_principal: str) -> PrincipalResolver:
     return resolve
 
 
-# -- for operators: reading and finding stored principals ----------------------------------
-
-
 def _token_components(principal: str) -> tuple[str | None, str | None, str | None] | None:
     """(issuer, client_id, subject) of a principal in the token form; None for any other principal."""
     if not principal.startswith(TOKEN_PREFIX + "["):

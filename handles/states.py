@@ -22,8 +22,7 @@ class Status(StrEnum):
 TERMINAL: frozenset[Status] = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
 ACTIVE: frozenset[Status] = frozenset({Status.WORKING, Status.INPUT_REQUIRED})
 
-# The only edges a stored status may follow. `working -> working` is absent on
-# purpose: progress and leases change other columns, never the status.
+# The only edges a stored status may follow (progress and leases never change the status).
 TRANSITIONS: dict[Status, frozenset[Status]] = {
     Status.WORKING: frozenset({Status.INPUT_REQUIRED, *TERMINAL}),
     Status.INPUT_REQUIRED: frozenset({Status.WORKING, *TERMINAL}),

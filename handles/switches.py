@@ -1,7 +1,6 @@
 """The operator's switches: stop the Tasks face from creating tasks, or pause new starts of a job kind.
 
-They live in the store, so a change reaches every node within `switch_cache_seconds`; a node's
-configuration may also pin them.
+They live in the store; each node rereads them at most `switch_cache_seconds` after a change.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Metrics and traces through the OpenTelemetry API: no-ops until the application installs the SDK.
 
-No attribute carries a principal, an argument, an answer or a result (docs/operations.md lists them).
+No attribute carries a principal, an argument, an answer or a result.
 """
 
 from __future__ import annotations

@@ -36,9 +36,7 @@ def _progress(job: JobRecord) -> str:
 def job_summary(
     job: JobRecord, *, now: datetime | None = None, timing: LeaseTiming | None = None
 ) -> dict[str, Any]:
-    """A job as `jobs list --json` shows it; `node_contact` says, while a node runs it, when that node was
-    last heard from and by when another takes the job over (`timing` and `now`: the configured lease
-    settings and the current time, unless given)."""
+    """A job as `jobs list --json` shows it, with `node_contact` while a node runs it."""
     contact = node_contact(
         job.status,
         job.lease_expires_at,

@@ -1,8 +1,4 @@
-"""An httpx client for the SDK's Streamable HTTP transport that keeps 401/403 recognisable.
-
-The SDK turns those into a generic, retryable `-32603`; this transport answers them with
-`AUTHENTICATION_FAILED` instead, which both clients raise at once.
-"""
+"""An httpx client for the SDK's Streamable HTTP transport that keeps 401/403 recognisable, not a retryable -32603."""
 
 from __future__ import annotations
 

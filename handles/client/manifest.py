@@ -95,9 +95,6 @@ async def list_tools(client: Client) -> list[Tool]:
     return tools
 
 
-# -- the manifest -------------------------------------------------------------------------------
-
-
 class JobManifest(BaseModel):
     """One job as the server lists it, and the modes this client can run it in."""
 
@@ -284,9 +281,6 @@ class Manifest(BaseModel):
         return "no job of the server can run so"
 
 
-# -- requirements ------------------------------------------------------------------------------
-
-
 def _one_or_many(value: Any) -> Any:
     return (value,) if isinstance(value, str) else value
 
@@ -389,9 +383,6 @@ async def read_manifest(client: Client | Connect, *, server: str | None = None) 
         return await read_manifest(connected, server=server or getattr(client, "server_id", None))
 
 
-# -- reading jobs from the tools ------------------------------------------------------------------
-
-
 def _job_meta(tool: Tool) -> dict[str, Any] | None:
     """A `handles` server's description of the job behind a plain tool (`JOB_META_KEY`), if well formed."""
     meta = (tool.meta or {}).get(JOB_META_KEY)
@@ -439,9 +430,6 @@ def _jobs(tools: list[Tool]) -> list[JobManifest]:
             )
         )
     return jobs
-
-
-# -- what can run where ---------------------------------------------------------------------------
 
 
 def _mode_problem(job: JobManifest, mode: Mode, tasks: str | None) -> str | None:

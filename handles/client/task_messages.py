@@ -23,9 +23,6 @@ TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled
 _INPUT_REQUEST: TypeAdapter[InputRequest] = TypeAdapter(InputRequest)
 
 
-# -- wire models ------------------------------------------------------------------
-
-
 class TaskResultBase(Result):
     """The `Task` fields shared by `CreateTaskResult` and the `tasks/get` answer."""
 
@@ -105,9 +102,6 @@ class Ack(Result):
     result_type: str = "complete"
 
 
-# -- outcomes -------------------------------------------------------------------------
-
-
 class TaskFailed(MCPError):
     """The task ended `failed`: carries its JSON-RPC error (the error the call would have returned)."""
 
@@ -127,9 +121,6 @@ class TaskCancelled(RuntimeError):
     def __init__(self, task: DetailedTask) -> None:
         super().__init__(task.status_message or "The task was cancelled.")
         self.task = task
-
-
-# -- operations --------------------------------------------------------------------------
 
 
 async def get_task(session: ClientSession, task_id: str, *, timeout: float | None = None) -> DetailedTask:

@@ -42,10 +42,7 @@ class TaskStatusParams(NotificationParams):
 
 
 class TaskPushes:
-    """The latest `notifications/tasks` state of each task a follower listens for, and its wake-ups.
-
-    The SDK may deliver out of order: an older state (`lastUpdatedAt`) is dropped and a terminal one is kept.
-    """
+    """The latest pushed state of each task a follower listens for (older or post-terminal states dropped), and wake-ups."""
 
     def __init__(self) -> None:
         self._latest: dict[str, DetailedTask] = {}

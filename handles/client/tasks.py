@@ -1,8 +1,4 @@
-"""The client side of the Tasks extension (`io.modelcontextprotocol/tasks`) for the official `mcp` client.
-
-With `TasksClientExtension` declared, `client.call_tool(...)` follows the task and returns its final
-`CallToolResult`; `get_task`, `update_task`, `cancel_task` and `follow_task` work on any session.
-"""
+"""The client side of the Tasks extension for the official `mcp` client (`TasksClientExtension`, `follow_task`, ...)."""
 
 from __future__ import annotations
 
@@ -233,9 +229,6 @@ async def _abandon(session: ClientSession, task_id: str) -> None:
             await cancel_task(session, task_id)
             return
         logger.warning("could not cancel abandoned task %s", task_id)
-
-
-# -- the extension ------------------------------------------------------------------------
 
 
 class TasksClientExtension(ClientExtension):

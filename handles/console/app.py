@@ -31,8 +31,7 @@ if TYPE_CHECKING:
 Handler = Callable[[Request, Operator], Awaitable[Response]]
 
 SECURITY_HEADERS = {
-    # No inline script may run (an escaped status message cannot become one anyway), nothing is
-    # fetched from elsewhere, and no other site may frame the console (its cancel button).
+    # No inline script, nothing fetched from elsewhere, no framing by another site.
     "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; "
     "img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "x-frame-options": "DENY",
@@ -142,8 +141,6 @@ class Console:
             return HTMLResponse(page, status_code=429, headers=headers)
         return JSONResponse({"error": "throttled", "message": message}, status_code=429, headers=headers)
 
-    # -- sign in and out ------------------------------------------------------------------
-
     async def live_script(self, _request: Request) -> Response:
         """The jobs list's update script: no secret in it, so served without a credential."""
         return Response(pages.LIVE_SCRIPT, media_type="text/javascript")
@@ -182,8 +179,6 @@ class Console:
         response = RedirectResponse(_base(request) + "/login", status_code=303)
         response.delete_cookie(COOKIE, path=_base(request) or "/", httponly=True, samesite="strict")
         return response
-
-    # -- pages --------------------------------------------------------------------------
 
     async def _listing(self, request: Request) -> tuple[list[dict[str, Any]], Filters, str | None]:
         filters = Filters.of(dict(request.query_params))

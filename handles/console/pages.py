@@ -86,9 +86,6 @@ def login(base: str, next_path: str, problem: str | None = None) -> str:
     return page("Sign in", body, base=base, operator=None)
 
 
-# -- jobs ----------------------------------------------------------------------------------
-
-
 def _age(seconds: float) -> str:
     """`42s`, `3m 05s`, `2h 10m`, `4d 3h`."""
     whole = int(max(seconds, 0))
@@ -241,9 +238,6 @@ def jobs(
         f'{form}{table}<p>{paging}</p><script src="{esc(base)}/live.js" defer></script>'
     )
     return page("Jobs", body, base=base, operator=operator)
-
-
-# -- one job ---------------------------------------------------------------------------------
 
 
 def _when(value: datetime | None) -> str:

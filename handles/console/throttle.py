@@ -1,7 +1,4 @@
-"""Slowing down whoever guesses the console's operator token: per-client failure counts, in bounded memory.
-
-While a client is throttled its token is not checked at all, so guessing on learns nothing.
-"""
+"""Slowing down whoever guesses the console's operator token: per-client failure counts, in bounded memory."""
 
 from __future__ import annotations
 

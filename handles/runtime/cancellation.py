@@ -50,7 +50,8 @@ class RunCancellation(RuntimeState):
         steps = sorted(entry.ctx.steps_running)
         if not steps or entry.task is None or entry.task.done() or not entry.ctx.cancelled:
             return
-        if not entry.enter(RunLife.LOST):  # the run goes on in its thread; nothing it writes is taken any more
+        # The run goes on in its thread; nothing it writes is taken any more.
+        if not entry.enter(RunLife.LOST):
             return
         job_id = entry.ctx.job_id
         logger.warning(

@@ -108,8 +108,7 @@ class JobDispatch(JobRunner):
     async def _claim_into_slots(self) -> None:
         if self.slots.free <= 0:
             return
-        # Unless work is known to wait, look before reserving: a claim holds every free slot until it
-        # returns, and a start that meets them held is queued (behind nothing, when nothing waits).
+        # Unless work is known to wait, look before reserving: a claim holds every free slot until it returns.
         if not self._backlog and not await self.store.read(self.store.repo.has_claimable, list(self.specs)):
             return
         self._backlog = True  # work waits: a start meanwhile queues behind it, as `reserve` says
@@ -138,9 +137,7 @@ class JobDispatch(JobRunner):
             self._start_task(self.specs[record.kind], record)
 
     def _on_remote_change(self, job_id: str, change: Change) -> None:
-        """Another node changed `job_id`: wake waiters here (those past its reports only if it did more than
-        report: `ChangeNotifier`); look for a cancel now if the job runs here, and for work if it was
-        queued."""
+        """Another node changed `job_id`: wake waiters here, look for a cancel if it runs here, for work if it was queued."""
         self.store.notifier.notify(job_id, change)
         if job_id in self._running:
             self._leases.wake.set()

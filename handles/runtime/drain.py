@@ -35,9 +35,7 @@ class ShutdownDrain(JobDispatch):
             )
 
     def end_drain(self) -> None:
-        """End the drain now (a second shutdown signal, or one after a stdio client has gone): `stop` hands
-        the running jobs over at once, as it does when `drain_seconds` have passed, instead of waiting
-        for them. Safe to call from a signal handler's callback."""
+        """End the drain now: `stop` hands the running jobs over at once. Safe from a signal handler's callback."""
         self.begin_drain()
         if not self._drain_cut.is_set() and self._running:
             logger.info("drain ended early: %d running job(s) are handed over now", len(self._running))

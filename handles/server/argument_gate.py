@@ -1,7 +1,6 @@
-"""The argument gate: every generated tool checks its own arguments, before the SDK does.
+"""The argument gate: server middleware that checks every generated tool's arguments before the SDK does.
 
-Server middleware that answers mistakes (including unknown names and deep nesting) with the
-`{error, message, next}` shape; arguments it passes, the SDK's validation passes too.
+Mistakes (unknown names and deep nesting included) get the `{error, message, next}` shape.
 """
 
 from __future__ import annotations

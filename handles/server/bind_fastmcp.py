@@ -1,8 +1,4 @@
-"""Binding the same jobs to a FastMCP 4 server (install `mcp-handles[fastmcp]`).
-
-The tools run the functions the `MCPServer` binding registers and the same SDK middleware, so a
-caller sees the same tools, answers and errors on both frameworks.
-"""
+"""Binding the same jobs to a FastMCP 4 server, with the same tools, answers and errors as on `MCPServer`."""
 
 from __future__ import annotations
 
@@ -109,8 +105,7 @@ class JobTool(Tool):
         try:
             validated = self._rules.metadata.validate_arguments(arguments)
         except ValidationError:
-            # The argument gate refuses these before FastMCP reaches the tool; should one get here
-            # anyway, it gets the gate's answer, not pydantic's.
+            # The argument gate refuses these first; one that gets here still gets the gate's answer.
             error = self._rules.check(arguments)
             assert error is not None
             return as_tool_result(refusal(error))
@@ -185,8 +180,7 @@ class FastMCPTasks(ServerExtension):
         )
         if outcome is None:
             return await call_next()
-        # Not a ToolResult: FastMCP hands an extension's own result to the SDK's runner as it is,
-        # which serialises it for the negotiated version exactly as on MCPServer.
+        # Not a ToolResult: the SDK's runner serialises it for the negotiated version, as on MCPServer.
         return cast("ToolCallOutcome", outcome)
 
 

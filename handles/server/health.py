@@ -1,7 +1,4 @@
-"""Liveness and readiness endpoints for an HTTP node (`GET /healthz`, `GET /readyz`).
-
-Probes share one database check in flight, so a hanging database never piles up threads.
-"""
+"""Liveness and readiness endpoints (`GET /healthz`, `GET /readyz`); probes share one database check in flight."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The uvicorn server behind `handles.serve_http`: drain first, then stop; quiet per-request logs.
-
-Uvicorn stops only after the drain, since stopping it cuts open streamed (SSE) answers.
-"""
+"""The uvicorn server behind `handles.serve_http`: drain first, then stop (stopping sooner cuts SSE answers)."""
 
 from __future__ import annotations
 

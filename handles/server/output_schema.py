@@ -1,7 +1,4 @@
-"""Output schemas written flat (references inlined, optionals as `"type": [X, "null"]`), which clients check faster.
-
-Only equivalent rewrites: a recursive reference stays, and a restricted optional keeps its `anyOf`.
-"""
+"""Output schemas written flat (references inlined, optionals as `"type": [X, "null"]`), cheaper to check."""
 
 from __future__ import annotations
 
@@ -15,9 +12,7 @@ from pydantic_core import CoreSchema
 
 _NULL = {"type": "null"}
 
-# Keywords whose meaning does not change when null is added to the value's type: each applies only to
-# values of its own type (or annotates). A schema with anything else (`enum`, `const`, `anyOf`, `$ref`,
-# ...) keeps its `anyOf` with null.
+# Keywords unaffected by adding null to the value's type; a schema with any other keeps its `anyOf`.
 _TYPE_SCOPED = frozenset(
     {
         "type", "format", "title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly",

@@ -149,8 +149,7 @@ class PlainTool:
         first_answer: dict[str, Any] | None = None,
     ) -> CallToolResult:
         """Start the job and answer it; call `refusal` first."""
-        # An adaptive call waits for the job's result: its job lets no reply go first, and a run here
-        # hands over the outcome it stored, so that it needs no read.
+        # An adaptive call waits for the job's result, which a run here hands over once stored.
         settled: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         try:
             started = await self.service.start(
@@ -164,8 +163,7 @@ class PlainTool:
         except CallerError as error:
             return to_call_tool_result(error_reply(error))
         if self.policy.mode == "tasks_only":
-            # A declaring call that gets no task (`refusal` turned the others away): a tasks-only job
-            # is not waited for inline, so its handle goes back at once.
+            # A declaring call that gets no task: a tasks-only job's handle goes back at once.
             lead = "No task was created for this call (new tasks are switched off), so this answer is the job's handle. "
             return await self._handoff(started.job, started.handle, lead=lead)
         try:
@@ -181,9 +179,7 @@ class PlainTool:
     async def _follow(
         self, job: JobRecord, report: ProgressReporter, settled: asyncio.Future[Outcome]
     ) -> JobRecord | Outcome:
-        """Wait for the job to end or park, within the budget, relaying progress as it grows. The job as
-        last read, or the outcome its run in this process stored (`settled`), whichever comes first. A
-        draining node stops waiting at once: the caller gets the handle, to follow the job elsewhere."""
+        """Wait within the budget for the job to end or park, relaying progress; a draining node stops at once."""
         reported: float | None = None
         async with contextlib.aclosing(self.service.versions(job, self.budget_seconds)) as versions:
             async for job in versions:

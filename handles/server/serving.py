@@ -20,11 +20,8 @@ from handles.server.health import health_routes
 from handles.server.startup import BackgroundStart
 from handles.server.stdio_stdout import LoopStdout, claimed_stdout
 
-# The largest request head (request line and headers) `serve_http` reads whole. A 2026-07-28 client
-# mirrors `params.taskId` or a tool's name into the `Mcp-Name` header, so a made-up id makes the head
-# long; uvicorn's HTTP parser (h11) refuses a head over its limit only while the head is incomplete, so
-# below this size every such request reaches the app and gets its JSON-RPC error, whether its bytes
-# arrive in one read or several (a proxy, a loaded machine). h11's own default is 16 KiB.
+# The largest request head `serve_http` reads whole (h11's default is 16 KiB): a long `Mcp-Name`
+# header still reaches the app and gets its JSON-RPC error, however its bytes arrive.
 REQUEST_HEAD_BYTES = 128 * 1024
 
 if TYPE_CHECKING:
@@ -58,9 +55,7 @@ async def serve_stdio(server: MCPServer[Any] | FastMCP[Any], handles: Handles) -
 
 @contextlib.contextmanager
 def shutdown_signals(handles: Handles, stop: asyncio.Event) -> Iterator[None]:
-    """For the block, SIGTERM and SIGINT set `stop` (the process begins to stop: it drains); once `stop` is
-    set, by a signal or by the caller, a further signal ends the drain at once (`Handles.end_drain`).
-    Where the event loop can take signals (`serve_stdio`, `handles worker`)."""
+    """For the block, SIGTERM and SIGINT set `stop` (the drain begins); a further signal ends the drain at once."""
 
     def on_signal() -> None:
         if stop.is_set():

@@ -1,8 +1,4 @@
-"""The stdout of `serve_stdio`: every message written from the event loop, never behind a job's step.
-
-Pieces of at most `PIPE_BUF` are written only when `poll` says the pipe has room; the rest of a
-message goes to a worker thread, and messages never interleave.
-"""
+"""The stdout of `serve_stdio`: messages written from the event loop when the pipe has room, never interleaved."""
 
 from __future__ import annotations
 

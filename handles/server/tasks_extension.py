@@ -1,7 +1,4 @@
-"""The Tasks extension (`io.modelcontextprotocol/tasks`, 2026-07-28) on the SDK's `Extension` seam.
-
-The `taskId` is the job's handle; this module only translates between `JobOperations` and the wire.
-"""
+"""The Tasks extension (2026-07-28) on the SDK's `Extension` seam; a task's `taskId` is its job's handle."""
 
 from __future__ import annotations
 
@@ -87,9 +84,6 @@ class UpdateTaskParams(TaskIdParams):
     input_responses: Any = None
 
 
-# -- capability -----------------------------------------------------------------
-
-
 def declares_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
     """Whether this request declared the extension (only 2026-07-28 requests can; capabilities are per request)."""
     if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
@@ -108,9 +102,6 @@ def missing_tasks_capability(message: str) -> MCPError:
         message=message,
         data=data.model_dump(by_alias=True, mode="json", exclude_none=True),
     )
-
-
-# -- wire shapes ------------------------------------------------------------------
 
 
 def iso_time(moment: datetime) -> str:
@@ -189,8 +180,6 @@ def detailed_task(
     return body
 
 
-# -- the extension ------------------------------------------------------------------
-
 TaskHandler = Callable[["TasksExtension", ServerRequestContext[Any, Any], Any], Awaitable[dict[str, Any]]]
 
 
@@ -226,10 +215,7 @@ class ServedJobs(Protocol):
 
 
 class TasksExtension(Extension):
-    """Serves every job of a `Handles` instance through the Tasks extension.
-
-    Pass it at construction (`MCPServer(extensions=[jobs.tasks_extension()])`); `Handles.bind` adds the plain tools.
-    """
+    """Serves every job of a `Handles` instance through the Tasks extension; pass it to the server at construction."""
 
     identifier = TASKS_EXTENSION
 
@@ -265,8 +251,6 @@ class TasksExtension(Extension):
 
         return call
 
-    # -- tools/call ----------------------------------------------------------
-
     async def intercept_tool_call(
         self, params: CallToolRequestParams, ctx: ServerRequestContext[Any, Any], call_next: CallNext
     ) -> HandlerResult:
@@ -287,9 +271,7 @@ class TasksExtension(Extension):
             return None
         try:
             if await self.service.tasks_stopped():
-                # The kill switch: no new task. The plain tool answers it as a call that does not
-                # declare the extension (the result inline, or the job's handle); existing tasks are
-                # still served by tasks/get, tasks/update and tasks/cancel.
+                # The kill switch: no new task; the plain tool answers (existing tasks are still served).
                 return None
         except CallerError as error:
             return to_call_tool_result(error_reply(error))
@@ -310,8 +292,7 @@ class TasksExtension(Extension):
         except CallerError as error:
             return to_call_tool_result(error_reply(error))
         if settled is not None and spec.task_after is not None and started.job.lease_owner is not None:
-            # Only a job claimed at its insert runs here at once (not one queued, or waiting for its
-            # first answer): none other can end within the wait.
+            # Only a job claimed at its insert runs here at once: no other can end within the wait.
             ended = await self._ended_within(settled, spec.task_after.total_seconds(), started.job)
             if ended is not None:
                 return ended
@@ -328,8 +309,6 @@ class TasksExtension(Extension):
                 await cancel_orphaned(self.service, job)
                 raise
         return outcome_answer(settled.result()) if settled.done() else None
-
-    # -- tasks/* -----------------------------------------------------------------
 
     async def _open(
         self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams
@@ -420,9 +399,6 @@ def _check_routing_header(ctx: ServerRequestContext[Any, Any], task_id: str) -> 
     decoded = decode_header_value(raw)
     if decoded is None or decoded.strip() != task_id.strip():
         raise MCPError(code=HEADER_MISMATCH, message=f"{MCP_NAME_HEADER} header does not match params.taskId")
-
-
-# -- pushed status: notifications/tasks on subscriptions/listen -------------------------------
 
 
 class TaskStatusNotification(Notification[dict[str, Any], Literal["notifications/tasks"]]):

@@ -16,8 +16,6 @@ from handles.results import ResultLink
 from handles.server.output_schema import FlatSchemaModel
 from handles.states import Status
 
-# -- output models -------------------------------------------------------------
-
 
 class ProgressView(BaseModel):
     done: float | None = Field(None, description="Units of work done so far, as reported by the job.")
@@ -116,9 +114,6 @@ class FetchOutputBase(FlatSchemaModel):
     poll_after_ms: int | None = None
     expires_at: datetime
     next: str
-
-
-# -- definitions -----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
