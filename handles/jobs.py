@@ -372,8 +372,7 @@ class JobContext(DurableSteps):
 
     async def flush(self) -> None:
         """Write any progress not yet stored (the runtime calls this before the job ends)."""
-        if self._trailing is not None and not self._trailing.done():
-            self._trailing.cancel()
+        self._stop_trailing_writes()
         await self._write_progress()
 
     def _stop_trailing_writes(self) -> None:

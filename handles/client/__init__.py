@@ -8,6 +8,7 @@ report = await follow(
 ```
 """
 
+from handles.client import outcomes
 from handles.client.follow import connect, follow
 from handles.client.http import http_client
 from handles.client.journal import Journal, JournalEntry, arguments_digest
@@ -24,26 +25,7 @@ from handles.client.manifest import (
     read_manifest,
     server_identity,
 )
-from handles.client.outcomes import (
-    AnswerRejectedError,
-    AuthenticationRefusedError,
-    ConnectionLostError,
-    DeadlineExceeded,
-    FollowError,
-    InputCallback,
-    InputRequiredError,
-    JobCancelledError,
-    JobFailedError,
-    JobLostError,
-    JobToolError,
-    JournalConflict,
-    OutcomeUnknownError,
-    Progress,
-    ProgressCallback,
-    Question,
-    StartRefusedError,
-    UnsupportedServerError,
-)
+from handles.client.outcomes import *  # noqa: F403  (its __all__, re-exported below)
 from handles.client.tasks import (
     DetailedTask,
     TaskCancelled,
@@ -57,39 +39,21 @@ from handles.client.tasks import (
 )
 
 __all__ = [
-    "AnswerRejectedError",
-    "AuthenticationRefusedError",
     "Connect",
-    "ConnectionLostError",
-    "DeadlineExceeded",
     "DetailedTask",
-    "FollowError",
-    "InputCallback",
-    "InputRequiredError",
-    "JobCancelledError",
-    "JobFailedError",
-    "JobLostError",
     "JobManifest",
-    "JobToolError",
     "Journal",
-    "JournalConflict",
     "JournalEntry",
     "LinkReadError",
     "Manifest",
     "Mode",
     "Need",
-    "OutcomeUnknownError",
     "Plan",
-    "Progress",
-    "ProgressCallback",
-    "Question",
     "Requirements",
     "RequirementsNotMet",
-    "StartRefusedError",
     "TaskCancelled",
     "TaskFailed",
     "TasksClientExtension",
-    "UnsupportedServerError",
     "arguments_digest",
     "cancel_task",
     "connect",
@@ -103,3 +67,4 @@ __all__ = [
     "server_identity",
     "update_task",
 ]
+__all__ += outcomes.__all__

@@ -8,6 +8,27 @@ from typing import Any
 
 from handles.client.transient import AuthenticationError
 
+__all__ = [  # what `handles.client` re-exports
+    "AnswerRejectedError",
+    "AuthenticationRefusedError",
+    "ConnectionLostError",
+    "DeadlineExceeded",
+    "FollowError",
+    "InputCallback",
+    "InputRequiredError",
+    "JobCancelledError",
+    "JobFailedError",
+    "JobLostError",
+    "JobToolError",
+    "JournalConflict",
+    "OutcomeUnknownError",
+    "Progress",
+    "ProgressCallback",
+    "Question",
+    "StartRefusedError",
+    "UnsupportedServerError",
+]
+
 
 @dataclass(frozen=True)
 class Question:

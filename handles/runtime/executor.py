@@ -111,9 +111,6 @@ class Runtime(ShutdownDrain):
             self._dispatcher = asyncio.create_task(self._dispatch_loop(), name="handles-dispatcher")
             self._loops.append(asyncio.create_task(self._leases.run(), name="handles-heartbeat"))
 
-    async def heartbeat_once(self) -> None:
-        await self._leases.beat()
-
     async def _sweep_loop(self) -> None:
         """A sweep at once, then one every `sweep_interval_seconds`."""
         now = asyncio.Event()
