@@ -266,8 +266,7 @@ class Handles:
             self._service.runtime.begin_drain()
 
     def end_drain(self) -> None:
-        """End the drain now (a second shutdown signal): running jobs are handed over at once, as when
-        `drain_seconds` have passed, instead of being waited for (see `aclose`)."""
+        """End the drain now (a second shutdown signal): running jobs are handed over at once (see `aclose`)."""
         if self._service is not None:
             self._service.runtime.end_drain()
 

@@ -1,5 +1,4 @@
-"""Durable steps: `ctx.step`, a function run at most once over a job's life, its result recorded, so a
-retried or resumed job gets the recorded result back instead of running it again."""
+"""Durable steps: `ctx.step`, a function run at most once over a job's life, its result recorded."""
 
 from __future__ import annotations
 

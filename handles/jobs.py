@@ -67,8 +67,7 @@ class JobPolicies(TypedDict, total=False):
 
 
 class JobOptions(JobPolicies, total=False):
-    """Options of `Handles.job`: the policies, and the job's name and description (by default, the
-    function's name and docstring)."""
+    """Options of `Handles.job`: the policies, and the job's name and description (default: the function's)."""
 
     name: str | None
     description: str | None

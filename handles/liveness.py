@@ -14,8 +14,7 @@ QUIET_BEATS = 2
 
 @dataclass(frozen=True, slots=True)
 class LeaseTiming:
-    """The deployment's lease settings a reader needs: how long a lease lasts, how often it is renewed,
-    and how often a sweep looks for leases that ran out."""
+    """The deployment's lease settings a reader needs: lease length, renewal interval and sweep interval."""
 
     lease_seconds: float
     heartbeat_interval: float
@@ -61,8 +60,7 @@ class NodeContact:
 def node_contact(
     status: str, lease_expires_at: datetime | None, now: datetime, timing: LeaseTiming
 ) -> NodeContact | None:
-    """What the lease of a job tells of its node at `now`, or None when no node holds the job (queued,
-    parked or ended)."""
+    """What the lease of a job tells of its node at `now`; None when no node holds the job."""
     if lease_expires_at is None or Status(status) not in ACTIVE:
         return None
     last_heard = min(lease_expires_at - timedelta(seconds=timing.lease_seconds), now)

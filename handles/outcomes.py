@@ -1,5 +1,4 @@
-"""How the end of a run is written down: a stored result, a failure with its reason, a cancellation (saying
-who asked for it)."""
+"""How the end of a run is written down: a result, a failure with its reason, or a cancellation."""
 
 from __future__ import annotations
 

@@ -77,8 +77,7 @@ class ResultFile:
 
     @classmethod
     def of_result(cls, result: dict[str, Any], kind: str) -> ResultFile:
-        """A stored tool result too large to travel inline, as a JSON file (its structured content,
-        or its text when it has none)."""
+        """A stored tool result too large to travel inline, as a JSON file."""
         structured = result.get("structuredContent")
         if structured is not None:
             return cls(

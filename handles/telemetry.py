@@ -128,8 +128,7 @@ class Telemetry:
         self._parked_time = instruments["parked_time"]
 
     def observe(self, runtime: Any) -> None:
-        """Count `runtime` in the gauges (it has `running_by_kind()` and `store.repo.waiting_counts()`)
-        for as long as it lives."""
+        """Count `runtime` in the gauges for as long as it lives."""
         self._sources.running.add(runtime)
 
     def forget(self, runtime: Any) -> None:

@@ -1,5 +1,4 @@
-"""`handles jobs list|show|cancel|purge`, `handles audit export` and `handles watch`: the stored jobs, read
-and steered from the configured database."""
+"""`handles jobs list|show|cancel|purge`, `handles audit export` and `handles watch`: the stored jobs."""
 
 from __future__ import annotations
 

@@ -99,8 +99,7 @@ class TaskPushes:
 
 
 class TaskSubscription:
-    """One `subscriptions/listen` stream asking for `taskIds`: which the server agreed to push, and
-    whether the stream is still open."""
+    """One `subscriptions/listen` stream asking for `taskIds`: which the server pushes, and whether it is open."""
 
     def __init__(self, honored: frozenset[str], route: Any = None) -> None:
         self.honored = honored

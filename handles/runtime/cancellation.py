@@ -1,5 +1,4 @@
-"""Cancels and interrupts of the jobs running here: a cancel's grace period, the wait for durable steps
-to be recorded (up to `step_cancel_limit_seconds`), and a run dropped because it ended elsewhere."""
+"""Cancels and interrupts of the jobs running here, never while a durable step executes."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Taking work: starts run at once in a reserved slot (`reserve`, `adopt`), queued jobs claimed fairly into
-free slots by the dispatcher, and wake-ups when another node queues work."""
+"""Taking work: starts run at once in a reserved slot, queued jobs are claimed fairly into free slots."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""A node's shutdown: it stops taking work, lets running jobs finish for `drain_seconds` (or until
-`end_drain`), then hands the rest over by their interrupt policy."""
+"""A node's shutdown: stop taking work, let running jobs finish for `drain_seconds`, hand the rest over."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ class ShutdownDrain(JobDispatch):
         self._drain_cut.set()
 
     async def drained(self) -> None:
-        """After `begin_drain`: wait until the running jobs have ended, the drain's deadline has passed, or
-        `end_drain` has ended it."""
+        """After `begin_drain`: wait until the running jobs have ended or the drain's deadline or `end_drain` came."""
         loop = asyncio.get_running_loop()
         if self._drain_deadline is None:
             self._drain_deadline = loop.time() + self.config.drain_seconds

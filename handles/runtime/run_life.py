@@ -1,5 +1,4 @@
-"""Where a run of this process stands (`RunLife`), and what the runtime keeps of each job running here
-(`RunningJob`)."""
+"""Where a run of this process stands (`RunLife`), and what the runtime keeps of each (`RunningJob`)."""
 
 from __future__ import annotations
 

@@ -31,8 +31,7 @@ _SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitio
 
 
 class FlatSchemaModel(BaseModel):
-    """A model whose JSON schema has its nested models and enums inlined and its optional plain values
-    written as type lists (see the module's text)."""
+    """A model whose JSON schema is written flat (see the module's docstring)."""
 
     @classmethod
     def __get_pydantic_json_schema__(

@@ -130,8 +130,7 @@ class PlainTool:
         input_responses: Any,
         report: ProgressReporter,
     ) -> CallToolResult | InputRequiredResult:
-        """The whole plain call, the same on every framework: the refusals, a question asked before the
-        job (in-band when the request can take it), then `call`."""
+        """The whole plain call, the same on every framework: refusals, a question asked first, then `call`."""
         refused = await self.refusal(declared_tasks=declares_tasks(ctx))
         if refused is not None:
             return refused
