@@ -58,7 +58,9 @@ def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def run_alone(run: Callable[[Options], Awaitable[list[Table]]], command: str, *, with_data: bool = False) -> None:
+def run_alone(
+    run: Callable[[Options], Awaitable[list[Table]]], command: str, *, with_data: bool = False
+) -> None:
     """Run one section as a script of its own (`command` says how), in a scratch directory removed afterwards,
     and print its tables (and, `with_data`, each table's figures as JSON)."""
     import logging
@@ -115,6 +117,15 @@ class Stats:
             minimum=values[0] * 1000,
             maximum=values[-1] * 1000,
         )
+
+    def cells(self, *names: str) -> list[str]:
+        """The named figures ("p50", "p99", "maximum", ...) as millisecond text for a table's row."""
+        return [ms(getattr(self, name)) for name in names]
+
+    @property
+    def p50_p99(self) -> str:
+        """The "p50 / p99" cell of a table, in milliseconds."""
+        return " / ".join(self.cells("p50", "p99"))
 
     def as_dict(self) -> dict[str, float]:
         return {
@@ -350,6 +361,30 @@ async def client(target: Any, *, token: str | None = None, tasks: bool = True) -
         yield mcp_client
 
 
+@asynccontextmanager
+async def served(
+    transport: str,
+    data_dir: Path,
+    *,
+    database_url: str = "",
+    fastmcp: bool = False,
+    tasks: bool = True,
+    **env: str,
+) -> AsyncIterator[Any]:
+    """A client of `python -m bench.app` in a process of its own over `transport` ("stdio" or "http")."""
+    if transport == "stdio":
+        params = handles_stdio_server(data_dir, database_url=database_url, fastmcp=fastmcp, **env)
+        async with client(params, tasks=tasks) as c:
+            yield c
+        return
+    process = handles_http_server(data_dir, database_url=database_url, fastmcp=fastmcp, **env).start()
+    try:
+        async with client(process.url, tasks=tasks) as c:
+            yield c
+    finally:
+        process.stop()
+
+
 async def timed(call: Callable[[], Awaitable[Any]]) -> tuple[float, Any]:
     start = time.perf_counter()
     value = await call()
@@ -400,24 +435,29 @@ def postgres_schema(base: str, label: str) -> Iterator[str | None]:
 @contextlib.contextmanager
 def sqlite_and_postgres(
     options: Options, label: str, table: Table, *, sqlite_url: bool = False
-) -> Iterator[list[tuple[str, str, Path]]]:
-    """The stores a section measures on, each as (name, database URL, a fresh data directory): the SQLite
-    file (URL "": the default in the data directory; with `sqlite_url`, that file's URL spelled out, for a
-    section that opens the store itself) and PostgreSQL in a fresh schema (dropped afterwards). When
+) -> Iterator[Iterator[tuple[str, str, Path]]]:
+    """The stores a section measures on, each as (name, database URL, a fresh data directory), each given
+    once garbage is collected: the SQLite file (URL "": the default in the data directory; with
+    `sqlite_url`, that file's URL spelled out) and PostgreSQL in a fresh schema (dropped afterwards). When
     PostgreSQL is unreachable, `table` gets a row saying so instead."""
+    with postgres_schema(options.postgres_url, label) as pg_url:
+        yield _stores(options, label, table, pg_url, sqlite_url=sqlite_url)
+
+
+def _stores(
+    options: Options, label: str, table: Table, pg_url: str | None, *, sqlite_url: bool
+) -> Iterator[tuple[str, str, Path]]:
     import tempfile
 
-    with postgres_schema(options.postgres_url, label) as pg_url:
-        stores: list[tuple[str, str, Path]] = []
-        for name, url in (("SQLite file", ""), ("PostgreSQL", pg_url)):
-            if url is None:
-                table.rows.append([name, "unreachable", *(["n/a"] * (len(table.columns) - 2))])
-                continue
-            data_dir = Path(tempfile.mkdtemp(prefix=f"{label}-", dir=options.work_dir))
-            if sqlite_url and not url:
-                url = f"sqlite:///{(data_dir / 'handles.db').as_posix()}"
-            stores.append((name, url, data_dir))
-        yield stores
+    for name, url in (("SQLite file", ""), ("PostgreSQL", pg_url)):
+        if url is None:
+            table.rows.append([name, "unreachable", *(["n/a"] * (len(table.columns) - 2))])
+            continue
+        data_dir = Path(tempfile.mkdtemp(prefix=f"{label}-", dir=options.work_dir))
+        if sqlite_url and not url:
+            url = f"sqlite:///{(data_dir / 'handles.db').as_posix()}"
+        quiet_gc()
+        yield name, url, data_dir
 
 
 def seeded_to(url: str, size: int, what: str) -> float:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import Options, Stats, Table, client, handles_http_server, log, ms, verdict
+from bench.common import Options, Stats, Table, client, handles_http_server, log, verdict
 from tests.harness.process import cpu_seconds, status_kib
 
 SECTION = "concurrency"
@@ -186,11 +186,11 @@ async def run(options: Options) -> list[Table]:
                 f"{len(record['errors'])}"
                 + ("" if ok else " **(not all completed)**" if record["completed"] != jobs_total else ""),
                 f"{duration:.1f}",
-                f"{ms(start.p50)} / {ms(start.p99)}",
+                start.p50_p99,
                 len(record["progress"]),
                 f"{len(record['progress']) / poll_phase:.0f}",
-                f"{ms(progress.p50)} / {ms(progress.p99)}",
-                f"{ms(fetch.p50)} / {ms(fetch.p99)}",
+                progress.p50_p99,
+                fetch.p50_p99,
                 f"{(record['rss_before_kb'] or 0) / 1024:.0f} -> {(record['hwm_kb'] or 0) / 1024:.0f}",
                 f"{record['server_cpu_s']:.1f}",
             ]

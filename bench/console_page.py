@@ -14,7 +14,7 @@ import random
 import secrets
 import time
 
-from bench.common import Options, Stats, Table, log, ms, quiet_gc, seeded_to, sqlite_and_postgres, verdict
+from bench.common import Options, Stats, Table, log, quiet_gc, seeded_to, sqlite_and_postgres, verdict
 
 SECTION = "console_page"
 TARGET_MS = 100.0
@@ -94,7 +94,7 @@ async def run(options: Options) -> list[Table]:
                     [
                         label,
                         f"{size:,}",
-                        *(f"{ms(stats[name].p50)} / {ms(stats[name].p99)}" for name in names),
+                        *(stats[name].p50_p99 for name in names),
                         verdict(worst <= TARGET_MS),
                     ]
                 )

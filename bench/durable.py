@@ -20,18 +20,7 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from bench.common import (
-    Options,
-    Stats,
-    Table,
-    inprocess,
-    log,
-    ms,
-    quiet_gc,
-    sqlite_and_postgres,
-    structured,
-    timed,
-)
+from bench.common import Options, Stats, Table, inprocess, log, sqlite_and_postgres, structured, timed
 
 SECTION = "durable"
 
@@ -151,7 +140,6 @@ async def run(options: Options) -> list[Table]:
     with sqlite_and_postgres(options, "durable", table) as stores:
         for label, url, data_dir in stores:
             log(f"durable: {label}, {n} starts")
-            quiet_gc()
             samples = await measure(data_dir, url, n, warmup)
             table.data[label] = {}
             for path, key in (
@@ -162,7 +150,7 @@ async def run(options: Options) -> list[Table]:
             ):
                 s = Stats.of(samples[key])
                 table.data[label][key] = s.as_dict()
-                table.rows.append([label, path, s.n, ms(s.p50), ms(s.p90), ms(s.p99), ms(s.maximum)])
+                table.rows.append([label, path, s.n, *s.cells("p50", "p90", "p99", "maximum")])
     table.notes += [
         "SQLite: a file in WAL mode with synchronous=NORMAL (the defaults of handles' SQLite store): a commit "
         "is durable against a process crash, not against power loss before the next checkpoint.",

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import Options, Stats, Table, inprocess, log, quiet_gc, sqlite_and_postgres, structured
+from bench.common import Options, Stats, Table, inprocess, log, sqlite_and_postgres, structured
 from bench.durable import DriverInsert
 
 SECTION = "group_commit"
@@ -122,7 +122,6 @@ async def run(options: Options) -> list[Table]:
     with sqlite_and_postgres(options, "group_commit", table) as stores:
         for name, url, data_dir in stores:
             log(f"group_commit: {name}, {rounds} rounds")
-            quiet_gc()
             samples = await measure(data_dir, url, rounds, warmup)
             table.data[name] = {
                 variant: {str(k): Stats.of(values).p50 * 1000 for k, values in by_k.items()}  # ms -> us

@@ -37,7 +37,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import SIGNING_KEY, Options, Table, client, handles_http_server, log, quiet_gc
+from bench.common import SIGNING_KEY, Options, Table, client, log, quiet_gc, served
 from handles.results import text_of
 
 SECTION = "handle_timing"
@@ -160,18 +160,14 @@ async def measure(
         quiet_gc()
         results["work_progress, in-process"] = await sample(cases, lambda h: _refused(c, h), samples, warmup)
     if http:
-        server = handles_http_server(data_dir / "http").start()
-        try:
-            async with client(server.url, tasks=False) as c:
-                job_id, expires_at = await _job(c)
-                cases = make_cases(job_id, "work", expires_at)
-                log(f"handle_timing: loopback HTTP tool, {samples} samples per case")
-                quiet_gc()
-                results["work_progress, loopback HTTP"] = await sample(
-                    cases, lambda h: _refused(c, h), samples, warmup
-                )
-        finally:
-            server.stop()
+        async with served("http", data_dir / "http", tasks=False) as c:
+            job_id, expires_at = await _job(c)
+            cases = make_cases(job_id, "work", expires_at)
+            log(f"handle_timing: loopback HTTP tool, {samples} samples per case")
+            quiet_gc()
+            results["work_progress, loopback HTTP"] = await sample(
+                cases, lambda h: _refused(c, h), samples, warmup
+            )
     return results
 
 

@@ -29,7 +29,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import DEFAULT_POSTGRES_URL, Options, Stats, Table, log, ms, postgres_schema
+from bench.common import DEFAULT_POSTGRES_URL, Options, Stats, Table, log, postgres_schema
 
 SECTION = "lease_load"
 JOBS = 1000
@@ -199,7 +199,7 @@ def _row(window: Window, sweep: float) -> list[Any]:
         f"{window.rows_updated * per_second:.0f} ({window.hot_updated * per_second:.0f} HOT)",
         f"{1000 * window.process_cpu * per_second:.1f}",
         backend,
-        f"{ms(beat.p50)} / {ms(beat.p99)}",
+        beat.p50_p99,
         f"{window.lease + sweep:g} s",
         f"{window.lease - window.interval:g} s",
     ]

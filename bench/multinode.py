@@ -24,16 +24,7 @@ from contextlib import AsyncExitStack
 from datetime import UTC, datetime
 from typing import Any
 
-from bench.common import (
-    Options,
-    Stats,
-    Table,
-    client,
-    handles_http_server,
-    log,
-    ms,
-    postgres_schema,
-)
+from bench.common import Options, Stats, Table, client, handles_http_server, log, postgres_schema
 
 CONCURRENCY = 12
 NODE_COUNTS = (1, 2, 3)
@@ -164,10 +155,10 @@ async def run(options: Options) -> list[Table]:
                 [
                     count,
                     f"{starts:.0f}",
-                    f"{ms(start_stats.p50)} / {ms(start_stats.p99)}",
+                    start_stats.p50_p99,
                     f"{polls:.0f}",
-                    f"{ms(poll_stats.p50)} / {ms(poll_stats.p99)}",
-                    f"{ms(wake.p50)} / {ms(wake.p99)}",
+                    poll_stats.p50_p99,
+                    wake.p50_p99,
                     start_errors + poll_errors,
                 ]
             )

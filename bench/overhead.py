@@ -25,12 +25,10 @@ from bench.common import (
     Stats,
     Table,
     client,
-    handles_http_server,
-    handles_stdio_server,
     log,
-    ms,
     quiet_gc,
     ratio,
+    served,
     shuffled_rounds,
     structured,
     verdict,
@@ -112,16 +110,9 @@ async def run_transport(transport: str, rounds: int, warmup: int, work: Path) ->
         server = build_server(jobs)
         async with jobs.running(), client(server) as c:
             return await measure_client(c, rounds, warmup)
-    fastmcp = transport.startswith("fastmcp-")
-    if transport.endswith("stdio"):
-        async with client(handles_stdio_server(data_dir, fastmcp=fastmcp)) as c:
-            return await measure_client(c, rounds, warmup)
-    server_process = handles_http_server(data_dir, fastmcp=fastmcp).start()
-    try:
-        async with client(server_process.url) as c:
-            return await measure_client(c, rounds, warmup)
-    finally:
-        server_process.stop()
+    across = transport.removeprefix("fastmcp-")
+    async with served(across, data_dir, fastmcp=across != transport) as c:
+        return await measure_client(c, rounds, warmup)
 
 
 async def run(options: Options) -> list[Table]:
@@ -146,8 +137,7 @@ async def run(options: Options) -> list[Table]:
                 [
                     transport,
                     "no-op plain tool" if name == "noop" else name,
-                    ms(s.p50),
-                    ms(s.p99),
+                    *s.cells("p50", "p99"),
                     ratio(s.p50, base.p50),
                     ratio(s.p99, base.p99),
                     f"<= {limit}x" if limit else "",

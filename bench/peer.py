@@ -438,8 +438,8 @@ async def run(options: Options) -> list[Table]:
         table.rows.append(
             [
                 label,
-                f"{ms(a.p50)} / {ms(a.p99)}",
-                f"{ms(b.p50)} / {ms(b.p99)}",
+                a.p50_p99,
+                b.p50_p99,
                 f"{a.p50 / b.p50:.2f}x",
                 verdict(a.p50 < b.p50) if faster else "",
             ]
@@ -527,7 +527,7 @@ async def run(options: Options) -> list[Table]:
     ):
         s = Stats.of(values)
         table.data[label] = s.as_dict()
-        table.rows.append([label, f"{ms(s.p50)} / {ms(s.p99)}", "(no equivalent)", "", ""])
+        table.rows.append([label, s.p50_p99, "(no equivalent)", "", ""])
     table.rows.append(
         [
             "server peak RSS (VmHWM) MiB / CPU s over the whole section",

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,13 +34,11 @@ from bench.common import (
     Stats,
     Table,
     client,
-    handles_http_server,
-    handles_stdio_server,
     inprocess,
     log,
-    ms,
     postgres_schema,
     quiet_gc,
+    served,
     structured,
     timed,
     verdict,
@@ -218,23 +216,6 @@ ACROSS = ("stdio", "http")
 """The transports of the pickup with the client in another process."""
 
 
-@contextlib.asynccontextmanager
-async def _served(transport: str, data_dir: Path, database_url: str, started: Path) -> AsyncIterator[Any]:
-    """A client of `python -m bench.app` in a process of its own, over `transport`, whose `work` jobs write
-    when they begin to `started` (`BENCH_STARTED_FILE`)."""
-    env = {"BENCH_STARTED_FILE": str(started)}
-    if transport == "stdio":
-        async with client(handles_stdio_server(data_dir, database_url=database_url, **env), tasks=False) as c:
-            yield c
-        return
-    process = handles_http_server(data_dir, database_url=database_url, **env).start()
-    try:
-        async with client(process.url, tasks=False) as c:
-            yield c
-    finally:
-        process.stop()
-
-
 async def measure_across(
     transport: str, data_dir: Path, database_url: str, n: int, warmup: int
 ) -> dict[str, list[float]]:
@@ -244,7 +225,9 @@ async def measure_across(
     started = data_dir / f"started-{transport}.txt"
     began = _began_in(started)
     samples: dict[str, list[float]] = {"pickup": [], "after_answer": [], "noop": []}
-    async with _served(transport, data_dir, database_url, started) as c:
+    # The server's `work` jobs write when they begin to `started`.
+    env = {"BENCH_STARTED_FILE": str(started)}
+    async with served(transport, data_dir, database_url=database_url, tasks=False, **env) as c:
         for index in range(warmup + n):
             pickup, after_answer = await _started_after(c, f"{transport}-{index}", began)
             noop, _ = await timed(lambda: c.call_tool("noop", {}))
@@ -318,9 +301,7 @@ async def run(options: Options) -> list[Table]:
                         label,
                         what,
                         s.n,
-                        ms(s.p50),
-                        ms(s.p90),
-                        ms(s.p99),
+                        *s.cells("p50", "p90", "p99"),
                         f"< {target:g} ms" if target else "",
                         verdict(holds),
                     ]

@@ -16,17 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import (
-    Options,
-    Stats,
-    Table,
-    inprocess_with,
-    log,
-    ms,
-    quiet_gc,
-    sqlite_and_postgres,
-    structured,
-)
+from bench.common import Options, Stats, Table, inprocess_with, log, sqlite_and_postgres, structured
 from handles import JobContext
 
 SECTION = "steps"
@@ -79,10 +69,9 @@ async def run(options: Options) -> list[Table]:
     with sqlite_and_postgres(options, SECTION, table) as stores:
         for label, url, data_dir in stores:
             log(f"steps: {label}, {jobs} jobs of {STEPS_PER_JOB} steps")
-            quiet_gc()
             s = Stats.of(await measure(data_dir, url, jobs))
             table.data[label] = s.as_dict()
-            table.rows.append([label, s.n, ms(s.p50), ms(s.p90), ms(s.p99), f"{1000 / s.mean:.0f}"])
+            table.rows.append([label, s.n, *s.cells("p50", "p90", "p99"), f"{1000 / s.mean:.0f}"])
     table.notes += [
         f"Jobs of {STEPS_PER_JOB} steps run one after another, each started with `stepping_start` and awaited "
         "with `stepping_fetch`; the first job's steps are left out. A step is two durable writes (its start "

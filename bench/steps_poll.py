@@ -19,8 +19,6 @@ from bench.common import (
     Table,
     inprocess_with,
     log,
-    ms,
-    quiet_gc,
     shuffled_rounds,
     sqlite_and_postgres,
     structured,
@@ -92,14 +90,13 @@ async def run(options: Options) -> list[Table]:
     with sqlite_and_postgres(options, SECTION, table) as stores:
         for label, url, data_dir in stores:
             log(f"steps_poll: {label}, {rounds} rounds")
-            quiet_gc()
             samples = await measure(data_dir, url, rounds, warmup)
             noop = Stats.of(samples["no-op"])
             table.data[label] = {}
             for job in (*JOBS, "no-op"):
                 s = Stats.of(samples[job])
                 table.data[label][job] = s.as_dict()
-                table.rows.append([label, job, s.n, ms(s.p50), ms(s.p90), f"{s.p50 / noop.p50:.2f}x"])
+                table.rows.append([label, job, s.n, *s.cells("p50", "p90"), f"{s.p50 / noop.p50:.2f}x"])
     table.notes += [
         "Each job is running (its steps recorded, waiting to be released) while it is polled; every poll "
         "answers at once (no wait_seconds). The three polls and the no-op tool run once a round, in a fresh "

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import Options, Stats, Table, handles_config, log, ms
+from bench.common import Options, Stats, Table, handles_config, log
 
 SECTION = "waiters"
 
@@ -86,9 +86,7 @@ async def run(options: Options) -> list[Table]:
             [
                 waiters,
                 result["waiting"],
-                ms(lag.p50),
-                ms(lag.p99),
-                ms(lag.maximum),
+                *lag.cells("p50", "p99", "maximum"),
                 f"{result['statements_per_second']:.0f}",
             ]
         )

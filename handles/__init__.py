@@ -1,16 +1,7 @@
 """handles: durable, portable long-running MCP tools.
 
-One async function becomes `<job>_start`, `<job>_progress`, `<job>_fetch`,
-`<job>_cancel` (and `<job>_respond`) tools sharing a signed, principal-bound
-handle, on durable SQL state; in the compact layout (`bind(server, layout="compact")`)
-one shared `jobs_progress`, `jobs_fetch`, `jobs_cancel` (and `jobs_respond`) serve
-every job.
-
-What a server author imports is here; a client author imports `handles.client`, and the
-errors a caller can see are in `handles.errors`. Names are imported on first use, so
-`handles.cli` and the store stay quick to load. `handles.__version__` is the installed
-distribution's version (`mcp-handles`, from its metadata), or `0+unknown` for a checkout that
-was never installed.
+What a server author imports is here (imported on first use); a client author imports `handles.client`,
+and the errors a caller can see are in `handles.errors`.
 """
 
 from __future__ import annotations

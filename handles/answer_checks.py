@@ -1,10 +1,4 @@
-"""What answers to a job's questions must be before anything is stored.
-
-`checked_answers` holds each answer to the schema of the question it answers; `unasked_answers`
-refuses a reply that answers no question the job ever asked (an empty one included), naming the
-questions still open. Every face that takes answers uses them (a `*_respond` tool, `tasks/update`,
-the operator console).
-"""
+"""What answers to a job's questions must be before anything is stored, on every face that takes them."""
 
 from __future__ import annotations
 
@@ -24,10 +18,10 @@ SHOWN_KEYS = 5
 def checked_answers(
     sealer: Sealer, pending: Mapping[str, InputRequestRecord], responses: dict[str, Any], retry: str
 ) -> dict[str, Any]:
-    """`responses` checked against the schemas of the `pending` questions they answer, sensitive fields
-    sealed, ready for `answer_inputs`; `InvalidArguments` naming every misfit (and what to do: `retry`)
-    otherwise. The one check of an answer, whoever sends it (a `*_respond` tool, `tasks/update`, the
-    operator console)."""
+    """`responses` checked against the schemas of the `pending` questions they answer, sensitive fields sealed.
+
+    Raises `InvalidArguments` naming every misfit; the one check of an answer, whoever sends it.
+    """
     problems: list[str] = []
     expected: list[str] = []
     for key, answer in responses.items():
@@ -57,11 +51,7 @@ def checked_answers(
 def unasked_answers(
     responses: Mapping[str, Any], open_keys: Sequence[str], *, status: str, again: str, follow: str
 ) -> InvalidArguments:
-    """The error for a reply none of whose keys is a question the job asked: it answers nothing.
-
-    `open_keys`: the questions waiting for an answer now; `again`: the tool to answer them with;
-    `follow`: the tool to follow the job with when nothing waits for an answer.
-    """
+    """The error for a reply none of whose keys is a question the job asked: it answers nothing."""
     unknown = [clean_message(key, 60) or "''" for key in list(responses)[:SHOWN_KEYS]]
     more = len(responses) - len(unknown)
     named = ", ".join(unknown) + (f" and {more} more" if more > 0 else "")

@@ -1,8 +1,4 @@
-"""`Handles`: the object a server author creates, decorates jobs on, and binds to a server.
-
-It owns one store, one handle codec, one runtime and one service, built on first
-use from a `HandlesConfig` (by default read from the environment).
-"""
+"""`Handles`: the object a server author creates, decorates jobs on, and binds to a server."""
 
 from __future__ import annotations
 
@@ -53,18 +49,14 @@ class Handles:
     async def generate_report(ctx: JobContext, account: str, months: int = 12) -> Report:
         ...
 
-    # The Tasks extension is applied at construction; bind() then adds each job's tools.
     server = MCPServer("reports", extensions=[jobs.tasks_extension()])
     jobs.bind(server)
     ```
 
     Args:
-        config: every setting (database, signing keys, limits, timings); default
-            `HandlesConfig.from_env()`, which reads the `HANDLES_*` environment variables.
-        principal_resolver: `fn(context) -> str` (or an awaitable of it) giving the principal of
-            a request from the SDK's request context. Default: the verified access token's
-            issuer, client id and subject when the server has a token verifier, else the
-            configured local principal (`HANDLES_LOCAL_PRINCIPAL`).
+        config: every setting; default `HandlesConfig.from_env()` (the `HANDLES_*` variables).
+        principal_resolver: `fn(context) -> str` (or an awaitable of it) naming a request's principal.
+            Default: the verified access token's issuer, client id and subject, else the local principal.
         clock: the source of "now" (an aware `datetime`); tests pass a fake one.
 
     Nothing is opened until first use (`start()`, `running()`, or the first tool call).
@@ -84,8 +76,6 @@ class Handles:
         self._plain: dict[str, PlainCallPolicy] = {}
         self._service: JobOperations | None = None
         self._tasks: TasksExtension | None = None
-
-    # -- defining jobs -----------------------------------------------------
 
     @overload
     def job(self, fn: F, /) -> F: ...
@@ -109,20 +99,11 @@ class Handles:
         inline_budget: timedelta | None = None,
         **options: Unpack[JobOptions],
     ) -> F | Callable[[F], F]:
-        """Declare an async function as a long job. Usable bare (`@jobs.job`) or with options.
+        """Declare an async function as a long job. Usable bare (`@jobs.job`) or with options (see `JobSpec`).
 
-        `retention` is how long the job and its result are kept from its start (stated in
-        the tool descriptions); `poll_after` is the polling hint given to callers;
-        `asks_input` adds the respond tool; `on_interrupt` says what happens when the
-        process running the job dies ("fail", or "retry" up to `max_attempts`);
-        `keep_result_for`, `input_timeout` and `abandon_after` bound how long a finished,
-        waiting or forgotten job lingers. See `JobSpec`.
-
-        The job is also served as the plain tool `<name>`: a call that declares the Tasks
-        extension becomes a task; any other call follows `plain_call`: "adaptive" runs the
-        job and answers its result if it ends within `inline_budget` (default
-        `HandlesConfig.inline_budget_seconds`), else its handle; "tasks_only" refuses with
-        -32021.
+        The job is also served as the plain tool `<name>`: a call declaring the Tasks extension becomes a
+        task; any other follows `plain_call`: "adaptive" answers the result if the job ends within
+        `inline_budget`, else its handle; "tasks_only" refuses with -32021.
         """
         if plain_call not in ("adaptive", "tasks_only"):
             raise ConfigurationError("plain_call must be 'adaptive' or 'tasks_only'.")
@@ -145,17 +126,9 @@ class Handles:
     def specs(self) -> dict[str, JobSpec]:
         return dict(self._specs)
 
-    # -- the machinery -----------------------------------------------------
-
     @property
     def service(self) -> JobOperations:
-        """The shared operations every face serves, built on first use without touching the database.
-
-        Nothing here waits for the database: each operation a request begins with (a start, opening a
-        handle) first awaits `JobOperations.ensure_running`, the one way to a ready service, which brings
-        the schema current on a worker thread and answers a database that does not answer with the
-        retryable `store_unavailable`.
-        """
+        """The shared operations every face serves, built on first use without touching the database."""
         if self._service is None:
             url = self.config.resolved_database_url()
             make_sqlite_folder(url)
@@ -207,21 +180,10 @@ class Handles:
     ) -> None:
         """Add every declared job's handle tools and its plain tool `<job>` to `server`.
 
-        `layout="per_job"` (the default) gives each job `<job>_start`, `<job>_progress`,
-        `<job>_fetch`, `<job>_cancel` (and `<job>_respond`); `layout="compact"` keeps
-        `<job>_start` per job and adds one shared `jobs_progress`, `jobs_fetch`, `jobs_cancel`
-        (and `jobs_respond`) for every job: fewer tools in every model's context
-        (docs/reference.md#tool-layouts). Either way each job also gets its plain tool `<job>`.
-
-        Build the server with `extensions=[jobs.tasks_extension()]` so that a `tools/call <job>`
-        declaring the Tasks extension becomes a task; `bind` then also serves the extension's pushed
-        status (`notifications/tasks` on a `subscriptions/listen` stream that names `taskIds`).
-
-        `server` may also be a FastMCP 4 server (`pip install 'mcp-handles[fastmcp]'`): the same tools
-        are added as FastMCP tools, and with `tasks=True` (the default) the Tasks face is added as its
-        extension. A FastMCP server that already serves the Tasks extension (`fastmcp-tasks`) is refused
-        unless `tasks=False` (docs/fastmcp.md). On an `MCPServer`, `tasks` is not used: the extension
-        is passed at construction.
+        `layout="per_job"` gives each job `<job>_start`, `_progress`, `_fetch`, `_cancel` (and `_respond`);
+        `layout="compact"` keeps `<job>_start` and shares `jobs_progress`, `jobs_fetch`, `jobs_cancel` (and
+        `jobs_respond`). `server` may be a FastMCP 4 server: there `tasks=True` adds the Tasks face, and a
+        server already serving it (`fastmcp-tasks`) is refused unless `tasks=False` (docs/fastmcp.md).
         """
         if not self._specs:
             raise ConfigurationError(
@@ -270,10 +232,10 @@ class Handles:
             )
 
     async def prepare(self) -> None:
-        """Build the machinery and bring the schema current (upgrade or check), without starting the runtime.
+        """Build the machinery and bring the schema current, without starting the runtime.
 
-        Raises `ConfigurationError` (one sentence saying what to do) for a missing key, a bad URL, an
-        outdated schema, or a database that does not answer (`DatabaseUnreachable`).
+        Raises `ConfigurationError` (saying what to do) for a missing key, a bad URL, an outdated schema,
+        or a database that does not answer (`DatabaseUnreachable`).
         """
         service = self.service
         assert service.schema is not None
@@ -285,10 +247,7 @@ class Handles:
         await self.service.ensure_running()
 
     def reconfigure(self, **changes: Any) -> None:
-        """Change settings before the runtime starts, even if the machinery was already built.
-
-        `handles worker` uses it to force `run_workers=True` on an application it imported.
-        """
+        """Change settings before the runtime starts, even if the machinery was already built."""
         self.config = replace(self.config, **changes)
         if self._service is not None:
             if self._service.runtime.started:
@@ -302,17 +261,12 @@ class Handles:
                 )
 
     def begin_drain(self) -> None:
-        """Stop taking new work at once (a shutdown signal arrived); `aclose` finishes the drain.
-
-        Long-polls answer right away and new calls are refused as retryable, while running
-        jobs go on for up to `drain_seconds`.
-        """
+        """Stop taking new work at once; running jobs go on for up to `drain_seconds` and `aclose` finishes."""
         if self._service is not None:
             self._service.runtime.begin_drain()
 
     def end_drain(self) -> None:
-        """End the drain now (a second shutdown signal): running jobs are handed over at once, as when
-        `drain_seconds` have passed, instead of being waited for (see `aclose`)."""
+        """End the drain now (a second shutdown signal): running jobs are handed over at once (see `aclose`)."""
         if self._service is not None:
             self._service.runtime.end_drain()
 
@@ -323,9 +277,7 @@ class Handles:
             await self._service.runtime.drained()
 
     async def aclose(self) -> None:
-        """Drain, then stop: running jobs may finish for `drain_seconds`; what is left is handed over
-        (`retry` jobs) or ends failed as interrupted by a shutdown; parked jobs are untouched. Then the
-        store is closed. The runtime never restarts afterwards."""
+        """Drain (see `stop`), then close the store; the runtime never restarts afterwards."""
         if self._service is None:
             return
         await self._service.runtime.stop()

@@ -1,16 +1,7 @@
 """Questions a job asks before any work starts (a confirmation, a choice).
 
-A job declared with `ask_first=AskFirst(message, schema)` needs one answer before it
-may run. How the question reaches the caller depends on what the caller can do:
-
-- a 2026-07-28 request that declares elicitation, calling the plain tool `<job>`
-  (with or without the Tasks extension), gets it first as a multi round-trip
-  `InputRequiredResult`; its retry with `inputResponses` starts the job (or creates
-  the task) with the answer. Nothing is stored before the answer arrives, and no
-  state has to travel: the retry carries the arguments again.
-- any other caller (`<job>_start`, older clients, clients without elicitation) gets
-  a job that waits in `input_required` with the question under key `q0`, answered
-  like any other question (`<job>_respond`, `tasks/update`); the job starts then.
+A 2026-07-28 caller with elicitation gets the question in-band before anything is stored; any other
+caller gets a job waiting in `input_required` with the question under key `q0`.
 """
 
 from __future__ import annotations
@@ -32,9 +23,8 @@ FIRST_KEY = "q0"
 class AskFirst:
     """The question a job needs answered before it starts.
 
-    `message` is the text, or a function of the job's (validated, JSON) arguments that
-    returns it. `schema` is a pydantic model of primitive fields (the job reads the
-    answer as that model from `ctx.first_answer`) or a form-elicitation schema dict.
+    `message` is the text, or a function of the job's validated arguments that returns it. `schema` is a
+    pydantic model of primitive fields (read back from `ctx.first_answer`) or a form-elicitation schema dict.
     """
 
     message: str | Callable[[dict[str, Any]], str]

@@ -1,9 +1,4 @@
-"""How long to wait before trying again: doubling pauses with a cap and a little jitter.
-
-One formula for every retry: a client's transient failures (`handles.client`), a node waiting for
-its database at start-up (`handles.server.startup`), and a crashed `retry` job queued again
-(`handles.store.repository`, 1 s doubling to a minute, without jitter).
-"""
+"""How long to wait before trying again: doubling pauses with a cap and a little jitter."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Configuration: every knob, its environment variable and its default, in one place.
-
-`HandlesConfig.from_env()` reads the environment; tests and embedders build a
-`HandlesConfig` directly. docs/operations.md lists the same table for operators.
-"""
+"""Configuration: every knob, its environment variable and its default, in one place."""
 
 from __future__ import annotations
 
@@ -44,8 +40,7 @@ Names = Annotated[
 ]
 
 
-# Each field is read from HANDLES_ and its name in capitals (one exception: HANDLES_SWEEP_SECONDS);
-# a value given in Python is checked against the same types and ranges, and an unknown name is refused.
+# Each field is read from HANDLES_<NAME> (except HANDLES_SWEEP_SECONDS); unknown names are refused.
 _VARIABLES_OF_FIELDS = ConfigDict(
     alias_generator=lambda n: "HANDLES_" + n.upper(), populate_by_name=True, extra="forbid"
 )
@@ -53,10 +48,7 @@ _VARIABLES_OF_FIELDS = ConfigDict(
 
 @dataclass(frozen=True, config=_VARIABLES_OF_FIELDS)
 class HandlesConfig:
-    """Settings of one `Handles` instance.
-
-    `secret_keys` is newest first: the first key signs new handles, every key verifies.
-    """
+    """Settings of one `Handles` instance; `secret_keys` is newest first (the first signs, every key verifies)."""
 
     database_url: str = ""
     secret_keys: Names = ()
@@ -66,8 +58,7 @@ class HandlesConfig:
     max_running: Annotated[Integer, Field(ge=1)] = 32
     max_wait_seconds: Annotated[Number, Field(ge=0)] = 50.0
     max_active_per_principal: Annotated[Integer, Field(ge=1)] = 50
-    # A dead node's jobs are taken over within the lease plus one sweep; a live node that cannot renew
-    # for the lease less one heartbeat (a stalled loop, a database failover) loses its jobs.
+    # A dead node's jobs are taken over within the lease plus one sweep.
     lease_seconds: Annotated[Number, Field(gt=0)] = 15.0
     heartbeat_seconds: Annotated[Number, Field(gt=0)] = 2.0
     sweep_interval_seconds: Annotated[Number, Field(gt=0, alias="HANDLES_SWEEP_SECONDS")] = 5.0
@@ -77,26 +68,21 @@ class HandlesConfig:
     run_workers: Flag = True
     auto_migrate: Flag | None = None
     inline_budget_seconds: Annotated[Number, Field(ge=0)] = 20.0
-    # A stopping node lets running jobs finish this long, then hands the rest over (fits a 30 s
-    # termination window with room for the HTTP server's own shutdown).
+    # How long a stopping node lets running jobs finish before it hands the rest over.
     drain_seconds: Annotated[Number, Field(ge=0)] = 25.0
-    # How long a cancel or a shutdown waits for a durable step that is executing; past it the
-    # step is recorded as outcome-unknown.
+    # How long a cancel or a shutdown waits for an executing step before it is recorded outcome-unknown.
     step_cancel_limit_seconds: Annotated[Number, Field(ge=0)] = 60.0
     # The share of this node's slots one principal may hold while another principal's jobs wait.
     principal_share: Annotated[Number, Field(gt=0, le=1)] = 0.5
-    # A result whose JSON is larger than this is stored as a file and answered as a link to read
-    # (handles.results); a job's own `link_results_over` wins.
+    # A result whose JSON is larger than this is answered as a link (a job's own setting wins).
     link_results_over: Annotated[Integer, Field(ge=1, le=MAX_RESULT_BYTES)] = 256 * 1024
     # The largest result file one job may store; a larger one fails the job (`result_too_large`).
     max_result_file_bytes: Annotated[Integer, Field(ge=0)] = 2 * 1024 * 1024 * 1024
     # How long a deleted job's evidence (handles.store.audit) is kept; 0 keeps none.
     audit_retention_seconds: Annotated[Number, Field(ge=0)] = 365 * 24 * 3600.0
-    # How long a node trusts its copy of the operator's switches (handles/switches.py) before it reads
-    # them again: a switch set with the `handles` command takes effect on every node within this.
+    # How long a node trusts its copy of the operator's switches before it reads them again.
     switch_cache_seconds: Annotated[Number, Field(ge=0, le=60)] = 2.0
-    # Switches pinned by this node's configuration, engaged whatever the store says: no new tasks
-    # through the Tasks face, and no new starts of these job kinds.
+    # Switches pinned by this node's configuration, whatever the store says.
     tasks_off: Flag = False
     paused_jobs: Names = ()
 

@@ -1,10 +1,4 @@
-"""Old import paths, kept working for one release with a `DeprecationWarning` (remove in the next).
-
-Modules moved in the layout of 0.x: `import handles.mcp` still works and warns, and gives the
-module at its new path, so a server written against the old layout keeps running while its
-author moves the imports. Names that left the top-level `handles` (the wire errors) still
-resolve there, with a warning that names their new home.
-"""
+"""Old import paths, kept working for one release with a `DeprecationWarning`."""
 
 from __future__ import annotations
 

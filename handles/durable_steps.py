@@ -1,5 +1,4 @@
-"""Durable steps: `ctx.step`, a function run at most once over a job's life, its result recorded, so a
-retried or resumed job gets the recorded result back instead of running it again."""
+"""Durable steps: `ctx.step`, a function run at most once over a job's life, its result recorded."""
 
 from __future__ import annotations
 
@@ -48,17 +47,12 @@ class DurableSteps:
         result_type: Any = None,
         **kwargs: Any,
     ) -> Any:
-        """Run `fn(*args, **kwargs)` at most once over the job's life and record its result.
+        """Run `fn(*args, **kwargs)` at most once over the job's life and record its result (as JSON).
 
-        A retried job that reaches a step that already completed gets the recorded
-        result back and `fn` does not run again, so a payment, a publish or a
-        deployment is never repeated by a retry. Results are stored as JSON and
-        returned as JSON values (pass `result_type` to rebuild a type). A step that
-        started in an earlier attempt and never recorded an outcome raises
-        `StepOutcomeUnknown`, unless it is `repeatable` (safe to run again: a build,
-        a test, a pure computation), and then `fn` runs again, or `recheck` is given:
-        an idempotent function that finds out what happened, whose answer is recorded
-        instead. Step names must be unique within a job.
+        A retry that reaches a completed step gets the recorded result back (rebuilt as `result_type` if
+        given) without running `fn`. A step started earlier with no recorded outcome raises
+        `StepOutcomeUnknown`, unless it is `repeatable` (run again) or has a `recheck` (its answer is
+        recorded). Step names must be unique within a job.
         """
         if name in self._step_names:
             raise ValueError(

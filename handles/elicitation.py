@@ -1,8 +1,4 @@
-"""Questions a job asks: form-elicitation schemas (an object of primitive fields) and answer checks.
-
-The schema is stored with the question, so any node can check an answer without
-the job's Python classes: `validate_answer` needs only the stored dict.
-"""
+"""Questions a job asks: form-elicitation schemas and answer checks that need only the stored schema."""
 
 from __future__ import annotations
 

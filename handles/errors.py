@@ -1,12 +1,4 @@
-"""One error tree. Every error a caller can see says what happened and what to do next.
-
-`CallerError` subclasses become tool errors (`isError: true`) on the handle tools
-and JSON-RPC errors on the Tasks face; their text never carries another
-principal's data, a secret or a stack trace. `JobFailed` is raised by job authors
-inside a job function; so is the SDK's own `ToolError` (`mcp.server.mcpserver.exceptions`,
-or FastMCP's), which ends the job `completed` with a tool-level error result, as it does
-in an ordinary tool.
-"""
+"""One error tree. Every error a caller can see says what happened and what to do next."""
 
 from __future__ import annotations
 
@@ -24,10 +16,7 @@ class ConfigurationError(HandlesError):
 
 
 class DatabaseUnreachable(ConfigurationError):
-    """The configured database does not answer (or refuses the credentials) at start-up.
-
-    Fatal for a command or a stdio server; an HTTP node waits it out and reports not-ready.
-    """
+    """The configured database does not answer at start-up: fatal for a command or stdio, waited out by an HTTP node."""
 
 
 class CallerError(HandlesError):
@@ -88,10 +77,7 @@ class LimitReached(CallerError):
 
 
 class JobsPaused(CallerError):
-    """An operator paused new starts of this job kind; nothing was started, and the same call works later.
-
-    Jobs of that kind already started are not affected.
-    """
+    """An operator paused new starts of this job kind; nothing was started, and the same call works later."""
 
     code = "paused"
     retryable = True
@@ -144,12 +130,7 @@ class JobFailed(HandlesError):
 
 
 class StepOutcomeUnknown(HandlesError):
-    """A durable step started in an earlier attempt and never recorded an outcome.
-
-    The effect may or may not have happened. Catch it to run an idempotent
-    re-check, or let it propagate: the job then ends `failed` and asks for
-    reconciliation before any retry.
-    """
+    """A durable step started earlier and never recorded an outcome: its effect may have happened."""
 
     def __init__(self, step: str, started_at: str, attempt: int) -> None:
         super().__init__(

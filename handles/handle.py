@@ -1,21 +1,4 @@
-"""Minting and verifying handles.
-
-A handle is an itsdangerous-signed token (HMAC-SHA256, a salt of its own) over
-`[version, job_id, kind, expires_at, principal_tag]`:
-
-- `job_id`: 144 random bits, the primary key of the stored job;
-- `kind`: the job's name, so one job's tools refuse another job's handle;
-- `expires_at`: the end of the job's retention, so expiry is decided from the
-  handle's own signed time;
-- `principal_tag`: an HMAC of the job id and the principal under a key derived
-  from the signing key. It binds the principal without showing it, and cannot be
-  checked against guessed principals without the key.
-
-Keys are a list, newest first: the newest signs, every listed key verifies, so a
-key can be rotated in and the old one retired later. A handle is never
-authentication: the principal it was minted for is compared with the principal of
-the request presenting it, on every call, before anything is read from the store.
-"""
+"""Minting and verifying handles: signed tokens over a job id, kind, expiry and a tag binding the principal."""
 
 from __future__ import annotations
 
@@ -66,15 +49,11 @@ class HandleCodec:
         if not secret_keys:
             raise ValueError("HandleCodec needs at least one secret key")
         keys = [key.encode() for key in secret_keys]
-        # itsdangerous's URL-safe serializer writes every handle and reads its payload (compact JSON in
-        # URL-safe base64, zlib-compressed behind a leading "." when that is shorter, then "." and the
-        # signature). It signs with the last key of its list: the newest, first in ours.
+        # itsdangerous signs with the last key of its list: the newest, first in ours.
         self._serializer = URLSafeSerializer(
             list(reversed(keys)), salt=HANDLE_SALT, signer_kwargs={"digest_method": hashlib.sha256}
         )
-        # One signer per key, so that `_open` computes every key's signature and compares its text whole
-        # (the serializer's own `loads` stops at the first key that verifies, and its base64 decoder reads
-        # four spellings of a signature's last character as one).
+        # One signer per key: `_open` checks every key's signature text whole, with no early exit.
         self._signers = [Signer(key, salt=HANDLE_SALT, digest_method=hashlib.sha256) for key in keys]
         self._tag_keys = [hmac.new(key, _TAG_LABEL, hashlib.sha256).digest() for key in keys]
         # (handle, principal) -> claims, for pairs that verified: a caller polls with the same handle.
@@ -90,16 +69,8 @@ class HandleCodec:
     def verify(self, token: object, *, principal: str) -> HandleClaims | None:
         """The claims of `token` if it is genuine and bound to `principal`; otherwise None.
 
-        Forged, truncated, re-spelled, oversized, non-ASCII, retired-key and
-        other-principal handles all return None, so callers cannot tell them apart,
-        not even by the time the refusal takes (see `_open`).
-
-        A pair of the exact handle string and `principal` that verified is remembered (the newest
-        `REMEMBERED` of them): the same principal presenting the same string again gets the same claims
-        without the signature work, as it would have anyway (the keys of a codec never change, and the
-        claims are all in the string; expiry is judged by the caller on every call). Only verified pairs
-        are remembered, so every refusal still does all the work: another principal presenting a genuine
-        handle is refused exactly as before, and as slowly as a forged one.
+        Every refusal looks alike and costs the same time. A verified (string, principal) pair is
+        remembered, so its repeat skips the signature work; refusals are never remembered.
         """
         key = (token, principal) if type(token) is str else None
         if key is not None:
@@ -121,15 +92,8 @@ class HandleCodec:
     def _open(self, token: object, principal: str | None) -> HandleClaims | None:
         """The claims of a handle signed by one of our keys (and bound to `principal`, unless None).
 
-        One spelling only: the token must be exactly the string we would write, with nothing
-        around it (no whitespace either), its signature's text included (base64 leaves slack
-        bits in its last character; a looser decoder would accept four spellings). Every
-        well-formed handle goes through the same steps whatever it turns out to be: every
-        key's signature is computed and compared, the payload is decoded and parsed, and the
-        principal tag is computed and compared for every key (against a placeholder payload
-        when the handle's own does not parse), with no early exit. A forged handle and another
-        principal's genuine one therefore cost the same time to refuse: the refusal tells
-        nobody that this server signed it.
+        Only the exact spelling we write is accepted, and every well-formed token does all the work with no
+        early exit, so a forged handle and another principal's genuine one take as long to refuse.
         """
         if not isinstance(token, str) or not token or len(token) > MAX_HANDLE_LENGTH or not token.isascii():
             return None

@@ -1,10 +1,4 @@
-"""What a job author touches: the job definition (`JobSpec`) and the `JobContext` a job receives.
-
-A job is one async function. Its parameters (after the `JobContext` one) become
-the start tool's input schema; its return annotation becomes the output schema,
-derived by the `mcp` SDK exactly as for an ordinary tool, so the stored result is
-the `CallToolResult` the plain tool would have returned.
-"""
+"""What a job author touches: the job definition (`JobSpec`) and the `JobContext` a job receives."""
 
 from __future__ import annotations
 
@@ -73,8 +67,7 @@ class JobPolicies(TypedDict, total=False):
 
 
 class JobOptions(JobPolicies, total=False):
-    """Options of `Handles.job`: the policies, and the job's name and description (by default, the
-    function's name and docstring)."""
+    """Options of `Handles.job`: the policies, and the job's name and description (default: the function's)."""
 
     name: str | None
     description: str | None
@@ -89,12 +82,10 @@ class JobSpec:
     - `input_timeout`: how long `input_required` waits for an answer before the job fails;
     - `abandon_after`: cancel the job when nobody has looked at it for this long;
     - `on_interrupt`: when its process dies, "fail" (default) or "retry" up to `max_attempts`;
-    - `ask_first`: a question the job needs answered before it starts (see `handles.ask_first`);
-    - `link_results_over`: a result whose JSON is larger than this many bytes is stored as a file and
-      answered as a link (default `HandlesConfig.link_results_over`); see `handles.results`;
-    - `task_after`: a call that declares the Tasks extension waits this long for the job to end and then
-      gets its result as an ordinary tool result, with no task; a job still running then (or waiting for
-      an answer) becomes a task. None (the default): every declaring call becomes a task at once.
+    - `ask_first`: a question answered before the job starts (see `handles.ask_first`);
+    - `link_results_over`: a result whose JSON is larger than this many bytes is answered as a link;
+    - `task_after`: how long a declaring call waits for the job to end before it becomes a task
+      (None: at once).
     """
 
     name: str
@@ -268,12 +259,7 @@ def _find_context_param(fn: Callable[..., Any], job_name: str) -> str:
 
 
 class JobParked(BaseException):
-    """Raised by `ctx.ask` when the answer is not there yet: the run ends and the job is parked.
-
-    A BaseException, so that a job's own `except Exception` does not swallow it. Once
-    answered, the job is replayed from the top: answers and completed steps come back
-    from the store, so nothing repeats.
-    """
+    """Raised by `ctx.ask` to park the job; a BaseException, so a job's `except Exception` cannot swallow it."""
 
 
 class UndeclaredAsk(ConfigurationError):
@@ -284,12 +270,9 @@ class UndeclaredAsk(ConfigurationError):
 class JobContext(DurableSteps):
     """The handle a running job has on its own stored state.
 
-    `progress()` reports how far it got (coalesced, so a tight loop costs few
-    writes); `cancelled` tells whether a cancel was requested (the job is also
-    interrupted at its next await once the grace period runs out, but never while a
-    durable step executes); `ask()` parks the job in `input_required` until the
-    caller answers: the run ends, holding no worker and no lease, and the job is
-    replayed from the top once answered (see docs/durability.md).
+    `progress()` reports how far it got (coalesced); `cancelled` tells whether a cancel was requested
+    (the job is interrupted after a grace period, never mid-step); `ask()` parks the job until the
+    caller answers, then replays it from the top (see docs/durability.md).
     """
 
     def __init__(
@@ -388,8 +371,7 @@ class JobContext(DurableSteps):
 
     async def flush(self) -> None:
         """Write any progress not yet stored (the runtime calls this before the job ends)."""
-        if self._trailing is not None and not self._trailing.done():
-            self._trailing.cancel()
+        self._stop_trailing_writes()
         await self._write_progress()
 
     def _stop_trailing_writes(self) -> None:
@@ -402,13 +384,7 @@ class JobContext(DurableSteps):
         await self._write_progress()
 
     async def _write_progress(self) -> None:
-        """Store the latest report, if it is not stored yet.
-
-        It runs to its end in a task of its own (`JobWrites.to_the_end`), holding the write lock until the write has
-        landed: a caller cancelled meanwhile (`flush` cancels the delayed write) leaves the lock held, so the
-        next write waits for it. Otherwise an earlier report still at the database (on a worker thread,
-        PostgreSQL) could commit after a later one and overwrite it. With nothing to store and no write at the
-        database, it returns at once (a job's end flushes: a short job's outcome follows without a turn)."""
+        """Store the latest report in a task of its own, holding the write lock, so an older report never lands last."""
         if self._dirty or self._write_lock.locked():
             await self._writes.to_the_end(self._write_latest())
 
@@ -435,15 +411,10 @@ class JobContext(DurableSteps):
     async def ask(self, message: str, schema: type[BaseModel] | dict[str, Any]) -> Any:
         """Ask the caller a question and wait for the answer.
 
-        `schema` is a pydantic model of primitive fields (the answer comes back as
-        that model) or a form-elicitation JSON schema dict (the answer comes back as
-        a dict). Without a recorded answer, the job is parked in `input_required`:
-        this run ends (raising `JobParked`, which job code must not catch), holding no
-        worker and no lease. Once `<job>_respond` or `tasks/update` answers, the job
-        is replayed from the top on any node: answers and completed `ctx.step` results
-        come back from the store, so code before an `ask` must be deterministic, and
-        its effects must be in steps. Questions are keyed `q1`, `q2`, ... in the order
-        asked.
+        `schema` is a pydantic model of primitive fields (answered as that model) or a form-elicitation
+        JSON schema dict (answered as a dict). Without a recorded answer the job is parked (this run ends
+        raising `JobParked`, which job code must not catch) and replayed from the top once answered, so code
+        before an `ask` must be deterministic and its effects must be in steps. Questions are keyed `q1`, `q2`, ...
         """
         if not self.spec.asks_input:
             raise UndeclaredAsk(

@@ -1,8 +1,4 @@
-"""Bounds on what callers and jobs may store, and the cleaning of text shown to callers.
-
-Status messages are data, never instructions: they are stripped of control
-characters and cut to a bounded length before they are stored.
-"""
+"""Bounds on what callers and jobs may store, and the cleaning of text shown to callers."""
 
 from __future__ import annotations
 
@@ -48,9 +44,7 @@ def json_size(value: Any) -> int:
 
 
 class SizedJSON(dict[str, Any]):
-    """A JSON object with its compact JSON text, made once (`sized_json`): its size (`json_size`) is that
-    text's, and the store writes that text (`stored_json`) instead of serialising the object again. Made
-    for a job's result just before it is sized and stored, and never changed after."""
+    """A JSON object with its compact JSON text, made once: its size is that text's, and the store writes that text."""
 
     __slots__ = ("text",)
     text: str
@@ -75,8 +69,7 @@ def check_size(value: Any, limit: int, what: str, next_step: str) -> None:
     """Raise `InvalidArguments` when `value` serialises to more than `limit` bytes, or is not valid Unicode."""
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
     if text.isascii() and "\x7f" not in text:
-        # `json_size`'s figure, from the same JSON: nothing in it that ASCII-only JSON writes otherwise (DEL
-        # is the one ASCII character it escapes and this keeps), and nothing to encode.
+        # The same figure as `json_size`, from the same text.
         size = len(text)
     else:
         try:

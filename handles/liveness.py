@@ -1,11 +1,4 @@
-"""What a reader can tell of a running job's node from the job's lease: when the node was last heard from,
-whether it has gone quiet, and by when another node takes the job over.
-
-A node renews the lease of every job it runs each `heartbeat_interval`, to `lease_seconds` from then, so
-the lease's expiry less `lease_seconds` is the node's last renewal; once the lease has run out, the next
-sweep of any node (every `sweep_interval_seconds`) settles the job. Every node, and the `handles` command
-and console reading the same database, must therefore share `HANDLES_LEASE_SECONDS`.
-"""
+"""What a reader can tell of a running job's node from the job's lease, assuming a shared `HANDLES_LEASE_SECONDS`."""
 
 from __future__ import annotations
 
@@ -21,8 +14,7 @@ QUIET_BEATS = 2
 
 @dataclass(frozen=True, slots=True)
 class LeaseTiming:
-    """The deployment's lease settings a reader needs: how long a lease lasts, how often it is renewed,
-    and how often a sweep looks for leases that ran out."""
+    """The deployment's lease settings a reader needs: lease length, renewal interval and sweep interval."""
 
     lease_seconds: float
     heartbeat_interval: float
@@ -46,9 +38,7 @@ class LeaseTiming:
 
 @dataclass(frozen=True, slots=True)
 class NodeContact:
-    """A running job's node as its lease tells it: last heard from at `last_heard_at`, `silent_seconds`
-    ago; `quiet` once it missed its renewals; another node takes the job over by `takeover_by` (its
-    lease's expiry plus at most one sweep) unless the node is heard from again first."""
+    """A running job's node as its lease tells it: when it was last heard from, whether it is quiet, and the takeover time."""
 
     last_heard_at: datetime
     silent_seconds: float
@@ -70,8 +60,7 @@ class NodeContact:
 def node_contact(
     status: str, lease_expires_at: datetime | None, now: datetime, timing: LeaseTiming
 ) -> NodeContact | None:
-    """What the lease of a job tells of its node at `now`, or None when no node holds the job (queued,
-    parked or ended)."""
+    """What the lease of a job tells of its node at `now`; None when no node holds the job."""
     if lease_expires_at is None or Status(status) not in ACTIVE:
         return None
     last_heard = min(lease_expires_at - timedelta(seconds=timing.lease_seconds), now)

@@ -1,5 +1,4 @@
-"""How the end of a run is written down: a stored result, a failure with its reason, a cancellation (saying
-who asked for it)."""
+"""How the end of a run is written down: a result, a failure with its reason, or a cancellation."""
 
 from __future__ import annotations
 
@@ -33,10 +32,7 @@ CancelRole = Literal["caller", "operator", "server", "principal"]
 
 
 def canceller(by: str | None, principal: str) -> tuple[CancelRole, str] | None:
-    """Who asked for a job's cancel, from its recorded `cancel_requested_by` and the job's `principal`:
-    (role, name). The role is `caller` (the job's own principal), `operator` (name: the operator's),
-    `server` (name: the runtime's reason) or `principal` (another principal: none cancels today).
-    None when nobody is recorded (no cancel, or one recorded before who asked was)."""
+    """Who asked for a job's cancel, as (role, name): role `caller`, `operator`, `server` or `principal`; None if unknown."""
     if by is None:
         return None
     if by == principal:

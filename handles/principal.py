@@ -1,12 +1,4 @@
-"""Who a request speaks for.
-
-With a token verifier, the principal is derived from the verified access token
-(issuer, client and subject, as the SDK's `principal_components` defines them),
-never from anything the client sends in arguments. Without authentication (stdio,
-or an HTTP server with no verifier), every request speaks for the configured local
-principal and a handle is a bearer capability. Other setups pass their own
-resolver to `Handles(principal_resolver=...)`.
-"""
+"""Who a request speaks for: the verified access token's identity, else the configured local principal."""
 
 from __future__ import annotations
 
@@ -55,9 +47,6 @@ def default_resolver(local_principal: str) -> PrincipalResolver:
     return resolve
 
 
-# -- for operators: reading and finding stored principals ----------------------------------
-
-
 def _token_components(principal: str) -> tuple[str | None, str | None, str | None] | None:
     """(issuer, client_id, subject) of a principal in the token form; None for any other principal."""
     if not principal.startswith(TOKEN_PREFIX + "["):
@@ -87,15 +76,10 @@ def _shown(value: str) -> str:
 
 
 def readable(principal: str) -> str:
-    """A stored principal as an operator reads it.
+    """A stored principal as an operator reads it: `SUBJECT (client CLIENT_ID)` or `local NAME`.
 
-    - `token:[issuer,client_id,subject]` -> `SUBJECT (client CLIENT_ID)`, with `, issuer ISSUER`
-      inside the brackets when the token named one, and `client CLIENT_ID` alone when it had no subject;
-    - `local:NAME` -> `local NAME`;
-    - anything else (a custom resolver's principal) as stored.
-
-    A value that is empty or holds a space, a bracket, a comma, a quote, a backslash or an unprintable
-    character is JSON-quoted, so two different principals never read the same.
+    A value with spaces, brackets, commas, quotes or unprintable characters is JSON-quoted, so two
+    principals never read the same.
     """
     components = _token_components(principal)
     if components is not None:
@@ -117,11 +101,7 @@ ANY = None
 class PrincipalMatch:
     """The stored principals an operator's `--principal VALUE` means, for the store to find in SQL.
 
-    `exact`: stored forms matched whole (the value itself, and `local:VALUE`). `patterns`: literal
-    pieces with `ANY` between them, each matching the whole stored principal, case-sensitively: the
-    token forms whose subject or client id is exactly VALUE. Both are built from the JSON encoding
-    `token_form` writes, so a pattern pins one component: quotes are escaped inside a JSON string,
-    so `,"` plus the encoded value can only begin at that component (see docs/operations.md).
+    `patterns` are built from the JSON encoding `token_form` writes, so each pins one component.
     """
 
     exact: tuple[str, ...]

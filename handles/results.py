@@ -1,14 +1,4 @@
-"""Large results: a result too big for a model's context travels as a link, read in parts.
-
-Seed 001: "For large artifacts, return bounded metadata and an authorized handle rather than an
-unbounded payload in model context." A job returns a `ResultFile` (bytes, text, or an iterable of
-chunks, so a 50 MB export never sits in memory whole), or any result whose JSON passes the job's
-`link_results_over` threshold. Either way the runtime stores the bytes in parts of at most
-`PART_BYTES`, each in its own small write (handles/runtime/result_files.py), and the job's stored result
-becomes a small `CallToolResult`: bounded metadata (`ResultLink`) and a `resource_link` content
-item. `resources/read` of the link re-authorizes the caller exactly like a handle and answers one
-part per read (handles/server/result_links.py). The parts go when the job's retention ends.
-"""
+"""Large results: a result too big for a model's context is stored in parts and answered as a link."""
 
 from __future__ import annotations
 
@@ -68,9 +58,8 @@ class ResultLink(BaseModel):
 class ResultFile:
     """What a job returns for a result that should not travel inline: a file read through a link.
 
-    `content` is bytes, text, or an iterable (or async iterable) of bytes or text chunks; chunks
-    are stored as they come, so the whole file never has to be in memory. Annotate the job as
-    `-> ResultFile`: its tools then declare a `ResultLink` as the result.
+    `content` is bytes, text, or an (async) iterable of chunks, stored as they come. Annotate the job
+    `-> ResultFile`.
     """
 
     def __init__(
@@ -88,8 +77,7 @@ class ResultFile:
 
     @classmethod
     def of_result(cls, result: dict[str, Any], kind: str) -> ResultFile:
-        """A stored tool result too large to travel inline, as a JSON file (its structured content,
-        or its text when it has none)."""
+        """A stored tool result too large to travel inline, as a JSON file."""
         structured = result.get("structuredContent")
         if structured is not None:
             return cls(
@@ -125,11 +113,7 @@ def link_size_text(link: ResultLink, *, declared: bool) -> str:
 
 
 def linked_result(link: ResultLink, *, structured: bool) -> dict[str, Any]:
-    """The stored `CallToolResult` of a linked result: a sentence, the `resource_link`, the metadata.
-
-    `structured` when the link is the job's declared result (a `ResultFile` job); a result linked
-    only for its size has no structured content (its tools then answer the link instead).
-    """
+    """The stored `CallToolResult` of a linked result: a sentence, the `resource_link`, the metadata."""
     dumped = link.model_dump(mode="json")
     sentence = f"The result is {link_size_text(link, declared=structured)} {link.read_hint}" + (
         f" Summary: {link.summary}" if link.summary else ""
@@ -165,9 +149,7 @@ def link_of(result: dict[str, Any] | None) -> ResultLink | None:
 
 
 def text_of(result: CallToolResult | Mapping[str, Any] | None) -> str:
-    """The text of a tool result's content: its text blocks, joined by newlines ("" when it has none).
-
-    `result` is a `CallToolResult` or its wire form (a dict, as a job's result is stored)."""
+    """The text of a tool result's content: its text blocks, joined by newlines ("" when it has none)."""
     if isinstance(result, CallToolResult):
         result = result.model_dump(by_alias=True, exclude_none=True)
     blocks = (result or {}).get("content") or []

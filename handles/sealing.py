@@ -1,13 +1,4 @@
-"""Sensitive values at rest: sealed (encrypted) in the store, never shown, scrubbed from what a job writes.
-
-A job parameter typed `SecretStr` and a question field typed `SecretStr` (in a dict schema, a
-property with `"writeOnly": true`, which is what pydantic writes for `SecretStr`) are sensitive.
-Their values are stored as `{"$sealed": "<token>"}`: Fernet (AES-128-CBC and HMAC-SHA256) under a
-key derived from each handle signing key, so a key rotation keeps sealed values readable for as
-long as the old key stays configured. Only the runtime unseals, to hand the job its arguments and
-answers; the CLI and every reply show `[sensitive]`. What the job writes for others to read (status
-messages, tool errors, failure messages) has the job's own sensitive values replaced by `[redacted]`.
-"""
+"""Sensitive (`SecretStr`) values: sealed with Fernet in the store, never shown, scrubbed from what a job writes."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""The job status enum and the one transition table every status change goes through.
-
-The statuses and edges are those of the MCP Tasks extension (2026-07-28), so the
-handle tools and the Tasks adapter can serve the same stored job: `working` and
-`input_required` alternate; `completed`, `failed` and `cancelled` are terminal and
-never change again.
-"""
+"""The job status enum and the one transition table every status change goes through."""
 
 from __future__ import annotations
 
@@ -28,8 +22,7 @@ class Status(StrEnum):
 TERMINAL: frozenset[Status] = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
 ACTIVE: frozenset[Status] = frozenset({Status.WORKING, Status.INPUT_REQUIRED})
 
-# The only edges a stored status may follow. `working -> working` is absent on
-# purpose: progress and leases change other columns, never the status.
+# The only edges a stored status may follow (progress and leases never change the status).
 TRANSITIONS: dict[Status, frozenset[Status]] = {
     Status.WORKING: frozenset({Status.INPUT_REQUIRED, *TERMINAL}),
     Status.INPUT_REQUIRED: frozenset({Status.WORKING, *TERMINAL}),

@@ -1,18 +1,6 @@
 """The operator's switches: stop the Tasks face from creating tasks, or pause new starts of a job kind.
 
-- `tasks` (the kill switch, or rollback mode): a `tools/call <job>` that declares the Tasks
-  extension no longer becomes a task; it is answered as a call that does not declare it (the result
-  inline, or the job's handle for the handle tools). `tasks/get`, `tasks/update` and `tasks/cancel`
-  keep serving every task already created.
-- `paused:<job>`: new starts of that job kind are refused with the retryable `paused` error, on every
-  face; running, queued and waiting jobs of that kind go on untouched.
-
-Both live in the store (`handles_switches`, one row per switch, with who last changed it and when),
-so a switch set with the `handles` command takes effect on every node without a restart; a node's
-configuration may also pin them (`HANDLES_TASKS_OFF`, `HANDLES_PAUSED_JOBS`), which the store cannot
-release. Each node keeps its copy for at most `switch_cache_seconds` and reads the table again on the
-next call that needs it: the hot path costs a clock read, and a change reaches every node within
-that bound.
+They live in the store; each node rereads them at most `switch_cache_seconds` after a change.
 """
 
 from __future__ import annotations
@@ -129,11 +117,7 @@ class SwitchBoard:
         return self._current
 
     async def current(self) -> Switches:
-        """The switches as this node knows them: at most `switch_cache_seconds` old.
-
-        Calls arriving while the copy is being renewed share one read. A store that does not answer
-        raises `StoreUnavailable` (the call would have failed at its own store access anyway).
-        """
+        """The switches as this node knows them: at most `switch_cache_seconds` old."""
         fresh = self._fresh()
         if fresh is not None:
             return fresh

@@ -1,7 +1,4 @@
-"""The Tasks extension's names that the server face and the client both use.
-
-The server side is `handles.server.tasks_extension`; the client side `handles.client.tasks`.
-"""
+"""The Tasks extension's names that the server face and the client both use."""
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 """The extension's identifier, as a request declares it and a server advertises it."""

@@ -1,21 +1,6 @@
 """Metrics and traces through the OpenTelemetry API: no-ops until the application installs the SDK.
 
-`handles` only uses `opentelemetry-api` (which the `mcp` SDK already requires); an application
-that installs the SDK (`pip install 'mcp-handles[otel]'`) and sets a meter and a tracer provider
-gets, under the instrumentation scope `handles`:
-
-- counters `handles.jobs.started`, `.completed`, `.failed`, `.cancelled`, `.recovered` (attribute
-  `handles.job.kind`; failures also `handles.job.reason`);
-- histograms `handles.job.queue_wait`, `handles.job.run_time` (per attempt) and
-  `handles.job.parked_time` (from a question to its answer), in seconds;
-- observable gauges `handles.jobs.running` (this node), `handles.jobs.queued` and
-  `handles.jobs.parked` (the whole store, per kind: every node reports the same value);
-- one span per attempt, `handles.job <kind>`, linked to the span of the request that started the
-  job (its W3C trace context is stored with the job, so any node links it), with each durable
-  step as an event.
-
-No attribute carries a principal, an argument, an answer or a result: only the job's kind, id,
-attempt, status and failure reason.
+No attribute carries a principal, an argument, an answer or a result.
 """
 
 from __future__ import annotations
@@ -143,8 +128,7 @@ class Telemetry:
         self._parked_time = instruments["parked_time"]
 
     def observe(self, runtime: Any) -> None:
-        """Count `runtime` in the gauges (it has `running_by_kind()` and `store.repo.waiting_counts()`)
-        for as long as it lives."""
+        """Count `runtime` in the gauges for as long as it lives."""
         self._sources.running.add(runtime)
 
     def forget(self, runtime: Any) -> None:

@@ -1,14 +1,4 @@
-"""Tool layouts: which tool names serve the jobs of one server.
-
-- `"per_job"` (the default): every job has its own `<job>_start`, `<job>_progress`, `<job>_fetch`,
-  `<job>_cancel` (and `<job>_respond`), plus its plain tool `<job>`.
-- `"compact"`: every job keeps `<job>_start` and `<job>`; one shared `jobs_progress`, `jobs_fetch`,
-  `jobs_cancel` (and `jobs_respond`) serve every job, since the handle says which job it is.
-
-Every description and every `next` hint names tools through `ToolNames`, so a caller is only ever
-sent to a tool the server lists. Clients find the layout from `tools/list` (`ToolNames.discover`), and
-what names cannot say from the `JOB_META_KEY` entry of each plain tool's `_meta` (`job_meta`).
-"""
+"""Tool layouts: which tool names serve the jobs of one server (`"per_job"` or `"compact"`)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""Waiting for a stored job to change: the one loop that re-reads a job until its caller has what it wants.
-
-`job_versions` is what every wait of a face is made of (a long-poll's `JobOperations.wait`, the plain
-tool's inline wait, the Tasks face's pushed status through `JobOperations.changes`). Between two reads it
-always awaits: a wake-up of the `ChangeNotifier`, or at the least one turn of the event loop, so no
-caller can spin on reads (an SQLite read by key runs on the loop itself and never yields).
-"""
+"""Waiting for a stored job to change; between two reads it always awaits, so no caller spins on reads."""
 
 from __future__ import annotations
 
@@ -32,14 +26,8 @@ async def job_versions(
 ) -> AsyncGenerator[Opened | JobRecord]:
     """`record`, then each newer version of its job as it is stored here or on any other node.
 
-    Ends after a terminal version, when the job is gone, once `seconds` have passed (None: no limit),
-    or after the first read once `draining()` holds: a draining node answers every wait at once (its
-    `notify_all` wakes them), with the job's latest state. A burst of writes between two reads yields
-    only the latest. Woken by a change in this process, another node's notice, or the runtime's poll
-    of every watched job (each `store_poll_seconds`); `reread_seconds` re-reads anyway.
-    `past_reports`: not woken for what a running job reports on its way (`ChangeNotifier.watch`).
-    `outage_pause`: a store outage pauses the reads for that long (until the node drains) instead of
-    raising `StoreUnavailable`.
+    Ends after a terminal version, when the job is gone, after `seconds`, or once the node drains.
+    `outage_pause`: a store outage pauses the reads that long instead of raising `StoreUnavailable`.
     """
     yield record
     loop = asyncio.get_running_loop()

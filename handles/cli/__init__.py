@@ -1,23 +1,6 @@
-"""The `handles` command for operators: see and steer every stored job from a terminal.
+"""The `handles` command for operators: see and steer every stored job from a terminal (`handles --help`).
 
-- `handles jobs list|show|cancel|purge`: stored jobs, read from the configured database;
-- `handles jobs pause|unpause JOB`: refuse (retryably) or allow again new starts of a job kind;
-- `handles tasks off|on`: the Tasks face's kill switch (no new tasks; existing ones still served);
-- `handles switches`: those switches, with who changed each last and when;
-- `handles watch HANDLE|ID`: a live progress bar until the job ends;
-- `handles keygen`: a new signing key (prepend it to HANDLES_SECRET_KEYS to rotate);
-- `handles db upgrade`: apply the schema migrations to HANDLES_DATABASE_URL;
-- `handles worker --app module:attribute`: run jobs without serving MCP;
-- `handles manifest URL`: what a server offers a client (protocol, Tasks, jobs and their modes), and
-  whether it meets a workflow's requirements (`--modes`, `--job`).
-- `handles console --port N`: the operator web console (docs/console.md), behind HANDLES_CONSOLE_TOKEN.
-- `handles --version`: the installed version.
-
-It reads the same `HANDLES_*` environment as the servers (`handles manifest` only needs the URL).
-
-The command line is built in `parser`; the commands live in `jobs`, `switches`, `admin` and
-`capabilities` (`handles manifest`), and share `common` (the store, a job by id or handle) and
-`formatting` (tables, one-line text). This module runs them: `main`, the console script's entry point.
+It reads the same `HANDLES_*` environment as the servers; `main` is the console script's entry point.
 """
 
 from __future__ import annotations
@@ -80,12 +63,7 @@ _DASHED_ID = re.compile(r"^-[A-Za-z0-9_-]{16,64}$")
 
 
 def accept_dashed_ids(argv: list[str]) -> list[str]:
-    """`argv` with a job id that begins with `-` passed as the value it is, not read as an option.
-
-    No option of this CLI looks like one (they are `-h` and `--long` names), and every command that takes
-    an id takes it as its one positional argument or as the value of `--job`: the id goes after `--`
-    at the end, or joins its option as `--job=ID`.
-    """
+    """`argv` with a job id that begins with `-` passed as the value it is, not read as an option."""
     if "--" in argv:
         return argv
     dashed = [index for index, token in enumerate(argv) if _DASHED_ID.match(token)]

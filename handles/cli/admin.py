@@ -1,5 +1,4 @@
-"""`handles keygen`, `handles db upgrade`, `handles worker` and `handles console`: a deployment's signing
-keys, its schema, and the processes it runs besides its MCP servers."""
+"""`handles keygen`, `db upgrade`, `worker` and `console`: keys, schema and the processes besides MCP servers."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`handles manifest URL`: what a server offers a client, and whether it meets a workflow's requirements.
 
-The MCP client (handles.client, handles.client.transient) is imported by this one command, the only one
-that speaks MCP: every other command starts without it, in half the time."""
+The only command that speaks MCP, so only it imports the MCP client.
+"""
 
 from __future__ import annotations
 

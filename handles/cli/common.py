@@ -1,5 +1,4 @@
-"""What the `handles` commands share: the configured job store, a job found by id or handle, and the
-operator's name."""
+"""What the `handles` commands share: the job store, a job found by id or handle, and the operator's name."""
 
 from __future__ import annotations
 

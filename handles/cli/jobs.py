@@ -1,5 +1,4 @@
-"""`handles jobs list|show|cancel|purge`, `handles audit export` and `handles watch`: the stored jobs, read
-and steered from the configured database."""
+"""`handles jobs list|show|cancel|purge`, `handles audit export` and `handles watch`: the stored jobs."""
 
 from __future__ import annotations
 
@@ -36,9 +35,7 @@ def _progress(job: JobRecord) -> str:
 def job_summary(
     job: JobRecord, *, now: datetime | None = None, timing: LeaseTiming | None = None
 ) -> dict[str, Any]:
-    """A job as `jobs list --json` shows it; `node_contact` says, while a node runs it, when that node was
-    last heard from and by when another takes the job over (`timing` and `now`: the configured lease
-    settings and the current time, unless given)."""
+    """A job as `jobs list --json` shows it, with `node_contact` while a node runs it."""
     contact = node_contact(
         job.status,
         job.lease_expires_at,
@@ -255,11 +252,7 @@ def audit_export(args: argparse.Namespace) -> int:
 
 
 def watch_line(job: JobRecord, columns: int | None = None) -> str:
-    """One line of `handles watch`: the job's bar, percentage, status and status message.
-
-    Within `columns`, the bar narrows (to nothing at worst) and the message is cut, so the percentage
-    and the status stay in view.
-    """
+    """One line of `handles watch`: the job's bar, percentage, status and status message."""
     fraction = (job.progress_done or 0) / job.progress_total if job.progress_total else None
     shown = f"{fraction * 100:5.1f}%" if fraction is not None else "   ..."
     status = _one_line(f"{shown} {job.status}: {job.status_message or ''}")

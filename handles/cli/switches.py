@@ -1,5 +1,4 @@
-"""`handles switches`, `handles tasks off|on` and `handles jobs pause|unpause`: the operator's switches,
-recorded in the store with who changed each last and when."""
+"""`handles switches`, `handles tasks off|on` and `handles jobs pause|unpause`: the operator's switches."""
 
 from __future__ import annotations
 

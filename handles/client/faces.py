@@ -162,7 +162,10 @@ class TaskFace:
     def pushed(self) -> bool:
         return self.status is not None and self.status.pushed
 
-    def _lost(self, error: MCPError) -> FollowError:
+    def _lost(self, error: MCPError) -> Exception:
+        """What a failed task request raises: the error itself when it is retried or refused, else the job lost."""
+        if error.error.code in _RAISED_AS_IS:
+            return error
         if error.error.code == INVALID_PARAMS:
             return JobLostError(error.error.message, key=self.f.key, handle=self.handle)
         return FollowError(error.error.message, key=self.f.key, handle=self.handle)
@@ -177,8 +180,6 @@ class TaskFace:
             try:
                 task = await get_task(client.session, self.handle, timeout=self.f.request_timeout)
             except MCPError as error:
-                if error.error.code in _RAISED_AS_IS:
-                    raise
                 raise self._lost(error) from None
         # A handles server only asks form elicitations (`elicitation/create`, message + requestedSchema).
         questions = {
@@ -203,8 +204,6 @@ class TaskFace:
         try:
             await update_task(client.session, self.handle, responses, timeout=self.f.request_timeout)
         except MCPError as error:
-            if error.error.code in _RAISED_AS_IS:
-                raise
             if error.error.code == INVALID_PARAMS:
                 await self.observe(client, 0.0)  # the same code for a vanished task: this raises JobLostError
                 raise AnswerRejectedError(error.error.message, key=self.f.key, handle=self.handle) from None
@@ -220,8 +219,6 @@ class TaskFace:
         try:
             await cancel_task(client.session, self.handle, timeout=self.f.request_timeout)
         except MCPError as error:
-            if error.error.code in _RAISED_AS_IS:
-                raise
             raise self._lost(error) from None
 
     async def outcome(self, client: Client, view: View) -> dict[str, Any]:

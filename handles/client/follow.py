@@ -1,8 +1,4 @@
-"""`follow`: one call follows one job to its end, resuming from the journal after any interruption.
-
-This module holds the call and its options (`connect`, `follow`); the loop that does the following
-is `handles.client.follower.Follower`.
-"""
+"""`follow`: one call follows one job to its end, resuming from the journal after any interruption."""
 
 from __future__ import annotations
 
@@ -31,11 +27,8 @@ def connect(
 ) -> Connect:
     """A factory of `mcp.Client(server, **options)` that also declare the Tasks extension.
 
-    `server` is anything `mcp.Client` takes that can be connected more than once: a URL, a
-    `StdioServerParameters` or an in-process server. For a URL, each client gets its own HTTP client
-    (`handles.client.http_client`), which sends `token` as a bearer token and any extra `headers`, and
-    keeps a 401/403 answer recognisable: `follow` raises `AuthenticationRefusedError` instead of
-    retrying it. The journal names the server by its URL.
+    `server` is anything `mcp.Client` connects more than once to (a URL, `StdioServerParameters`, an
+    in-process server). A URL's client sends `token` as a bearer token and keeps 401/403 recognisable.
     """
     extensions = list(options.pop("extensions", None) or ())
     if not any(getattr(e, "identifier", None) == TASKS_EXTENSION for e in extensions):
@@ -79,24 +72,16 @@ async def follow(
 ) -> dict[str, Any]:
     """Start `job` (or resume the one `key` names) and follow it to its end; returns its structured result.
 
-    - `client`: a connected `mcp.Client`, or a factory of them (e.g. `lambda: Client(url, extensions=[...])`).
-      With a factory, `follow` owns its connections: when one is lost it opens another and resumes the
-      same job from the journal (at most `retries` failures in a row). With a client, it retries on that
-      client; note that the SDK's Streamable HTTP transport cancels the code inside `async with Client(url)`
-      when it cannot reach the server, which only a factory can recover from.
-    - `key`: the caller's stable name for this unit of work (default: a fresh one, which cannot be resumed).
-      With a `journal` (a `Journal` or a path), a later call with the same key resumes the same job.
+    - `client`: a connected `mcp.Client`, or a factory of them; only with a factory can `follow` open a
+      new connection when one is lost (at most `retries` failures in a row).
+    - `key`: the caller's stable name for this unit of work; with a `journal` a later call resumes it.
     - `deadline`: seconds (or a `timedelta`) from now, or an aware `datetime`; absolute for this call.
-    - `on_input(key, message, requested_schema)` answers the job's questions; None declines (cancels the job).
-    - `cancel_on_abandon`: cancel the job when this call stops following it before it ends (deadline,
-      cancellation of the caller, a missing or failing input callback). A lost connection is not abandonment.
+    - `on_input(key, message, requested_schema)` answers the job's questions; None declines (cancels).
+    - `cancel_on_abandon`: cancel the job when this call stops following it before it ends.
     - `prefer`: "auto" (Tasks when both sides support it, else the handle tools), "tasks" or "handles".
-    - `server_id`: the server's stable name in the journal (default: the client's URL or command line,
-      else the server's announced name). Set it when the same server is reached at changing addresses.
+    - `server_id`: the server's stable name in the journal (default: its URL or command line).
 
-    Raises `JobFailedError`, `JobToolError`, `JobCancelledError`, `DeadlineExceeded`, `JobLostError`,
-    `ConnectionLostError`, `StartRefusedError`, `InputRequiredError`, `AnswerRejectedError`,
-    `OutcomeUnknownError`, `JournalConflict` or `UnsupportedServerError` (all `FollowError`).
+    Raises a `FollowError` subclass for every ending other than a result.
     """
     if prefer not in ("auto", "tasks", "handles"):
         raise ValueError("prefer must be 'auto', 'tasks' or 'handles'")

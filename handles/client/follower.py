@@ -1,7 +1,4 @@
-"""`Follower`: the loop behind one `follow` call. It connects (again after a lost connection), creates
-the job or resumes it from the journal, watches it through either face, answers its questions, and
-settles its outcome as a return value or a `FollowError`.
-"""
+"""`Follower`: the loop behind one `follow` call, from connecting to a settled outcome."""
 
 from __future__ import annotations
 
@@ -119,8 +116,6 @@ class Follower:
         # connect(url) names its server by the URL, as a client of that URL would be named.
         self.server_id = self.server_id or getattr(self.connect, "server_id", None)
         self.digest = arguments_digest(self.job, self.arguments)
-
-    # -- the whole call ------------------------------------------------------------------
 
     async def run(self) -> dict[str, Any]:
         if self.seconds is not None:
@@ -244,8 +239,6 @@ class Follower:
         self.names = ToolNames(job.layout) if job.layout is not None else None
         return mode == "tasks", "start" if "start" in job.tools else "call"
 
-    # -- creating ----------------------------------------------------------------------------
-
     async def _start(self, entry: JournalEntry) -> float:
         """`<job>_start` with the journal's idempotency key; re-sent with the same key after a lost answer."""
         arguments = {**self.arguments, "idempotency_key": entry.idempotency_key}
@@ -304,8 +297,7 @@ class Follower:
                 raise StartRefusedError(refusal, key=self.key)
             handoff = created.structured_content
             if not created.is_error and _is_handoff(handoff, self.job):
-                # No task (the server's Tasks kill switch is on), but the job runs: its handle, which is
-                # also its taskId, follows it.
+                # No task (the Tasks kill switch is on), but the job runs: follow it by its handle.
                 assert handoff is not None
                 self.handle, self.status = str(handoff["handle"]), str(handoff["status"])
                 self.journal.set_handle(self.key, self.handle, self.status)
@@ -319,8 +311,6 @@ class Follower:
         raise UnsupportedServerError(
             f"Unexpected answer to tools/call {self.job}: {type(created).__name__}", key=self.key
         )
-
-    # -- watching ------------------------------------------------------------------------------
 
     async def _watch(self, first_poll: float | None) -> dict[str, Any]:
         face = self.face
@@ -391,8 +381,6 @@ class Follower:
         if inspect.isawaitable(outcome):
             await outcome
 
-    # -- outcomes ------------------------------------------------------------------------------
-
     def _finish(self, outcome: dict[str, Any]) -> dict[str, Any]:
         self.status = str(outcome["status"])
         self.journal.finish(self.key, self.status, outcome)
@@ -441,8 +429,6 @@ class Follower:
             except Exception:
                 logger.warning("%s: could not cancel the abandoned %s job", self.key, self.job, exc_info=True)
         return False
-
-    # -- the connection ------------------------------------------------------------------------
 
     async def _with_retries(self, operation: Callable[[Client], Awaitable[T]]) -> T:
         """Run `operation`; after a transient failure, back off and retry it (with a factory: on a new client)."""

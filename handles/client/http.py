@@ -1,10 +1,4 @@
-"""An httpx client for the SDK's Streamable HTTP transport that keeps 401/403 recognisable.
-
-The SDK turns any HTTP error without a JSON-RPC body into a generic `-32603`, which a client would
-retry as transient. This transport answers a refused POST with the JSON-RPC error
-`AUTHENTICATION_FAILED` (`data: {httpStatus, detail}`) instead, which `handles.client.follow` and
-`handles.client.tasks.follow_task` raise at once as an authentication error.
-"""
+"""An httpx client for the SDK's Streamable HTTP transport that keeps 401/403 recognisable, not a retryable -32603."""
 
 from __future__ import annotations
 
@@ -68,11 +62,7 @@ def _detail(response: httpx2.Response) -> str | None:
 def http_client(
     *, token: str | None = None, headers: dict[str, str] | None = None, timeout: httpx2.Timeout | None = None
 ) -> httpx2.AsyncClient:
-    """An `httpx2.AsyncClient` for `streamable_http_client(url, http_client=...)`: the SDK's defaults, a
-    bearer `token` if given, and 401/403 answers kept recognisable (see the module's docstring).
-
-    Use it as an async context manager (`async with http_client(token=t) as http: ...`).
-    """
+    """An `httpx2.AsyncClient` for `streamable_http_client(url, http_client=...)`, with a bearer `token` if given."""
     sent = dict(headers or {})
     if token is not None:
         sent["Authorization"] = f"Bearer {token}"

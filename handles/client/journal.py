@@ -39,12 +39,7 @@ _COLUMNS = (
 
 @dataclass(frozen=True)
 class JournalEntry:
-    """One unit of work the client follows.
-
-    `state` is `starting` (idempotency key stored, handle not known yet), `creating` /
-    `unknown` (a non-idempotent Tasks create in flight / lost), the job's last seen
-    status, or a terminal status with its `outcome`.
-    """
+    """One unit of work the client follows; `state` is `starting`, `creating`, `unknown`, or the job's last seen status."""
 
     key: str
     server: str
@@ -64,10 +59,7 @@ class JournalEntry:
 
 
 class Journal:
-    """A small SQLite file mapping each key to its job; every write is committed before `follow` goes on.
-
-    `Journal(":memory:")` keeps nothing across processes (what `follow` uses without a journal).
-    """
+    """A small SQLite file mapping each key to its job; every write is committed before `follow` goes on."""
 
     def __init__(self, path: str | PathLike[str]) -> None:
         self.path = str(path)
@@ -113,8 +105,7 @@ class Journal:
     ) -> tuple[JournalEntry, bool]:
         """The entry for `key` and whether this call created it (with a fresh idempotency key).
 
-        Committed before it returns, so the idempotency key is durable before any start is sent.
-        Raises `JournalConflict` when the key already names another server, job or arguments.
+        Committed before it returns; raises `JournalConflict` when the key names another server, job or arguments.
         """
         now = time.time()
         with self._connection() as db:

@@ -1,9 +1,4 @@
-"""Reading a large result through its link: part by part, so a client never holds more than one part.
-
-A job's result too large to travel inline comes back as a link (`ResultLink`: `uri`, `parts`,
-`sha256`, ...; what `follow` returns for it, and `result_link` of `<job>_fetch`). `read_link`
-yields its bytes one `resources/read` at a time and checks the whole against `sha256`.
-"""
+"""Reading a large result through its link, one `resources/read` a part, checked against its `sha256`."""
 
 from __future__ import annotations
 
@@ -25,11 +20,6 @@ class LinkReadError(Exception):
 async def read_link(client: Client, link: ResultLink | Mapping[str, Any]) -> AsyncIterator[bytes]:
     """Yield a linked result's bytes part by part (one `resources/read` each), then check them whole.
 
-    ```python
-    async with aiofiles.open("export.csv", "wb") as out:  # or any sink
-        async for chunk in read_link(client, result):
-            await out.write(chunk)
-    ```
     Raises `LinkReadError` at the end when the joined bytes do not match the link's size and SHA-256.
     """
     link = link if isinstance(link, ResultLink) else ResultLink.model_validate(dict(link))

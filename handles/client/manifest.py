@@ -1,24 +1,10 @@
 """What a server offers, read before the first call, and what a workflow needs of it.
 
 ```python
-manifest = await read_manifest(client)        # a connected mcp.Client, or a factory like connect(url)
-plan = manifest.check(Requirements(
-    modes=("tasks", "handles"),               # prefer the Tasks face, else the handle tools; never inline
-    jobs={"deploy_release": {"respond"}},     # a job that must be there, and be answerable
-))
-plan["deploy_release"]                        # "tasks" or "handles", or RequirementsNotMet was raised
+manifest = await read_manifest(client)
+plan = manifest.check(Requirements(modes=("tasks", "handles"), jobs={"deploy_release": {"respond"}}))
+plan["deploy_release"]  # "tasks" or "handles", or RequirementsNotMet was raised
 ```
-
-`Manifest` is what one connection shows: the protocol version and how it was negotiated, the
-server's name and version, whether the Tasks extension is offered by the server and declared by
-this client, and each job with its tools and the modes this client can run it in. It is built
-from the connection's negotiated state and one `tools/list`, the same reading `follow` acts on.
-
-`Manifest.check(Requirements)` chooses one mode per job, in the order the requirements list them:
-a later mode is a fallback the workflow declared, and taking it is reported (the plan's
-`fallbacks`, and an INFO line on the `handles.client` logger). When a requirement cannot be met it
-raises `RequirementsNotMet`, naming every unmet requirement and what to do, before anything was
-called. No mode is ever implied: a workflow that lists only `"tasks"` never runs inline.
 """
 
 from __future__ import annotations
@@ -107,9 +93,6 @@ async def list_tools(client: Client) -> list[Tool]:
         if cursor is None:
             break
     return tools
-
-
-# -- the manifest -------------------------------------------------------------------------------
 
 
 class JobManifest(BaseModel):
@@ -205,10 +188,9 @@ class Manifest(BaseModel):
         return _with_modes(JobManifest(name=name, tools={"plain": name}), self._tasks_problem())
 
     def check(self, requirements: Requirements) -> Plan:
-        """The mode each required job runs in, the first of its modes that this connection offers.
+        """The mode each required job runs in: the first of its modes this connection offers.
 
-        Raises `RequirementsNotMet` listing every requirement that is not met, and what to do.
-        Each declared fallback taken is named in the plan's `fallbacks` and logged (INFO).
+        Raises `RequirementsNotMet` listing every unmet requirement; each fallback taken is in `fallbacks`.
         """
         unmet: list[str] = []
         if requirements.protocol_versions and self.protocol_version not in requirements.protocol_versions:
@@ -299,9 +281,6 @@ class Manifest(BaseModel):
         return "no job of the server can run so"
 
 
-# -- requirements ------------------------------------------------------------------------------
-
-
 def _one_or_many(value: Any) -> Any:
     return (value,) if isinstance(value, str) else value
 
@@ -348,11 +327,8 @@ def _by_name(value: Any) -> Any:
 class Requirements(BaseModel):
     """What a workflow needs of a server, checked with `Manifest.check` before the first call.
 
-    `modes` lists how its jobs may run, most wanted first; every later mode is a fallback the
-    workflow accepts. `Requirements(modes="tasks")` needs the Tasks extension, with no fallback.
-    `jobs` names the jobs it calls, each with what it needs besides running them (a set of verbs,
-    or a `Need` with modes of its own): `{"deploy_release": {"respond"}, "generate_report": ()}`.
-    `protocol_versions`, if given, are the only MCP versions it accepts.
+    `modes` lists how its jobs may run, most wanted first (later ones are accepted fallbacks); `jobs`
+    names the jobs it calls, each with verbs it needs or a `Need`; `protocol_versions` limits versions.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -387,10 +363,7 @@ class Plan(BaseModel):
 
 
 class RequirementsNotMet(Exception):
-    """The server, or this client, cannot serve a workflow as its `Requirements` say; nothing was called.
-
-    `unmet` has one sentence per unmet requirement, saying what is missing and what to do.
-    """
+    """The server or this client cannot serve the workflow's `Requirements`; nothing was called."""
 
     def __init__(self, unmet: list[str], manifest: Manifest) -> None:
         self.unmet = tuple(unmet)
@@ -408,9 +381,6 @@ async def read_manifest(client: Client | Connect, *, server: str | None = None) 
         return Manifest.of(client, await list_tools(client), server=server)
     async with client() as connected:
         return await read_manifest(connected, server=server or getattr(client, "server_id", None))
-
-
-# -- reading jobs from the tools ------------------------------------------------------------------
 
 
 def _job_meta(tool: Tool) -> dict[str, Any] | None:
@@ -460,9 +430,6 @@ def _jobs(tools: list[Tool]) -> list[JobManifest]:
             )
         )
     return jobs
-
-
-# -- what can run where ---------------------------------------------------------------------------
 
 
 def _mode_problem(job: JobManifest, mode: Mode, tasks: str | None) -> str | None:

@@ -8,6 +8,27 @@ from typing import Any
 
 from handles.client.transient import AuthenticationError
 
+__all__ = [  # what `handles.client` re-exports
+    "AnswerRejectedError",
+    "AuthenticationRefusedError",
+    "ConnectionLostError",
+    "DeadlineExceeded",
+    "FollowError",
+    "InputCallback",
+    "InputRequiredError",
+    "JobCancelledError",
+    "JobFailedError",
+    "JobLostError",
+    "JobToolError",
+    "JournalConflict",
+    "OutcomeUnknownError",
+    "Progress",
+    "ProgressCallback",
+    "Question",
+    "StartRefusedError",
+    "UnsupportedServerError",
+]
+
 
 @dataclass(frozen=True)
 class Question:
@@ -20,11 +41,7 @@ class Question:
 
 @dataclass(frozen=True)
 class Progress:
-    """What the job reported, given to `on_progress` whenever it changes.
-
-    `done` and `total` are the job's numeric progress on either face (on the Tasks face, a `handles`
-    server carries them in `tasks/get`'s `_meta`); `message` is its status message.
-    """
+    """What the job reported (`done`, `total`, `message`), given to `on_progress` whenever it changes."""
 
     key: str
     job: str
@@ -88,11 +105,7 @@ class ConnectionLostError(FollowError):
 
 
 class AuthenticationRefusedError(FollowError, AuthenticationError):
-    """The server answered HTTP 401 (no valid credential) or 403 (not permitted): `status` says which.
-
-    Not retried; the journal keeps the job, so following the same key with a valid token resumes it.
-    Also an `handles.client.tasks.AuthenticationError`, what the Tasks client raises for the same answer.
-    """
+    """The server answered HTTP 401 or 403 (`status`); not retried, and the journal keeps the job."""
 
     def __init__(self, error: AuthenticationError, *, key: str, handle: str | None = None) -> None:
         Exception.__init__(self, str(error))  # both bases' fields, set here (their __init__s differ)
@@ -112,10 +125,7 @@ class StartRefusedError(FollowError):
 
 
 class OutcomeUnknownError(FollowError):
-    """A create that cannot be repeated safely (Tasks `tools/call`, no idempotency key) may or may not have run.
-
-    Reconcile (did a job start?), then `Journal.forget(key)` to allow a new start.
-    """
+    """A create that cannot be repeated safely may or may not have run: reconcile, then `Journal.forget(key)`."""
 
 
 class InputRequiredError(FollowError):

@@ -1,7 +1,4 @@
-"""The Tasks extension's messages as the client sends and reads them: the task's wire models, the
-`tasks/get`, `tasks/update` and `tasks/cancel` requests (`get_task`, `update_task`, `cancel_task`), and
-the errors a task's end raises (`TaskFailed`, `TaskCancelled`).
-"""
+"""The Tasks extension's messages as the client sends and reads them, and the errors a task's end raises."""
 
 from __future__ import annotations
 
@@ -24,9 +21,6 @@ TaskStatus = Literal["working", "input_required", "completed", "failed", "cancel
 TERMINAL_STATUSES: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 
 _INPUT_REQUEST: TypeAdapter[InputRequest] = TypeAdapter(InputRequest)
-
-
-# -- wire models ------------------------------------------------------------------
 
 
 class TaskResultBase(Result):
@@ -108,9 +102,6 @@ class Ack(Result):
     result_type: str = "complete"
 
 
-# -- outcomes -------------------------------------------------------------------------
-
-
 class TaskFailed(MCPError):
     """The task ended `failed`: carries its JSON-RPC error (the error the call would have returned)."""
 
@@ -130,9 +121,6 @@ class TaskCancelled(RuntimeError):
     def __init__(self, task: DetailedTask) -> None:
         super().__init__(task.status_message or "The task was cancelled.")
         self.task = task
-
-
-# -- operations --------------------------------------------------------------------------
 
 
 async def get_task(session: ClientSession, task_id: str, *, timeout: float | None = None) -> DetailedTask:

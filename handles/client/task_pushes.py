@@ -1,8 +1,4 @@
-"""Task status pushed by the server: `notifications/tasks` on a `subscriptions/listen` stream.
-
-`TaskPushes` keeps the latest pushed state of each task followed, `listen_tasks` opens the stream for
-some tasks, and `pushed_status` gives one follower its task's next state, pushed or else polled.
-"""
+"""Task status pushed by the server: `notifications/tasks` on a `subscriptions/listen` stream."""
 
 from __future__ import annotations
 
@@ -46,12 +42,7 @@ class TaskStatusParams(NotificationParams):
 
 
 class TaskPushes:
-    """The latest `notifications/tasks` state of each task a follower listens for, and its wake-ups.
-
-    `TasksClientExtension` binds `deliver` to `notifications/tasks`. The SDK may hand notifications
-    over out of wire order: a state older (`lastUpdatedAt`) than the one kept is dropped, and a
-    terminal state is never replaced.
-    """
+    """The latest pushed state of each task a follower listens for (older or post-terminal states dropped), and wake-ups."""
 
     def __init__(self) -> None:
         self._latest: dict[str, DetailedTask] = {}
@@ -108,8 +99,7 @@ class TaskPushes:
 
 
 class TaskSubscription:
-    """One `subscriptions/listen` stream asking for `taskIds`: which the server agreed to push, and
-    whether the stream is still open."""
+    """One `subscriptions/listen` stream asking for `taskIds`: which the server pushes, and whether it is open."""
 
     def __init__(self, honored: frozenset[str], route: Any = None) -> None:
         self.honored = honored
@@ -126,13 +116,8 @@ async def listen_tasks(
 ) -> AsyncIterator[TaskSubscription]:
     """Open a `subscriptions/listen` stream for `task_ids` (2026-07-28 only) while inside.
 
-    Never raises for a server that does not push: before 2026-07-28, on an error answer (`-32601`,
-    `-32021`, ...), without an acknowledgement in `ack_timeout` seconds, or when the acknowledgement
-    leaves a task out, the subscription just does not name it (`honored`), and its follower polls.
-    The pushed states reach the session's `notifications/tasks` binding (`TasksClientExtension`).
-
-    The SDK's `listen()` cannot add an extension's filter key (`taskIds`) to the request, so this is
-    its driver with that one difference, on the same session internals.
+    Never raises for a server that does not push: a task it does not acknowledge is left out of
+    `honored`, and its follower polls.
     """
     if session.protocol_version not in MODERN_PROTOCOL_VERSIONS or not task_ids:
         yield TaskSubscription(frozenset())
@@ -184,11 +169,7 @@ async def listen_tasks(
 
 
 class PushedStatus:
-    """One task followed through pushed states, with `tasks/get` where the push is missing.
-
-    `next_state` returns the task's next state: a pushed one while the server pushes it (waiting up to
-    `recheck` seconds, then a `tasks/get` anyway), else a `tasks/get` after the polling pause.
-    """
+    """One task followed through pushed states, with `tasks/get` where the push is missing."""
 
     def __init__(self, pushes: TaskPushes | None, subscription: TaskSubscription, task_id: str) -> None:
         self.pushes = pushes

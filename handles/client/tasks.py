@@ -1,29 +1,4 @@
-"""The client side of the Tasks extension (`io.modelcontextprotocol/tasks`) for the official `mcp` client.
-
-`TasksClientExtension` declares the extension on every request of a `mcp.Client` and
-claims `resultType: "task"` results of `tools/call`, so `client.call_tool(...)` returns
-the final `CallToolResult` as if the call had been synchronous: it follows the task's
-`notifications/tasks` on a `subscriptions/listen` stream when the server pushes them, and otherwise
-polls `tasks/get` (honouring the server's `pollIntervalMs`), answers input requests with `tasks/update`,
-retries transient failures (a lost connection, a timeout, `-32603`) with backoff, and sends
-`tasks/cancel` only when the caller gives up (its cancellation or deadline, or an input handler
-that refused or failed). A failed task raises `TaskFailed`, a cancelled one `TaskCancelled`, an
-HTTP 401/403 `AuthenticationError`.
-
-```python
-async with Client(url, extensions=[TasksClientExtension()], elicitation_callback=ask_user) as client:
-    result = await client.call_tool("generate_report", {"account": "acme"})
-```
-
-Input requests go to `on_input` when given, else through the client's own callbacks
-(`elicitation_callback`, ...), exactly as a standalone server request would. The
-functions `get_task`, `update_task`, `cancel_task` and `follow_task` work on any
-`ClientSession` for callers that drive tasks themselves.
-
-This module follows a task and declares the extension; the wire shapes and requests live in
-`handles.client.task_messages`, pushed status in `handles.client.task_pushes`, and both are
-re-exported here (`__all__`), where callers import them from.
-"""
+"""The client side of the Tasks extension for the official `mcp` client (`TasksClientExtension`, `follow_task`, ...)."""
 
 from __future__ import annotations
 
@@ -140,20 +115,9 @@ async def follow_task(
 ) -> CallToolResult:
     """Follow a task to its end and return its `CallToolResult`.
 
-    With `pushes` (the `TaskPushes` of the session's `TasksClientExtension`), the task's states come
-    from `notifications/tasks` on a `subscriptions/listen` stream when the server offers them (a
-    `tasks/get` only after `recheck_seconds` without one); otherwise, and whenever the stream ends,
-    it polls `tasks/get`.
-
-    Each input request is answered once (keys are unique over a task's life), through
-    `on_input` or else the session's own callbacks. `on_progress` sees every `tasks/get` answer
-    (numeric progress in `.done` / `.total` when the server is a `handles` server).
-
-    A transient failure of a request (a lost connection, a timeout, `-32603`) is retried with
-    backoff, up to `retries` failures in a row, and then raised; the task is left running. The
-    task is cancelled (`tasks/cancel`) only when the caller gives up: its own cancellation or
-    deadline, or an input handler that refuses or fails. An HTTP 401/403 raises `AuthenticationError`
-    (when the session's HTTP client keeps it recognisable: `handles.client.http_client`).
+    States come from pushes when `pushes` is given and the server offers them, else from `tasks/get`.
+    Transient failures are retried up to `retries` in a row; the task is cancelled only when the
+    caller gives up (its cancellation or deadline, or an input handler that refuses or fails).
     """
     task_id = task if isinstance(task, str) else task.task_id
     hint = None if isinstance(task, str) else task.poll_interval_ms
@@ -265,9 +229,6 @@ async def _abandon(session: ClientSession, task_id: str) -> None:
             await cancel_task(session, task_id)
             return
         logger.warning("could not cancel abandoned task %s", task_id)
-
-
-# -- the extension ------------------------------------------------------------------------
 
 
 class TasksClientExtension(ClientExtension):

@@ -1,12 +1,4 @@
-"""What both clients (`handles.client.follow` and `handles.client.tasks`) share about failed requests.
-
-- Which failures are transient (the same request may simply be sent again; `handles.backoff` says
-  how long to wait first).
-- An HTTP 401/403 is not transient: it is an `AuthenticationError`, raised at once with a message
-  that says what to check. The SDK's Streamable HTTP transport turns every such answer into a generic
-  `-32603`; `handles.client.http_client()` (which `handles.client.connect` uses for URLs) keeps the
-  status, as the JSON-RPC error `AUTHENTICATION_FAILED` with `data.httpStatus`, so both clients can tell.
-"""
+"""What both clients share about failed requests: which are transient, and 401/403 as `AuthenticationError`."""
 
 from __future__ import annotations
 

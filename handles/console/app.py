@@ -1,9 +1,4 @@
-"""The console's Starlette app: routes, the operator check on every one, and form handling.
-
-`console_app(handles_or_url, token=...)` is mounted beside `/mcp` or served alone by
-`handles console`. Every route answers an unauthenticated request with the login page (or a
-bare 401 for JSON and form posts) that names no job; every form post checks its CSRF token.
-"""
+"""The console's Starlette app: routes, the operator check on every one, and form handling."""
 
 from __future__ import annotations
 
@@ -36,8 +31,7 @@ if TYPE_CHECKING:
 Handler = Callable[[Request, Operator], Awaitable[Response]]
 
 SECURITY_HEADERS = {
-    # No inline script may run (an escaped status message cannot become one anyway), nothing is
-    # fetched from elsewhere, and no other site may frame the console (its cancel button).
+    # No inline script, nothing fetched from elsewhere, no framing by another site.
     "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; "
     "img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "x-frame-options": "DENY",
@@ -59,11 +53,7 @@ def _wants_json(request: Request) -> bool:
 
 
 def form_answer(schema: dict[str, Any], form: FormData) -> dict[str, Any]:
-    """The answer a question's form sends, as the JSON object `*_respond` would get.
-
-    Values are turned into the types the schema names where they read as such; anything that does
-    not stays a string, so the one schema check (`checked_answers`) reports it.
-    """
+    """The answer a question's form sends, as the JSON object `*_respond` would get."""
     answer: dict[str, Any] = {}
     for name, prop in schema.get("properties", {}).items():
         kind = prop.get("type", "string")
@@ -151,8 +141,6 @@ class Console:
             return HTMLResponse(page, status_code=429, headers=headers)
         return JSONResponse({"error": "throttled", "message": message}, status_code=429, headers=headers)
 
-    # -- sign in and out ------------------------------------------------------------------
-
     async def live_script(self, _request: Request) -> Response:
         """The jobs list's update script: no secret in it, so served without a credential."""
         return Response(pages.LIVE_SCRIPT, media_type="text/javascript")
@@ -191,8 +179,6 @@ class Console:
         response = RedirectResponse(_base(request) + "/login", status_code=303)
         response.delete_cookie(COOKIE, path=_base(request) or "/", httponly=True, samesite="strict")
         return response
-
-    # -- pages --------------------------------------------------------------------------
 
     async def _listing(self, request: Request) -> tuple[list[dict[str, Any]], Filters, str | None]:
         filters = Filters.of(dict(request.query_params))
@@ -327,8 +313,7 @@ class Console:
 
 
 def console_app(handles_or_database_url: Handles | str, *, token: str) -> Starlette:
-    """The operator console as a Starlette app, on the store of a `Handles` (mounted in its server,
-    which then also signals its own runtime) or on a database URL (served alone).
+    """The operator console as a Starlette app, on the store of a `Handles` or on a database URL.
 
     `token` is the operator credential (at least 16 characters): nothing is shown without it.
     """

@@ -1,13 +1,7 @@
 """Who may use the console: the operator token, a signed session cookie, and CSRF tokens for forms.
 
-The console is for operators, never for the principals whose jobs it shows, so it has a credential
-of its own (`HANDLES_CONSOLE_TOKEN`). A browser trades it at the login form for a session cookie
-(HttpOnly, SameSite=Strict, signed with a key derived from the token, so changing the token ends
-every session); a script sends it as `Authorization: Bearer`. The name an operator gives is what
-the console records on the jobs they steer, as `operator:<name>` (like the CLI's `--by`). Every check
-of the token goes through the client's `LoginThrottle` (handles/console/throttle.py); a session cookie
-is not a guess and is not throttled. Whatever a client sends is compared as bytes, so text that is not
-ASCII is simply a mismatch.
+The session key derives from the token, so changing the token ends every session; token checks
+go through `LoginThrottle`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,4 @@
-"""What the console reads and changes: pages of jobs, one job, the overview, answers and cancels.
-
-Everything goes through the store and the checks the MCP faces use: an answer is checked by
-`handles.answer_checks.checked_answers` (as `*_respond` and `tasks/update` check it), a cancel is the
-repository's `request_cancel`, each recorded `by` the operator. Mounted in a server, the console
-also tells that node's runtime at once; standalone, other nodes hear of the change on PostgreSQL
-by its notice, on SQLite at their next poll or heartbeat.
-"""
+"""What the console reads and changes, through the same store calls and checks as the MCP faces."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""The console's HTML: plain string templates, every value from a job escaped by `esc`.
-
-Status messages, questions, step names, errors, kinds and principals are written by jobs and
-callers, so they are untrusted text: each passes through `html.escape` here, and the live
-update script sets them with `textContent`, never as markup. No external asset: the style is
-inline and the one small script is served by the console itself (`/live.js`), so the pages' content
-security policy allows no inline script at all.
-"""
+"""The console's HTML: plain string templates, every job-written value escaped by `esc`."""
 
 from __future__ import annotations
 
@@ -91,9 +84,6 @@ def login(base: str, next_path: str, problem: str | None = None) -> str:
         '<p><button class="primary">Sign in</button></p></form></div>'
     )
     return page("Sign in", body, base=base, operator=None)
-
-
-# -- jobs ----------------------------------------------------------------------------------
 
 
 def _age(seconds: float) -> str:
@@ -248,9 +238,6 @@ def jobs(
         f'{form}{table}<p>{paging}</p><script src="{esc(base)}/live.js" defer></script>'
     )
     return page("Jobs", body, base=base, operator=operator)
-
-
-# -- one job ---------------------------------------------------------------------------------
 
 
 def _when(value: datetime | None) -> str:

@@ -1,12 +1,4 @@
-"""Slowing down whoever guesses the console's operator token: per-client failure counts, in bounded memory.
-
-A client (an address, as the console sees it) may send `FAILURES_ALLOWED` wrong tokens within
-`WINDOW_SECONDS`; then its token checks are refused for `BLOCK_SECONDS`, doubling each time it is
-throttled again while it is remembered, up to `MAX_BLOCK_SECONDS`. While it is throttled its token is
-not checked at all (the right one is refused too), so guessing on learns nothing. One WARNING line is
-logged when a client becomes throttled, none per refused request. At most `MAX_CLIENTS` clients are
-remembered, least recently failed forgotten first, so many addresses cannot grow the table.
-"""
+"""Slowing down whoever guesses the console's operator token: per-client failure counts, in bounded memory."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Cancels and interrupts of the jobs running here: a cancel's grace period, the wait for durable steps
-to be recorded (up to `step_cancel_limit_seconds`), and a run dropped because it ended elsewhere."""
+"""Cancels and interrupts of the jobs running here, never while a durable step executes."""
 
 from __future__ import annotations
 
@@ -50,7 +49,8 @@ class RunCancellation(RuntimeState):
         steps = sorted(entry.ctx.steps_running)
         if not steps or entry.task is None or entry.task.done() or not entry.ctx.cancelled:
             return
-        if not entry.enter(RunLife.LOST):  # the run goes on in its thread; nothing it writes is taken any more
+        # The run goes on in its thread; nothing it writes is taken any more.
+        if not entry.enter(RunLife.LOST):
             return
         job_id = entry.ctx.job_id
         logger.warning(

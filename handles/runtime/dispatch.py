@@ -1,5 +1,4 @@
-"""Taking work: starts run at once in a reserved slot (`reserve`, `adopt`), queued jobs claimed fairly into
-free slots by the dispatcher, and wake-ups when another node queues work."""
+"""Taking work: starts run at once in a reserved slot, queued jobs are claimed fairly into free slots."""
 
 from __future__ import annotations
 
@@ -20,11 +19,7 @@ class JobDispatch(JobRunner):
     """The part of `Runtime` that takes jobs into this node's slots and starts their runs."""
 
     def reserve(self, kind: str, principal: str) -> bool:
-        """Hold a slot for a start stored already claimed by this runtime (see `adopt`).
-
-        Only when nothing waits before it: a start never jumps the queue, and a principal
-        at its share of the slots waits its turn like everyone else.
-        """
+        """Hold a slot for a start stored already claimed by this runtime (see `adopt`)."""
         if self.closed or not self._started or kind not in self.specs or self._backlog:
             return False
         return self.slots.reserve_for(principal_key(principal))
@@ -54,12 +49,7 @@ class JobDispatch(JobRunner):
     ) -> None:
         """Run a job that was stored already leased to this runtime, in the slot `reserve` held.
 
-        `answers` are the answers it was stored with (by question key): a job that never ran has
-        no steps, so its first run needs nothing else from the store. If the runtime began to
-        drain while the insert was under way, the job is handed to the queue instead, for any node.
-        The start's reply goes out before the job's first step (`_reply_first`), unless the caller waits
-        for the job's own result instead (a plain call): then `settled` gets the outcome this run stores,
-        once committed (it stays pending when the run stores none here: parked, dropped, handed over).
+        `settled` (a plain call's) gets the outcome this run stores, once committed.
         """
         if self.closed:
             self.slots.unreserve(1)
@@ -117,8 +107,7 @@ class JobDispatch(JobRunner):
     async def _claim_into_slots(self) -> None:
         if self.slots.free <= 0:
             return
-        # Unless work is known to wait, look before reserving: a claim holds every free slot until it
-        # returns, and a start that meets them held is queued (behind nothing, when nothing waits).
+        # Unless work is known to wait, look before reserving: a claim holds every free slot until it returns.
         if not self._backlog and not await self.store.read(self.store.repo.has_claimable, list(self.specs)):
             return
         self._backlog = True  # work waits: a start meanwhile queues behind it, as `reserve` says
@@ -147,9 +136,7 @@ class JobDispatch(JobRunner):
             self._start_task(self.specs[record.kind], record)
 
     def _on_remote_change(self, job_id: str, change: Change) -> None:
-        """Another node changed `job_id`: wake waiters here (those past its reports only if it did more than
-        report: `ChangeNotifier`); look for a cancel now if the job runs here, and for work if it was
-        queued."""
+        """Another node changed `job_id`: wake waiters here, look for a cancel if it runs here, for work if it was queued."""
         self.store.notifier.notify(job_id, change)
         if job_id in self._running:
             self._leases.wake.set()

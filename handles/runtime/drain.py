@@ -1,5 +1,4 @@
-"""A node's shutdown: it stops taking work, lets running jobs finish for `drain_seconds` (or until
-`end_drain`), then hands the rest over by their interrupt policy."""
+"""A node's shutdown: stop taking work, let running jobs finish for `drain_seconds`, hand the rest over."""
 
 from __future__ import annotations
 
@@ -17,10 +16,7 @@ class ShutdownDrain(JobDispatch):
     """The part of `Runtime` that drains it on shutdown."""
 
     def begin_drain(self) -> None:
-        """Stop taking work now and wake every waiter (long-polls answer at once); running jobs go on.
-
-        Safe to call from a signal handler's callback; `stop` finishes the drain.
-        """
+        """Stop taking work now and wake every waiter; running jobs go on. Safe from a signal callback."""
         if self._draining:
             return
         self._draining = True
@@ -38,17 +34,14 @@ class ShutdownDrain(JobDispatch):
             )
 
     def end_drain(self) -> None:
-        """End the drain now (a second shutdown signal, or one after a stdio client has gone): `stop` hands
-        the running jobs over at once, as it does when `drain_seconds` have passed, instead of waiting
-        for them. Safe to call from a signal handler's callback."""
+        """End the drain now: `stop` hands the running jobs over at once. Safe from a signal handler's callback."""
         self.begin_drain()
         if not self._drain_cut.is_set() and self._running:
             logger.info("drain ended early: %d running job(s) are handed over now", len(self._running))
         self._drain_cut.set()
 
     async def drained(self) -> None:
-        """After `begin_drain`: wait until the running jobs have ended, the drain's deadline has passed, or
-        `end_drain` has ended it."""
+        """After `begin_drain`: wait until the running jobs have ended or the drain's deadline or `end_drain` came."""
         loop = asyncio.get_running_loop()
         if self._drain_deadline is None:
             self._drain_deadline = loop.time() + self.config.drain_seconds
@@ -68,10 +61,8 @@ class ShutdownDrain(JobDispatch):
     async def stop(self) -> None:
         """Drain: stop claiming, let running jobs finish for `drain_seconds`, then hand the rest over.
 
-        A `retry` job still running is released for any node at once; any other job ends
-        `failed`, saying it was interrupted by a shutdown; a job with a cancel request
-        ends `cancelled`. Steps that are executing are waited for, up to
-        `step_cancel_limit_seconds`. Parked jobs are untouched: they hold nothing here.
+        A running `retry` job is released for any node; any other ends `failed` (or `cancelled` when a
+        cancel was asked). Parked jobs are untouched.
         """
         if not self._started:
             self._closed = True

@@ -1,15 +1,4 @@
-"""The executor: runs the jobs of one process against a shared store.
-
-It claims queued jobs into slots (`slots.Slots`), holds a lease on each while it
-runs (`leases.LeaseKeeper`), and writes every outcome to the store before anyone
-is told. A job that asks a question and finds no answer is *parked*: its run ends,
-its lease and slot are given back, and once answered it is claimed again (on any
-node) and replayed from the top, its answers and completed steps read back from
-the store. A cancel or a shutdown never interrupts a durable step that is
-executing: the step finishes and is recorded first, or, past a hard limit, is
-recorded as outcome-unknown. A stopping node drains: it stops claiming, lets
-running jobs finish for `drain_seconds`, then hands the rest over.
-"""
+"""The executor: runs the jobs of one process against a shared store."""
 
 from __future__ import annotations
 
@@ -53,8 +42,7 @@ class Runtime(ShutdownDrain):
         self._dispatcher: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
-        # Whether queued jobs may be waiting: the dispatcher looks at once only then (and on its timer),
-        # and a start is claimed at insert only when nothing waits before it.
+        # Whether queued jobs may be waiting; a start is claimed at insert only when nothing waits before it.
         self._backlog = True
         self._leases = LeaseKeeper(
             store=store,
@@ -87,8 +75,6 @@ class Runtime(ShutdownDrain):
         self._leases.config = config
         self.slots = Slots(config.max_running if config.run_workers else 0, config.principal_slot_limit)
 
-    # -- life cycle --------------------------------------------------------
-
     @property
     def started(self) -> bool:
         return self._started
@@ -117,19 +103,13 @@ class Runtime(ShutdownDrain):
         if listening is not None:
             self._loops.append(asyncio.create_task(listening, name="handles-listener"))
         if self.config.run_workers:
-            # The first pass runs before any start is taken, so work queued before this node started
-            # runs at once, and `_backlog` says truthfully from the first start whether anything waits.
+            # The first pass runs before any start is taken, so `_backlog` is true from the first start.
             try:
                 await self._claim_queued()
             except Exception:
                 logger.exception("first dispatcher pass failed; the dispatcher retries")
             self._dispatcher = asyncio.create_task(self._dispatch_loop(), name="handles-dispatcher")
             self._loops.append(asyncio.create_task(self._leases.run(), name="handles-heartbeat"))
-
-    # -- leases and sweeps ---------------------------------------------------------
-
-    async def heartbeat_once(self) -> None:
-        await self._leases.beat()
 
     async def _sweep_loop(self) -> None:
         """A sweep at once, then one every `sweep_interval_seconds`."""

@@ -1,8 +1,4 @@
-"""What a running job writes to its own stored state: its progress, its questions, its durable steps.
-
-The runtime hands one to each `JobContext` it starts, so a job author's module reaches the store only
-through the runtime.
-"""
+"""What a running job writes to its own stored state: its progress, its questions, its durable steps."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The heartbeat: keeps this node's leases alive (while jobs run and while their outcome is written),
-knows how long a run's writes may wait out a database outage (`LeaseKeeper.writable_until`), and hears
-about cancels requested elsewhere and jobs that ended elsewhere."""
+"""The heartbeat: keeps this node's leases alive and hears of cancels and endings elsewhere."""
 
 from __future__ import annotations
 
@@ -26,8 +24,7 @@ async def every(
     while True:
         event = wake()
         with contextlib.suppress(TimeoutError):
-            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancel that lands as the
-            # event is set, and stopping would wait for this loop forever.
+            # Not wait_for: on 3.11 it swallows a cancel that lands as the event is set.
             async with asyncio.timeout(interval):
                 await event.wait()
         event.clear()
@@ -75,15 +72,7 @@ class LeaseKeeper:
         self._renewed[job_id] = asyncio.get_running_loop().time()
 
     def writable_until(self, job_id: str) -> float | None:
-        """The loop time until which a write of what this node's run of `job_id` knows (a step's outcome, a
-        progress report, the job's outcome) is worth trying again through a database outage; None when
-        this node holds no lease on it.
-
-        The lease surely holds for `lease_seconds` from its claim or the last heartbeat that reached the
-        database. Past that it is still this node's until another node's sweep takes it (the first
-        heartbeat once the database is back renews it), so the write goes on trying for as long again (at
-        least `OUTAGE_PATIENCE_SECONDS` in all). Every such write is guarded (by the lease's owner, or by
-        the step's own start), so one that comes after the lease was lost changes nothing."""
+        """Until when (loop time) a write of what this node's run of `job_id` knows may wait out an outage; None without a lease."""
         renewed = self._renewed.get(job_id)
         if renewed is None:
             return None

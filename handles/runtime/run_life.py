@@ -1,5 +1,4 @@
-"""Where a run of this process stands (`RunLife`), and what the runtime keeps of each job running here
-(`RunningJob`)."""
+"""Where a run of this process stands (`RunLife`), and what the runtime keeps of each (`RunningJob`)."""
 
 from __future__ import annotations
 
@@ -13,9 +12,7 @@ from handles.outcomes import Outcome
 
 
 class RunLife(Enum):
-    """Where a run of this process stands. It only moves forward, in the order written here
-    (`RunningJob.enter`): a stop or a loss may still be followed by the outcome's write, and nothing follows
-    that."""
+    """Where a run of this process stands; it only moves forward, in the order written here."""
 
     RUNNING = "running"
     STOPPING = "stopping"
@@ -41,13 +38,11 @@ class RunningJob:
     task: asyncio.Task[None] | None = None
     life: RunLife = RunLife.RUNNING
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
-    # What the run replays (answers by key, steps by name) when known without reading the store:
-    # a job stored a moment ago by this process has no steps, and only the answers it was stored with.
+    # What the run replays (answers by key, steps by name) when known without reading the store.
     replay: tuple[dict[str, dict[str, Any]], dict[str, Any]] | None = None
     # Started by a request of this process, whose reply is on its way out: the run lets it go first.
     reply_first: bool = False
-    # Started by a request of this process that waits for the job's result (a plain call): the outcome
-    # this run stores is set on it once committed, so that request needs no read of it.
+    # A plain call of this process waiting for the result: the stored outcome is set on it once committed.
     settled: asyncio.Future[Outcome] | None = None
 
     def enter(self, life: RunLife) -> bool:

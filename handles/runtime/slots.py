@@ -1,9 +1,4 @@
-"""This node's worker slots: the one component that counts them.
-
-Every way of taking work (a start claimed at insert, the dispatcher's claims)
-reserves here synchronously, before any await, so `max_running` is a true cap
-however many requests race. A parked job holds no slot: its run ended.
-"""
+"""This node's worker slots: every way of taking work reserves here before any await, so `max_running` holds."""
 
 from __future__ import annotations
 
@@ -66,12 +61,7 @@ class Slots:
             self._forget_old_turns()
 
     def _forget_old_turns(self) -> None:
-        """Keep the turns of the `REMEMBERED_PRINCIPALS` principals served last and of those holding a slot.
-
-        A forgotten principal counts as never served (`served`), so it goes before every remembered one, as
-        it did: it was served before all of them. Only the order among forgotten and new principals is lost
-        (their jobs then go in queue order). Run at most once per `REMEMBERED_PRINCIPALS` serves, it costs
-        each serve little."""
+        """Keep the turns of the `REMEMBERED_PRINCIPALS` principals served last and of those holding a slot."""
         recent = list(self._served.items())[-REMEMBERED_PRINCIPALS:]
         holding = {key: at for key, at in self._served.items() if key in self._by_principal}
         self._served = dict(sorted((holding | dict(recent)).items(), key=lambda entry: entry[1]))

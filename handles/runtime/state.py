@@ -1,6 +1,4 @@
-"""What the parts of the runtime share: its store and settings, the jobs running here, the
-dispatcher's wake-up, and the short background tasks `stop` waits for; and how a job goes back to
-the queue."""
+"""What the parts of the runtime share, and how a job goes back to the queue."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""The sweeper: one bounded pass over the store, safe to run on every node at once.
-
-It settles jobs whose lease ran out (their process died) by the one interrupt rule
-of the store, ends jobs past their retention or input timeout, cancels abandoned
-jobs, and deletes ended jobs past retention (archiving their evidence) and evidence past its own
-retention, at most `SWEEP_BATCH` of each.
-"""
+"""The sweeper: one bounded pass over the store (recovery, deadlines, deletion), safe on every node at once."""
 
 from __future__ import annotations
 

@@ -1,19 +1,6 @@
-"""The argument gate: every tool `handles` generates checks its own arguments, before the SDK does.
+"""The argument gate: server middleware that checks every generated tool's arguments before the SDK does.
 
-The SDK validates a tool's arguments against the tool function's signature and answers a
-mistake with pydantic's text (and a link to pydantic's site), and it ignores argument names
-it does not know. `ArgumentGate` is server middleware (`MCPServer.middleware`, the SDK's seam
-for refusing a request before it reaches a handler) that checks the `tools/call` of every
-generated tool first, with the very argument model the SDK derives from the same function,
-and refuses each mistake with the `{error, message, next}` shape: which argument, what was
-expected, and what to call next. On top of the SDK's checks it refuses unknown argument names
-(and `tools/list` says so, with `additionalProperties: false`) and arguments nested deeper than
-`MAX_NESTING`. Arguments that pass the gate pass the SDK's validation too, unchanged.
-
-Why middleware: the SDK validates before it calls the tool function, and the only public ways
-in before that are middleware and an extension's `intercept_tool_call`, which exists only on
-servers built with the extension. `MCPServer.middleware` is marked provisional in the SDK 2.x;
-tests/tasks/test_caller_mistakes.py and tests/unit/test_arguments.py pin what is relied on.
+Mistakes (unknown names and deep nesting included) get the `{error, message, next}` shape.
 """
 
 from __future__ import annotations
@@ -219,11 +206,7 @@ class ArgumentGate:
         return await call_next(ctx)
 
     def _refuse(self, ctx: ServerRequestContext[Any, Any], error: CallerError) -> dict[str, Any]:
-        """The tool error, on the wire: a middleware that answers itself owns the result's envelope.
-
-        On 2026-07-28 that is the envelope the SDK puts on every other result: `resultType`
-        and the `serverInfo` stamp in `_meta`.
-        """
+        """The tool error, on the wire, in the envelope the SDK puts on every other result."""
         result: dict[str, Any] = self._refusal(error).model_dump(
             by_alias=True, mode="json", exclude_none=True
         )

@@ -1,26 +1,4 @@
-"""Binding the same jobs to a FastMCP 4 server (install `mcp-handles[fastmcp]`).
-
-`Handles.bind(server)` comes here when `server` is a `fastmcp.FastMCP`. Nothing about a job
-depends on the framework: the tools run the very functions the `MCPServer` binding registers
-(handles/server/bind_mcpserver.py), with the SDK's request context that FastMCP keeps for every request, and the
-SDK middleware the `MCPServer` binding installs (the argument gate, result links, pushed task
-status) goes on FastMCP's low-level server, which is the SDK's own `Server`. So on both
-frameworks a caller sees the same tools, schemas, answers and errors.
-
-- The handle tools and the plain tool `<job>` are FastMCP `Tool`s whose `run` validates the
-  arguments with the SDK's argument model and calls the shared function.
-- The Tasks face is a FastMCP `ServerExtension` (FastMCP's own extension seam, the one
-  `fastmcp-tasks` uses) that wraps the same `TasksExtension`: `tasks/get`, `tasks/update`,
-  `tasks/cancel`, and the interception of a declaring `tools/call <job>`. A server that already
-  serves the Tasks extension (`fastmcp-tasks`) is refused with a `ConfigurationError`: two
-  implementations cannot share `tasks/get`. Bind with `tasks=False` there: the jobs keep their
-  plain and handle tools, and `fastmcp-tasks` keeps its `task=True` tools.
-- The principal comes from the verified access token of FastMCP's authentication (its providers
-  put the SDK's `AuthenticatedUser` on the request), exactly as on `MCPServer`.
-
-FastMCP keeps the SDK's request context on its `FastMCPRequestContext._srctx` (documented there
-as the escape hatch to it); this module reads it in one place, `sdk_request_context`.
-"""
+"""Binding the same jobs to a FastMCP 4 server, with the same tools, answers and errors as on `MCPServer`."""
 
 from __future__ import annotations
 
@@ -127,8 +105,7 @@ class JobTool(Tool):
         try:
             validated = self._rules.metadata.validate_arguments(arguments)
         except ValidationError:
-            # The argument gate refuses these before FastMCP reaches the tool; should one get here
-            # anyway, it gets the gate's answer, not pydantic's.
+            # The argument gate refuses these first; one that gets here still gets the gate's answer.
             error = self._rules.check(arguments)
             assert error is not None
             return as_tool_result(refusal(error))
@@ -203,8 +180,7 @@ class FastMCPTasks(ServerExtension):
         )
         if outcome is None:
             return await call_next()
-        # Not a ToolResult: FastMCP hands an extension's own result to the SDK's runner as it is,
-        # which serialises it for the negotiated version exactly as on MCPServer.
+        # Not a ToolResult: the SDK's runner serialises it for the negotiated version, as on MCPServer.
         return cast("ToolCallOutcome", outcome)
 
 
@@ -239,13 +215,7 @@ def bind_fastmcp(
 
 
 def _serve_listen(sdk_server: LowLevelServer[Any]) -> None:
-    """`subscriptions/listen`, which the pushed task status rides on, served by the SDK's own handler.
-
-    FastMCP 4 leaves the method unserved (-32601). The SDK's `ListenHandler` is what `MCPServer` serves
-    it with: the acknowledgement and the stream's graceful close; nothing on this server publishes
-    list changes to its bus, so a list-change subscription is acknowledged and then quiet. A handler
-    FastMCP (or the server's author) registered is left alone.
-    """
+    """`subscriptions/listen`, which the pushed task status rides on, served by the SDK's own handler."""
     if "subscriptions/listen" in sdk_server._request_handlers:
         return
     sdk_server.add_request_handler(

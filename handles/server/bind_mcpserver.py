@@ -1,13 +1,4 @@
-"""Binding generated tools to the official SDK's `MCPServer` (and the tool functions the FastMCP binding reuses).
-
-Each `ToolDefinition` becomes an ordinary SDK tool through `MCPServer.add_tool`:
-a function whose signature is synthesised from the definition's input model (so
-the SDK derives the same `inputSchema`) and whose return annotation
-`Annotated[CallToolResult, OutputModel]` makes the SDK publish the `outputSchema`
-and check every structured result against it. The arguments of every tool added
-here are checked first by the server's `ArgumentGate` (handles/server/argument_gate.py), so
-a caller's mistake gets the `{error, message, next}` shape. No JSON-RPC here.
-"""
+"""Binding generated tools to the official SDK's `MCPServer` (and the tool functions the FastMCP binding reuses)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""A job's ending answered inline, as an ordinary tool call would answer it, on every face that waits for
-its job: the plain tool `<job>` within its inline budget, and a declaring call within the job's
-`task_after` (handles/server/tasks_extension.py).
-
-A completed job answers its stored `CallToolResult` (a tool error stays an `isError` result), a failed
-job its JSON-RPC error (raised: the same error object its task would carry), a cancelled job an `isError`
-result saying so. A caller that goes away while it waits was the only one to know the job (its handle or
-task id was never sent), so the job is cancelled.
-"""
+"""A job's ending answered inline, as an ordinary tool call would answer it, on every face that waits for it."""
 
 from __future__ import annotations
 

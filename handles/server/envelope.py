@@ -1,9 +1,4 @@
-"""The envelope of a result that server middleware answers itself, without the SDK's handler.
-
-The SDK shapes a handler's result inside the middleware chain, so a middleware that answers
-without `call_next` owns the envelope: on 2026-07-28 that is `resultType` and the `serverInfo`
-stamp in `_meta`, as the SDK puts them on every other result (mcp/server/runner.py `_serialize`).
-"""
+"""The envelope (`resultType`, `serverInfo` in `_meta`) of a result that server middleware answers itself."""
 
 from __future__ import annotations
 

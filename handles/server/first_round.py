@@ -1,9 +1,4 @@
-"""What a plain `<job>` call does about the question its job asks before any work starts.
-
-The question (`AskFirst`, handles/ask_first.py) goes in-band, as an `InputRequiredResult` before
-any job exists, only to a request that can take it: 2026-07-28 with elicitation. Its retry
-carries the answer and starts the job; a decline starts nothing.
-"""
+"""What a plain `<job>` call does about the question its job asks before any work starts."""
 
 from __future__ import annotations
 
@@ -35,13 +30,7 @@ def asks_in_band(protocol_version: str, capabilities: ClientCapabilities | None)
 
 @dataclass(frozen=True)
 class FirstRound:
-    """What a plain `<job>` call does about the question before the job: exactly one field is set, or none.
-
-    - `ask`: answer this `InputRequiredResult`; nothing was stored;
-    - `declined`: the caller said no; answer this tool error; nothing was stored;
-    - `answer`: start the job with this answer;
-    - none: start the job; it waits in `input_required` for the answer (or asks nothing first).
-    """
+    """What a plain `<job>` call does about the question before the job: exactly one field is set, or none."""
 
     ask: InputRequiredResult | None = None
     declined: CallToolResult | None = None
@@ -59,9 +48,7 @@ def first_round(
     ctx: ServerRequestContext[Any, Any],
     responses: Mapping[str, Any] | None,
 ) -> FirstRound:
-    """Decide what a plain `<job>` call does before the job exists (arguments are validated here).
-
-    The question goes in-band (no job yet) only when this request can take it (`asks_in_band`)."""
+    """Decide what a plain `<job>` call does before the job exists (arguments are validated here)."""
     in_band = asks_in_band(ctx.protocol_version, ctx.session.client_capabilities)
     if spec.ask_first is None or not in_band:
         return FirstRound()

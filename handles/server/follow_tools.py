@@ -1,6 +1,4 @@
-"""The follow tools: `progress`, `fetch`, `cancel` (and `respond`) of one job, or the compact layout's
-shared `jobs_*` ones, described in the words of a `FollowScope` and named through `ToolNames`.
-"""
+"""The follow tools (`progress`, `fetch`, `cancel`, `respond`) of one job or of the compact layout."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""Liveness and readiness endpoints for an HTTP node (`GET /healthz`, `GET /readyz`).
-
-- Liveness answers 200 `{"status": "ok"}` as long as the process serves HTTP at all.
-- Readiness answers 200 `{"status": "ready"}` only when the job runtime has started, is not
-  draining, and the database answers a trivial query within `STORE_CHECK_SECONDS`; otherwise
-  503 `{"status": "not_ready", "reason": ...}` with one of the `Reason`s below.
-
-The database check runs on a worker thread; probes that arrive while one is in flight share
-it, so a hanging database never piles up threads or connections.
-"""
+"""Liveness and readiness endpoints (`GET /healthz`, `GET /readyz`); probes share one database check in flight."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""The uvicorn server behind `handles.serve_http`: drain first, then stop; quiet per-request logs.
-
-At SIGTERM (or SIGINT) the node stops taking work and answers long-polls at once, but keeps
-listening while running jobs finish (up to `drain_seconds`) and while answers in flight are
-written (up to `IN_FLIGHT_GRACE_SECONDS`); only then does uvicorn stop. Stopping uvicorn
-earlier cuts open streamed (SSE) answers: sse-starlette ends every stream when uvicorn's exit
-flag is set, and uvicorn logs "ASGI callable returned without completing response". A second
-signal stops at once: the jobs still running are handed over then (`Handles.end_drain`), not waited for.
-"""
+"""The uvicorn server behind `handles.serve_http`: drain first, then stop (stopping sooner cuts SSE answers)."""
 
 from __future__ import annotations
 

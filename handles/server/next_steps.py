@@ -1,6 +1,4 @@
-"""What each handle tool's reply tells the caller to do next (`next`), from the job's state: the
-sentences name the tools of the job's layout and the wait to keep between polls.
-"""
+"""What each handle tool's reply tells the caller to do next (`next`), from the job's state."""
 
 from __future__ import annotations
 

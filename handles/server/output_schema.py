@@ -1,18 +1,4 @@
-"""Output schemas that are cheap to check: the handle tools' `outputSchema`, written flat.
-
-A client checks every structured result against the tool's listed `outputSchema` (the official SDK
-does, with `jsonschema`, on every call). pydantic writes a model's schema with a `$ref` into `$defs`
-for every nested model and enum, and `anyOf: [X, {"type": "null"}]` for every optional field; the
-checker resolves each reference and tries each branch on every call. The same schema written flat
-(references inlined, an optional plain value as `"type": [X, "null"]`) accepts exactly the same
-documents and is checked in about half the time (`bench/profile.py`, docs/performance.md). So the
-output models of the handle tools derive from `FlatSchemaModel`, and whatever framework asks pydantic
-for their schema (the SDK's `MCPServer`, FastMCP) gets the flat one.
-
-Only what is equivalent is rewritten: a reference to a model that contains itself (a recursive result
-type) stays a reference, and an optional value keeps its `anyOf` when its schema restricts values
-(`enum`, `const`) or combines schemas.
-"""
+"""Output schemas written flat (references inlined, optionals as `"type": [X, "null"]`), cheaper to check."""
 
 from __future__ import annotations
 
@@ -26,9 +12,7 @@ from pydantic_core import CoreSchema
 
 _NULL = {"type": "null"}
 
-# Keywords whose meaning does not change when null is added to the value's type: each applies only to
-# values of its own type (or annotates). A schema with anything else (`enum`, `const`, `anyOf`, `$ref`,
-# ...) keeps its `anyOf` with null.
+# Keywords unaffected by adding null to the value's type; a schema with any other keeps its `anyOf`.
 _TYPE_SCOPED = frozenset(
     {
         "type", "format", "title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly",
@@ -47,8 +31,7 @@ _SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitio
 
 
 class FlatSchemaModel(BaseModel):
-    """A model whose JSON schema has its nested models and enums inlined and its optional plain values
-    written as type lists (see the module's text)."""
+    """A model whose JSON schema is written flat (see the module's docstring)."""
 
     @classmethod
     def __get_pydantic_json_schema__(

@@ -1,21 +1,7 @@
 """The plain tool `<job>`: a job as one ordinary tool with the job's own parameters.
 
-A `tools/call <job>` that declares the Tasks extension is turned into a task before it
-gets here (handles/server/tasks_extension.py). Every other call follows the job's `plain_call` policy:
-
-- `"adaptive"` (the default): store and start the job, then wait up to the inline
-  budget. A job that ends in time answers exactly as an ordinary tool would (its
-  stored `CallToolResult`; a failed job's JSON-RPC error). A job still running, or
-  waiting for an answer, answers with its handle and says to continue with
-  `<job>_progress` / `<job>_fetch` (and `<job>_respond`), or the shared `jobs_*` tools
-  in the compact layout. While waiting, progress goes
-  out as `notifications/progress` when the request carries a progress token.
-- `"tasks_only"`: refused with `-32021`, naming the extension the caller must declare.
-
-A call that declares the extension reaches this tool only when no task is made for it (the Tasks
-face's kill switch is on, see handles/switches.py): it is answered as above, except that a
-`"tasks_only"` job is not waited for inline: its handle goes back at once, for the handle tools.
-Calls of a paused job kind are refused (retryable `paused`) before any question is asked.
+"adaptive" answers the job's result when it ends within the inline budget, else its handle;
+"tasks_only" refuses a call that does not declare the Tasks extension (`-32021`).
 """
 
 from __future__ import annotations
@@ -123,10 +109,7 @@ class PlainTool:
         )
 
     async def refusal(self, *, declared_tasks: bool) -> CallToolResult | None:
-        """Why this call must not start the job (checked before any question is asked), or None.
-
-        `declared_tasks`: the request declared the Tasks extension (and still got here: no task is made).
-        """
+        """Why this call must not start the job (checked before any question is asked), or None."""
         if self.policy.mode == "tasks_only" and not declared_tasks:
             raise missing_tasks_capability(
                 f"{self.name} runs only as a task: declare the {TASKS_EXTENSION} extension on this "
@@ -147,8 +130,7 @@ class PlainTool:
         input_responses: Any,
         report: ProgressReporter,
     ) -> CallToolResult | InputRequiredResult:
-        """The whole plain call, the same on every framework: the refusals, a question asked before the
-        job (in-band when the request can take it), then `call`."""
+        """The whole plain call, the same on every framework: refusals, a question asked first, then `call`."""
         refused = await self.refusal(declared_tasks=declares_tasks(ctx))
         if refused is not None:
             return refused
@@ -166,8 +148,7 @@ class PlainTool:
         first_answer: dict[str, Any] | None = None,
     ) -> CallToolResult:
         """Start the job and answer it; call `refusal` first."""
-        # An adaptive call waits for the job's result: its job lets no reply go first, and a run here
-        # hands over the outcome it stored, so that it needs no read.
+        # An adaptive call waits for the job's result, which a run here hands over once stored.
         settled: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         try:
             started = await self.service.start(
@@ -181,8 +162,7 @@ class PlainTool:
         except CallerError as error:
             return to_call_tool_result(error_reply(error))
         if self.policy.mode == "tasks_only":
-            # A declaring call that gets no task (`refusal` turned the others away): a tasks-only job
-            # is not waited for inline, so its handle goes back at once.
+            # A declaring call that gets no task: a tasks-only job's handle goes back at once.
             lead = "No task was created for this call (new tasks are switched off), so this answer is the job's handle. "
             return await self._handoff(started.job, started.handle, lead=lead)
         try:
@@ -198,9 +178,7 @@ class PlainTool:
     async def _follow(
         self, job: JobRecord, report: ProgressReporter, settled: asyncio.Future[Outcome]
     ) -> JobRecord | Outcome:
-        """Wait for the job to end or park, within the budget, relaying progress as it grows. The job as
-        last read, or the outcome its run in this process stored (`settled`), whichever comes first. A
-        draining node stops waiting at once: the caller gets the handle, to follow the job elsewhere."""
+        """Wait within the budget for the job to end or park, relaying progress; a draining node stops at once."""
         reported: float | None = None
         async with contextlib.aclosing(self.service.versions(job, self.budget_seconds)) as versions:
             async for job in versions:

@@ -1,6 +1,4 @@
-"""What a progress reply says of a running job whose node has gone quiet (its lease not renewed): how
-long it has been silent, when another node takes the job over, and to keep following it.
-"""
+"""What a progress reply says of a running job whose node has gone quiet (its lease not renewed)."""
 
 from __future__ import annotations
 

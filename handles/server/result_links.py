@@ -1,11 +1,4 @@
-"""`resources/read` of a large result's link: authorized like a handle, answered one part at a time.
-
-A link is `handles://results/<job>/<file>` (read whole when it has one part) and
-`handles://results/<job>/<file>/parts/<n>`. Every read re-resolves the caller's principal and
-reads the job: a link of another principal, of a job that is gone, or one made up get the same
-answer. Server middleware (the SDK's seam before its own resource lookup) answers these reads,
-so each part goes out with the result's own media type: text for text types, base64 otherwise.
-"""
+"""`resources/read` of a large result's link: authorized like a handle, answered one part at a time."""
 
 from __future__ import annotations
 

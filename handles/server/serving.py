@@ -1,8 +1,4 @@
-"""Serving a bound server with its job runtime: stdio, the Streamable HTTP app, and `serve_http`.
-
-Each helper takes an `MCPServer` or a FastMCP server. The runtime starts with the server and
-drains on SIGTERM (see `Handles.aclose`); the HTTP app carries the health routes.
-"""
+"""Serving a bound server with its job runtime: stdio, the Streamable HTTP app, and `serve_http`."""
 
 from __future__ import annotations
 
@@ -24,11 +20,8 @@ from handles.server.health import health_routes
 from handles.server.startup import BackgroundStart
 from handles.server.stdio_stdout import LoopStdout, claimed_stdout
 
-# The largest request head (request line and headers) `serve_http` reads whole. A 2026-07-28 client
-# mirrors `params.taskId` or a tool's name into the `Mcp-Name` header, so a made-up id makes the head
-# long; uvicorn's HTTP parser (h11) refuses a head over its limit only while the head is incomplete, so
-# below this size every such request reaches the app and gets its JSON-RPC error, whether its bytes
-# arrive in one read or several (a proxy, a loaded machine). h11's own default is 16 KiB.
+# The largest request head `serve_http` reads whole (h11's default is 16 KiB): a long `Mcp-Name`
+# header still reaches the app and gets its JSON-RPC error, however its bytes arrive.
 REQUEST_HEAD_BYTES = 128 * 1024
 
 if TYPE_CHECKING:
@@ -40,17 +33,8 @@ if TYPE_CHECKING:
 async def serve_stdio(server: MCPServer[Any] | FastMCP[Any], handles: Handles) -> None:
     """Serve `server` over stdio with the job runtime running.
 
-    On SIGTERM or SIGINT, or when stdin closes, the runtime drains: no new work, running jobs may
-    finish for `drain_seconds`, the rest is handed over (see `Handles.aclose`). A signal during the
-    drain ends it at once (`Handles.end_drain`): the running jobs are handed over now. That is how a
-    client ends a stdio server (the specification's stdio shutdown, which the official SDKs follow):
-    it closes stdin, waits 2 s, sends SIGTERM, waits 2 s, sends SIGKILL. So running jobs have those
-    2 s to finish, and are handed over at the SIGTERM rather than killed holding their leases.
-
-    An `MCPServer`'s replies are written to stdout from the event loop, not from a worker thread as the
-    SDK's `stdio_server` writes them, so a reply never waits for a job's step to let go of the GIL
-    (handles/server/stdio_stdout.py). fd 1 is claimed as the SDK claims it: while serving, a stray
-    `print` goes to stderr, not onto the wire. A FastMCP server is served by its own `run_stdio_async`.
+    On SIGTERM, SIGINT or stdin closing the runtime drains (see `Handles.aclose`); a second signal
+    hands the running jobs over at once. While serving, a stray `print` goes to stderr.
     """
     stop = asyncio.Event()
     with shutdown_signals(handles, stop):  # installed until the drain below has ended
@@ -71,9 +55,7 @@ async def serve_stdio(server: MCPServer[Any] | FastMCP[Any], handles: Handles) -
 
 @contextlib.contextmanager
 def shutdown_signals(handles: Handles, stop: asyncio.Event) -> Iterator[None]:
-    """For the block, SIGTERM and SIGINT set `stop` (the process begins to stop: it drains); once `stop` is
-    set, by a signal or by the caller, a further signal ends the drain at once (`Handles.end_drain`).
-    Where the event loop can take signals (`serve_stdio`, `handles worker`)."""
+    """For the block, SIGTERM and SIGINT set `stop` (the drain begins); a further signal ends the drain at once."""
 
     def on_signal() -> None:
         if stop.is_set():
@@ -93,10 +75,7 @@ def shutdown_signals(handles: Handles, stop: asyncio.Event) -> Iterator[None]:
 
 
 def _stdio_serving(server: MCPServer[Any] | FastMCP[Any]) -> Coroutine[Any, Any, None]:
-    """The server's stdio loop. An `MCPServer` runs its low-level server as `run_stdio_async` does, with the
-    SDK's `stdio_server` reading stdin and `LoopStdout` writing stdout on the event loop (see
-    handles/server/stdio_stdout.py); a FastMCP server (its own lifespan and logging around the same
-    loop), or an SDK without the low-level server this relies on, runs its own `run_stdio_async`."""
+    """The server's stdio loop, writing stdout from the event loop (`LoopStdout`) where the SDK allows."""
     if is_fastmcp(server):
         return cast("FastMCP[Any]", server).run_stdio_async(show_banner=False)
     lowlevel = getattr(server, "_lowlevel_server", None)
@@ -122,15 +101,9 @@ def streamable_http_app(
 ) -> Starlette:
     """The server's stateless Streamable HTTP app, with the job runtime started and drained by its lifespan.
 
-    The runtime starts before the SDK's session manager and stops after it, so requests in
-    flight finish against a running runtime; its shutdown drains (see `Handles.aclose`).
-    Serve it with `serve_http` to start the drain as soon as the shutdown signal arrives.
-
-    `GET liveness_path` answers 200 while the process serves; `GET readiness_path` answers 200
-    only when the runtime runs, is not draining and the database answers, else 503 with the
-    reason (see `handles.server.health`). Either path may be None to leave it out; neither needs a token.
-    Other options are passed to `MCPServer.streamable_http_app`, or to `FastMCP.http_app` for a
-    FastMCP server (`stateless_http=True` by default on both).
+    `GET liveness_path` answers 200 while the process serves; `GET readiness_path` answers 200 only
+    when the runtime runs, is not draining and the database answers, else 503 (None leaves a path out).
+    Other options go to `MCPServer.streamable_http_app` or `FastMCP.http_app`.
     """
     options.setdefault("stateless_http", True)
     app = (
@@ -198,12 +171,8 @@ async def serve_http(
 ) -> None:
     """Serve `streamable_http_app(server, handles)` with uvicorn, draining well on SIGTERM.
 
-    At the signal the runtime stops taking work and answers long-polls at once, and
-    `/readyz` answers 503; the node keeps listening while running jobs finish (for up to
-    `drain_seconds`), so probes and retried calls get an answer rather than a refused
-    connection. Then uvicorn stops, and the lifespan hands over what is left. A second
-    signal stops at once. A deployment's termination grace period should exceed
-    `drain_seconds` by a few seconds (the default 25 fits Kubernetes' 30).
+    At the signal `/readyz` answers 503 and running jobs get `drain_seconds` to finish while the node
+    still answers; a second signal stops at once. Set the termination grace period a few seconds longer.
     """
     import uvicorn
 

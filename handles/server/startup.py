@@ -1,11 +1,4 @@
-"""Starting an HTTP node whose database may be briefly down.
-
-A node that cannot reach its database at start-up still serves: `/readyz` answers 503
-"database unreachable", tool calls get the retryable `store_unavailable` error, and the
-runtime start is retried in the background (backing off from 0.5 s to 8 s, one WARNING
-line per attempt) until the database answers. A missing key, a bad URL or an outdated
-schema is not transient: `serve_http` stops on it before listening.
-"""
+"""Starting an HTTP node whose database may be briefly down: serve not-ready and retry in the background."""
 
 from __future__ import annotations
 

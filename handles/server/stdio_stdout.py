@@ -1,21 +1,4 @@
-"""The stdout of `serve_stdio`: every message written from the event loop, never behind a job's step.
-
-The SDK's `stdio_server` writes each message with `anyio.wrap_file`: the write, then the flush, each on a
-worker thread. A worker thread needs the GIL to run, and the event loop holds it while it runs Python, so a
-reply handed to that thread waits for whatever the loop runs next: a started job's first step, which may be
-long (a CPU-bound job holds the GIL until it awaits). docs/performance.md measures
-what that costs every start.
-
-`LoopStdout` writes a message from the event loop itself, in pieces of at most `select.PIPE_BUF` bytes, each
-only once `poll` says the pipe has room for it: a piece that size is taken whole by a pipe with room, so no
-write blocks the loop. When the pipe is full (the client is not reading) or a message has put
-`LOOP_BYTES` on the loop already, the rest of the message goes to a worker thread, and the next message
-waits for it: messages never interleave or change order.
-
-It needs fd 1 to itself, claimed by the SDK's own claim (`claimed_stdout`, which `stdio_server` skips for a
-stdout it is given): the wire moves to a private duplicate and fd 1 points at stderr while serving, so a
-stray `print` misses the wire. Where `sys.stdout` is not fd 1, or on Windows, the SDK's own stdout serves.
-"""
+"""The stdout of `serve_stdio`: messages written from the event loop when the pipe has room, never interleaved."""
 
 from __future__ import annotations
 
@@ -68,11 +51,7 @@ def write_all(fd: int, data: memoryview) -> None:
 
 @contextmanager
 def claimed_stdout() -> Iterator[int | None]:
-    """The wire's descriptor while fd 1 is claimed by the SDK's own `_claim_fd`, as its `stdio_server` claims
-    fd 1 for itself (a private duplicate for the wire, fd 1 pointed at stderr, put back on exit; a second
-    claim in this process refused, by the SDK or by `serve_stdio`); None on Windows (no `poll` of a pipe),
-    when `sys.stdout` is not fd 1, or with an SDK that has no such function: the SDK's own stdout then
-    serves."""
+    """The wire's descriptor while fd 1 is claimed as the SDK's `stdio_server` claims it; None where that cannot be done."""
     if _claim_fd is None or sys.platform == "win32":
         yield None
         return

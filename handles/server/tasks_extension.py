@@ -1,12 +1,4 @@
-"""The Tasks extension (`io.modelcontextprotocol/tasks`, 2026-07-28) on the SDK's `Extension` seam.
-
-A `tools/call <job>` that declares the extension answers a flat `CreateTaskResult`
-whose `taskId` is the job's handle, once the job is stored; `tasks/get`,
-`tasks/update` and `tasks/cancel` read and steer the same job through
-`JobOperations`. This module only translates between those operations and the
-extension's wire shapes; the rules it follows are those of
-`specification/draft/tasks.md` in `modelcontextprotocol/ext-tasks`.
-"""
+"""The Tasks extension (2026-07-28) on the SDK's `Extension` seam; a task's `taskId` is its job's handle."""
 
 from __future__ import annotations
 
@@ -92,9 +84,6 @@ class UpdateTaskParams(TaskIdParams):
     input_responses: Any = None
 
 
-# -- capability -----------------------------------------------------------------
-
-
 def declares_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
     """Whether this request declared the extension (only 2026-07-28 requests can; capabilities are per request)."""
     if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
@@ -113,9 +102,6 @@ def missing_tasks_capability(message: str) -> MCPError:
         message=message,
         data=data.model_dump(by_alias=True, mode="json", exclude_none=True),
     )
-
-
-# -- wire shapes ------------------------------------------------------------------
 
 
 def iso_time(moment: datetime) -> str:
@@ -167,10 +153,7 @@ def elicitation_request(record: InputRequestRecord) -> dict[str, Any]:
 def detailed_task(
     spec: JobSpec, job: JobRecord, task_id: str, pending: Sequence[InputRequestRecord]
 ) -> dict[str, Any]:
-    """The `tasks/get` answer: `resultType: "complete"`, the task, and what its status carries.
-
-    Numeric progress travels in `_meta` under `PROGRESS_META_KEY` (the extension has no field for it).
-    """
+    """The `tasks/get` answer: `resultType: "complete"`, the task, and what its status carries."""
     body: dict[str, Any] = {"resultType": "complete", **task_fields(spec, job, task_id)}
     status = Status(job.status)
     if status is Status.INPUT_REQUIRED:
@@ -196,8 +179,6 @@ def detailed_task(
         body["_meta"] = {PROGRESS_META_KEY: progress}
     return body
 
-
-# -- the extension ------------------------------------------------------------------
 
 TaskHandler = Callable[["TasksExtension", ServerRequestContext[Any, Any], Any], Awaitable[dict[str, Any]]]
 
@@ -234,11 +215,7 @@ class ServedJobs(Protocol):
 
 
 class TasksExtension(Extension):
-    """Serves every job of a `Handles` instance through the Tasks extension.
-
-    Pass it to the server at construction (`MCPServer(extensions=[jobs.tasks_extension()])`);
-    `Handles.bind` adds the plain tool `<job>` that a declaring `tools/call` turns into a task.
-    """
+    """Serves every job of a `Handles` instance through the Tasks extension; pass it to the server at construction."""
 
     identifier = TASKS_EXTENSION
 
@@ -274,16 +251,10 @@ class TasksExtension(Extension):
 
         return call
 
-    # -- tools/call ----------------------------------------------------------
-
     async def intercept_tool_call(
         self, params: CallToolRequestParams, ctx: ServerRequestContext[Any, Any], call_next: CallNext
     ) -> HandlerResult:
-        """A declaring call of a job's plain tool becomes a task; everything else passes through, and so
-        does every call while the Tasks face's kill switch is on (handles/switches.py).
-
-        A legacy `params.task` is ignored either way: the server alone decides.
-        """
+        """A declaring call of a job's plain tool becomes a task; everything else passes through."""
         outcome = await self.task_for_call(params.name, params.arguments, params.input_responses, ctx)
         return await call_next(ctx) if outcome is None else outcome
 
@@ -294,21 +265,13 @@ class TasksExtension(Extension):
         input_responses: Any,
         ctx: ServerRequestContext[Any, Any],
     ) -> dict[str, Any] | CallToolResult | InputRequiredResult | None:
-        """What a `tools/call` of `name` answers on the Tasks face, or None when it is not for the face.
-
-        The one decision every framework binding makes (the SDK's `Extension` and FastMCP's
-        `ServerExtension` each wrap it): None for a tool that is not a job's plain tool, a request
-        that does not declare the extension, or the kill switch on (the plain tool then answers);
-        else the `CreateTaskResult` body, an in-band question asked before the job, or a refusal.
-        """
+        """What a `tools/call` of `name` answers on the Tasks face, or None when the plain tool should answer it."""
         spec = self._handles.specs.get(name)
         if spec is None or not declares_tasks(ctx):
             return None
         try:
             if await self.service.tasks_stopped():
-                # The kill switch: no new task. The plain tool answers it as a call that does not
-                # declare the extension (the result inline, or the job's handle); existing tasks are
-                # still served by tasks/get, tasks/update and tasks/cancel.
+                # The kill switch: no new task; the plain tool answers (existing tasks are still served).
                 return None
         except CallerError as error:
             return to_call_tool_result(error_reply(error))
@@ -329,8 +292,7 @@ class TasksExtension(Extension):
         except CallerError as error:
             return to_call_tool_result(error_reply(error))
         if settled is not None and spec.task_after is not None and started.job.lease_owner is not None:
-            # Only a job claimed at its insert runs here at once (not one queued, or waiting for its
-            # first answer): none other can end within the wait.
+            # Only a job claimed at its insert runs here at once: no other can end within the wait.
             ended = await self._ended_within(settled, spec.task_after.total_seconds(), started.job)
             if ended is not None:
                 return ended
@@ -339,10 +301,7 @@ class TasksExtension(Extension):
     async def _ended_within(
         self, settled: asyncio.Future[Outcome], seconds: float, job: JobRecord
     ) -> CallToolResult | None:
-        """The job's ending as an ordinary tool result (a failed job's JSON-RPC error, raised) if its run in
-        this process stores its outcome within `seconds`; None when it still runs (or waits for an answer,
-        or runs elsewhere): the call becomes a task. A caller that goes away meanwhile never learned the
-        task id, so the job is cancelled, as a plain call's is."""
+        """The job's ending as a tool result if its run here stores it within `seconds`, else None (it becomes a task)."""
         if not settled.done():
             try:
                 await asyncio.wait({settled}, timeout=seconds)
@@ -350,8 +309,6 @@ class TasksExtension(Extension):
                 await cancel_orphaned(self.service, job)
                 raise
         return outcome_answer(settled.result()) if settled.done() else None
-
-    # -- tasks/* -----------------------------------------------------------------
 
     async def _open(
         self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams
@@ -383,10 +340,7 @@ class TasksExtension(Extension):
     async def update_task(
         self, ctx: ServerRequestContext[Any, Any], params: UpdateTaskParams
     ) -> dict[str, Any]:
-        """Store accepted answers (all or none); a declined or dismissed question cancels the job.
-
-        Keys that are unknown or already answered are ignored, whatever their value.
-        """
+        """Store accepted answers (all or none); a declined or dismissed question cancels the job."""
         spec, job, _ = await self._open(ctx, params)
         responses = params.input_responses
         if not isinstance(responses, dict):
@@ -434,11 +388,8 @@ class TasksExtension(Extension):
 def _check_routing_header(ctx: ServerRequestContext[Any, Any], task_id: str) -> None:
     """Over 2026-07-28 Streamable HTTP, an `Mcp-Name` header must carry `params.taskId`.
 
-    Only a header that is present and differs is refused (`-32020`): the SDK's own client
-    transport and FastMCP + fastmcp-tasks send `tasks/*` without one, and fastmcp-tasks' server
-    accepts that too. Both sides are compared without surrounding whitespace, as HTTP trims a header's
-    value (a padded taskId still gets the made-up answer when its handle is opened); a malformed encoded
-    value never matches.
+    Only a header that is present and differs (whitespace aside) is refused (`-32020`): the SDK's
+    client and fastmcp-tasks send none.
     """
     if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS or not isinstance(ctx.request, Request):
         return
@@ -448,9 +399,6 @@ def _check_routing_header(ctx: ServerRequestContext[Any, Any], task_id: str) -> 
     decoded = decode_header_value(raw)
     if decoded is None or decoded.strip() != task_id.strip():
         raise MCPError(code=HEADER_MISMATCH, message=f"{MCP_NAME_HEADER} header does not match params.taskId")
-
-
-# -- pushed status: notifications/tasks on subscriptions/listen -------------------------------
 
 
 class TaskStatusNotification(Notification[dict[str, Any], Literal["notifications/tasks"]]):
@@ -498,10 +446,7 @@ class _AckTap:
 
 
 def requested_task_ids(params: Mapping[str, Any] | None) -> list[str] | None:
-    """`params.notifications.taskIds` of a raw `subscriptions/listen` request: None when absent.
-
-    Raises -32602 for a value that is not a list of at most `MAX_LISTEN_TASK_IDS` strings.
-    """
+    """`params.notifications.taskIds` of a raw `subscriptions/listen` request (None when absent); -32602 when malformed."""
     notifications = (params or {}).get("notifications")
     if not isinstance(notifications, Mapping) or notifications.get("taskIds") is None:
         return None
@@ -520,15 +465,10 @@ def requested_task_ids(params: Mapping[str, Any] | None) -> list[str] | None:
 
 
 class TaskStatusPush:
-    """Serves the Tasks extension's `notifications.taskIds` on `subscriptions/listen`.
+    """Serves the Tasks extension's `notifications.taskIds` on `subscriptions/listen`, as server middleware.
 
-    A server middleware (`MCPServer.middleware`, which `Handles.bind` fills): the SDK's own
-    `ListenHandler` still serves the stream, its acknowledgement, list-change events and graceful
-    close. This adds, for a request naming `taskIds`: the `-32021` gate of a client that does not
-    declare the extension; the caller's own tasks among the ids (an unknown, expired or foreign id
-    is left out of the acknowledgement alike, and never pushed); those ids in the acknowledgement;
-    then for each, right after the acknowledgement, `notifications/tasks` with its current state
-    and again each time it changes, here or on any other node, until it ends or the stream closes.
+    It pushes `notifications/tasks` for the caller's own tasks among the ids (others are left out of the
+    acknowledgement), at once and on every change on any node, until the task ends or the stream closes.
     """
 
     def __init__(self, extension: TasksExtension) -> None:

@@ -1,8 +1,4 @@
-"""What a handle tool is and what it answers: the output models of its replies, `ToolReply`, and
-`ToolDefinition` (a name, descriptions, input and output models, and an async handler).
-
-Framework-neutral: `handles.server.bind_mcpserver` and `bind_fastmcp` bind these to a server.
-"""
+"""What a handle tool is and what it answers: `ToolReply`, its output models, and `ToolDefinition`."""
 
 from __future__ import annotations
 
@@ -19,8 +15,6 @@ from handles.errors import CallerError
 from handles.results import ResultLink
 from handles.server.output_schema import FlatSchemaModel
 from handles.states import Status
-
-# -- output models -------------------------------------------------------------
 
 
 class ProgressView(BaseModel):
@@ -120,9 +114,6 @@ class FetchOutputBase(FlatSchemaModel):
     poll_after_ms: int | None = None
     expires_at: datetime
     next: str
-
-
-# -- definitions -----------------------------------------------------------------
 
 
 @dataclass(frozen=True)

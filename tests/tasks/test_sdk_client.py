@@ -20,15 +20,8 @@ from mcp_types import ElicitRequest, ElicitRequestParams, ElicitResult, ErrorDat
 
 import handles.client.tasks as tasks_client
 from handles import Handles
-from handles.client.tasks import (
-    CreateTaskResult,
-    TaskCancelled,
-    TaskFailed,
-    TasksClientExtension,
-    cancel_task,
-    follow_task,
-    get_task,
-)
+from handles.client import TaskCancelled, TaskFailed, TasksClientExtension, cancel_task, follow_task, get_task
+from handles.client.tasks import CreateTaskResult
 from tests.harness.client import abandon_once, mcp_over_http
 from tests.tasks.conftest import ALICE, BOB
 from tests.tasks.wire import ThreadedServer
