@@ -1,5 +1,5 @@
-"""The 2025-11-25 experimental Tasks design on the raw wire: what the mcp 1.25 client test
-(tests/interop/test_mcp125_tasks.py) cannot reach with the example's jobs, and what other versions keep.
+"""The 2025-11-25 experimental Tasks design on the raw wire: what the real clients' tests
+(tests/interop/test_older_task_clients.py) cannot reach with the example's jobs, and what other versions keep.
 
 Requests go as a stateless handshake-era client sends them after `initialize`: the
 `MCP-Protocol-Version: 2025-11-25` header, no `_meta` envelope.
@@ -8,12 +8,16 @@ Requests go as a stateless handshake-era client sends them after `initialize`: t
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 import httpx2
 import pytest
 
 import handles.server.older_tasks as older_tasks
+from handles import streamable_http_app
+from tests.support import free_port
+from tests.tasks.app import build_test_server, create_test_jobs, tasks_config
 from tests.tasks.conftest import ALICE, BOB
 from tests.tasks.wire import ThreadedServer, Wire, parse_sse
 
@@ -127,3 +131,16 @@ async def test_tasks_list_pages_the_caller_s_own_tasks_newest_first(
         bob = Wire(url, raw)
         for task_id in created:
             assert (await bob.get(task_id, token=BOB)).error["code"] == -32602
+
+
+async def test_while_the_kill_switch_is_on_a_task_augmented_call_gets_the_plain_answer(
+    http: httpx2.AsyncClient, tmp_path: Path, tasks_key: str
+) -> None:
+    jobs = create_test_jobs(tasks_config(tmp_path / "data", tasks_key, tasks_off=True))
+    served = ThreadedServer(streamable_http_app(build_test_server(jobs), jobs), free_port()).start()
+    try:
+        call = {"name": "quick", "arguments": {"text": "z"}, "task": {"ttl": 1000}}
+        answer = (await older(http, served.url, "tools/call", call))["result"]
+        assert "task" not in answer and answer["structuredContent"] == {"text": "z", "length": 1}
+    finally:
+        served.stop()

@@ -215,9 +215,8 @@ async def test_a_2025_handshake_client_and_a_2026_client_without_the_extension(
             assert handoff.structured_content is not None
             handle = handoff.structured_content["handle"]
             assert handoff.structured_content["status"] == "working"
-            if (
-                mode == "legacy"
-            ):  # a 2025-11-25 client gets the older design's tasks/get (tests/interop/test_mcp125_tasks.py)
+            # A 2025-11-25 client gets the older design's tasks/get (tests/interop/test_older_task_clients.py).
+            if mode == "legacy":
                 assert (await get_task(client.session, handle)).status == "working"
             else:
                 with pytest.raises(MCPError) as refused:
