@@ -22,6 +22,7 @@ from handles.runtime import Runtime
 from handles.sealing import Sealer
 from handles.server.bind_mcpserver import add_plain_tool, add_tools, is_fastmcp
 from handles.server.handle_tools import JobTools, SharedTools
+from handles.server.older_tasks import serve_tasks
 from handles.server.plain_tool import PlainCallPolicy, PlainTool
 from handles.server.result_links import ResultLinks
 from handles.server.tasks_extension import TasksExtension
@@ -217,8 +218,8 @@ class Handles:
         add_tools(server, definitions, self.principal_resolver)
         ResultLinks.install(server, self.service, self.principal_resolver)
         if self._tasks is not None:
-            # The SDK's Extension seam cannot reach subscriptions/listen: a middleware adds taskIds to it.
-            self._tasks.status_push.install(server)
+            # The SDK's Extension seam reaches neither subscriptions/listen nor the 2025-11-25 design: middleware.
+            serve_tasks(self._tasks, server)
         for tool in plain:
             add_plain_tool(
                 server,

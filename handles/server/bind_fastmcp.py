@@ -33,6 +33,7 @@ from handles.server.bind_mcpserver import (
     refusal,
     tool_function,
 )
+from handles.server.older_tasks import serve_tasks
 from handles.server.result_links import ResultLinks
 from handles.server.tasks_extension import TasksExtension
 from handles.tasks_wire import TASKS_EXTENSION
@@ -211,7 +212,7 @@ def bind_fastmcp(
     if tasks is not None:
         server.add_extension(FastMCPTasks(tasks))
         _serve_listen(sdk_server)
-        tasks.status_push.install(sdk_server)
+        serve_tasks(tasks, sdk_server)
 
 
 def _serve_listen(sdk_server: LowLevelServer[Any]) -> None:

@@ -180,16 +180,14 @@ def detailed_task(
     return body
 
 
-TaskHandler = Callable[["TasksExtension", ServerRequestContext[Any, Any], Any], Awaitable[dict[str, Any]]]
+TaskHandler = Callable[[Any, ServerRequestContext[Any, Any], Any], Awaitable[dict[str, Any]]]
 
 
-def _as_jsonrpc_errors(handler: TaskHandler) -> TaskHandler:
+def as_jsonrpc_errors(handler: TaskHandler) -> TaskHandler:
     """Caller errors become JSON-RPC errors: a vanished job is the one -32602, a store outage -32603."""
 
     @functools.wraps(handler)
-    async def guarded(
-        self: TasksExtension, ctx: ServerRequestContext[Any, Any], params: Any
-    ) -> dict[str, Any]:
+    async def guarded(self: Any, ctx: ServerRequestContext[Any, Any], params: Any) -> dict[str, Any]:
         try:
             return await handler(self, ctx, params)
         except (UnknownHandle, ExpiredHandle, WrongJobKind):
@@ -264,10 +262,15 @@ class TasksExtension(Extension):
         arguments: Mapping[str, Any] | None,
         input_responses: Any,
         ctx: ServerRequestContext[Any, Any],
+        *,
+        older: bool = False,
     ) -> dict[str, Any] | CallToolResult | InputRequiredResult | None:
-        """What a `tools/call` of `name` answers on the Tasks face, or None when the plain tool should answer it."""
+        """What a `tools/call` of `name` answers on the Tasks face, or None when the plain tool should answer it.
+
+        `older`: a 2025-11-25 call asking for a task (handles/server/older_tasks.py), never answered inline.
+        """
         spec = self._handles.specs.get(name)
-        if spec is None or not declares_tasks(ctx):
+        if spec is None or not (older or declares_tasks(ctx)):
             return None
         try:
             if await self.service.tasks_stopped():
@@ -285,7 +288,7 @@ class TasksExtension(Extension):
             if first.reply is not None:
                 return first.reply
             # A job with `task_after` answers inline if its run here ends that soon (the outcome it stored).
-            settled = None if spec.task_after is None else asyncio.get_running_loop().create_future()
+            settled = None if spec.task_after is None or older else asyncio.get_running_loop().create_future()
             started = await self.service.start(
                 spec, principal, given, None, first_answer=first.answer, settled=settled
             )
@@ -322,6 +325,12 @@ class TasksExtension(Extension):
                 f"{ctx.method} needs the {TASKS_EXTENSION} extension: declare it in this request's "
                 "_meta clientCapabilities.extensions."
             )
+        return await self.open_task(ctx, task_id)
+
+    async def open_task(
+        self, ctx: ServerRequestContext[Any, Any], task_id: Any
+    ) -> tuple[JobSpec, JobRecord, str]:
+        """The caller's own job for `task_id`; every miss raises what `as_jsonrpc_errors` turns into one -32602."""
         if not isinstance(task_id, str) or not task_id:
             raise MCPError(
                 code=INVALID_PARAMS, message="params.taskId must be the taskId string the server returned."
@@ -330,13 +339,13 @@ class TasksExtension(Extension):
         spec, job = await self.service.open_any(principal, task_id)
         return spec, job, task_id
 
-    @_as_jsonrpc_errors
+    @as_jsonrpc_errors
     async def get_task(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
         spec, job, task_id = await self._open(ctx, params)
         pending = await self.service.pending_inputs(job)
         return detailed_task(spec, job, task_id, pending)
 
-    @_as_jsonrpc_errors
+    @as_jsonrpc_errors
     async def update_task(
         self, ctx: ServerRequestContext[Any, Any], params: UpdateTaskParams
     ) -> dict[str, Any]:
@@ -377,7 +386,7 @@ class TasksExtension(Extension):
             await self.service.cancel(job)
         return dict(_ACK)
 
-    @_as_jsonrpc_errors
+    @as_jsonrpc_errors
     async def cancel_task(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
         """Cooperative and eventually consistent; the same empty ack for an already finished task."""
         _, job, _ = await self._open(ctx, params)

@@ -34,42 +34,43 @@ BIN = INSPECTOR_DIR / "node_modules" / ".bin"
 
 
 def ensure_inspector(timeout: float = 300) -> Path:
-    """The directory of the Inspector's executables, installed when missing. Without Node.js and npm, or when
-    the install fails, the test fails under CI and is skipped elsewhere."""
-    problem = _prepare(timeout)
-    if problem is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"MCP Inspector: {problem}")
-        pytest.skip(f"MCP Inspector: {problem}")
+    """The directory of the Inspector's executables, installed when missing (`ensure_npm_package`)."""
+    ensure_npm_package(INSPECTOR_DIR, "@modelcontextprotocol/inspector", INSPECTOR_VERSION, timeout)
     return BIN
 
 
-def _installed() -> bool:
-    package = INSPECTOR_DIR / "node_modules" / "@modelcontextprotocol" / "inspector" / "package.json"
-    if not package.exists() or not (BIN / "mcpdo").exists():
-        return False
-    return bool(json.loads(package.read_text()).get("version") == INSPECTOR_VERSION)
+def ensure_npm_package(directory: Path, package: str, version: str, timeout: float = 300) -> None:
+    """`package@version` installed with npm into `directory` when missing; test workers that prepare it at once
+    take turns on a lock file beside it. Without Node.js and npm, or when the install fails, the test fails
+    under CI and is skipped elsewhere."""
+    problem = _prepare(directory, package, version, timeout)
+    if problem is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{package}: {problem}")
+        pytest.skip(f"{package}: {problem}")
 
 
-def _prepare(timeout: float) -> str | None:
+def _installed(directory: Path, package: str, version: str) -> bool:
+    manifest = directory / "node_modules" / package / "package.json"
+    return manifest.exists() and json.loads(manifest.read_text()).get("version") == version
+
+
+def _prepare(directory: Path, package: str, version: str, timeout: float) -> str | None:
     if shutil.which("node") is None or shutil.which("npm") is None:
         return "Node.js and npm are needed (Debian: apt-get install nodejs npm)"
-    INSPECTOR_DIR.mkdir(parents=True, exist_ok=True)
-    with open(INSPECTOR_DIR.with_name(f"{INSPECTOR_DIR.name}.lock"), "w") as lock:
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory.with_name(f"{directory.name}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _installed():
+        if _installed(directory, package, version):
             return None
         done = subprocess.run(
-            [
-                "npm", "install", "--prefix", str(INSPECTOR_DIR), "--no-audit", "--no-fund", "--no-save",
-                f"@modelcontextprotocol/inspector@{INSPECTOR_VERSION}",
-            ],
+            ["npm", "install", "--prefix", str(directory), "--no-audit", "--no-fund", "--no-save", f"{package}@{version}"],
             capture_output=True,
             text=True,
             timeout=timeout,
         )  # fmt: skip
-        if done.returncode != 0 or not _installed():
-            return f"npm install of {INSPECTOR_VERSION} failed:\n{done.stderr[-2000:]}"
+        if done.returncode != 0 or not _installed(directory, package, version):
+            return f"npm install of {version} failed:\n{done.stderr[-2000:]}"
     return None
 
 

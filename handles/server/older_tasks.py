@@ -1,0 +1,172 @@
+"""The experimental Tasks design of MCP 2025-11-25, served over the same jobs as the Tasks extension.
+
+Only a client that connected with `initialize` at 2025-11-25 sees it: the `tasks` capability, each
+job's plain tool marked `execution.taskSupport`, a `tools/call <job>` with `params.task` answered
+`{task: {...}}` once the job is stored (its `taskId` is the job's handle, as on every face), and
+`tasks/get`, `tasks/result`, `tasks/list`, `tasks/cancel` on the caller's own jobs. A server
+middleware, as the SDK's surface for that version knows none of these shapes; the work is
+`TasksExtension`'s and `JobOperations`', only the wire shapes are this module's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.mcpserver import Context
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
+from mcp_types.methods import serialize_server_result
+
+from handles.console.operations import cursor_of, parse_cursor
+from handles.jobs import JobSpec
+from handles.server.bind_mcpserver import resolve_principal
+from handles.server.endings import ended_answer
+from handles.server.envelope import SdkServer
+from handles.server.tasks_extension import TasksExtension, as_jsonrpc_errors, task_fields
+from handles.states import Status
+from handles.store import JobRecord
+from handles.tool_layout import JOB_META_KEY
+
+OLDER_VERSION = "2025-11-25"
+CAPABILITY: dict[str, Any] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+RELATED_TASK = "io.modelcontextprotocol/related-task"
+PAGE_SIZE = 50
+"""Tasks per `tasks/list` page."""
+CANCEL_WAIT_SECONDS = 5.0
+"""How long `tasks/cancel` waits for a running job to stop before it answers the job's state."""
+_RENAMED = {"ttlMs": "ttl", "pollIntervalMs": "pollInterval"}
+
+
+def older_task(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A task of the extension (`task_fields`) in this design's names: `ttl` and `pollInterval`, in ms."""
+    return {_RENAMED.get(key, key): value for key, value in fields.items() if key != "resultType"}
+
+
+def serve_tasks(tasks: TasksExtension, server: SdkServer) -> None:
+    """Join `server`'s middleware (once each): the extension's pushed status and this design's face."""
+    tasks.status_push.install(server)
+    if not any(isinstance(middleware, OlderTasks) for middleware in server.middleware):
+        server.middleware.append(OlderTasks(tasks))
+
+
+class OlderTasks:
+    """The 2025-11-25 design's capability, tool marks, task creation and `tasks/*` methods."""
+
+    def __init__(self, tasks: TasksExtension) -> None:
+        self.tasks = tasks
+        self.methods: dict[str, Callable[..., Awaitable[dict[str, Any]]]] = {
+            "tasks/get": self.get_task,
+            "tasks/result": self.task_result,
+            "tasks/list": self.list_tasks,
+            "tasks/cancel": self.cancel_task,
+        }
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        params = ctx.params or {}
+        if ctx.method == "initialize":
+            result = await call_next(ctx)
+            if isinstance(result, dict) and result.get("protocolVersion") == OLDER_VERSION:
+                result["capabilities"] = {**result.get("capabilities", {}), "tasks": CAPABILITY}
+            return result
+        if ctx.protocol_version != OLDER_VERSION or ctx.request_id is None:
+            return await call_next(ctx)
+        if ctx.method in self.methods:
+            return await self.methods[ctx.method](ctx, params)
+        if ctx.method == "tools/call" and isinstance(params.get("task"), Mapping):
+            created = await self.tasks.task_for_call(
+                params.get("name", ""), params.get("arguments"), None, ctx, older=True
+            )
+            if isinstance(created, dict):
+                return {"task": older_task(created)}
+            if created is not None:
+                return created  # a refusal, as the plain tool answers it
+        result = await call_next(ctx)
+        if ctx.method == "tools/list" and isinstance(result, dict):
+            for tool in result.get("tools", []):
+                if tool.get("name") in self.tasks.service.specs:
+                    plain_call = (tool.get("_meta") or {}).get(JOB_META_KEY, {}).get("plain_call")
+                    tool["execution"] = {
+                        "taskSupport": "required" if plain_call == "tasks_only" else "optional"
+                    }
+        return result
+
+    @as_jsonrpc_errors
+    async def get_task(
+        self, ctx: ServerRequestContext[Any, Any], params: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        spec, job, task_id = await self.tasks.open_task(ctx, params.get("taskId"))
+        return older_task(task_fields(spec, job, task_id))
+
+    @as_jsonrpc_errors
+    async def task_result(
+        self, ctx: ServerRequestContext[Any, Any], params: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Waits for the job's end (within the server's wait limit); answers what its plain call would."""
+        _, job, task_id = await self.tasks.open_task(ctx, params.get("taskId"))
+        service = self.tasks.service
+        job = await service.wait(job, service.config.max_wait_seconds, _ended)
+        status = Status(job.status)
+        answer = ended_answer(status, job.result, job.error, job.status_message)
+        if answer is None:  # -32000: a server error of this implementation's own (JSON-RPC's reserved range)
+            raise MCPError(
+                code=-32000,
+                message=f"The task is {status.value}, with no result yet: call tasks/result again.",
+            )
+        result = serialize_server_result(
+            "tools/call", OLDER_VERSION, answer.model_dump(by_alias=True, mode="json", exclude_none=True)
+        )
+        result["_meta"] = {**result.get("_meta", {}), RELATED_TASK: {"taskId": task_id}}
+        return result
+
+    @as_jsonrpc_errors
+    async def list_tasks(
+        self, ctx: ServerRequestContext[Any, Any], params: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The caller's own unexpired jobs, newest first; `nextCursor` while more remain."""
+        cursor = params.get("cursor")
+        before = parse_cursor(cursor) if isinstance(cursor, str) else None
+        if cursor is not None and before is None:
+            raise MCPError(
+                code=INVALID_PARAMS, message="params.cursor must be a nextCursor tasks/list returned."
+            )
+        principal = await resolve_principal(self.tasks.principal_resolver, Context(request_context=ctx))
+        service = self.tasks.service
+        await service.ensure_running()
+        store = service.store
+        jobs = await store.read(store.repo.list_jobs, principal=principal, before=before, limit=PAGE_SIZE + 1)
+        page: list[dict[str, Any]] = []
+        for job in jobs[:PAGE_SIZE]:
+            spec = service.specs.get(job.kind)
+            if spec is not None and job.principal == principal and job.expires_at > service.clock():
+                page.append(older_task(task_fields(spec, job, self._handle(spec, job))))
+        result: dict[str, Any] = {"tasks": page}
+        if len(jobs) > PAGE_SIZE:
+            result["nextCursor"] = cursor_of(jobs[PAGE_SIZE - 1])
+        return result
+
+    @as_jsonrpc_errors
+    async def cancel_task(
+        self, ctx: ServerRequestContext[Any, Any], params: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The task once cancelled (a running job is given a moment to stop); an ended task is -32602."""
+        spec, job, task_id = await self.tasks.open_task(ctx, params.get("taskId"))
+        if _ended(job):
+            raise MCPError(
+                code=INVALID_PARAMS, message=f"The task already ended ({job.status}); nothing to cancel."
+            )
+        service = self.tasks.service
+        job = await service.cancel(job)
+        job = await service.wait(job, CANCEL_WAIT_SECONDS, _ended)
+        return older_task(task_fields(spec, job, task_id))
+
+    def _handle(self, spec: JobSpec, job: JobRecord) -> str:
+        """The job's handle as its start minted it: signed with the job's first expiry (an ended job's is sooner)."""
+        return self.tasks.service.codec.mint(
+            job_id=job.id, kind=job.kind, principal=job.principal, expires_at=job.created_at + spec.retention
+        )
+
+
+def _ended(job: JobRecord) -> bool:
+    return Status(job.status).is_terminal

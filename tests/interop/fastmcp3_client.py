@@ -1,0 +1,50 @@
+"""FastMCP 3 (`fastmcp==3.4.11`, on `mcp` 1.x) against the example server: the 2025-11-25 experimental Tasks design.
+
+Runs in tests/interop/.venv-fastmcp3, never in the project's environment:
+
+    tests/interop/.venv-fastmcp3/bin/python tests/interop/fastmcp3_client.py URL TOKEN OTHER_TOKEN
+
+`call_tool(..., task=True)` as TOKEN's principal: a report followed to its result, an export cancelled,
+the tasks listed; then OTHER_TOKEN's principal tries the report's task. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+from fastmcp import Client
+from fastmcp.client.transports import StreamableHttpTransport
+from mcp.shared.exceptions import McpError
+
+
+def connect(url: str, token: str) -> Client:
+    return Client(StreamableHttpTransport(url, headers={"Authorization": f"Bearer {token}"}), timeout=60)
+
+
+async def main(url: str, token: str, other_token: str) -> None:
+    seen: dict[str, Any] = {}
+    async with connect(url, token) as client:
+        report = await client.call_tool("generate_report", {"account": "acme", "months": 2}, task=True)
+        seen["report_id"] = report.task_id
+        seen["immediate"] = report.returned_immediately
+        seen["report"] = (await report.result()).structured_content
+        seen["ended"] = (await report.status()).status
+        export = await client.call_tool("export_dataset", {"rows": 1000}, task=True)
+        seen["export_id"] = export.task_id
+        await export.cancel()
+        seen["cancelled"] = (await client.get_task_status(export.task_id)).status
+        seen["listed"] = [task["taskId"] for task in (await client.list_tasks())["tasks"]]
+    async with connect(url, other_token) as other:
+        try:
+            await other.get_task_status(seen["report_id"])
+        except McpError as error:
+            seen["foreign"] = {"code": error.error.code, "message": error.error.message}
+        seen["other_listed"] = (await other.list_tasks())["tasks"]
+    print(json.dumps(seen))
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:4]))

@@ -1,0 +1,107 @@
+"""The official Python SDK 1.25 against the example server: the 2025-11-25 experimental Tasks design.
+
+Runs in tests/interop/.venv-mcp125 (`mcp==1.25.0`), never in the project's environment:
+
+    tests/interop/.venv-mcp125/bin/python tests/interop/mcp125_client.py URL TOKEN OTHER_TOKEN
+
+Connects with `initialize` (2025-11-25) over Streamable HTTP as TOKEN's principal: reads the tasks
+capability and the tools' `execution`, follows a report through `tasks/get` and `tasks/result`,
+cancels an export (and again, once ended), answers a deployment's question with
+`deploy_release_respond`, lists its tasks; then, as OTHER_TOKEN's principal, tries
+the first principal's tasks and a made-up id. Prints what it saw as one JSON object on stdout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+from mcp import ClientSession
+from mcp.client.streamable_http import streamablehttp_client
+from mcp.shared.exceptions import McpError
+from mcp.types import CallToolResult
+
+
+def session(url: str, token: str) -> Any:
+    return streamablehttp_client(url, headers={"Authorization": f"Bearer {token}"})
+
+
+def refusal(error: McpError) -> dict[str, Any]:
+    return {"code": error.error.code, "message": error.error.message}
+
+
+async def attempt(call: Any) -> Any:
+    try:
+        answer = await call
+    except McpError as error:
+        return {"error": refusal(error)}
+    return answer.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+async def as_owner(url: str, token: str) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    async with session(url, token) as (read, write, _), ClientSession(read, write) as client:
+        init = await client.initialize()
+        seen["protocol"] = init.protocolVersion
+        seen["capabilities"] = init.capabilities.model_dump(mode="json", by_alias=True, exclude_none=True)
+        tools = (await client.list_tools()).tools
+        seen["execution"] = {
+            tool.name: tool.execution.taskSupport if tool.execution else None for tool in tools
+        }
+        experimental = client.experimental
+        created = await experimental.call_tool_as_task("generate_report", {"account": "acme", "months": 2})
+        seen["created"] = created.model_dump(mode="json", by_alias=True, exclude_none=True)
+        task_id = created.task.taskId
+        seen["got"] = (await experimental.get_task(task_id)).model_dump(mode="json", by_alias=True)
+        result = await experimental.get_task_result(task_id, CallToolResult)
+        seen["result"] = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+        seen["ended"] = (await experimental.get_task(task_id)).status
+        export = await experimental.call_tool_as_task("export_dataset", {"rows": 1000})
+        seen["export_id"] = export.task.taskId
+        cancelled = await experimental.cancel_task(export.task.taskId)
+        seen["cancelled"] = cancelled.model_dump(mode="json", by_alias=True, exclude_none=True)
+        seen["cancel_again"] = await attempt(experimental.cancel_task(export.task.taskId))
+        seen["cancelled_result"] = await attempt(
+            experimental.get_task_result(export.task.taskId, CallToolResult)
+        )
+        deploy = (await experimental.call_tool_as_task("deploy_release", {"version": "2.0.0"})).task.taskId
+        async for state in experimental.poll_task(deploy):
+            if (
+                state.status == "input_required"
+            ):  # answered through the handle tools: the taskId is the handle
+                answer = {"approve": True, "environment": "staging"}
+                await client.call_tool(
+                    "deploy_release_respond", {"handle": deploy, "responses": {"q1": answer}}
+                )
+        seen["deployed"] = (await experimental.get_task_result(deploy, CallToolResult)).structuredContent
+        listed = await experimental.list_tasks()
+        seen["listed"] = [task.taskId for task in listed.tasks]
+        seen["plain"] = (await client.call_tool("lookup_account", {"account": "acme"})).structuredContent
+    return seen
+
+
+async def as_other(url: str, token: str, task_id: str) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    async with session(url, token) as (read, write, _), ClientSession(read, write) as client:
+        await client.initialize()
+        experimental = client.experimental
+        for name, probe in (("foreign", task_id), ("made_up", task_id[:-4] + "AAAA")):
+            seen[name] = {
+                "get": await attempt(experimental.get_task(probe)),
+                "result": await attempt(experimental.get_task_result(probe, CallToolResult)),
+                "cancel": await attempt(experimental.cancel_task(probe)),
+            }
+        seen["listed"] = [task.taskId for task in (await experimental.list_tasks()).tasks]
+    return seen
+
+
+async def main(url: str, token: str, other_token: str) -> None:
+    seen = await as_owner(url, token)
+    seen["other"] = await as_other(url, other_token, seen["created"]["task"]["taskId"])
+    print(json.dumps(seen))
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:4]))

@@ -1,0 +1,69 @@
+// The TypeScript SDK 1.32 (`@modelcontextprotocol/sdk`, the closest stand-in for VS Code's client) against the
+// example server: the 2025-11-25 experimental Tasks design, over Streamable HTTP, as TOKEN's principal, then
+// OTHER_TOKEN's. Installed into tests/interop/.ts-sdk by tests/interop/test_ts_sdk_tasks.py:
+//
+//     node tests/interop/ts_sdk_client.mjs URL TOKEN OTHER_TOKEN
+//
+// Prints what it saw as one JSON object on stdout.
+import path from "node:path";
+
+const sdk = path.join(process.env.TS_SDK_DIR, "node_modules", "@modelcontextprotocol", "sdk", "dist", "esm");
+const { Client } = await import(path.join(sdk, "client", "index.js"));
+const { StreamableHTTPClientTransport } = await import(path.join(sdk, "client", "streamableHttp.js"));
+const { CallToolResultSchema, CreateTaskResultSchema } = await import(path.join(sdk, "types.js"));
+
+const [url, token, otherToken] = process.argv.slice(2);
+
+async function connect(bearer) {
+  const client = new Client({ name: "ts-sdk-older-tasks", version: "0" });
+  const headers = { Authorization: `Bearer ${bearer}` };
+  await client.connect(new StreamableHTTPClientTransport(new URL(url), { requestInit: { headers } }));
+  return client;
+}
+
+async function attempt(call) {
+  try {
+    return await call;
+  } catch (error) {
+    return { error: { code: error.code, message: error.message } };
+  }
+}
+
+const seen = {};
+const owner = await connect(token);
+const tasks = owner.experimental.tasks;
+seen.protocol = owner.transport.protocolVersion ?? null;
+seen.capabilities = owner.getServerCapabilities().tasks ?? null;
+const { tools } = await owner.listTools();
+seen.execution = Object.fromEntries(tools.map((tool) => [tool.name, tool.execution?.taskSupport ?? null]));
+
+// What VS Code does: the SDK makes a call of a task-capable tool a task and streams it to its result.
+seen.streamed = [];
+for await (const message of tasks.callToolStream({ name: "generate_report", arguments: { account: "acme", months: 2 } })) {
+  seen.streamed.push(message.type);
+  if (message.type === "taskCreated") seen.reportId = message.task.taskId;
+  if (message.type === "result") seen.report = message.result.structuredContent;
+  if (message.type === "error") seen.streamError = String(message.error);
+}
+seen.reportResult = (await tasks.getTaskResult(seen.reportId, CallToolResultSchema)).structuredContent;
+
+// The explicit calls.
+const created = await owner.request(
+  { method: "tools/call", params: { name: "export_dataset", arguments: { rows: 1000 }, task: { ttl: 60000 } } },
+  CreateTaskResultSchema,
+);
+seen.exportId = created.task.taskId;
+seen.got = (await tasks.getTask(seen.exportId)).status;
+seen.cancelled = (await tasks.cancelTask(seen.exportId)).status;
+seen.cancelAgain = await attempt(tasks.cancelTask(seen.exportId));
+seen.listed = (await tasks.listTasks()).tasks.map((task) => task.taskId);
+await owner.close();
+
+const other = await connect(otherToken);
+seen.other = {
+  get: await attempt(other.experimental.tasks.getTask(seen.reportId)),
+  madeUp: await attempt(other.experimental.tasks.getTask(seen.reportId.slice(0, -4) + "AAAA")),
+  listed: (await other.experimental.tasks.listTasks()).tasks.map((task) => task.taskId),
+};
+await other.close();
+console.log(JSON.stringify(seen));
