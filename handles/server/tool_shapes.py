@@ -6,7 +6,6 @@ Framework-neutral: `handles.server.bind_mcpserver` and `bind_fastmcp` bind these
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -134,9 +133,9 @@ class ToolReply:
     link: ResultLink | None = None
     """A large result's link, also given as a `resource_link` content item."""
 
-    @functools.cached_property
+    @property
     def text(self) -> str:
-        """The structured content as JSON text (made once: a progress reply may be reused, `ReplyMemo`)."""
+        """The structured content as JSON text."""
         return json.dumps(self.structured, ensure_ascii=False, default=str)
 
 
