@@ -39,7 +39,6 @@ PARTS = (
     ("check_size", 2, "the arguments' size (`check_size`)"),
     ("validate", 2, "the arguments' validation (`JobSpec.validate_arguments`)"),
     ("digest", 2, "the arguments' digest (`arguments_digest`)"),
-    ("new_model", 2, "the job's row built (`new_model`)"),
     (
         "stored",
         2,
@@ -231,7 +230,6 @@ def _timers(jobs: Any, samples: dict[str, list[float]]) -> Iterator[None]:
         for name, key in (
             ("check_size", "check_size"),
             ("arguments_digest", "digest"),
-            ("new_model", "new_model"),
         ):
             patch(_patched(operations_module, name, _timed_call(getattr(operations_module, name), s[key])))
         if postgres:

@@ -10,7 +10,6 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from pydantic_core import PydanticUndefined
 from sqlalchemy import Connection, Float
 from sqlalchemy.orm import instrumentation
 
@@ -41,19 +40,6 @@ def _detached(model: type[M], row: Mapping[Any, Any]) -> M:
     instance: M = _MANAGERS[model].new_instance()
     instance.__dict__.update(row)
     object.__setattr__(instance, "__pydantic_fields_set__", set(row))
-    return instance
-
-
-def new_model(model: type[M], **values: Any) -> M:
-    """A new model of `values`, every field not given its default, built as `_detached` builds a loaded one:
-    what `model.model_construct(**values)` gives (no validation: every value must be the caller's own and
-    typed), past the attribute events it fires for each field. Only the fields given count as set."""
-    row = {**_STATIC_DEFAULTS[model], **values}
-    for name, factory in _DEFAULT_FACTORIES[model]:
-        if name not in values:
-            row[name] = factory()
-    instance = _detached(model, row)
-    object.__setattr__(instance, "__pydantic_fields_set__", set(values))
     return instance
 
 
@@ -112,22 +98,6 @@ def _from_json(table: Any, model: type[M], row: Mapping[str, Any]) -> M:
 _CONVERTERS = {table.name: _converters(table) for table in (_JOBS, _INPUTS, _STEPS)}
 _MODELS = (JobRecord, InputRequestRecord, StepRecord)
 _MANAGERS: dict[type[Any], Any] = {model: instrumentation.manager_of_class(model) for model in _MODELS}
-_STATIC_DEFAULTS: dict[type[Any], dict[str, Any]] = {
-    model: {
-        name: field.default
-        for name, field in model.model_fields.items()
-        if field.default_factory is None and field.default is not PydanticUndefined
-    }
-    for model in _MODELS
-}
-_DEFAULT_FACTORIES: dict[type[Any], list[tuple[str, Callable[[], Any]]]] = {
-    model: [
-        (name, field.default_factory)  # type: ignore[misc]
-        for name, field in model.model_fields.items()
-        if field.default_factory is not None
-    ]
-    for model in _MODELS
-}
 _COLUMN_NAMES = {
     table.name: tuple(column.name for column in table.columns) for table in (_JOBS, _INPUTS, _STEPS)
 }

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy.orm import configure_mappers
 
 from handles.store.models import InputRequestRecord, JobRecord, StepRecord
-from handles.store.rows import _column_values, _detached, new_model
+from handles.store.rows import _column_values, _detached
 
 NOW = datetime(2026, 12, 1, 20, 0, tzinfo=UTC)
 
@@ -57,22 +57,3 @@ def test_a_row_without_every_column_gets_model_construct_defaults() -> None:
     partial = {key: value for key, value in row.items() if key != "arguments"}
     built = _detached(JobRecord, partial)
     assert built.arguments == {} and built.status == "working"
-
-
-@pytest.mark.parametrize("index", [0, 1, 2], ids=["job", "question", "step"])
-@pytest.mark.parametrize(
-    "left_out", [(), ("arguments", "version", "result", "started_at")], ids=["all", "some"]
-)
-def test_new_model_gives_what_model_construct_gives(index: int, left_out: tuple[str, ...]) -> None:
-    """A start builds its job with `new_model`: the same model as `model_construct` of the same values, the
-    fields left out at their defaults (a default factory called afresh for each model), the same fields set."""
-    model, row = rows()[index]
-    given = {key: value for key, value in row.items() if key not in left_out}
-    built, constructed = new_model(model, **given), model.model_construct(**given)
-    assert type(built) is model
-    assert built == constructed
-    assert built.model_dump() == constructed.model_dump()
-    assert built.__pydantic_fields_set__ == constructed.__pydantic_fields_set__ == set(given)
-    if "arguments" in left_out and model is JobRecord:
-        other = new_model(model, **given)
-        assert built.arguments == {} and built.arguments is not other.arguments
