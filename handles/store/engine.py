@@ -501,6 +501,8 @@ class Database:
                 cargs, cparams = self._read_engine.dialect.create_connect_args(self._read_engine.url)
                 cparams.setdefault("connect_timeout", CONNECT_TIMEOUT_SECONDS)
                 self._notifying = psycopg.connect(*cargs, autocommit=True, **cparams)
+                # A notice is a wake-up, not data: its commit need not wait for (and hold the lock through) a flush.
+                self._notifying.execute("SET synchronous_commit = off")
             sql = "SELECT count(pg_notify(%s, n)) FROM unnest(%s::text[]) AS n"
             self._notifying.execute(sql, (NOTIFY_CHANNEL, notices))
         except psycopg.Error:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 logger = logging.getLogger("handles.store")
 
-LINGER_SECONDS = 0.002
+LINGER_SECONDS = 0.005
 """How long the sender gathers notices before it sends them: the most a notice waits, past the send before it."""
 
 
