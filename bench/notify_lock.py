@@ -56,9 +56,11 @@ PER_NODE = 8
 CLIENTS = 24
 SECONDS = 8.0
 OWNER = "bench-node"
+APPLICATION = "handles-notify-lock"
+"""The application name of this section's connections: the lock is the cluster's, and only they are counted."""
 WAITING_ON_NOTIFY = (
-    "SELECT count(*) FROM pg_locks WHERE locktype = 'object' AND classid = 'pg_database'::regclass "
-    "AND objid = 0 AND NOT granted"
+    "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE l.locktype = 'object' "
+    "AND l.classid = 'pg_database'::regclass AND l.objid = 0 AND NOT l.granted AND a.application_name = %s"
 )
 
 
@@ -69,7 +71,7 @@ def _libpq(url: str) -> str:
 
 
 class LockSampler:
-    """A thread that counts, every 5 ms, the backends waiting on the notification lock."""
+    """A thread that counts, every 5 ms, this section's backends waiting on the notification lock."""
 
     def __init__(self, url: str) -> None:
         self._url = _libpq(url)
@@ -82,7 +84,7 @@ class LockSampler:
 
         with psycopg.connect(self._url, autocommit=True) as connection:
             while not self._stop.is_set():
-                (waiting,) = connection.execute(WAITING_ON_NOTIFY).fetchone() or (0,)
+                (waiting,) = connection.execute(WAITING_ON_NOTIFY, [APPLICATION]).fetchone() or (0,)
                 self.samples.append(int(waiting))
                 time.sleep(0.005)
 
@@ -359,10 +361,13 @@ async def run(options: Options) -> list[Table]:
     wakes = options.table(
         SECTION, "21b. Wake across nodes and the lock under the service's own load", ["measure", "figure"]
     )
-    with postgres_schema(options.postgres_url, SECTION) as url:
-        if url is None:
+    with postgres_schema(options.postgres_url, SECTION) as schema_url:
+        if schema_url is None:
             table.rows.append(["unreachable", *([""] * (len(columns) - 1))])
             return [table]
+        from tests.harness.postgres import named
+
+        url = named(schema_url, APPLICATION)
         figures = commits(url, seconds, rounds)
         for writers in WRITERS:
             cells = [
