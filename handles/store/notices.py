@@ -37,7 +37,7 @@ class NoticeSender:
         """Queue `notice`, of a change that has committed."""
         with self._ready:
             self._pending[notice] = None
-            if self._thread is None or not self._thread.is_alive():
+            if self._thread is None:
                 self._closed = False
                 self._thread = threading.Thread(target=self._run, name="handles-notices", daemon=True)
                 self._thread.start()
@@ -57,6 +57,7 @@ class NoticeSender:
             with self._ready:
                 self._ready.wait_for(lambda: bool(self._pending) or self._closed)
                 if not self._pending:
+                    self._thread = None
                     return
                 closed = self._closed
             if not closed:
