@@ -3,8 +3,8 @@
 PostgreSQL takes one lock for the whole cluster at the commit of every transaction that notifies, so that
 notices queue in commit order: a write that notified in its own transaction would commit one at a time with
 every other such write of every node. So no write notifies: each queues its notice here once it has
-committed, and one thread of the node sends all the notices pending, a few milliseconds' worth, in one
-transaction of their own (identical ones once). The payloads are as before, one notice each. A node that
+committed, and one thread of the node sends all the notices pending in one transaction of their own
+(identical ones once), at most once every few milliseconds. The payloads are as before, one notice each. A node that
 dies loses only the notices it had not sent yet: the changes are stored, and the waiters of other nodes
 find them at their next poll of the store.
 """
@@ -19,7 +19,8 @@ from collections.abc import Callable
 logger = logging.getLogger("handles.store")
 
 LINGER_SECONDS = 0.005
-"""How long the sender gathers notices before it sends them: the most a notice waits, past the send before it."""
+"""The least time between two sends of one node: a notice goes out at once after a quiet spell, and within
+this long while notices keep coming (all that gathered meanwhile, in one send)."""
 
 
 class NoticeSender:
@@ -53,6 +54,7 @@ class NoticeSender:
             thread.join()
 
     def _run(self) -> None:
+        sent = 0.0  # when the last send began (`time.monotonic`)
         while True:
             with self._ready:
                 self._ready.wait_for(lambda: bool(self._pending) or self._closed)
@@ -60,10 +62,11 @@ class NoticeSender:
                     self._thread = None
                     return
                 closed = self._closed
-            if not closed:
-                time.sleep(LINGER_SECONDS)
+            if not closed and (wait := sent + LINGER_SECONDS - time.monotonic()) > 0:
+                time.sleep(wait)
             with self._ready:
                 batch, self._pending = list(self._pending), {}
+            sent = time.monotonic()
             try:
                 self._send(batch)
             except Exception as exc:  # the changes are stored: waiters elsewhere find them at their next poll
