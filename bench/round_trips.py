@@ -265,10 +265,11 @@ async def run(options: Options) -> list[Table]:
                 table.data[f"{name} / run_workers={run_workers}"] = {"counts": counts, "sent": sent}
     table.notes += [
         "A round trip is one `ReadyForQuery` from the server in libpq's trace of the store's connections "
-        "(BEGIN, each statement, COMMIT/ROLLBACK each count once); the listener's connection only receives.",
+        "(BEGIN, each statement, COMMIT/ROLLBACK each count once); the listener's connection only receives, "
+        "and the notices go out after the writes, several at once, on a connection of their own (not counted).",
         "A job's outcome, and a durable step's start and outcome (the calls `ctx.step` makes: "
         "`Store.write_report` of `begin_step` and `finish_step` for the running job): each one statement in "
-        "autocommit, its notice sent by the statement, on a connection of the write engine's pool, which "
+        "autocommit, its notice queued once it commits, on a connection of the write engine's pool, which "
         "pings it at checkout (the empty statement `;`) so that a write after a restart or a failover "
         "succeeds at its first try.",
         f"pid {os.getpid()}; psycopg 3; the node's timers are pushed out of the way (`{QUIET}`).",

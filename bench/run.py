@@ -19,7 +19,9 @@ one transaction for several starts would save each, the driver alone), poll_part
 stdio by parts, each a tool of its own), filed (20: the start and pickup rows in absolute time, the code the targets were
 set against and this code on one host, in alternation; about seven minutes), handle_timing (refusing a forged
 handle vs another principal's genuine one; about 30 s), lease_load (what renewing the leases of 1,000 running
-jobs costs PostgreSQL at each lease and heartbeat setting; about two minutes). The last three are not part of --quick unless named with --only. Absolute times on a shared machine are noisy: read the ratios, measured in the same run.
+jobs costs PostgreSQL at each lease and heartbeat setting; about two minutes), notify_lock (21: commits/s of
+concurrent writers with and without change notices, the wake across nodes, and PostgreSQL's notification lock
+under two nodes' starts; about a minute). The last four are not part of --quick unless named with --only. Absolute times on a shared machine are noisy: read the ratios, measured in the same run.
 """
 
 from __future__ import annotations
@@ -65,8 +67,9 @@ SECTIONS = (
     "poll_parts",
     "filed",
     "lease_load",
+    "notify_lock",
 )
-NOT_QUICK = ("handle_timing", "filed", "lease_load")
+NOT_QUICK = ("handle_timing", "filed", "lease_load", "notify_lock")
 """Sections a `--quick` run leaves out unless named with `--only` (each takes more than 20 s)."""
 
 

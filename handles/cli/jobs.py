@@ -208,6 +208,7 @@ def jobs_cancel(args: argparse.Namespace) -> int:
     assert outcome is not None
     repository.load_notice_scope()  # its notice names its deployment's schema, as a node's do
     repository.publish(job.id, "cli")
+    repository.dispose()  # sends the notice before the command exits
     if Status(job.status).is_terminal:
         print(f"{job.id} had already ended ({job.status}); nothing changed.")
     elif outcome.ended_now:

@@ -200,8 +200,8 @@ class Store:
     async def write(self, job_id: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a repository method that may change `job_id`, and wake its waiters here and on other nodes.
 
-        On PostgreSQL the change notice goes out in the method's own write transaction (see
-        `JobRepository.publishing`): other nodes hear of the change exactly when it commits.
+        On PostgreSQL the change notice goes out once the method's write has committed, with the other
+        notices of this node pending then (`JobRepository.publishing`).
         """
         return await self._write(job_id, "changed", functools.partial(fn, *args, **kwargs))
 
@@ -243,7 +243,7 @@ class Store:
         self, job: JobRecord, change: Change, publish: bool, options: dict[str, Any]
     ) -> tuple[JobRecord, bool]:
         """`insert` on PostgreSQL awaited on the event loop (`JobRepository.start_on_loop`), publishing as
-        `_write` does: the notice sent by the start's own transaction, and this process's waiters woken."""
+        `_write` does: the notice queued once the start has stored the job, and this process's waiters woken."""
         notice = self.repo.notice(job.id, self.origin, change) if publish and self._publishes else None
         try:
             return await self.repo.start_on_loop(job, notice=notice, **options)
@@ -384,9 +384,7 @@ class Store:
         `queued` says it now waits for a worker, so idle workers elsewhere look for it at once.
         """
         self.notifier.notify(job_id)
-        if self._publishes:
-            with contextlib.suppress(StoreUnavailable):
-                await self._run(functools.partial(self.repo.publish, job_id, self.origin, queued=queued))
+        self.repo.publish(job_id, self.origin, queued=queued)  # queued, sent by a thread of its own
 
     async def change_listener(
         self, on_change: Callable[[str, Change], None]

@@ -22,13 +22,14 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import Connection, Engine, create_engine, event, func, select
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.exc import DBAPIError, StatementError
 from sqlmodel import Session
 
 from handles.errors import ConfigurationError
 from handles.limits import stored_json
 from handles.store.loop_connections import LoopConnections
+from handles.store.notices import NoticeSender
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -36,7 +37,7 @@ logger = logging.getLogger("handles.store")
 _INLINE: ContextVar[bool] = ContextVar("handles_inline_read", default=False)
 _INLINE_WRITE: ContextVar[bool] = ContextVar("handles_inline_write", default=False)
 NOTICE: ContextVar[str | None] = ContextVar("handles_change_notice", default=None)
-"""The change notice that write transactions in this context publish as they commit (see
+"""The change notice that write transactions in this context queue once they commit (`NoticeSender`; see
 `JobRepository.publishing`)."""
 NOTIFY_CHANNEL = "handles_jobs"
 CONNECT_TIMEOUT_SECONDS = 10
@@ -211,6 +212,9 @@ class Database:
             if is_sqlite(url)
             else LoopConnections(functools.partial(_connect_on_loop, self._read_engine), LOOP_CONNECTIONS)
         )
+        # PostgreSQL: the change notices of committed writes, sent together (notices.py).
+        self.notices = None if is_sqlite(url) else NoticeSender(self._send_notices)
+        self._notifying: Any = None  # the connection they go out on
         self._inline_commits = 0  # since the last checkpoint (see INLINE_COMMITS_PER_CHECKPOINT)
         self._checkpointer: threading.Thread | None = None
         # SQLite has one writer at a time. Queue this process's writers on a lock rather than in
@@ -250,6 +254,9 @@ class Database:
 
     def dispose(self) -> None:
         self.wait_for_checkpoint(30)
+        if self.notices is not None:
+            self.notices.close()
+            self._close_notifying()
         if self.loop_connections is not None:
             self.loop_connections.close()
         if self._inline_connection is not None:
@@ -477,7 +484,32 @@ class Database:
             session.begin(),
         ):
             yield session
-            notice = NOTICE.get()
-            if notice is not None:
-                # Inside the transaction: PostgreSQL delivers it when (and only if) the change commits.
-                session.execute(select(func.pg_notify(NOTIFY_CHANNEL, notice)))
+        self.committed(NOTICE.get())
+
+    def committed(self, notice: str | None) -> None:
+        """A write that changed a job has committed: queue its change notice, if it has one."""
+        if notice is not None and self.notices is not None:
+            self.notices.add(notice)
+
+    def _send_notices(self, notices: list[str]) -> None:
+        """Send `notices` in one transaction of their own, one `pg_notify` each, on a connection kept for them
+        (`NoticeSender`'s thread alone uses it); one that fails is closed, and the next batch opens another."""
+        import psycopg
+
+        try:
+            if self._notifying is None:
+                cargs, cparams = self._read_engine.dialect.create_connect_args(self._read_engine.url)
+                cparams.setdefault("connect_timeout", CONNECT_TIMEOUT_SECONDS)
+                self._notifying = psycopg.connect(*cargs, autocommit=True, **cparams)
+                # A notice is a wake-up, not data: its commit need not wait for (and hold the lock through) a flush.
+                self._notifying.execute("SET synchronous_commit = off")
+            sql = "SELECT count(pg_notify(%s, n)) FROM unnest(%s::text[]) AS n"
+            self._notifying.execute(sql, (NOTIFY_CHANNEL, notices))
+        except psycopg.Error:
+            self._close_notifying()
+            raise
+
+    def _close_notifying(self) -> None:
+        if self._notifying is not None:
+            self._notifying.close()
+            self._notifying = None

@@ -61,6 +61,8 @@ class EngineHost(Protocol):
 
     def notice(self, job_id: str, origin: str, change: Change) -> str: ...
 
+    def committed(self, notice: str | None) -> None: ...
+
 
 class EngineOps(Protocol):
     """What `JobRepository` delegates to its engine: each method is the engine's way of doing the repository

@@ -3,11 +3,13 @@ statement, and so its own transaction, run in autocommit on psycopg's own connec
 statement execution (`sqlite_direct._Prepared` compiles it once): a start (one call of the function
 `handles_start`, on a worker thread or awaited on the event loop's own connections, `LoopConnections`), a
 job's outcome (a compare-and-set UPDATE built from the transition table), a durable step's start and
-outcome, a progress report, the snapshot. Each sends its change notice (`publishing`'s) by the same
-statement, and only when it changed something. The statements are postgres_statements.py's.
+outcome, a progress report, the snapshot. Each queues its change notice (`publishing`'s) once it has
+committed, and only when it changed something (`NoticeSender`, notices.py). The statements are
+postgres_statements.py's.
 
 PostgreSQL has a clock of its own (leases may be judged by it), row locks (a claim skips the rows another
-worker holds) and change notices (`pg_notify` on `NOTIFY_CHANNEL`), which every node listens to.
+worker holds) and change notices (`pg_notify` on `NOTIFY_CHANNEL`, sent after the writes commit), which every
+node listens to.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from sqlmodel import select
 
 from handles.errors import LeaseLost
 from handles.states import Status
-from handles.store.engine import NOTICE, NOTIFY_CHANNEL, as_sqlalchemy_error
+from handles.store.engine import NOTICE, as_sqlalchemy_error
 from handles.store.engines import Change, EngineHost
 from handles.store.models import (
     Clock,
@@ -38,13 +40,10 @@ from handles.store.models import (
 )
 from handles.store.postgres_statements import (
     _BEGIN_STEP_IN_ONE,
-    _BEGIN_STEP_NOTICED,
     _FINISH_STEP_IN_ONE,
-    _FINISH_STEP_NOTICED,
     _INPUT_JSON,
     _JOB_JSON,
     _PROGRESS_CHANGED,
-    _PROGRESS_NOTICED,
     _START,
     _snapshot_in_one,
     _transition_statement,
@@ -74,7 +73,7 @@ class PostgresOps:
     locks_rows = True
     """A write transaction locks the rows it reads to change (`FOR UPDATE`)."""
     publishes = True
-    """Every change is told to every node by a notice (`pg_notify`), which each listens to."""
+    """Every change is told to every node by a notice (`pg_notify`, once it has committed), which each listens to."""
 
     def __init__(self, repo: EngineHost) -> None:
         self.repo = repo
@@ -164,9 +163,8 @@ class PostgresOps:
         return connections is not None and connections.usable()
 
     def publish(self, job_id: str, origin: str, change: Change) -> None:
-        """`JobRepository.publish`: the notice, in a transaction of its own."""
-        with self.repo._writing() as session:
-            session.execute(select(func.pg_notify(NOTIFY_CHANNEL, self.repo.notice(job_id, origin, change))))
+        """`JobRepository.publish`: the notice, queued to be sent (`NoticeSender`)."""
+        self.repo.committed(self.repo.notice(job_id, origin, change))
 
     def load_notice_scope(self) -> str | None:
         """The schema this store's tables live in (`current_schema()` on a connection of the store)."""
@@ -177,7 +175,7 @@ class PostgresOps:
     def publishing(
         self, job_id: str, origin: str, change: Change, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
     ) -> T:
-        """`JobRepository.publishing`: `fn` run with the notice set for every write transaction it commits."""
+        """`JobRepository.publishing`: `fn` run with the notice set for every write transaction it commits to queue."""
         token = NOTICE.set(self.repo.notice(job_id, origin, change))
         try:
             return fn(*args, **kwargs)
@@ -185,12 +183,13 @@ class PostgresOps:
             NOTICE.reset(token)
 
     def set_progress(self, values: Mapping[str, Any]) -> bool:
-        """`JobRepository.set_progress` on PostgreSQL: one statement in autocommit, its change notice
-        (`publishing`) sent by the same statement and only when the row changed, one round trip in all."""
-        notice = NOTICE.get()
-        statement = _PROGRESS_NOTICED if notice is not None else _PROGRESS_CHANGED
+        """`JobRepository.set_progress` on PostgreSQL: one statement in autocommit, one round trip, its change
+        notice (`publishing`) queued only when the row changed."""
         with self.autocommit() as connection:
-            return len(self.repo._prepare(statement).rows(connection, {**values, "notice": notice})) == 1
+            changed = len(self.repo._prepare(_PROGRESS_CHANGED).rows(connection, values)) == 1
+        if changed:
+            self.repo.committed(NOTICE.get())
+        return changed
 
     def begin_step(
         self,
@@ -201,15 +200,15 @@ class PostgresOps:
         own: tuple[int, datetime] | None,
     ) -> tuple[StepRecord, bool]:
         """`JobRepository.begin_step` on PostgreSQL: one statement (`_BEGIN_STEP_IN_ONE`), its own transaction
-        in autocommit, one round trip past the write pool's ping, with the change notice sent by the
-        statement only when it started the step."""
+        in autocommit, one round trip past the write pool's ping, its change notice queued only when it
+        started the step."""
         return self._begin_step(values | {"repeatable": repeatable}, owner, now, own)
 
     def finish_step(self, values: Mapping[str, Any]) -> None:
         """`JobRepository.finish_step` on PostgreSQL: one statement (`_FINISH_STEP_IN_ONE`), its own transaction
-        in autocommit: one round trip past the write pool's ping, with the change notice sent by the
-        statement only when it changed the step."""
-        if not self._in_one(_FINISH_STEP_IN_ONE, _FINISH_STEP_NOTICED, values)["held"]:
+        in autocommit: one round trip past the write pool's ping, its change notice queued only when it
+        changed the step."""
+        if not self._in_one(_FINISH_STEP_IN_ONE, values)["held"]:
             raise LeaseLost(values["job_id"])
 
     def insert(
@@ -225,17 +224,19 @@ class PostgresOps:
         execution.
 
         The function takes the principal's advisory lock, checks the idempotency key and the active
-        count, inserts the job (its lease by the database's clock) and its questions, and sends the
-        change notice, as one statement and so one transaction: one round trip instead of seven.
+        count, and inserts the job (its lease by the database's clock) and its questions, as one statement
+        and so one transaction: one round trip instead of seven. Its change notice is queued once a start
+        has stored the job (`_started`).
 
         No ping at checkout. A call on a connection the server dropped is made once more on a fresh
         one, and that is safe whether or not the first call reached the server: the job's id is a
         fresh random id made for this start alone, so a row with that id (and this principal, kind and
         creation time) can only be this start's own, committed by a try whose reply was lost; the
-        function answers it as created and stores, counts and notifies nothing twice. A try that
+        function answers it as created and stores and counts nothing twice. A try that
         never ran stored nothing, so the second is the first.
         """
-        params = self._start_parameters(values, active_limit, questions, lease_seconds, NOTICE.get())
+        notice = NOTICE.get()
+        params = self._start_parameters(values, active_limit, questions, lease_seconds)
         start = self.repo._prepare(_START)
         for attempt in (1, 2):
             try:
@@ -247,9 +248,10 @@ class PostgresOps:
                     if isinstance(exc, IntegrityError):
                         earlier = self._own_earlier_try(values)
                         if earlier is not None:
+                            self.repo.committed(notice)
                             return earlier, True
                     raise
-        return self._started(row, values, active_limit, params["lease"])
+        return self._started(row, values, active_limit, params["lease"], notice)
 
     async def start_on_loop(
         self,
@@ -261,7 +263,8 @@ class PostgresOps:
     ) -> tuple[JobRecord, bool]:
         """`insert` awaited on the event loop, where `starts_on_loop`: the same call of
         `handles_start` as `insert` makes on a worker thread, sent and answered on one of the loop's own
-        connections (`LoopConnections`), with `notice` as the change notice its transaction sends (None: none).
+        connections (`LoopConnections`), with `notice` as the change notice to queue once it stored the job
+        (None: none).
 
         As on a worker thread, a call on a connection the server dropped is made once more on a fresh one
         (why that is safe: `insert`), and errors come out as SQLAlchemy's exceptions.
@@ -269,7 +272,7 @@ class PostgresOps:
         import psycopg
 
         assert self.repo.loop_connections is not None
-        params = self._start_parameters(values, active_limit, questions, lease_seconds, notice)
+        params = self._start_parameters(values, active_limit, questions, lease_seconds)
         start = self.repo._prepare(_START)
         for attempt in (1, 2):
             try:
@@ -286,9 +289,10 @@ class PostgresOps:
                     if isinstance(exc, IntegrityError):
                         earlier = await anyio.to_thread.run_sync(self._own_earlier_try, values)
                         if earlier is not None:
+                            self.repo.committed(notice)
                             return earlier, True
                     raise
-        return self._started(row, values, active_limit, params["lease"])
+        return self._started(row, values, active_limit, params["lease"], notice)
 
     @staticmethod
     async def _start_statement(
@@ -300,14 +304,21 @@ class PostgresOps:
         return row
 
     def _started(
-        self, row: Mapping[str, Any], values: dict[str, Any], active_limit: int | None, lease: float | None
+        self,
+        row: Mapping[str, Any],
+        values: dict[str, Any],
+        active_limit: int | None,
+        lease: float | None,
+        notice: str | None,
     ) -> tuple[JobRecord, bool]:
-        """(job, created) from the row `handles_start` answered for the job row `values`."""
+        """(job, created) from the row `handles_start` answered for the job row `values`, with `notice` queued
+        when the job was stored by this start (or by a try of it whose reply was lost)."""
         outcome, stored = row["outcome"], row["stored"]
         if outcome == "limit":
             raise ActiveLimitReached(int(row["active"]), int(active_limit or 0))
         if outcome == "existing":
             return _from_json(_JOBS, JobRecord, stored), False
+        self.repo.committed(notice)
         if stored is not None:  # an earlier try of this start committed it
             return _from_json(_JOBS, JobRecord, stored), True
         if lease is not None:
@@ -320,10 +331,9 @@ class PostgresOps:
         active_limit: int | None,
         questions: Sequence[InputRequestRecord],
         lease_seconds: float | None,
-        notice: str | None,
     ) -> dict[str, Any]:
         """The values of `handles_start`'s parameters (`_START`) for the job row `values` (its columns by
-        name), as `insert` and `start_on_loop` call it, with `notice` as the change notice to send."""
+        name), as `insert` and `start_on_loop` call it."""
         lease = lease_seconds if values["lease_owner"] is not None and self.repo._database_leases else None
         values = self.repo._by_database_clock(values)
         params: dict[str, Any] = {
@@ -334,7 +344,6 @@ class PostgresOps:
             "answers": None,
             "limit": active_limit,
             "lease": lease,
-            "notice": notice,
         }
         if questions:
             rows = [_column_values(_INPUTS, q) for q in questions]
@@ -366,8 +375,8 @@ class PostgresOps:
         values: Mapping[str, Any],
     ) -> bool:
         """`JobRepository.transition` on PostgreSQL: one compare-and-set UPDATE (`_transition_statement`), in autocommit on a
-        connection of the write pool (pinged at checkout), with the change notice of `publishing` sent by
-        the statement when it changed the job: one round trip past the ping. PostgreSQL re-checks the
+        connection of the write pool (pinged at checkout), one round trip past the ping, with the change notice
+        of `publishing` queued when it changed the job. PostgreSQL re-checks the
         UPDATE's conditions on the newest version of a row another transaction changed meanwhile, so of
         two racing transitions exactly one wins, as with the row read `FOR UPDATE` before."""
         shape = (
@@ -377,17 +386,13 @@ class PostgresOps:
             tuple(values),
         )
         parameters = {"job_id": job_id, "owner": owner, "now": now} | _set_values(values, tuple(values))
-        outcome = self._in_one(
-            _transition_statement(*shape, False), _transition_statement(*shape, True), parameters
-        )
-        return bool(outcome["touched"])
+        return bool(self._in_one(_transition_statement(*shape), parameters)["touched"])
 
     def _begin_step(
         self, values: dict[str, Any], owner: str, now: datetime, own: tuple[int, datetime] | None
     ) -> tuple[StepRecord, bool]:
-        """`begin_step` on PostgreSQL: `_BEGIN_STEP_IN_ONE` in autocommit, with its change notice when
-        `publishing` gives one."""
-        outcome = self._in_one(_BEGIN_STEP_IN_ONE, _BEGIN_STEP_NOTICED, values | {"owner": owner, "now": now})
+        """`begin_step` on PostgreSQL: `_BEGIN_STEP_IN_ONE` in autocommit (`_in_one`)."""
+        outcome = self._in_one(_BEGIN_STEP_IN_ONE, values | {"owner": owner, "now": now})
         if not outcome["held"]:
             raise LeaseLost(values["job_id"])
         if outcome["touched"]:
@@ -402,13 +407,12 @@ class PostgresOps:
         known = _detached(StepRecord, stored)
         return known, _own_start(known, own)
 
-    def _in_one(self, plain: Any, noticed: Any, values: Mapping[str, Any]) -> dict[str, Any]:
+    def _in_one(self, statement: Any, values: Mapping[str, Any]) -> dict[str, Any]:
         """A PostgreSQL write that is one statement, and so its own transaction: run in autocommit on a
-        connection of the write pool, pinged at checkout (`writing_at_once`); `noticed`, which
-        also sends the change notice `publishing` gives, when there is one, else `plain`. Its one row."""
-        notice = NOTICE.get()
+        connection of the write pool, pinged at checkout (`writing_at_once`), the change notice
+        `publishing` gives queued when it changed the job (`touched`). Its one row."""
         with self.writing_at_once() as connection:
-            (outcome,) = self.repo._prepare(plain if notice is None else noticed).rows(
-                connection, {**values, "notice": notice}
-            )
+            (outcome,) = self.repo._prepare(statement).rows(connection, values)
+        if outcome["touched"]:
+            self.repo.committed(NOTICE.get())
         return outcome

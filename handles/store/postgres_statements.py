@@ -1,8 +1,8 @@
 """The statements only PostgreSQL runs (`PostgresOps`, postgres.py), each built once: a start (one call of
 `handles_start`, migrations 0011 and 0012), a job's outcome as one compare-and-set UPDATE built from the
 transition table (`_transition_statement`), a durable step's start and outcome and a progress report as one
-statement each, sending their change notice only when they changed something (`_touched`), and the snapshot
-in one statement.
+statement each, saying whether they changed something (`_touched`: its change notice is queued then), and
+the snapshot in one statement.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from handles.states import TERMINAL, Status, sources_of
-from handles.store.engine import NOTIFY_CHANNEL
 from handles.store.models import JOB_STATE_COLUMNS, InputRequestRecord, JobState, StepState, UTCDateTime
 from handles.store.rows import _INPUTS, _JOBS, _STEPS, _from_json, _utc_time
 from handles.store.rules import _CLEARED_ON_ENTERING
@@ -50,12 +49,9 @@ from handles.store.statements import (
     _steps_as_json,
 )
 
-_NOTIFY = func.pg_notify(NOTIFY_CHANNEL, bindparam("notice", type_=Text()))
-
 # A step's outcome on PostgreSQL in one statement: the job locked while `owner` holds it and it is active
 # (`held`), the step's outcome written while it is started, and the job touched when it was; its result
-# row says whether the lease was held. With the change notice, sent (by `pg_notify` over the touched
-# rows) only when the step changed, once the statement commits.
+# row says whether the lease was held, and whether the step changed.
 _HELD = sa_select(_JOBS.c.id).where(*_HELD_BY_OWNER).with_for_update().cte("held")
 _FINISHED = (
     _FINISH_STEP.where(or_(_STEPS.c.job_id == sa_select(_HELD.c.id).scalar_subquery(), _OWN_START))
@@ -68,15 +64,12 @@ _TOUCHED = (
 _HELD_COUNT = sa_select(func.count()).select_from(_HELD).scalar_subquery().label("held")
 
 
-def _touched(touched: Any, *, noticed: bool) -> Any:
-    """The rows the CTE `touched` changed (1 or 0), as the column `touched`; with `noticed`, the change notice
-    (`notice`) sent for each of them."""
-    counted = func.count(_NOTIFY) if noticed else func.count()
-    return sa_select(counted).select_from(touched).scalar_subquery().label("touched")
+def _touched(touched: Any) -> Any:
+    """The rows the CTE `touched` changed (1 or 0), as the column `touched`."""
+    return sa_select(func.count()).select_from(touched).scalar_subquery().label("touched")
 
 
-_FINISH_STEP_IN_ONE = sa_select(_HELD_COUNT, _touched(_TOUCHED, noticed=False))
-_FINISH_STEP_NOTICED = sa_select(_HELD_COUNT, _touched(_TOUCHED, noticed=True))
+_FINISH_STEP_IN_ONE = sa_select(_HELD_COUNT, _touched(_TOUCHED))
 
 # A step's start on PostgreSQL in one statement: with the job `held` (as for an outcome), the step as stored
 # (`known`), and the step inserted unless it is known and not failed (a failed one is started again by the
@@ -120,12 +113,10 @@ _KNOWN_STEP = (
     .scalar_subquery()
     .label("known")
 )
-_BEGIN_STEP_IN_ONE = sa_select(_HELD_COUNT, _touched(_STEP_TOUCHED, noticed=False), _KNOWN_STEP)
-_BEGIN_STEP_NOTICED = sa_select(_HELD_COUNT, _touched(_STEP_TOUCHED, noticed=True), _KNOWN_STEP)
+_BEGIN_STEP_IN_ONE = sa_select(_HELD_COUNT, _touched(_STEP_TOUCHED), _KNOWN_STEP)
 
 _PROGRESS_CTE = _PROGRESS.returning(_JOBS.c.id).cte("changed")
 _PROGRESS_CHANGED = sa_select(_PROGRESS_CTE.c.id)
-_PROGRESS_NOTICED = sa_select(_NOTIFY.label("noticed")).select_from(_PROGRESS_CTE)
 
 # The progress snapshot on PostgreSQL in one statement (one round trip): the job's state, with its open
 # questions (only while it waits for answers) as a JSON array in the order `_OPEN_QUESTIONS_OF_JOB` reads
@@ -157,15 +148,15 @@ def _snapshot_in_one(
     return job, pending, _step_states(row["handles_steps"], _utc_time)
 
 
-# The start on PostgreSQL: one call of the function of migrations 0011 and 0012.
-# Its JSON columns travel as `json` parameters of their own (see the migration), as SQLAlchemy's JSON
+# The start on PostgreSQL: one call of the function of migrations 0011 and 0012, with no notice for it to send
+# (the start's is queued once it has committed). Its JSON columns travel as `json` parameters of their own (see the migration), as SQLAlchemy's JSON
 # type writes them (None as JSON null).
 _JOB_JSON = ("arguments", "result", "error", "trace_context")
 _INPUT_JSON = ("requested_schema", "answer")
 _START = text(
     "SELECT outcome, active, lease_expires_at, stored FROM handles_start(CAST(:job AS json), "
     "CAST(:arguments AS json), CAST(:result AS json), CAST(:error AS json), CAST(:trace_context AS json), "
-    "CAST(:questions AS json), CAST(:schemas AS json[]), CAST(:answers AS json[]), :limit, :lease, :notice)"
+    "CAST(:questions AS json), CAST(:schemas AS json[]), CAST(:answers AS json[]), :limit, :lease, NULL)"
 ).columns(
     column("outcome", Text()),
     column("active", Integer()),
@@ -176,15 +167,14 @@ _START = text(
 
 @functools.cache
 def _transition_statement(
-    target: Status, owned: bool, lease_by_database: bool | None, columns: tuple[str, ...], noticed: bool
+    target: Status, owned: bool, lease_by_database: bool | None, columns: tuple[str, ...]
 ) -> Any:
     """`transition`'s compare-and-set UPDATE on PostgreSQL, built once for each shape of call: the job moves to
     `target` from a status the transition table allows it from (`sources_of`), only while `owner` holds it
     when `owned`, and only once its lease ran out when `lease_by_database` is not None (by the database's
     clock when True, by `now` when False). It changes what `_transitioned` changes, from the same table
     (`_CLEARED_ON_ENTERING`), and `columns` to the values given (`set_<column>`). Its one row: how many jobs
-    it changed (`_touched`), with the change notice sent for each when `noticed`. A test of both stores holds
-    the two together (`tests/store/test_postgres_writes.py`)."""
+    it changed (`_touched`). A test of both stores holds the two together (`tests/store/test_postgres_writes.py`)."""
     now = bindparam("now", type_=UTCDateTime())
     where = [
         _JOBS.c.id == bindparam("job_id"),
@@ -207,4 +197,4 @@ def _transition_statement(
     changes |= {name: bindparam(f"set_{name}", type_=_JOBS.c[name].type) for name in columns}
     changes |= {"updated_at": now, "version": _JOBS.c.version + 1}
     changed = update(_JOBS).where(*where).values(changes).returning(_JOBS.c.id).cte("changed")
-    return sa_select(_touched(changed, noticed=noticed))
+    return sa_select(_touched(changed))

@@ -263,7 +263,8 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
     ) -> tuple[JobRecord, bool]:
         """`insert` on PostgreSQL awaited on the event loop, where `starts_on_loop`: the same call of
         `handles_start` as `insert` makes on a worker thread, sent and answered on one of the loop's own
-        connections (`LoopConnections`), with `notice` as the change notice its transaction sends (None: none).
+        connections (`LoopConnections`), with `notice` as the change notice queued once it stored the job
+        (None: none).
 
         As on a worker thread, a call on a connection the server dropped is made once more on a fresh one,
         and errors come out as SQLAlchemy's exceptions (`PostgresOps.start_on_loop`).
@@ -275,7 +276,8 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
     def publish(self, job_id: str, origin: str, *, queued: bool = False) -> None:
         """Tell every node listening on PostgreSQL that `job_id` changed, or is queued for a worker.
 
-        A no-op on other databases. The payload is `notice`'s.
+        A no-op on other databases. The payload is `notice`'s; it goes out within milliseconds, with the
+        others pending (`NoticeSender`), and at the latest when the repository is disposed.
         """
         self._engine.publish(job_id, origin, "queued" if queued else "changed")
 
@@ -299,8 +301,9 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
         self, job_id: str, origin: str, change: Change, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
     ) -> T:
         """Run the write method `fn`; each write transaction it commits publishes that `job_id` changed
-        (as `publish` does, with `change` for the kind), in the same transaction: no round trips of its
-        own, and no notice for a change that rolled back. Only on PostgreSQL; elsewhere it just runs `fn`."""
+        (as `publish` does, with `change` for the kind) once it has committed: no notice for a change that
+        rolled back, and none sent by the write's own transaction (PostgreSQL serialises the commits of
+        those that notify). Only on PostgreSQL; elsewhere it just runs `fn`."""
         return self._engine.publishing(job_id, origin, change, fn, *args, **kwargs)
 
     # -- progress and status -----------------------------------------------
@@ -310,8 +313,8 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
     ) -> bool:
         """Store a running job's progress report, if `owner` still holds its lease and it is active; True when
         stored. One statement, compiled once, on the driver's own connection (a job reporting progress writes
-        every `progress_flush_seconds`): on PostgreSQL in autocommit, its change notice (`publishing`) sent by
-        the same statement and only when the row changed, one round trip in all."""
+        every `progress_flush_seconds`): on PostgreSQL in autocommit, one round trip, its change notice
+        (`publishing`) queued only when the row changed."""
         values: dict[str, Any] = {"job_id": job_id, "owner": owner, "done": done, "total": total}
         values |= {"message": message, "now": self.clock()}
         return self._engine.set_progress(values)
@@ -521,7 +524,7 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
         in every step): on SQLite as the outcome's (`SqliteOps.transition`), statements compiled once in
         one write transaction on SQLite's own connection; on PostgreSQL as one statement
         (`PostgresOps.begin_step`), its own transaction in autocommit, one round trip past the write pool's
-        ping, with the change notice sent by the statement only when it started the step.
+        ping, its change notice queued only when it started the step.
         """
         now = self.clock() if started_at is None else started_at
         values: dict[str, Any] = {"job_id": job_id, "name": name, "status": "started", "attempt": attempt}
@@ -552,8 +555,8 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
         result instead of failing. A step that is not started is left as it is.
 
         Past the ORM session, as `begin_step`; on PostgreSQL in one statement (`PostgresOps.finish_step`), its
-        own transaction in autocommit: one round trip past the write pool's ping, with the change notice
-        sent by the statement only when it changed the step.
+        own transaction in autocommit: one round trip past the write pool's ping, its change notice queued
+        only when it changed the step.
         """
         now = self.clock()
         status = "failed" if error is not None else "completed"

@@ -1,4 +1,4 @@
-"""How the store talks to PostgreSQL: change notices ride in the write's own transaction, and a read
+"""How the store talks to PostgreSQL: change notices go out once the write has committed, and a read
 survives a connection the server dropped (issue 14: fewer round trips, no guarantee loosened)."""
 
 from __future__ import annotations

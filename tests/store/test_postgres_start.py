@@ -92,7 +92,7 @@ def test_a_starts_active_count_reads_only_the_principals_active_jobs_whatever_pl
 
             def call(status: Status) -> None:
                 values = _job_values(job_row(_id(), principal=principal, status=status.value))
-                parameters = repo._engine._start_parameters(values, 50, (), None, None)
+                parameters = repo._engine._start_parameters(values, 50, (), None)
                 (row,) = session.execute(start.sql, start.parameters(parameters)).fetchall()
                 assert row[0] == "created", row
 
@@ -208,7 +208,8 @@ def test_a_start_tried_again_after_its_reply_was_lost_is_stored_once_and_answere
     repo: JobRepository, listener: psycopg.Connection
 ) -> None:
     """The second try of one start (same id) finds the first one's row: created, not refused by the
-    limit it now fills itself, not stored or announced twice."""
+    limit it now fills itself, not stored twice, and announced (the try whose reply was lost never got to
+    queue its notice)."""
     job = job_row(_id(), principal=_principal(), lease_owner="node-a", attempts=1)
     first, created = repo.publishing(
         job.id, "node-a", "changed", repo.insert, job, active_limit=1, lease_seconds=30
@@ -219,7 +220,7 @@ def test_a_start_tried_again_after_its_reply_was_lost_is_stored_once_and_answere
         job.id, "node-a", "changed", repo.insert, job, active_limit=1, lease_seconds=30
     )
     assert created and second == repo.get(job.id) and second.lease_expires_at == first.lease_expires_at
-    assert notices(listener, job.id) == []
+    assert notices(listener, job.id) == [f"{job.id} node-a changed"]
     assert repo.count_active(principal=job.principal) == 1
 
 

@@ -1,0 +1,73 @@
+"""Change notices sent once their writes have committed, many in one small transaction (`NoticeSender`).
+
+PostgreSQL takes one lock for the whole cluster at the commit of every transaction that notifies, so that
+notices queue in commit order: a write that notified in its own transaction would commit one at a time with
+every other such write of every node. So no write notifies: each queues its notice here once it has
+committed, and one thread of the node sends all the notices pending in one transaction of their own
+(identical ones once), at most once every few milliseconds. The payloads are as before, one notice each. A node that
+dies loses only the notices it had not sent yet: the changes are stored, and the waiters of other nodes
+find them at their next poll of the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+logger = logging.getLogger("handles.store")
+
+LINGER_SECONDS = 0.005
+"""The least time between two sends of one node: a notice goes out at once after a quiet spell, and within
+this long while notices keep coming (all that gathered meanwhile, in one send)."""
+
+
+class NoticeSender:
+    """Sends the notices queued with `add` by `send` (one call for all that are pending), on a thread of its
+    own that starts with the first notice; `close` sends what is pending and ends it."""
+
+    def __init__(self, send: Callable[[list[str]], None]) -> None:
+        self._send = send
+        self._pending: dict[str, None] = {}  # in the order queued, each once
+        self._ready = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def add(self, notice: str) -> None:
+        """Queue `notice`, of a change that has committed."""
+        with self._ready:
+            self._pending[notice] = None
+            if self._thread is None:
+                self._closed = False
+                self._thread = threading.Thread(target=self._run, name="handles-notices", daemon=True)
+                self._thread.start()
+            self._ready.notify()
+
+    def close(self) -> None:
+        """Send the notices still pending, then end the thread."""
+        with self._ready:
+            self._closed = True
+            self._ready.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+
+    def _run(self) -> None:
+        sent = 0.0  # when the last send began (`time.monotonic`)
+        while True:
+            with self._ready:
+                self._ready.wait_for(lambda: bool(self._pending) or self._closed)
+                if not self._pending:
+                    self._thread = None
+                    return
+                closed = self._closed
+            if not closed and (wait := sent + LINGER_SECONDS - time.monotonic()) > 0:
+                time.sleep(wait)
+            with self._ready:
+                batch, self._pending = list(self._pending), {}
+            sent = time.monotonic()
+            try:
+                self._send(batch)
+            except Exception as exc:  # the changes are stored: waiters elsewhere find them at their next poll
+                logger.warning("could not send %d change notice(s): %s", len(batch), exc)
