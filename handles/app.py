@@ -146,7 +146,7 @@ class Handles:
                 sealer=sealer,
                 runtime=runtime,
                 config=self.config,
-                schema=SchemaGate(repository, auto_migrate=self.config.resolved_auto_migrate()),
+                schema=SchemaGate(repository, auto_migrate=self.config.auto_migrate),
             )
         return self._service
 
@@ -258,7 +258,7 @@ class Handles:
             self._service.runtime.reconfigure(self.config)
             if self._service.schema is not None and not self._service.schema.is_open:
                 self._service.schema = SchemaGate(
-                    self._service.store.repo, auto_migrate=self.config.resolved_auto_migrate()
+                    self._service.store.repo, auto_migrate=self.config.auto_migrate
                 )
 
     def begin_drain(self) -> None:

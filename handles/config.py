@@ -118,12 +118,6 @@ class HandlesConfig:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'handles.db').as_posix()}"
 
-    def resolved_auto_migrate(self) -> bool:
-        """Upgrade the schema on start? Default: yes for an SQLite file, no for a shared database."""
-        if self.auto_migrate is not None:
-            return self.auto_migrate
-        return self.resolved_database_url().startswith("sqlite")
-
     def resolved_secret_keys(self) -> tuple[str, ...]:
         """The signing keys, newest first. Without keys, only development mode may go on."""
         if self.secret_keys:

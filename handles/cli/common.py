@@ -4,24 +4,19 @@ from __future__ import annotations
 
 import getpass
 import os
-from pathlib import Path
 
 from handles.config import HandlesConfig
 from handles.errors import ConfigurationError
 from handles.handle import HandleCodec
 from handles.store import JobRecord, JobRepository, migrate
-from handles.store.reach import database_errors
+from handles.store.reach import database_errors, require_existing
 
 
 def open_repository(url: str | None = None) -> JobRepository:
     """The configured job store, checked to be reachable and current; clear errors otherwise."""
     config = HandlesConfig.from_env()
     url = url or config.resolved_database_url()
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
-        raise ConfigurationError(
-            f"There is no handles database at {url}. Set HANDLES_DATABASE_URL (or HANDLES_DATA_DIR) to the "
-            "database your servers use."
-        )
+    require_existing(url)
     with database_errors(url):
         repository = JobRepository(url)
         migrate.check_current(repository.engine)

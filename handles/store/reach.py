@@ -23,6 +23,15 @@ from handles.errors import ConfigurationError, DatabaseUnreachable
 _REASON_LIMIT = 200
 
 
+def require_existing(url: str) -> None:
+    """Refuse an SQLite file that does not exist, so an operator's command never creates an empty store."""
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        raise ConfigurationError(
+            f"There is no handles database at {url}. Set HANDLES_DATABASE_URL (or HANDLES_DATA_DIR) to the "
+            "database your servers use."
+        )
+
+
 def shown_url(url: str) -> str:
     """`url` with its password replaced by `***` (or a placeholder when it is not a URL at all)."""
     try:

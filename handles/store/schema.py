@@ -20,9 +20,10 @@ from handles.store.repository import JobRepository
 class SchemaGate:
     """Opens once the schema is current; idempotent, and never waits for the database on the event loop."""
 
-    def __init__(self, repository: JobRepository, *, auto_migrate: bool) -> None:
+    def __init__(self, repository: JobRepository, *, auto_migrate: bool | None = None) -> None:
+        """`auto_migrate` None: upgrade a database no other node uses (an SQLite file); only check a shared one."""
         self._repository = repository
-        self._auto_migrate = auto_migrate
+        self._auto_migrate = (not repository.publishes) if auto_migrate is None else auto_migrate
         self._lock = threading.Lock()
         self._open = False
         self._attempt: asyncio.Task[None] | None = None
