@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -30,6 +32,9 @@ if __package__ in (None, ""):
 from bench.common import DEFAULT_POSTGRES_URL, REPO_ROOT, log
 from bench.run import NOT_QUICK, SECTIONS
 from bench.trees import tree_at
+
+_NUMBER = re.compile(r"^[-+<>=~ ]*\d")
+"""A cell that holds a figure: a row's label is the cells before its first figure."""
 
 LEFT_OUT = ("peer", *NOT_QUICK)
 """Sections a plain A/B leaves out: the peer (its own venv, the same for both), and those that run long."""
@@ -58,7 +63,9 @@ def ratio_cells(results: list[dict[str, Any]]) -> dict[tuple[str, str, str], lis
     for run in results:
         for table in run["tables"]:
             for row in table["rows"]:
-                for column, cell in zip(table["columns"][1:], row[1:], strict=False):
+                labels = len(list(itertools.takewhile(lambda cell: not _NUMBER.match(str(cell)), row))) or 1
+                label = " / ".join(str(cell) for cell in row[:labels])
+                for column, cell in zip(table["columns"][labels:], row[labels:], strict=False):
                     text = str(cell).strip()
                     if not text.endswith("x"):
                         continue
@@ -66,7 +73,7 @@ def ratio_cells(results: list[dict[str, Any]]) -> dict[tuple[str, str, str], lis
                         value = float(text[:-1])
                     except ValueError:
                         continue
-                    cells.setdefault((table["title"], str(row[0]), column), []).append(value)
+                    cells.setdefault((table["title"], label, column), []).append(value)
     return cells
 
 
@@ -81,7 +88,7 @@ def compare(base: list[dict[str, Any]], head: list[dict[str, Any]], tolerance: f
         mark = " **beyond**" if abs(change) > tolerance else ""
         beyond += bool(mark)
         lines.append(
-            f"| {key[0][:60]} | {key[1][:60]} | {key[2][:40]} | {b:.2f}x | {h:.2f}x | {change:+.1%}{mark} |"
+            f"| {key[0][:60]} | {key[1][:70]} | {key[2][:40]} | {b:.2f}x | {h:.2f}x | {change:+.1%}{mark} |"
         )
     lines.append("")
     lines.append(f"{len(lines) - 3} ratio cells compared; {beyond} changed by more than {tolerance:.0%}.")
@@ -89,6 +96,10 @@ def compare(base: list[dict[str, Any]], head: list[dict[str, Any]], tolerance: f
 
 
 async def main_async(args: argparse.Namespace) -> int:
+    if args.again:
+        measured = json.loads(args.again.read_text())
+        print("\n".join(compare(measured["base"], measured["head"], args.tolerance)))
+        return 0
     sections = args.only or [s for s in SECTIONS if s not in LEFT_OUT or (s == "peer" and args.peer)]
     measured: dict[str, list[dict[str, Any]]] = {"base": [], "head": []}
     with tempfile.TemporaryDirectory(prefix="bench-ab-") as scratch:
@@ -119,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer", action="store_true", help="include the FastMCP peer section")
     parser.add_argument("--tolerance", type=float, default=0.10, help="mark changes beyond this fraction")
     parser.add_argument("--json", type=Path, help="also write both sides' results as JSON to this file")
+    parser.add_argument("--again", type=Path, help="compare the runs a --json file kept, without measuring")
     parser.add_argument(
         "--postgres-url", default=os.environ.get("HANDLES_BENCH_POSTGRES_URL", DEFAULT_POSTGRES_URL)
     )
