@@ -1,18 +1,10 @@
-"""The audit evidence of a job: who did what to it, and how it ended, without any of its data.
+"""The audit evidence of a job: who did what to it and how it ended, without any of its data.
 
-Seed 002: "TTL expiry -> protocol-record lifecycle, not permission to forget audit evidence." A
-job's rows go when its retention ends; its evidence is archived in the same transaction (the
-`handles_audit` table) and kept for `HANDLES_AUDIT_RETENTION_SECONDS`, then swept by its own
-policy. `handles audit export` prints it as JSON lines.
-
-The evidence holds who started the job and when, each question with who answered it and when
-(the names of the fields answered, never their values), each durable step with its attempt, times
-and a receipt (the SHA-256 of its stored result, so a result kept elsewhere can be matched to it
-without being kept here), every claim (attempt, node, time), who asked for a cancel, and the
-outcome (status, time, error code and reason). Arguments, answers and results are data, not
-evidence: only `arguments_sha256` (the digest an idempotent start compares; sensitive arguments
-left out) stands for the arguments.
-"""
+Archived (the `handles_audit` table) in the transaction that deletes the job and kept for
+`HANDLES_AUDIT_RETENTION_SECONDS`. It holds who started the job and when, each question with who answered it
+and when (field names, never values), each durable step with its attempt, times and a receipt (the SHA-256 of
+its stored result), every claim, who asked for a cancel, and the outcome. Arguments, answers and results are
+data, not evidence: only `arguments_sha256` stands for the arguments."""
 
 from __future__ import annotations
 
@@ -42,7 +34,7 @@ def receipt(value: Any) -> str | None:
 def evidence(
     job: JobRecord, questions: Iterable[InputRequestRecord], steps: Iterable[StepRecord]
 ) -> dict[str, Any]:
-    """The evidence of `job`, from its rows (see the module docstring for what it holds and leaves out)."""
+    """The evidence of `job`, from its rows."""
     error = job.error or {}
     data = error.get("data") or {}
     return {

@@ -1,9 +1,5 @@
 """Claims and leases: a queued job taken by a worker (`claim`, `claim_next`, fairly between principals), its
-lease kept (`heartbeat`), found run out (`expired_leases`) or given back to the queue (`release`).
-
-`Claims` is a part of `JobRepository` (repository.py), on the engines and transactions of `Database`; the
-one thing an engine does its own way here is how a claim reads its candidates (`EngineOps.skip_locked`).
-"""
+lease kept (`heartbeat`), found run out (`expired_leases`) or given back to the queue (`release`)."""
 
 from __future__ import annotations
 
@@ -23,13 +19,13 @@ from handles.store.rules import _after
 
 
 class Claims(Database):
-    """Claims and leases, on the engines and transactions of `Database`."""
+    """Claims and leases, a part of `JobRepository`."""
 
     clock: Clock  # set by JobRepository
     _engine: EngineOps  # set by JobRepository
 
     def _lease_now(self, now: datetime) -> Any:
-        """`now` for lease arithmetic in SQL (JobRepository's: the database's own clock, or the local one)."""
+        """`now` for lease arithmetic in SQL (`JobRepository` may use the database's clock)."""
         return now
 
     def claim(self, job_id: str, owner: str, lease_seconds: float) -> JobRecord | None:
@@ -44,9 +40,8 @@ class Claims(Database):
             return session.get(JobRecord, job_id) if claimed == 1 else None
 
     def has_claimable(self, kinds: Sequence[str]) -> bool:
-        """Whether a queued job of `kinds` is due now: one indexed read, no write lock. A dispatcher pass
-        looks before it reserves slots for a claim (`claim_next`), so a pass that finds nothing holds no
-        slot from a start meanwhile."""
+        """Whether a queued job of `kinds` is due now: one indexed read, no write lock, so a dispatcher pass
+        that finds nothing reserves no slots."""
         if not kinds:
             return False
         query = sa_select(col(JobRecord.id)).where(*_claimable_of(self._lease_now(self.clock()), kinds))
@@ -66,15 +61,12 @@ class Claims(Database):
     ) -> list[JobRecord]:
         """Claim up to `limit` queued jobs of `kinds` for `owner`, taking turns between principals.
 
-        Candidates are ranked by how many jobs their principal already runs (on every
-        node) plus their place in that principal's own queue, then by age: one
-        principal's backlog never keeps another's first job waiting. `held` (jobs this
-        node runs, by principal key) and `share_limit` keep a principal at or under its
-        share of this node's slots while another principal has work waiting; alone, a
-        principal may use every slot. Ties go to the principal this node served least
-        recently (`served`: principal key -> a rising serve counter). PostgreSQL locks the candidates with `SKIP
-        LOCKED`, so concurrent workers never wait on each other or take the same job.
-        """
+        Candidates rank by how many jobs their principal already runs (on every node) plus their place in that
+        principal's queue, then by age, so one backlog never keeps another principal's first job waiting.
+        `held` (this node's jobs by principal key) and `share_limit` keep a principal within its share of this
+        node's slots while others wait; alone it may use them all. Ties go to the principal least recently
+        `served`. PostgreSQL skips rows other workers have locked, so concurrent workers never take the same
+        job."""
         if not kinds or limit <= 0:
             return []
         now = self.clock()
@@ -186,9 +178,8 @@ class Claims(Database):
     ) -> bool:
         """Give a job back to the queue (a kind this node does not run, or a hand-over).
 
-        `resuming`: the next claim continues the job without counting a new attempt. `run_after` (default:
-        now, by the lease clock) is when it may be claimed again.
-        """
+        `resuming`: the next claim does not count a new attempt. `run_after` (default: now, by the lease
+        clock) is when it may be claimed again."""
         now = self.clock()
         conditions = [
             col(JobRecord.id) == job_id,
@@ -216,8 +207,7 @@ class Claims(Database):
 
 
 def _claimable(now: Any) -> tuple[Any, ...]:
-    """A job any worker may take `now` (by the lease clock, `_lease_now`): working, not leased, not being
-    cancelled, due."""
+    """A job any worker may take at `now` (lease clock): working, not leased, not being cancelled, due."""
     return (
         col(JobRecord.status) == Status.WORKING.value,
         col(JobRecord.lease_owner).is_(None),
@@ -227,8 +217,7 @@ def _claimable(now: Any) -> tuple[Any, ...]:
 
 
 def _claimable_of(now: Any, kinds: Sequence[str]) -> tuple[Any, ...]:
-    """A job any worker may take now (`_claimable`) of one of `kinds`: what a dispatcher pass looks for
-    (`has_claimable`) and then claims from (`claim_next`)."""
+    """`_claimable` restricted to `kinds`."""
     return (*_claimable(now), col(JobRecord.kind).in_(list(kinds)))
 
 
@@ -255,7 +244,7 @@ def _take_turns(
     return chosen + deferred[: limit - len(chosen)]
 
 
-# Built once: a claim is a hot path, and these parts of its UPDATE never change.
+# Built once: these parts of a claim's UPDATE never change.
 _CLAIMED_ATTEMPT = JobRecord.attempts + case((col(JobRecord.resuming), 0), else_=1)
 _NEXT_VERSION = JobRecord.version + 1
 _CLAIM_LOG_HEAD = (
@@ -264,8 +253,8 @@ _CLAIM_LOG_HEAD = (
 
 
 def _claim_values(owner: str, now: datetime, lease_now: Any, lease_seconds: float) -> dict[str, Any]:
-    """What a claim writes: the lease, one more attempt (unless it resumes), the first start time, and
-    an entry (attempt, node, time) appended to the claim log."""
+    """What a claim writes: the lease, one more attempt (unless it resumes), the first start time, and a claim
+    log entry."""
     return {
         "lease_owner": owner,
         "lease_expires_at": _after(lease_now, lease_seconds),

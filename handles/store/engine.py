@@ -1,13 +1,8 @@
 """The database behind the store: its engines, connections and transactions (no queries here).
 
-One `Database` per process and URL. On PostgreSQL, reads and writes have engines of their own
-(reads in autocommit without a ping, writes pinged at checkout, a connect timeout). On SQLite, every
-connection runs in WAL mode with synchronous=NORMAL (a commit survives a crash of the process), writes
-begin with BEGIN IMMEDIATE behind one writer lock per process, and an SQLite file gets long-lived
-connections for reads and short writes made on the event loop itself (`read_inline`, `write_inline`).
-
-`JobRepository` (repository.py), its parts (claims.py, housekeeping.py, operator_reads.py, result_files.py,
-switch_rows.py) and its engines' operations (sqlite.py, postgres.py) build on it: every query lives there.
+On PostgreSQL reads and writes have engines of their own. On SQLite every connection runs in WAL mode with
+synchronous=NORMAL, writes begin with BEGIN IMMEDIATE behind one writer lock per process, and an SQLite file
+gets long-lived connections for reads and short writes made on the event loop (`read_inline`, `write_inline`).
 """
 
 from __future__ import annotations
@@ -37,19 +32,16 @@ logger = logging.getLogger("handles.store")
 _INLINE: ContextVar[bool] = ContextVar("handles_inline_read", default=False)
 _INLINE_WRITE: ContextVar[bool] = ContextVar("handles_inline_write", default=False)
 NOTICE: ContextVar[str | None] = ContextVar("handles_change_notice", default=None)
-"""The change notice that write transactions in this context queue once they commit (`NoticeSender`; see
-`JobRepository.publishing`)."""
+"""The change notice that write transactions in this context queue once they commit."""
 NOTIFY_CHANNEL = "handles_jobs"
 CONNECT_TIMEOUT_SECONDS = 10
-"""How long a new PostgreSQL connection may take before the attempt fails (`connect_timeout`)."""
+"""How long a new PostgreSQL connection may take before the attempt fails."""
 LOOP_CONNECTIONS = 8
-"""How many PostgreSQL connections of one process's event loop its starts share (`LoopConnections`): as
-many as the worker threads that ran them before (`Store`'s `threads`)."""
+"""How many PostgreSQL connections one process's event loop shares for its starts."""
 INLINE_COMMITS_PER_CHECKPOINT = 100
-"""How many commits on the event loop's write connection (SQLite) a checkpoint follows. That connection
-never checkpoints itself: SQLite's automatic checkpoint (past 1,000 WAL pages, about a hundred starts)
-writes and syncs the database file in the committing connection, which on the event loop stalled every
-request for several milliseconds. A passive checkpoint runs on a thread of its own instead."""
+"""How many commits on the event loop's SQLite write connection a passive checkpoint (on a thread of its own)
+follows; that connection never checkpoints itself, since SQLite's automatic checkpoint would sync the file on
+the event loop."""
 
 
 class WriterBusy(Exception):
@@ -57,9 +49,8 @@ class WriterBusy(Exception):
 
 
 class WriterLock:
-    """This process's SQLite writer lock (reentrant), which tells whoever asked (`wake_when_free`) when it
-    is next released, from whichever thread releases it: a short write that found it taken on the event
-    loop waits for it there and then writes there (why: `Store._write_later`)."""
+    """This process's reentrant SQLite writer lock, which can tell a waiter (`wake_when_free`) when it is next
+    released, from the releasing thread."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -83,8 +74,8 @@ class WriterLock:
         self.release()
 
     def wake_when_free(self, wake: Callable[[], None]) -> bool:
-        """Call `wake` (on the releasing thread) once the lock is next released, and return True; return
-        False, and never call it, when the lock is free now (or held by this very thread)."""
+        """Call `wake` (on the releasing thread) once the lock is next released and return True; return False,
+        never calling it, when the lock is free now (or held by this thread)."""
         with self._guard:
             if self._lock.acquire(blocking=False):
                 self._lock.release()
@@ -94,8 +85,8 @@ class WriterLock:
 
 
 def as_sqlalchemy_error(engine: Engine, exc: Exception, *, disconnect: bool) -> StatementError:
-    """The driver's error `exc` as SQLAlchemy's statement execution raises it (`OperationalError`,
-    `IntegrityError`, ...), with `connection_invalidated` set when the server dropped the connection."""
+    """The driver's error `exc` as SQLAlchemy raises it, with `connection_invalidated` set when the server
+    dropped the connection."""
     dialect = engine.dialect
     return DBAPIError.instance(
         None, None, exc, dialect.loaded_dbapi.Error, connection_invalidated=disconnect, dialect=dialect
@@ -103,9 +94,8 @@ def as_sqlalchemy_error(engine: Engine, exc: Exception, *, disconnect: bool) -> 
 
 
 async def _connect_on_loop(engine: Engine) -> Any:
-    """A psycopg `AsyncConnection` in autocommit, made with what `engine` connects with: the URL's
-    parameters and the driver's settings as SQLAlchemy's dialect gives them (`create_connect_args`: its
-    adapters, so JSON reads back as the engine reads it), and the connect timeout (`make_engines`)."""
+    """A psycopg `AsyncConnection` in autocommit, connected as `engine` connects (URL parameters, the
+    dialect's adapters, the connect timeout)."""
     import psycopg
 
     cargs, cparams = engine.dialect.create_connect_args(engine.url)
@@ -128,26 +118,16 @@ def is_memory_sqlite(url: str) -> bool:
 def make_engines(url: str) -> tuple[Engine, Engine, Engine | None, Engine | None]:
     """(read engine, write engine, inline-read engine or None, inline-write engine or None).
 
-    On PostgreSQL reads and writes have engines of their own (see below). On SQLite the
-    write engine begins with BEGIN IMMEDIATE, and a file database gets a
-    third engine for reads made on the event loop itself: in WAL mode a read never waits
-    for a writer, so it costs less than the hop to a worker thread. Its
-    connections give up after a brief wait on a lock instead of a long one (the caller then falls
-    back to a worker thread). A fourth engine, for short writes made on the event loop, begins with
-    BEGIN IMMEDIATE and never waits for SQLite's write lock (a busy timeout of 0): a writer at work
-    in another process sends the write to a worker thread instead.
-    """
+    An SQLite file gets the two inline engines, for the event loop: inline reads wait only briefly on a lock
+    and inline writes not at all (busy timeout 0), so a caller that meets a lock falls back to a worker
+    thread."""
     if not is_sqlite(url):
-        # A database host that never answers (packets dropped, not refused) must not hang a start or a
-        # request: libpq would wait forever without a connect timeout. One set in the URL wins.
+        # libpq waits forever for a host that drops packets; one set in the URL wins.
         shared: dict[str, Any] = {"json_serializer": stored_json}
         if "connect_timeout" not in url:
             shared["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
         write = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10, **shared)
-        # Reads in autocommit, without a ping at checkout: a poll is its statements and nothing else
-        # (no BEGIN, no ROLLBACK, no ping). A read on a connection the server dropped fails at once
-        # and invalidates the pool; `Store.read` retries it once on a fresh connection. Under READ
-        # COMMITTED each statement took its own snapshot anyway, so no read loses consistency.
+        # Autocommit, no ping: a read on a dropped connection fails at once; `Store.read` retries it.
         read = create_engine(url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=10, **shared)
         return read, write, None, None
 
@@ -206,19 +186,16 @@ class Database:
         self._inline_write_raw: Any = None  # the inline-write engine's DB-API connection (`_sqlite_writing`)
         self._inline_read_raw: Any = None  # the inline-read engine's DB-API connection (`_sqlite_reading`)
         self._inline_lock = threading.Lock()
-        # PostgreSQL: a start's one statement, awaited on the event loop (`JobRepository.start_on_loop`).
         self.loop_connections: LoopConnections | None = (
             None
             if is_sqlite(url)
             else LoopConnections(functools.partial(_connect_on_loop, self._read_engine), LOOP_CONNECTIONS)
         )
-        # PostgreSQL: the change notices of committed writes, sent together (notices.py).
         self.notices = None if is_sqlite(url) else NoticeSender(self._send_notices)
         self._notifying: Any = None  # the connection they go out on
         self._inline_commits = 0  # since the last checkpoint (see INLINE_COMMITS_PER_CHECKPOINT)
         self._checkpointer: threading.Thread | None = None
-        # SQLite has one writer at a time. Queue this process's writers on a lock rather than in
-        # SQLite's busy handler, which sleeps in coarse steps while the lock is held.
+        # Queue writers on a lock, not in SQLite's busy handler, which sleeps in coarse steps.
         self._write_lock: WriterLock | contextlib.nullcontext[None] = (
             WriterLock() if is_sqlite(url) else contextlib.nullcontext()
         )
@@ -297,12 +274,9 @@ class Database:
     def write_inline(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run the short write method `fn` here, if it can have the writer lock without waiting.
 
-        Raises `WriterBusy` (nothing written) when this process's writer lock is held: the caller may wait
-        for it on the event loop (`wake_when_writer_free`) and try again. Raises SQLite's "database is
-        locked" (`OperationalError`, nothing written) when another process writes: the caller then runs
-        `fn` on a worker thread, whose connection waits for SQLite's lock. Its reads, too, are the inline
-        reads that fail fast.
-        """
+        Raises `WriterBusy` when this process's writer lock is held (wait with `wake_when_writer_free`), or
+        `OperationalError` when another process writes (run `fn` on a worker thread); nothing is written
+        either way."""
         tokens = (_INLINE_WRITE.set(True), _INLINE.set(True))
         try:
             return fn(*args, **kwargs)
@@ -312,17 +286,14 @@ class Database:
 
     def wake_when_writer_free(self, wake: Callable[[], None]) -> bool:
         """Call `wake` once this process's writer lock is next released (True), or return False at once when
-        it is free (or the store has no such lock): for an inline write that met `WriterBusy`."""
+        it is free or there is no such lock."""
         lock = self._write_lock
         return isinstance(lock, WriterLock) and lock.wake_when_free(wake)
 
     def checkpoint(self) -> None:
-        """Copy the WAL's committed pages into an SQLite file, behind this process's writer lock (a passive
-        checkpoint: it waits for no reader, and copies what no reader still needs). With this process's
-        writers held meanwhile (an inline start that meets the lock goes to a worker thread), the WAL is
-        wholly copied when it ends, so the next writer starts it over; a checkpoint made beside a stream
-        of starts would never let it start over, and it would grow by every page they write. Nothing to
-        do elsewhere."""
+        """Copy the WAL's committed pages into an SQLite file (a passive checkpoint) behind this process's
+        writer lock, so the WAL is wholly copied and the next writer starts it over instead of growing it.
+        Nothing to do elsewhere."""
         if self._inline_write_engine is None:
             return
         with self._write_lock:
@@ -340,8 +311,8 @@ class Database:
             checkpointer.join(timeout)
 
     def _after_inline_commit(self) -> None:
-        """Count a commit of the event loop's write connection; every INLINE_COMMITS_PER_CHECKPOINT of them,
-        start a checkpoint on a thread of its own (one at a time; a busy one lets the count run on)."""
+        """Count a commit of the event loop's write connection, starting a checkpoint thread every
+        `INLINE_COMMITS_PER_CHECKPOINT` (one at a time)."""
         self._inline_commits += 1
         if self._inline_commits < INLINE_COMMITS_PER_CHECKPOINT:
             return
@@ -353,7 +324,7 @@ class Database:
         )
         try:
             checkpointer.start()
-        except RuntimeError as exc:  # no thread to be had now: the next hundred commits try again
+        except RuntimeError as exc:  # no thread to be had now: later commits try again
             logger.warning("could not start an SQLite checkpoint: %s", exc)
             return
         self._checkpointer = checkpointer
@@ -367,17 +338,11 @@ class Database:
     @contextmanager
     def _sqlite_writing(self) -> Iterator[sqlite3.Connection]:
         """A write transaction (`BEGIN IMMEDIATE` ... `COMMIT`) on SQLite's own DB-API connection, past
-        SQLAlchemy's session and statement execution, for the hottest writes (a start's insert, a job's
-        outcome).
+        SQLAlchemy, for the hottest writes.
 
-        The connection is configured as every other (WAL, synchronous=NORMAL, foreign keys). On the
-        event loop (`write_inline`) it is the long-lived inline-write connection, with this process's
-        writer lock taken without waiting and SQLite's lock too (busy timeout 0): `WriterBusy` or
-        `OperationalError` when either is held, and nothing was written. Elsewhere a pooled connection of
-        the write engine, behind the writer lock as every write. A database error leaves the
-        transaction rolled back and comes out as SQLAlchemy's exception (`OperationalError`,
-        `IntegrityError`, ...), as from any other method.
-        """
+        Inline (`write_inline`) it takes the writer lock and SQLite's lock without waiting, raising
+        `WriterBusy` or `OperationalError` with nothing written; elsewhere a pooled write connection behind
+        the writer lock. A database error rolls back and comes out as SQLAlchemy's exception."""
         inline = _INLINE_WRITE.get() and self._inline_write_engine is not None
         lock = self._write_lock
         if inline:
@@ -422,11 +387,8 @@ class Database:
 
     @contextmanager
     def _sqlite_reading(self) -> Iterator[sqlite3.Connection | None]:
-        """SQLite's own long-lived connection of the inline-read engine, for a hot read made on the event
-        loop (`read_inline`) past SQLAlchemy's statement execution; None elsewhere (read through
-        SQLAlchemy then). In autocommit, as the inline reads through SQLAlchemy: each statement is its
-        own snapshot, ended when its rows are all fetched. A database error comes out as SQLAlchemy's
-        exception (`OperationalError` for a lock, which sends the read to a worker thread)."""
+        """SQLite's own long-lived inline-read connection for a hot read on the event loop, in autocommit;
+        None elsewhere (read through SQLAlchemy). Errors come out as SQLAlchemy's."""
         if not (_INLINE.get() and self._inline_engine is not None):
             yield None
             return
@@ -450,12 +412,8 @@ class Database:
 
     @contextmanager
     def _fast_reading(self) -> Iterator[Connection]:
-        """A connection for the hot reads (by key), which skip the ORM session.
-
-        Inline (on the event loop, SQLite file): one long-lived connection, its read
-        transaction ended after each use so the next read sees the newest commit.
-        Otherwise a pooled connection of the read engine.
-        """
+        """A connection for the hot reads, skipping the ORM: inline, one long-lived connection whose read
+        transaction ends after each use; otherwise a pooled read connection."""
         if not (_INLINE.get() and self._inline_engine is not None):
             with self._read_engine.connect() as connection:
                 yield connection
@@ -475,8 +433,7 @@ class Database:
 
     @contextmanager
     def _writing(self) -> Iterator[Session]:
-        # Waits for the writer lock, so never on the event loop: what `write_inline` runs writes on
-        # SQLite's own connection (`_sqlite_writing`), which refuses instead of waiting.
+        # Waits for the writer lock, so never on the event loop.
         assert not _INLINE_WRITE.get(), "an inline write takes the ORM's path"
         with (
             self._write_lock,
@@ -492,8 +449,8 @@ class Database:
             self.notices.add(notice)
 
     def _send_notices(self, notices: list[str]) -> None:
-        """Send `notices` in one transaction of their own, one `pg_notify` each, on a connection kept for them
-        (`NoticeSender`'s thread alone uses it); one that fails is closed, and the next batch opens another."""
+        """Send `notices` in one transaction, one `pg_notify` each, on a connection kept for `NoticeSender`'s
+        thread; one that fails is closed and the next batch opens another."""
         import psycopg
 
         try:

@@ -1,13 +1,7 @@
-"""One interface, one implementation per engine: what `JobRepository` runs differently on SQLite and on
-PostgreSQL (`EngineOps`), and what an engine's operations use of the repository that holds them
-(`EngineHost`). The repository chooses its engine's once, as it is made.
-
-The repository's engine-neutral work (the ORM's write transactions, the rules of a job's lifecycle in
-rules.py, the statements of statements.py) is the same on both; its hot paths (a start, a job's outcome, a
-durable step's writes, a progress report, the snapshot, the hot reads by key) and what only one engine has
-(a server clock, row locks, change notices, starts awaited on the event loop) are each engine's own:
-`SqliteOps` (sqlite.py) and `PostgresOps` (postgres.py).
-"""
+"""What `JobRepository` runs differently on SQLite and PostgreSQL (`EngineOps`, implemented by `SqliteOps` and
+`PostgresOps`), and what those operations use of the repository (`EngineHost`). The hot paths and what only
+one engine has (a server clock, row locks, change notices, starts awaited on the event loop) live there;
+everything else is engine-neutral."""
 
 from __future__ import annotations
 
@@ -29,14 +23,12 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 Change = Literal["changed", "queued", "reported"]
-"""What a write did to a job, as its change notice says: `changed` (anything, its status included), `queued`
-(and it now waits for a worker), `reported` (only what a running job reports on its way: a progress report,
-a durable step's start or outcome; not its status, its lease, its questions, a cancel or its result)."""
+"""What a write did to a job, as its notice says: `changed` (anything, status included), `queued` (it now
+waits for a worker), `reported` (only a progress report or a durable step's start or outcome)."""
 
 
 class EngineHost(Protocol):
-    """What an engine's operations use of the `JobRepository` that holds them: its database's connections and
-    transactions (`Database`, engine.py), its compiled statements, its lease clock and its change notices."""
+    """What an engine's operations use of the `JobRepository` that holds them."""
 
     loop_connections: LoopConnections | None
     _read_engine: Engine
@@ -65,8 +57,8 @@ class EngineHost(Protocol):
 
 
 class EngineOps(Protocol):
-    """What `JobRepository` delegates to its engine: each method is the engine's way of doing the repository
-    method of the same name (whose docstring says what it does), given the values the repository worked out."""
+    """The engine's way of doing the `JobRepository` method of the same name, given the values the repository
+    worked out."""
 
     has_clock: bool
     """Whether the database server has a clock of its own that may judge leases."""

@@ -1,9 +1,5 @@
 """Retention: jobs past their deadlines, ended jobs deleted once their retention passes (their evidence
-archived first, when it is kept), and the evidence of jobs archived or still stored.
-
-`Housekeeping` is a part of `JobRepository` (repository.py): the sweeper (runtime/sweeper.py) and the
-operator's `handles jobs purge` and `handles audit export` call these methods on the repository.
-"""
+archived first, when it is kept), and the evidence of jobs archived or still stored."""
 
 from __future__ import annotations
 
@@ -28,22 +24,22 @@ from handles.store.models import (
 
 _AUDIT = AuditRecord.__table__  # type: ignore[attr-defined]
 ARCHIVE_BATCH = 100
-"""The most jobs one transaction archives and deletes (their whole rows are read for the evidence)."""
+"""The most jobs one archiving transaction reads whole, archives and deletes."""
 
 
 class Housekeeping(Database):
-    """Deadlines, retention and evidence, on the engines and transactions of `Database`."""
+    """Deadlines, retention and evidence, a part of `JobRepository`."""
 
     clock: Clock  # set by JobRepository
     _engine: EngineOps  # set by JobRepository
 
     def _lease_now(self, now: datetime) -> Any:
-        """`now` by the clock that judges leases and deadlines (JobRepository's: the database's, or `now`)."""
+        """`now` by the clock that judges leases and deadlines."""
         return now
 
     def overdue(self, limit: int) -> dict[str, list[JobRecord]]:
-        """Active jobs past a deadline: `ttl` (past expires_at), `input` (no answer in time), `abandoned`; judged
-        by the lease clock (the database's, on PostgreSQL), as every node sets them."""
+        """Active jobs past a deadline, by the lease clock: `ttl` (past expires_at), `input` (no answer in
+        time), `abandoned`."""
         now = self._lease_now(self.clock())
         active = col(JobRecord.status).in_(list(ACTIVE))
         with self._reading() as session:
@@ -77,10 +73,9 @@ class Housekeeping(Database):
             }
 
     def delete_expired(self, limit: int, keep_evidence_seconds: float = 0) -> int:
-        """Delete up to `limit` ended jobs past their retention, with their questions, steps and result
-        files; with `keep_evidence_seconds`, archive each job's evidence (handles.store.audit) in the
-        same transaction, kept that long. Archiving reads whole rows (a result's receipt needs the
-        result), so it goes `ARCHIVE_BATCH` jobs per transaction."""
+        """Delete up to `limit` ended jobs past their retention, with their questions, steps and result files;
+        with `keep_evidence_seconds`, archive each job's evidence in the same transaction, `ARCHIVE_BATCH`
+        jobs at a time."""
         if keep_evidence_seconds <= 0:
             return self._delete_expired_batch(limit, None)
         deleted = 0
@@ -92,9 +87,8 @@ class Housekeeping(Database):
         return deleted
 
     def _delete_expired_batch(self, limit: int, keep_evidence_seconds: float | None) -> int:
-        """One transaction of `delete_expired`. On PostgreSQL the jobs are read `FOR UPDATE SKIP LOCKED`: of
-        two nodes sweeping at once, each takes jobs the other has not, so every job is archived once (SQLite's
-        `BEGIN IMMEDIATE` lets one sweep at a time read them)."""
+        """One transaction of `delete_expired`; on PostgreSQL two sweeping nodes skip each other's locked
+        rows, so every job is archived once."""
         now = self.clock()
         expired = (
             col(JobRecord.expires_at) < self._lease_now(now),
@@ -121,7 +115,6 @@ class Housekeeping(Database):
         return len(ids)
 
     def _one_sweep_each(self, query: Any) -> Any:
-        """`query` locking the rows it reads, skipping those another transaction holds (PostgreSQL)."""
         return self._engine.skip_locked(query)
 
     def _archive(self, session: Session, jobs: list[JobRecord], now: datetime, keep_until: datetime) -> None:

@@ -1,20 +1,9 @@
-"""Cross-node wake-ups on PostgreSQL: LISTEN for job changes other nodes publish with NOTIFY.
+"""Cross-node wake-ups on PostgreSQL: LISTEN for the job changes other nodes NOTIFY.
 
-Every write that may change a job publishes `"<job_id> <origin> <event> <schema>"` on the
-`handles_jobs` channel (`event` is `changed`; `queued` when the job waits for a worker; `reported` when
-only what a running job reports on its way changed, a progress report or a durable step; `schema` is the
-schema of the publishing store's tables: `JobRepository.notice`); a start
-publishes only a job that waits for a worker (`Store.insert`: nobody can wait for a job before it
-exists). Each node keeps one listening connection and passes
-changes made elsewhere to a callback (waking long-polls, answers and cancels at
-once instead of at the next store poll). When the connection drops, the node
-falls back to polling the store until it reconnects.
-
-PostgreSQL delivers a notice to every listener of the database, so deployments that share one database in
-schemas of their own hear each other's: a node ignores a notice naming a schema other than its own (which
-would wake nothing of its own but its dispatcher, and queue its next start behind work it cannot see). A
-notice naming no schema (from a node of an earlier version, during a rolling upgrade) is taken.
-"""
+A notice is `"<job_id> <origin> <change> <schema>"` on `NOTIFY_CHANNEL` (`JobRepository.notice`). Each node
+keeps one listening connection and falls back to polling the store while it is down. A node ignores notices
+naming another schema (another deployment sharing the database); one naming none, from an older node, is
+taken."""
 
 from __future__ import annotations
 
@@ -40,8 +29,8 @@ def libpq_url(sqlalchemy_url: str) -> str:
 
 
 class ChangeListener:
-    """Listens for job changes published by other nodes and calls `on_change(job_id, change)` for each, with
-    the notice's `Change` word (`changed` for a word it does not know: a newer node's)."""
+    """Calls `on_change(job_id, change)` for each change other nodes publish (`changed` for a word it does not
+    know)."""
 
     def __init__(self, url: str, origin: str, on_change: Callable[[str, Change], None]) -> None:
         self._url = libpq_url(url)

@@ -1,16 +1,9 @@
-"""PostgreSQL on the event loop itself: a few of psycopg's asynchronous connections, for a job's start.
+"""PostgreSQL on the event loop itself: a few of psycopg's asynchronous connections for a job's start, sent
+and answered by the loop's own selector instead of a worker thread.
 
-A start on PostgreSQL is one statement (`handles_start`, `JobRepository.start_on_loop`). Run on a worker
-thread, as the store's other statements are, it waits for the thread to wake and then for the loop to wake
-again with its answer. Here the statement is sent and its answer read by the loop's own selector.
-
-The connections belong to the first event loop that uses them: an asynchronous connection cannot move to
-another loop, so a start on any other loop goes to a worker thread as before (`usable` says which), as does
-every start on Windows' default `ProactorEventLoop`, where psycopg cannot wait for a socket. They
-open as they are needed, up to `size`, in autocommit, with the parameters the store's engines connect with
-(the URL's, the connect timeout); a start waits for one when all are busy. A connection left in doubt (the
-server dropped it, or its statement was interrupted and not ended) is closed, never reused.
-"""
+The connections belong to the first event loop that uses them (`usable`); a start on another loop, or on
+Windows' `ProactorEventLoop`, goes to a worker thread. They open as needed, up to `size`, in autocommit; a
+connection left in doubt (dropped, or a statement interrupted) is closed, never reused."""
 
 from __future__ import annotations
 
@@ -31,7 +24,6 @@ class LoopConnections:
 
     def __init__(self, connect: Callable[[], Awaitable[Any]], size: int) -> None:
         self.connect = connect
-        """How a connection is opened (an awaitable psycopg `AsyncConnection`)."""
         self._size = size
         self._loop: asyncio.AbstractEventLoop | None = None
         self._idle: list[Any] = []
@@ -41,8 +33,8 @@ class LoopConnections:
         self._binding = threading.Lock()
 
     def usable(self) -> bool:
-        """Whether `connection` may be used here: on the event loop the connections belong to (the first
-        one that asked, or any once that one has closed), and not after `close`."""
+        """Whether `connection` may be used here: on the loop the connections belong to (the first that asked,
+        or any once that one has closed), and not after `close`."""
         if self._closed:
             return False
         try:
@@ -70,9 +62,7 @@ class LoopConnections:
         finally:
             if self._closed or connection.closed or connection.pgconn.transaction_status != IDLE:
                 if connection.closed:
-                    # Dropped by the server: a restart, a failover or an operator drops every connection at
-                    # once, so the idle ones go too, and the next start opens a fresh one (as SQLAlchemy's pool
-                    # renews itself after a disconnect).
+                    # Dropped by the server: the idle ones are likely dropped too.
                     self._drop_idle()
                 _finish(connection)
                 self._opened -= 1
@@ -81,8 +71,7 @@ class LoopConnections:
             self._wake_one()
 
     def close(self) -> None:
-        """Close the idle connections now, and each lent one as it comes back; `usable` is False from now
-        on. Synchronous, so the store closes them wherever it closes its engines."""
+        """Close the idle connections now and each lent one as it comes back; `usable` is False from now on."""
         self._closed = True
         self._drop_idle()
 
@@ -124,14 +113,12 @@ class LoopConnections:
 
 
 def _proactor(loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether `loop` is Windows' `ProactorEventLoop`, on which psycopg cannot wait for a socket (it refuses
-    to connect there): its starts run on a worker thread instead."""
+    """Whether `loop` is Windows' `ProactorEventLoop`, on which psycopg cannot wait for a socket."""
     proactor = getattr(asyncio, "ProactorEventLoop", None)
     return proactor is not None and isinstance(loop, proactor)
 
 
 def _finish(connection: Any) -> None:
-    """Close `connection` without awaiting: libpq's `PQfinish` (what `AsyncConnection.close` ends with; a
-    closed connection is also what psycopg then reports, so it warns of nothing when collected)."""
+    """Close `connection` without awaiting (libpq's `PQfinish`)."""
     with contextlib.suppress(Exception):
         connection.pgconn.finish()

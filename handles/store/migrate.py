@@ -1,10 +1,8 @@
-"""Schema migrations (Alembic): bring a database to the stored shape this version of handles expects.
+"""Schema migrations (Alembic): bring a database to the shape this version of handles expects.
 
-SQLite databases are upgraded automatically on first use (unless
-`HANDLES_AUTO_MIGRATE=0`); shared databases such as PostgreSQL are upgraded by an
-operator with `handles db upgrade`, and a server refuses to start on an outdated
-schema rather than guess.
-"""
+SQLite databases are upgraded on first use (unless `HANDLES_AUTO_MIGRATE=0`); shared databases such as
+PostgreSQL are upgraded by an operator with `handles db upgrade`, and a server refuses to start on an outdated
+schema."""
 
 from __future__ import annotations
 
@@ -23,7 +21,7 @@ logger = logging.getLogger("handles")
 
 @contextmanager
 def _quiet_alembic() -> Iterator[None]:
-    """Alembic logs 9-12 INFO lines per run (plugins, context, each revision); ours say it in one."""
+    """Keep Alembic's per-run INFO lines quiet; `upgrade` logs one line of its own."""
     alembic = logging.getLogger("alembic")
     level = alembic.level
     if alembic.getEffectiveLevel() < logging.WARNING:
@@ -101,9 +99,8 @@ def check_current(engine: Engine) -> None:
 
 
 def _refuse_newer(current: str | None, scripts: ScriptDirectory) -> None:
-    """Raise `ConfigurationError` when the database is at a revision this version of handles does not know: a
-    newer version upgraded it (a rolling deploy that restarts a node of the old version, the code rolled
-    back without the schema). Nothing is changed, and the operator is not told to run the upgrade that ran."""
+    """Raise `ConfigurationError` when the database is at a revision a newer handles made (a rolling deploy or
+    a code rollback); nothing is changed."""
     if current is None:
         return
     if current not in {script.revision for script in scripts.walk_revisions()}:

@@ -1,10 +1,6 @@
-"""The stored shape: SQLModel tables for jobs, their input requests, their durable steps, and the
-operator's switches.
-
-Nothing here is SQLite-specific: times are stored as UTC by `UTCDateTime`, JSON
-as the portable `JSON` type, and every status change is a compare-and-set update
-issued by the repository.
-"""
+"""The stored shape: SQLModel tables for jobs, their input requests, durable steps, result files, audit
+evidence and the operator's switches. Times are stored as aware UTC (`UTCDateTime`), JSON as the portable
+`JSON` type."""
 
 from __future__ import annotations
 
@@ -41,11 +37,7 @@ class UTCDateTime(TypeDecorator[datetime]):
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
-    # On SQLite a time is written and read as text, each in one step, instead of the generic two: written
-    # UTC, then SQLAlchemy's SQLite DATETIME text (not `process_bind_param`, then SQLAlchemy's formatting
-    # from a dict of fields: the same text, in one step; a start writes seven times); read
-    # as SQLAlchemy's SQLite DATETIME parses it, then made aware (not through the decorator's closure
-    # around the two: a poll reads four times).
+    # On SQLite a time is written and read as DATETIME text in one step, not the decorator's two.
 
     def bind_processor(self, dialect: Dialect) -> Callable[[Any], Any] | None:
         if dialect.name != "sqlite":
@@ -72,8 +64,7 @@ def _sqlite_time_text(value: datetime | None) -> str | None:
 
 
 def _sqlite_time_value(value: str | None) -> datetime | None:
-    """A time read from SQLite's text, aware UTC: what SQLAlchemy's SQLite DATETIME (`fromisoformat`) and then
-    `UTCDateTime.process_result_value` give."""
+    """A time read from SQLite's text, as aware UTC."""
     if value is None:
         return None
     parsed = datetime.fromisoformat(value)
@@ -90,10 +81,8 @@ def utc_now() -> datetime:
 
 @functools.lru_cache(maxsize=4096)
 def principal_key(principal: str) -> str:
-    """The fixed-length key a principal is indexed by (SHA-256, hex): any principal length fits.
-
-    Remembered for the principals seen last (a start asks for its caller's key three times, and its
-    callers are few): a dictionary hit instead of a hash."""
+    """The fixed-length key a principal is indexed by (SHA-256, hex), so any principal length fits; cached for
+    the principals seen last."""
     return hashlib.sha256(principal.encode()).hexdigest()
 
 
@@ -102,9 +91,8 @@ CLAIM_ENTRY_HEAD = "["
 
 
 def claim_entry_tail(claimed_at: datetime, node: str) -> str:
-    """The rest of a claim log entry after its attempt number: `,"CLAIMED_AT","NODE"]` and a newline,
-    so a whole entry is the JSON array `[ATTEMPT,"CLAIMED_AT","NODE"]` on a line of its own. An ISO time
-    holds nothing JSON escapes, and a node's name is the same at every claim it makes (its JSON is kept)."""
+    """The rest of a claim log entry after its attempt number, so a whole entry is the JSON array
+    `[ATTEMPT,"CLAIMED_AT","NODE"]` on a line of its own."""
     return f',"{claimed_at.astimezone(UTC).isoformat()}",{_json_string(node)}]\n'
 
 
@@ -130,7 +118,7 @@ class Claim:
 
 
 def claims_of(job: JobRecord) -> list[Claim]:
-    """The job's claims in order, read from its claim log (empty for jobs claimed before revision 0005)."""
+    """The job's claims in order, read from its claim log (empty for jobs claimed before the log existed)."""
     claims: list[Claim] = []
     for line in (job.claim_log or "").splitlines():
         attempt, claimed_at, node = json.loads(line)
@@ -151,7 +139,7 @@ class JobRecord(SQLModel, table=True):
         UniqueConstraint("principal_key", "kind", "idempotency_key", name="uq_handles_jobs_idempotency"),
         Index("ix_handles_jobs_claim", "status", "lease_owner", "run_after"),
         Index("ix_handles_jobs_principal_key_status", "principal_key", "status"),
-        # the operator console's keyset listing, newest first (revision 0010)
+        # the operator console's keyset listing, newest first
         Index("ix_handles_jobs_created", "created_at", "id"),
         Index("ix_handles_jobs_kind_created", "kind", "created_at", "id"),
         Index("ix_handles_jobs_status_created", "status", "created_at", "id"),
@@ -172,8 +160,7 @@ class JobRecord(SQLModel, table=True):
     progress_done: float | None = None
     progress_total: float | None = None
     attempts: int = 0
-    # Handed back without failing (answered after parking, or drained at a shutdown): the next
-    # claim continues the job without counting a new attempt.
+    # Handed back without failing: the next claim does not count a new attempt.
     resuming: bool = False
     version: int = 0
     created_at: datetime = _time()
@@ -184,18 +171,16 @@ class JobRecord(SQLModel, table=True):
     run_after: datetime = _time()
     lease_owner: str | None = Field(default=None, max_length=128)
     lease_expires_at: datetime | None = _time(nullable=True)
-    # One line per claim, appended by the claim's own write (no extra round trip): see `claims_of`.
+    # One line per claim, appended by the claim's own write: see `claims_of`.
     claim_log: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     cancel_requested_at: datetime | None = _time(nullable=True)
-    # The W3C trace context of the request that started the job (handles.telemetry), so the span of
-    # every attempt, on any node, links back to it.
+    # The W3C trace context of the starting request: every attempt's span links back to it.
     trace_context: dict[str, str] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     # Who asked for the cancel: the job's principal, `operator:<name>` (the CLI), or `handles:<reason>`.
     cancel_requested_by: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     input_deadline: datetime | None = _time(nullable=True)
     abandon_at: datetime | None = _time(nullable=True)
-    # Policies are frozen into the row at creation, so any node (or the CLI) applies them
-    # without the job's code: a web-only node can recover a job it could never run.
+    # Policies frozen at creation: any node can recover a job it could never run.
     on_interrupt: str = Field(default="fail", max_length=10)
     max_attempts: int = 1
     keep_result_seconds: float | None = None
@@ -205,12 +190,8 @@ class JobRecord(SQLModel, table=True):
 
 @dataclass(frozen=True, slots=True)
 class JobState:
-    """A job as the caller following it sees it: its status, progress and times, and what its owner and
-    kind checks need, and when its lease runs out, without its arguments, result, lease owner or policies.
-
-    `JobRepository.snapshot` (a progress poll, the hottest read) reads only these columns of the job's
-    row: decoding the rest (its JSON and its times) cost about as much again as the read itself.
-    """
+    """A job as the caller following it sees it: status, progress, times, what owner and kind checks need, and
+    when its lease runs out; the snapshot reads only these columns."""
 
     id: str
     kind: str
@@ -227,8 +208,7 @@ class JobState:
     expires_at: datetime
     abandon_at: datetime | None
     abandon_after_seconds: float | None
-    # When its node's lease runs out: what tells a caller the node running it has gone quiet
-    # (handles.liveness), never who that node is.
+    # When its node's lease runs out: tells a caller the node has gone quiet, never who it is.
     lease_expires_at: datetime | None
 
     @classmethod
@@ -276,12 +256,8 @@ class StepRecord(SQLModel, table=True):
 
 @dataclass(frozen=True, slots=True)
 class StepState:
-    """A durable step as the caller following its job sees it (`ProgressOutput.steps`): its name, status,
-    attempt and times, without its result or error, which a poll never shows.
-
-    `JobRepository.snapshot` reads only these columns of the job's steps: a step's result may be large,
-    and a poll decoded every one of them each time.
-    """
+    """A durable step as the caller following its job sees it: its name, status, attempt and times, without
+    its (possibly large) result or error."""
 
     name: str
     status: str
@@ -300,11 +276,10 @@ STEP_STATE_COLUMNS = tuple(StepState.__dataclass_fields__)
 
 
 class ResultPartRecord(SQLModel, table=True):
-    """One part of a job's result file (a result too large to travel inline, read through its link).
+    """One part of a job's result file (a result too large to travel inline).
 
-    `file_id` names the attempt that wrote the file, so parts a stale attempt left behind never mix
-    with the file the job's stored result links to; all go when the job is deleted.
-    """
+    `file_id` names the attempt that wrote the file, so parts a stale attempt left behind never mix with the
+    file the stored result links to."""
 
     __tablename__ = "handles_result_parts"
 
@@ -315,11 +290,8 @@ class ResultPartRecord(SQLModel, table=True):
 
 
 class AuditRecord(SQLModel, table=True):
-    """The evidence of one job, kept after the job itself is deleted (see handles.audit).
-
-    Written in the transaction that deletes the job, so a job is never gone without its evidence;
-    deleted in turn when `keep_until` passes (`HANDLES_AUDIT_RETENTION_SECONDS`).
-    """
+    """The evidence of one job, kept after the job is deleted: written in the transaction that deletes the
+    job, and deleted in turn when `keep_until` passes."""
 
     __tablename__ = "handles_audit"
 
@@ -333,9 +305,8 @@ class AuditRecord(SQLModel, table=True):
 
 
 class SwitchRecord(SQLModel, table=True):
-    """An operator switch, as last set: the Tasks face's kill switch (`tasks`) or the pause of new
-    starts of one job kind (`paused:<job>`); see handles/switches.py. Turning one off keeps its row,
-    so the last change is always on record with who made it and when."""
+    """An operator switch as last set: the Tasks kill switch (`tasks`) or the pause of one job kind
+    (`paused:<job>`). Turning one off keeps its row, so the last change stays on record."""
 
     __tablename__ = "handles_switches"
 

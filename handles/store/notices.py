@@ -1,13 +1,9 @@
 """Change notices sent once their writes have committed, many in one small transaction (`NoticeSender`).
 
-PostgreSQL takes one lock for the whole cluster at the commit of every transaction that notifies, so that
-notices queue in commit order: a write that notified in its own transaction would commit one at a time with
-every other such write of every node. So no write notifies: each queues its notice here once it has
-committed, and one thread of the node sends all the notices pending in one transaction of their own
-(identical ones once), at most once every few milliseconds. The payloads are as before, one notice each. A node that
-dies loses only the notices it had not sent yet: the changes are stored, and the waiters of other nodes
-find them at their next poll of the store.
-"""
+PostgreSQL takes one cluster-wide lock at the commit of every transaction that notifies, so writes that
+notified themselves would commit one at a time across every node. Instead each write queues its notice once
+committed and one thread per node sends those pending together (identical ones once). A node that dies loses
+only unsent notices; other nodes find the stored changes at their next poll."""
 
 from __future__ import annotations
 
@@ -20,12 +16,12 @@ logger = logging.getLogger("handles.store")
 
 LINGER_SECONDS = 0.005
 """The least time between two sends of one node: a notice goes out at once after a quiet spell, and within
-this long while notices keep coming (all that gathered meanwhile, in one send)."""
+this long while notices keep coming."""
 
 
 class NoticeSender:
-    """Sends the notices queued with `add` by `send` (one call for all that are pending), on a thread of its
-    own that starts with the first notice; `close` sends what is pending and ends it."""
+    """Sends the notices queued with `add` by `send`, all pending at once, on a thread started by the first
+    notice; `close` sends what is pending and ends it."""
 
     def __init__(self, send: Callable[[list[str]], None]) -> None:
         self._send = send

@@ -1,8 +1,5 @@
-"""The operator's reads: job listings by filter, a page at a time, and the counts of jobs by kind and
-status that the operator's console, the CLI and the telemetry gauges show.
-
-`OperatorReads` is a part of `JobRepository` (repository.py).
-"""
+"""The operator's reads: job listings by filter, a page at a time, and counts of jobs by kind and status for
+the console, the CLI and the telemetry gauges."""
 
 from __future__ import annotations
 
@@ -45,7 +42,7 @@ _FAILED_COUNTS = (
 
 
 class OperatorReads(Database):
-    """Listings and counts of stored jobs, on the engines and transactions of `Database`."""
+    """Listings and counts of stored jobs, a part of `JobRepository`."""
 
     def list_jobs(
         self,
@@ -59,12 +56,11 @@ class OperatorReads(Database):
         before: tuple[datetime, str] | None = None,
         limit: int = 50,
     ) -> list[JobRecord]:
-        """Jobs matching every given filter, newest first (operator listings).
+        """Jobs matching every given filter, newest first.
 
-        `principal` is one stored principal; `principal_matching` what an operator's `--principal`
-        means (see `handles.principal.principal_match`). `before` is a keyset cursor, the
-        `(created_at, id)` of the last job of the previous page: a page costs the same at any depth.
-        """
+        `principal` is one stored principal; `principal_matching` what an operator's `--principal` means.
+        `before` is a keyset cursor, the `(created_at, id)` of the previous page's last job, so any page costs
+        the same."""
         query = select(JobRecord)
         if statuses:
             query = query.where(col(JobRecord.status).in_(list(statuses)))
@@ -91,8 +87,8 @@ class OperatorReads(Database):
             return list(session.exec(query.order_by(*newest_first).limit(limit)))
 
     def _principal_matches(self, match: PrincipalMatch) -> Any:
-        """SQL for `match`: its exact forms by key, its patterns whole and case-sensitive (GLOB on SQLite,
-        whose LIKE ignores case; LIKE elsewhere), every literal piece escaped."""
+        """SQL for `match`: exact forms by key, patterns whole and case-sensitive (GLOB on SQLite, whose LIKE
+        ignores case), literal pieces escaped."""
         principal = col(JobRecord.principal)
         clauses = [col(JobRecord.principal_key).in_([principal_key(p) for p in match.exact])]
         for pattern in match.patterns:
@@ -121,8 +117,8 @@ class OperatorReads(Database):
         }
 
     def active_counts(self) -> list[tuple[str, str, str | None, int, datetime]]:
-        """Every unfinished job counted by `(kind, status, lease owner)`, with the oldest one's creation
-        time: what the operator console's overview adds up (queued is `working` with no lease owner)."""
+        """Every unfinished job counted by `(kind, status, lease owner)`, with the oldest one's creation time
+        (queued is `working` with no lease owner)."""
         with self._fast_reading() as connection:
             rows = connection.execute(_ACTIVE_COUNTS).all()
         return [(kind, status, owner, n, oldest) for kind, status, owner, n, oldest in rows]

@@ -1,16 +1,9 @@
-"""The PostgreSQL engine's way of executing the store's hot paths (`PostgresOps`): each write that can be is one
-statement, and so its own transaction, run in autocommit on psycopg's own connection past SQLAlchemy's
-statement execution (`sqlite_direct._Prepared` compiles it once): a start (one call of the function
-`handles_start`, on a worker thread or awaited on the event loop's own connections, `LoopConnections`), a
-job's outcome (a compare-and-set UPDATE built from the transition table), a durable step's start and
-outcome, a progress report, the snapshot. Each queues its change notice (`publishing`'s) once it has
-committed, and only when it changed something (`NoticeSender`, notices.py). The statements are
-postgres_statements.py's.
+"""PostgreSQL's way of running the store's hot paths (`PostgresOps`).
 
-PostgreSQL has a clock of its own (leases may be judged by it), row locks (a claim skips the rows another
-worker holds) and change notices (`pg_notify` on `NOTIFY_CHANNEL`, sent after the writes commit), which every
-node listens to.
-"""
+Each write that can be is one statement, and so its own transaction, run in autocommit on psycopg's own
+connection with its SQL compiled once; each queues its change notice only once it has committed and changed
+something. PostgreSQL also has a clock of its own (leases may be judged by it), row locks (a claim skips rows
+another worker holds) and change notices, which every node listens to."""
 
 from __future__ import annotations
 
@@ -73,14 +66,14 @@ class PostgresOps:
     locks_rows = True
     """A write transaction locks the rows it reads to change (`FOR UPDATE`)."""
     publishes = True
-    """Every change is told to every node by a notice (`pg_notify`, once it has committed), which each listens to."""
+    """Every committed change is told to every node by a `pg_notify` notice."""
 
     def __init__(self, repo: EngineHost) -> None:
         self.repo = repo
 
     def clock_offset(self, clock: Clock) -> timedelta:
-        """How far the database server's clock is ahead of `clock` (`JobRepository.read_database_clock`): read
-        between two readings of `clock`, on a connection already checked out."""
+        """How far the database server's clock is ahead of `clock`, read between two readings of `clock` on a
+        connection already checked out."""
         with self.autocommit() as connection:
             before = clock()
             (database_now,) = connection.execute("SELECT clock_timestamp()").fetchone()
@@ -90,20 +83,15 @@ class PostgresOps:
 
     @contextmanager
     def autocommit(self) -> Iterator[Any]:
-        """psycopg's own connection from the read engine's pool (autocommit, no ping at checkout), for a
-        statement that is its own transaction run past SQLAlchemy's statement execution (a start: one
-        call of `handles_start`, whose execution through SQLAlchemy cost a third of the round trip).
-        Its errors come out as SQLAlchemy's exceptions (`_connection`)."""
+        """psycopg's own connection from the read pool (autocommit, no ping), for a statement that is its own
+        transaction; errors come out as SQLAlchemy's."""
         with self._connection(self.repo._read_engine) as connection:
             yield connection
 
     @contextmanager
     def writing_at_once(self) -> Iterator[Any]:
-        """psycopg's own connection from the write engine's pool, in autocommit for the block: for a write
-        that is one statement, and so its own transaction, one round trip past the pool's ping (a job's
-        outcome, `JobRepository.transition`; a step's start and outcome). The ping at checkout makes a
-        write after a restart or a failover succeed at its first try (SQLAlchemy's own ping switches
-        autocommit on and off the same way). Errors as `_connection` gives them."""
+        """psycopg's own connection from the write pool (pinged at checkout, so a write after a failover
+        succeeds at its first try), in autocommit for the block."""
         with self._connection(self.repo.engine) as connection:
             connection.autocommit = True
             try:
@@ -115,14 +103,10 @@ class PostgresOps:
     @staticmethod
     @contextmanager
     def _connection(engine: Engine) -> Iterator[Any]:
-        """psycopg's own connection from `engine`'s pool, back to the pool after (pinged at checkout when the
-        pool pings: the write engine's, not the read engine's).
+        """psycopg's own connection from `engine`'s pool, returned to the pool after.
 
-        Its errors come out as SQLAlchemy's exceptions, as from `engine.connect()` and `execute`: a
-        connection the server dropped (a restart, a failover, an idle timeout) is a `DBAPIError` with
-        `connection_invalidated` set, and, as SQLAlchemy's own `Connection` does then, every connection
-        the pool made before it is replaced at its next checkout, so a second try gets a fresh one.
-        """
+        Errors come out as SQLAlchemy's: a dropped connection is a `DBAPIError` with `connection_invalidated`
+        set, and the pool is invalidated so a second try gets a fresh connection."""
         dialect = engine.dialect
         pooled: Any = None
         try:
@@ -139,35 +123,31 @@ class PostgresOps:
 
     @contextmanager
     def hot_reading(self) -> Iterator[Any]:
-        """What the hot reads by key run on: psycopg's own connection in autocommit (`autocommit`),
-        each statement compiled once (`_DriverReads`), past SQLAlchemy's statement execution (about a third
-        of a round trip)."""
+        """The hot reads' connection: psycopg's own in autocommit, each statement compiled once."""
         with self.autocommit() as connection:
             yield _DriverReads(connection, self.repo._prepare)
 
     def skip_locked(self, query: Any) -> Any:
-        """`query` as a claim reads its candidates: the rows locked, skipping those another worker holds, so
-        concurrent workers never wait on each other or take the same job."""
+        """`query` locking its rows and skipping those another worker holds, so concurrent claimers never wait
+        on each other or take the same job."""
         return query.with_for_update(skip_locked=True)
 
     def snapshot(self, job_id: str) -> tuple[JobState | None, list[InputRequestRecord], list[StepState]]:
-        """`JobRepository.snapshot` on PostgreSQL: one statement (`_SNAPSHOT_IN_ONE`), one round trip."""
+        """`JobRepository.snapshot` in one statement."""
         with self.hot_reading() as connection:
             return _snapshot_in_one(connection, job_id)
 
     @property
     def starts_on_loop(self) -> bool:
-        """Whether a start may be awaited here, on this event loop (`start_on_loop`): on the loop its
-        connections for starts belong to (`LoopConnections`)."""
+        """Whether a start may be awaited on this event loop (the one its start connections belong to)."""
         connections = self.repo.loop_connections
         return connections is not None and connections.usable()
 
     def publish(self, job_id: str, origin: str, change: Change) -> None:
-        """`JobRepository.publish`: the notice, queued to be sent (`NoticeSender`)."""
         self.repo.committed(self.repo.notice(job_id, origin, change))
 
     def load_notice_scope(self) -> str | None:
-        """The schema this store's tables live in (`current_schema()` on a connection of the store)."""
+        """`current_schema()` on a connection of the store."""
         with self.repo._read_engine.connect() as connection:
             schema = connection.execute(select(func.current_schema())).scalar()
         return None if schema is None else str(schema)
@@ -175,7 +155,7 @@ class PostgresOps:
     def publishing(
         self, job_id: str, origin: str, change: Change, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
     ) -> T:
-        """`JobRepository.publishing`: `fn` run with the notice set for every write transaction it commits to queue."""
+        """`fn` run with the notice that every write transaction it commits queues."""
         token = NOTICE.set(self.repo.notice(job_id, origin, change))
         try:
             return fn(*args, **kwargs)
@@ -183,8 +163,7 @@ class PostgresOps:
             NOTICE.reset(token)
 
     def set_progress(self, values: Mapping[str, Any]) -> bool:
-        """`JobRepository.set_progress` on PostgreSQL: one statement in autocommit, one round trip, its change
-        notice (`publishing`) queued only when the row changed."""
+        """One statement in autocommit; its notice is queued only when the row changed."""
         with self.autocommit() as connection:
             changed = len(self.repo._prepare(_PROGRESS_CHANGED).rows(connection, values)) == 1
         if changed:
@@ -199,15 +178,13 @@ class PostgresOps:
         now: datetime,
         own: tuple[int, datetime] | None,
     ) -> tuple[StepRecord, bool]:
-        """`JobRepository.begin_step` on PostgreSQL: one statement (`_BEGIN_STEP_IN_ONE`), its own transaction
-        in autocommit, one round trip past the write pool's ping, its change notice queued only when it
-        started the step."""
+        """One statement (`_BEGIN_STEP_IN_ONE`) in autocommit; its notice is queued only when it started the
+        step."""
         return self._begin_step(values | {"repeatable": repeatable}, owner, now, own)
 
     def finish_step(self, values: Mapping[str, Any]) -> None:
-        """`JobRepository.finish_step` on PostgreSQL: one statement (`_FINISH_STEP_IN_ONE`), its own transaction
-        in autocommit: one round trip past the write pool's ping, its change notice queued only when it
-        changed the step."""
+        """One statement (`_FINISH_STEP_IN_ONE`) in autocommit; raises `LeaseLost` when `owner` no longer
+        holds the job."""
         if not self._in_one(_FINISH_STEP_IN_ONE, values)["held"]:
             raise LeaseLost(values["job_id"])
 
@@ -218,23 +195,13 @@ class PostgresOps:
         questions: Sequence[InputRequestRecord],
         lease_seconds: float | None,
     ) -> tuple[JobRecord, bool]:
-        """`JobRepository.insert` on PostgreSQL: one call of the function `handles_start` (migrations 0011 and 0012), in
-        autocommit, on psycopg's own connection (`autocommit`), compiled once (`_Prepared`: its
-        result columns through the same type processors as SQLAlchemy's), past SQLAlchemy's statement
-        execution.
+        """One call of the SQL function `handles_start`, in autocommit: it takes the principal's advisory
+        lock, checks the idempotency key and active count, and inserts the job and its questions in one
+        transaction.
 
-        The function takes the principal's advisory lock, checks the idempotency key and the active
-        count, and inserts the job (its lease by the database's clock) and its questions, as one statement
-        and so one transaction: one round trip instead of seven. Its change notice is queued once a start
-        has stored the job (`_started`).
-
-        No ping at checkout. A call on a connection the server dropped is made once more on a fresh
-        one, and that is safe whether or not the first call reached the server: the job's id is a
-        fresh random id made for this start alone, so a row with that id (and this principal, kind and
-        creation time) can only be this start's own, committed by a try whose reply was lost; the
-        function answers it as created and stores and counts nothing twice. A try that
-        never ran stored nothing, so the second is the first.
-        """
+        A call on a dropped connection is made once more on a fresh one. That is safe even if the first call
+        committed: the job's id is fresh and random, so a row with this id, principal, kind and creation time
+        can only be this start's own, and is answered as created without storing anything twice."""
         notice = NOTICE.get()
         params = self._start_parameters(values, active_limit, questions, lease_seconds)
         start = self.repo._prepare(_START)
@@ -261,14 +228,8 @@ class PostgresOps:
         questions: Sequence[InputRequestRecord],
         lease_seconds: float | None,
     ) -> tuple[JobRecord, bool]:
-        """`insert` awaited on the event loop, where `starts_on_loop`: the same call of
-        `handles_start` as `insert` makes on a worker thread, sent and answered on one of the loop's own
-        connections (`LoopConnections`), with `notice` as the change notice to queue once it stored the job
-        (None: none).
-
-        As on a worker thread, a call on a connection the server dropped is made once more on a fresh one
-        (why that is safe: `insert`), and errors come out as SQLAlchemy's exceptions.
-        """
+        """`insert` awaited on one of the event loop's own connections, queuing `notice` (None: none) once the
+        job is stored; retried and raising as `insert` does."""
         import psycopg
 
         assert self.repo.loop_connections is not None
@@ -311,8 +272,8 @@ class PostgresOps:
         lease: float | None,
         notice: str | None,
     ) -> tuple[JobRecord, bool]:
-        """(job, created) from the row `handles_start` answered for the job row `values`, with `notice` queued
-        when the job was stored by this start (or by a try of it whose reply was lost)."""
+        """(job, created) from `handles_start`'s row, queuing `notice` when this start (or an earlier try of
+        it) stored the job."""
         outcome, stored = row["outcome"], row["stored"]
         if outcome == "limit":
             raise ActiveLimitReached(int(row["active"]), int(active_limit or 0))
@@ -332,8 +293,7 @@ class PostgresOps:
         questions: Sequence[InputRequestRecord],
         lease_seconds: float | None,
     ) -> dict[str, Any]:
-        """The values of `handles_start`'s parameters (`_START`) for the job row `values` (its columns by
-        name), as `insert` and `start_on_loop` call it."""
+        """`handles_start`'s parameters for the job row `values`."""
         lease = lease_seconds if values["lease_owner"] is not None and self.repo._database_leases else None
         values = self.repo._by_database_clock(values)
         params: dict[str, Any] = {
@@ -374,11 +334,9 @@ class PostgresOps:
         now: datetime,
         values: Mapping[str, Any],
     ) -> bool:
-        """`JobRepository.transition` on PostgreSQL: one compare-and-set UPDATE (`_transition_statement`), in autocommit on a
-        connection of the write pool (pinged at checkout), one round trip past the ping, with the change notice
-        of `publishing` queued when it changed the job. PostgreSQL re-checks the
-        UPDATE's conditions on the newest version of a row another transaction changed meanwhile, so of
-        two racing transitions exactly one wins, as with the row read `FOR UPDATE` before."""
+        """One compare-and-set UPDATE in autocommit on the write pool. PostgreSQL re-checks the UPDATE's
+        conditions on the newest version of a row changed meanwhile, so of two racing transitions exactly one
+        wins."""
         shape = (
             target,
             owner is not None,
@@ -391,7 +349,6 @@ class PostgresOps:
     def _begin_step(
         self, values: dict[str, Any], owner: str, now: datetime, own: tuple[int, datetime] | None
     ) -> tuple[StepRecord, bool]:
-        """`begin_step` on PostgreSQL: `_BEGIN_STEP_IN_ONE` in autocommit (`_in_one`)."""
         outcome = self._in_one(_BEGIN_STEP_IN_ONE, values | {"owner": owner, "now": now})
         if not outcome["held"]:
             raise LeaseLost(values["job_id"])
@@ -400,17 +357,15 @@ class PostgresOps:
         if outcome["known"] is not None:
             known = _from_json(_STEPS, StepRecord, outcome["known"])
             return known, _own_start(known, own)
-        # Started by a concurrent writer that the job's lock made the statement wait for: its snapshot,
-        # taken before that wait, does not show the step, which a read now does.
+        # Started by a concurrent writer we waited for: our snapshot predates it, a read shows it.
         with self.autocommit() as connection:
             (stored,) = self.repo._prepare(_STEP_BY_NAME).rows(connection, values)
         known = _detached(StepRecord, stored)
         return known, _own_start(known, own)
 
     def _in_one(self, statement: Any, values: Mapping[str, Any]) -> dict[str, Any]:
-        """A PostgreSQL write that is one statement, and so its own transaction: run in autocommit on a
-        connection of the write pool, pinged at checkout (`writing_at_once`), the change notice
-        `publishing` gives queued when it changed the job (`touched`). Its one row."""
+        """Run a one-statement write in autocommit on the write pool and return its one row, queuing the
+        notice when it changed the job (`touched`)."""
         with self.writing_at_once() as connection:
             (outcome,) = self.repo._prepare(statement).rows(connection, values)
         if outcome["touched"]:

@@ -1,9 +1,6 @@
-"""The statements only PostgreSQL runs (`PostgresOps`, postgres.py), each built once: a start (one call of
-`handles_start`, migrations 0011 and 0012), a job's outcome as one compare-and-set UPDATE built from the
-transition table (`_transition_statement`), a durable step's start and outcome and a progress report as one
-statement each, saying whether they changed something (`_touched`: its change notice is queued then), and
-the snapshot in one statement.
-"""
+"""The statements only PostgreSQL runs, each built once: a start (the SQL function `handles_start`), and a
+job's outcome, a step's start and outcome, a progress report and the snapshot, one statement each, each saying
+whether it changed something (`_touched`) so its change notice is queued only then."""
 
 from __future__ import annotations
 
@@ -49,9 +46,7 @@ from handles.store.statements import (
     _steps_as_json,
 )
 
-# A step's outcome on PostgreSQL in one statement: the job locked while `owner` holds it and it is active
-# (`held`), the step's outcome written while it is started, and the job touched when it was; its result
-# row says whether the lease was held, and whether the step changed.
+# A step's outcome, written while started if the job is `held`; the job touched when it was.
 _HELD = sa_select(_JOBS.c.id).where(*_HELD_BY_OWNER).with_for_update().cte("held")
 _FINISHED = (
     _FINISH_STEP.where(or_(_STEPS.c.job_id == sa_select(_HELD.c.id).scalar_subquery(), _OWN_START))
@@ -65,16 +60,13 @@ _HELD_COUNT = sa_select(func.count()).select_from(_HELD).scalar_subquery().label
 
 
 def _touched(touched: Any) -> Any:
-    """The rows the CTE `touched` changed (1 or 0), as the column `touched`."""
+    """How many rows the CTE `touched` changed, as the column `touched`."""
     return sa_select(func.count()).select_from(touched).scalar_subquery().label("touched")
 
 
 _FINISH_STEP_IN_ONE = sa_select(_HELD_COUNT, _touched(_TOUCHED))
 
-# A step's start on PostgreSQL in one statement: with the job `held` (as for an outcome), the step as stored
-# (`known`), and the step inserted unless it is known and not failed (a failed one is started again by the
-# insert's conflict clause, only while it is still failed), the job touched when it was. The result row
-# says whether the lease was held, whether the step was started, and the known step (`row_to_json`).
+# A step's start: inserted unless `known` and not to start again (then by the conflict clause).
 _KNOWN = (
     sa_select(_STEPS)
     .where(_STEPS.c.job_id == sa_select(_HELD.c.id).scalar_subquery(), _STEPS.c.name == bindparam("name"))
@@ -84,7 +76,7 @@ _STEP_VALUES = ("name", "status", "attempt", "started_at", "finished_at", "resul
 
 
 def _starts_again_in_sql(status: Any) -> Any:
-    """`_starts_again` in SQL, with `repeatable` a parameter (PostgreSQL's `begin_step` in one statement)."""
+    """`_starts_again` in SQL, with `repeatable` a parameter."""
     repeatable = bindparam("repeatable", type_=Boolean())
     return or_(status == literal("failed"), and_(repeatable, status != literal("completed")))
 
@@ -118,9 +110,7 @@ _BEGIN_STEP_IN_ONE = sa_select(_HELD_COUNT, _touched(_STEP_TOUCHED), _KNOWN_STEP
 _PROGRESS_CTE = _PROGRESS.returning(_JOBS.c.id).cte("changed")
 _PROGRESS_CHANGED = sa_select(_PROGRESS_CTE.c.id)
 
-# The progress snapshot on PostgreSQL in one statement (one round trip): the job's state, with its open
-# questions (only while it waits for answers) as a JSON array in the order `_OPEN_QUESTIONS_OF_JOB` reads
-# them, and its steps as `_steps_as_json` gives them (times as ISO 8601).
+# The snapshot: the job's state, its open questions (only while it waits), its steps.
 _Q = _INPUTS.alias("q")
 _SNAPSHOT_IN_ONE = sa_select(
     *_JOB_STATE,
@@ -148,9 +138,7 @@ def _snapshot_in_one(
     return job, pending, _step_states(row["handles_steps"], _utc_time)
 
 
-# The start on PostgreSQL: one call of the function of migrations 0011 and 0012, with no notice for it to send
-# (the start's is queued once it has committed). Its JSON columns travel as `json` parameters of their own (see the migration), as SQLAlchemy's JSON
-# type writes them (None as JSON null).
+# The start: `handles_start` (from the migrations), JSON columns as `json` parameters of their own.
 _JOB_JSON = ("arguments", "result", "error", "trace_context")
 _INPUT_JSON = ("requested_schema", "answer")
 _START = text(
@@ -169,12 +157,12 @@ _START = text(
 def _transition_statement(
     target: Status, owned: bool, lease_by_database: bool | None, columns: tuple[str, ...]
 ) -> Any:
-    """`transition`'s compare-and-set UPDATE on PostgreSQL, built once for each shape of call: the job moves to
-    `target` from a status the transition table allows it from (`sources_of`), only while `owner` holds it
-    when `owned`, and only once its lease ran out when `lease_by_database` is not None (by the database's
-    clock when True, by `now` when False). It changes what `_transitioned` changes, from the same table
-    (`_CLEARED_ON_ENTERING`), and `columns` to the values given (`set_<column>`). Its one row: how many jobs
-    it changed (`_touched`). A test of both stores holds the two together (`tests/store/test_postgres_writes.py`)."""
+    """`transition`'s compare-and-set UPDATE, built once per shape of call.
+
+    The job moves to `target` from a status the table allows (`sources_of`), only while `owner` holds it when
+    `owned`, and only once its lease ran out when `lease_by_database` is not None (True: by the database's
+    clock; False: by `now`). It changes what `_transitioned` changes, from the same table, plus `columns`
+    (`set_<column>`); its one row says how many jobs changed."""
     now = bindparam("now", type_=UTCDateTime())
     where = [
         _JOBS.c.id == bindparam("job_id"),

@@ -1,13 +1,9 @@
 """Turning a database that cannot be opened into one clear sentence for the operator.
 
-`database_errors(url)` wraps every start-up step that touches the database (the CLI,
-`handles db upgrade`, `handles worker`, a server's start): a bad URL, a missing driver
-or a database that does not answer becomes a `ConfigurationError` that says what is
-wrong and what to do, with the URL's password hidden. A database that does not answer
-is a `DatabaseUnreachable`, which an HTTP node may wait out (see `handles.server.startup`). An
-SQLite file that cannot be opened is named with its folder: there is no server to wait for.
-`make_sqlite_folder(url)` makes an SQLite file's folder, as everything that opens the store does first.
-"""
+`database_errors(url)` wraps every start-up step that touches the database: a bad URL, a missing driver or an
+unreachable database becomes a `ConfigurationError` saying what to do, password hidden. An unreachable server
+is a `DatabaseUnreachable`, which an HTTP node may wait out; an SQLite file that cannot be opened is named
+with its folder."""
 
 from __future__ import annotations
 
@@ -66,8 +62,8 @@ def sqlite_file(url: str) -> Path | None:
 
 
 def make_sqlite_folder(url: str) -> None:
-    """Make the folder of an SQLite file URL (the default `.handles/`), so the file can be created in it;
-    a one-sentence `ConfigurationError` when it cannot be made. Nothing for another database."""
+    """Make the folder of an SQLite file URL so the file can be created in it; a one-sentence
+    `ConfigurationError` when it cannot be made. Nothing for another database."""
     path = sqlite_file(url)
     if path is None:
         return
@@ -83,10 +79,8 @@ def make_sqlite_folder(url: str) -> None:
 
 @contextmanager
 def database_errors(url: str) -> Iterator[None]:
-    """Raise a one-sentence `ConfigurationError` for a database URL that cannot be used.
-
-    Other errors (and `ConfigurationError`s raised inside, such as an outdated schema) pass unchanged.
-    """
+    """Raise a one-sentence `ConfigurationError` for a database URL that cannot be used; other errors (and
+    `ConfigurationError`s raised inside) pass unchanged."""
     try:
         yield
     except ConfigurationError:

@@ -1,17 +1,9 @@
-"""The repository: a job's lifecycle, every read and write of a job from its start to its end, as short
-transactions. `JobRepository` is the one object every caller holds: it adds the store's other parts,
-each a class on `Database` in a module of its own (`Housekeeping`: retention and evidence;
-`OperatorReads`: listings and counts; `ResultFiles`; `SwitchRows`).
+"""A job's lifecycle, every read and write from its start to its end, as short transactions.
 
-Each status change is a compare-and-set `UPDATE ... WHERE status IN (sources)`
-guarded by the transition table, so a cancel racing a completion has exactly one
-winner. Work that reads then writes runs in a write transaction that takes the
-write lock first (`BEGIN IMMEDIATE` on SQLite, row locks on PostgreSQL).
-
-The methods are synchronous; `Store` (store/__init__.py) runs them on worker
-threads so the event loop never waits on the database. The engines, connections
-and transactions they run in are `Database`'s (engine.py).
-"""
+Each status change is a compare-and-set `UPDATE ... WHERE status IN (sources)` guarded by the transition
+table, so a cancel racing a completion has exactly one winner. Read-then-write work takes the write lock first
+(`BEGIN IMMEDIATE` on SQLite, row locks on PostgreSQL). The methods are synchronous; `Store` runs them off the
+event loop."""
 
 from __future__ import annotations
 
@@ -97,11 +89,8 @@ class AnswerOutcome:
 
 
 class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows):
-    """Synchronous access to the job tables of one database (its engines and transactions: `Database`).
-
-    The job's lifecycle is here; its parts of their own: `Claims` (claims.py), `Housekeeping` (housekeeping.py),
-    `OperatorReads` (operator_reads.py), `ResultFiles` (result_files.py) and `SwitchRows`
-    (switch_rows.py); what each engine does its own way, `EngineOps` (engines.py)."""
+    """Synchronous access to the job tables of one database; its other parts are the mixins it inherits, and
+    what each engine does its own way is `EngineOps`."""
 
     def __init__(self, url: str, *, clock: Clock = utc_now, lease_clock: str | None = None) -> None:
         """`lease_clock`: "database" judges and sets leases by the database server's clock (the default on
@@ -110,9 +99,8 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
         super().__init__(url)
         self.clock = clock
         self._prepared: dict[Any, _Prepared] = {}  # the hot reads' statements, compiled (`_prepare`)
-        # Models built from Core rows (the hot reads) need their ORM mappers ready.
+        # Models built from Core rows need their ORM mappers ready.
         configure_mappers()
-        # What this engine does its own way (sqlite.py, postgres.py): chosen once, here.
         self._engine: EngineOps = SqliteOps(self) if is_sqlite(url) else PostgresOps(self)
         if lease_clock is None:
             lease_clock = "database" if self._engine.has_clock and clock is utc_now else "local"
@@ -126,8 +114,7 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
         self._database_leases = lease_clock == "database"
         # How far the database's clock is ahead of `clock`, as last measured (`read_database_clock`).
         self._clock_offset = timedelta(0)
-        # The schema this store's tables live in, named in every change notice it publishes
-        # (`load_notice_scope`); None until loaded, and then the notices name none.
+        # Named in every change notice (`load_notice_scope`); None until loaded.
         self.notice_scope: str | None = None
 
     @property
@@ -145,10 +132,9 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
         return func.now() if self._database_leases else now
 
     def read_database_clock(self) -> timedelta:
-        """Measure how far the database's clock is ahead of this node's (`clock`), when leases are judged by
-        the database's (else zero), and keep it: the deadlines a start stores, which its caller sets by this
-        node's clock (`run_after`, `expires_at`, `abandon_at`, `input_deadline`), are moved by it, so every
-        node judges them by the database's clock, as it judges leases. The sweeper measures it each pass."""
+        """Measure and keep how far the database's clock is ahead of `clock` (zero unless leases use the
+        database's clock); a start's deadlines are moved by it, so every node judges them by the database's
+        clock."""
         if not self._database_leases:
             return timedelta(0)
         self._clock_offset = self._engine.clock_offset(self.clock)
@@ -170,8 +156,7 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
         return value
 
     def _hot_reading(self) -> AbstractContextManager[Any]:
-        """What the hot reads by key (`_one`, `_rows`) run on, each statement compiled once and run past
-        SQLAlchemy's statement execution where the engine can (`EngineOps.hot_reading`)."""
+        """The connection the hot reads by key (`_one`, `_rows`) run on, with their statements compiled once."""
         return self._engine.hot_reading()
 
     def _prepare(self, statement: Any) -> _Prepared:
@@ -206,9 +191,8 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
             return _rows(connection, InputRequestRecord, _QUESTIONS_OF_JOB, job_id)
 
     def snapshot(self, job_id: str) -> tuple[JobState | None, list[InputRequestRecord], list[StepState]]:
-        """The job's state and its steps' (only the columns a caller following it is shown), and its open
-        questions (when it waits for answers), read in one go: one statement, and on SQLite a second
-        only while the job waits for answers."""
+        """The job's state, its steps' and its open questions (the columns a follower is shown), read in one
+        go."""
         return self._engine.snapshot(job_id)
 
     def replay_state(self, job_id: str) -> tuple[dict[str, dict[str, Any]], dict[str, StepRecord]]:
@@ -235,21 +219,15 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
     ) -> tuple[JobRecord, bool]:
         """Store a new job, or return the job its idempotency key already names: (job, created).
 
-        With `active_limit`, refuse (`ActiveLimitReached`) when the principal already
-        has that many active jobs; the count and the insert share one transaction, as do
-        `questions` (asked before the job starts) and the job. A job stored already
-        claimed (`lease_owner` set) with `lease_seconds` holds its lease for that long
-        by the lease clock (the database's own, on PostgreSQL), set by the insert itself.
-        """
-        # Core, not the ORM: the row is written from the model's values and the stored job comes
-        # back as a detached model, as the hot reads build them (the ORM's unit of work costs more
-        # than the insert itself). `job` itself is left as it was given.
+        With `active_limit`, raise `ActiveLimitReached` when the principal already has that many active jobs;
+        the count, the insert and `questions` share one transaction. A job stored claimed (`lease_owner` set)
+        with `lease_seconds` holds its lease for that long by the lease clock."""
         return self._engine.insert(_job_values(job), active_limit, questions, lease_seconds)
 
     @property
     def starts_on_loop(self) -> bool:
-        """Whether a start may be awaited here, on this event loop (`start_on_loop`): PostgreSQL, on the loop
-        its connections for starts belong to (`LoopConnections`)."""
+        """Whether `start_on_loop` may be awaited on this event loop (PostgreSQL, on the loop its start
+        connections belong to)."""
         return self._engine.starts_on_loop
 
     async def start_on_loop(
@@ -261,49 +239,35 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
         questions: Sequence[InputRequestRecord] = (),
         lease_seconds: float | None = None,
     ) -> tuple[JobRecord, bool]:
-        """`insert` on PostgreSQL awaited on the event loop, where `starts_on_loop`: the same call of
-        `handles_start` as `insert` makes on a worker thread, sent and answered on one of the loop's own
-        connections (`LoopConnections`), with `notice` as the change notice queued once it stored the job
-        (None: none).
-
-        As on a worker thread, a call on a connection the server dropped is made once more on a fresh one,
-        and errors come out as SQLAlchemy's exceptions (`PostgresOps.start_on_loop`).
-        """
+        """`insert` awaited on the event loop's own PostgreSQL connection, queuing `notice` (None: none) once
+        the job is stored; errors are SQLAlchemy's, as on a worker thread."""
         return await self._engine.start_on_loop(
             _job_values(job), notice, active_limit, questions, lease_seconds
         )
 
     def publish(self, job_id: str, origin: str, *, queued: bool = False) -> None:
-        """Tell every node listening on PostgreSQL that `job_id` changed, or is queued for a worker.
-
-        A no-op on other databases. The payload is `notice`'s; it goes out within milliseconds, with the
-        others pending (`NoticeSender`), and at the latest when the repository is disposed.
-        """
+        """Tell every node listening on PostgreSQL that `job_id` changed, or is queued for a worker; sent
+        shortly after by a thread of its own, at the latest on dispose. A no-op elsewhere."""
         self._engine.publish(job_id, origin, "queued" if queued else "changed")
 
     def notice(self, job_id: str, origin: str, change: Change) -> str:
-        """The change notice (the payload on `NOTIFY_CHANNEL`) that `job_id` changed by `change`, from
-        `origin`: `"<job_id> <origin> <change> <schema>"`, the last the schema of this store's tables
-        (`notice_scope`), left out until it is loaded. PostgreSQL delivers a notice to every listener of
-        the database, whatever its schema: a node ignores those naming another schema (another
-        deployment's jobs, `ChangeListener`)."""
+        """The change notice payload `"<job_id> <origin> <change> <schema>"`, the schema (`notice_scope`) left
+        out until loaded; listeners ignore notices naming another schema."""
         notice = f"{job_id} {origin} {change}"
         return notice if self.notice_scope is None else f"{notice} {self.notice_scope}"
 
     def load_notice_scope(self) -> str | None:
-        """Read the schema this store's tables live in (PostgreSQL's `current_schema()` on a connection of
-        the store) into `notice_scope`, and return it; None on other databases. Whoever publishes calls it
-        once first: the runtime as it starts, the CLI before its cancel's notice."""
+        """Read the schema of this store's tables into `notice_scope` and return it (None off PostgreSQL);
+        whoever publishes calls it once first."""
         self.notice_scope = self._engine.load_notice_scope()
         return self.notice_scope
 
     def publishing(
         self, job_id: str, origin: str, change: Change, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
     ) -> T:
-        """Run the write method `fn`; each write transaction it commits publishes that `job_id` changed
-        (as `publish` does, with `change` for the kind) once it has committed: no notice for a change that
-        rolled back, and none sent by the write's own transaction (PostgreSQL serialises the commits of
-        those that notify). Only on PostgreSQL; elsewhere it just runs `fn`."""
+        """Run the write method `fn`, publishing that `job_id` changed after each write transaction it
+        commits, never from inside it (PostgreSQL serialises the commits of notifying transactions). Elsewhere
+        it just runs `fn`."""
         return self._engine.publishing(job_id, origin, change, fn, *args, **kwargs)
 
     # -- progress and status -----------------------------------------------
@@ -311,10 +275,8 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
     def set_progress(
         self, job_id: str, owner: str, done: float | None, total: float | None, message: str | None
     ) -> bool:
-        """Store a running job's progress report, if `owner` still holds its lease and it is active; True when
-        stored. One statement, compiled once, on the driver's own connection (a job reporting progress writes
-        every `progress_flush_seconds`): on PostgreSQL in autocommit, one round trip, its change notice
-        (`publishing`) queued only when the row changed."""
+        """Store a running job's progress if `owner` still holds its active lease; True when stored. One
+        statement; its change notice is queued only when the row changed."""
         values: dict[str, Any] = {"job_id": job_id, "owner": owner, "done": done, "total": total}
         values |= {"message": message, "now": self.clock()}
         return self._engine.set_progress(values)
@@ -337,14 +299,11 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
         lease_expired: bool = False,
         **values: Any,
     ) -> bool:
-        """Move a job to `target` if the transition table allows it from its current status.
+        """Move a job to `target` if the transition table allows it; True when this call made the change.
 
-        `owner` additionally requires that lease holder; `lease_expired` requires
-        the lease to have run out (recovery must not race a renewal). Terminal
-        targets release the lease, stamp `finished_at` and shorten the retention
-        to `keep_result_seconds`. Returns whether this call made the change
-        (False: someone else won, or the edge is not allowed).
-        """
+        `owner` requires that lease holder; `lease_expired` requires the lease to have run out (recovery must
+        not race a renewal). Terminal targets release the lease, stamp `finished_at` and shorten retention to
+        `keep_result_seconds`."""
         now = self.clock()
         return self._engine.transition(job_id, target, owner, lease_expired, now, values)
 
@@ -355,14 +314,11 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
     def settle_interrupted(
         self, job_id: str, owner: str, *, shutdown: bool, lease_expired: bool = False
     ) -> Status | None:
-        """Settle a job whose run stopped before it ended; returns its new status (None: not ours to settle).
+        """Settle a job whose run stopped before it ended (shutdown or expired lease); its new status, or None
+        when not ours to settle.
 
-        One rule for every way a run stops (a graceful shutdown, or a lease that ran out
-        because its process died): a job with a cancel request ends `cancelled`; a
-        shutdown hands a `retry` job straight to any node, not counted as an attempt;
-        a crashed `retry` job is queued again after a backoff while attempts remain;
-        anything else ends `failed`, saying why.
-        """
+        A cancel request ends it `cancelled`; a shutdown requeues a `retry` job without counting an attempt; a
+        crashed `retry` job is requeued after a backoff while attempts remain; anything else ends `failed`."""
         now = self.clock()
         with self._writing() as session:
             job = self._locked(session, job_id)
@@ -382,12 +338,8 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
             return Status(job.status)
 
     def park(self, job_id: str, owner: str) -> Status | None:
-        """Let go of a job that waits for answers: no lease, no worker, until they arrive.
-
-        Returns the job's status afterwards: `input_required` (parked; an answer makes it
-        claimable again), `working` (every answer arrived meanwhile: it is queued to
-        resume), `cancelled` (a cancel request arrived meanwhile), None (not held here).
-        """
+        """Let go of a job that waits for answers (no lease, no worker); its status afterwards:
+        `input_required`, `working` (every answer arrived meanwhile), `cancelled`, or None (not held here)."""
         now = self.clock()
         with self._writing() as session:
             job = self._locked(session, job_id)
@@ -402,9 +354,8 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
             return Status(job.status)
 
     def request_cancel(self, job_id: str, by: str | None = None) -> CancelOutcome | None:
-        """Record a cancel request (and `by` whom, unless one was recorded before). A job no worker holds
-        (queued, waiting to run again, or parked on a question) ends `cancelled` at once, its status message
-        saying who asked and at what point; a running one is signalled."""
+        """Record a cancel request (keeping the first `by`). A job no worker holds ends `cancelled` at once; a
+        running one is signalled."""
         now = self.clock()
         with self._writing() as session:
             job = self._locked(session, job_id)
@@ -429,11 +380,8 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
     def open_input(
         self, job_id: str, owner: str, key: str, message: str, schema: dict[str, Any]
     ) -> InputRequestRecord | None:
-        """Ask a question. Returns the stored request if it was already answered (a replay), else None.
-
-        The job moves to `input_required` in the same transaction, so the question
-        and the status are visible together.
-        """
+        """Ask a question, moving the job to `input_required` in the same transaction; returns the stored
+        request if it was already answered (a replay), else None."""
         now = self.clock()
         with self._writing() as session:
             existing = session.get(InputRequestRecord, (job_id, key))
@@ -462,10 +410,8 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
     def answer_inputs(
         self, job_id: str, answers: dict[str, dict[str, Any]], by: str | None = None
     ) -> AnswerOutcome | None:
-        """Record answers for pending keys; unknown or answered keys are ignored.
-
-        When no question is left pending the job returns to `working`.
-        """
+        """Record answers for pending keys, ignoring unknown or answered ones; the job returns to `working`
+        when none is left pending."""
         now = self.clock()
         with self._writing() as session:
             # Locked: a cancel committing between this read and the write must not be undone.
@@ -509,23 +455,11 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
         started_at: datetime | None = None,
         repeatable: bool = False,
     ) -> tuple[StepRecord, bool]:
-        """Record that step `name` starts, unless it is already known: (record, fresh).
+        """Record that step `name` starts unless already known: (record, fresh).
 
-        Not fresh: the step completed before (replay its result) or started without
-        a recorded outcome (unknown). A failed step is started afresh, and so is a
-        `repeatable` one (safe to run again) that started without a recorded outcome.
-
-        `started_at` (when given; else now) makes the start safe to try again: a try that finds the step
-        started with this very attempt and time finds its own earlier try, committed though its answer was
-        lost (a database outage, `Store.write_report`), and answers fresh.
-
-        Raises `LeaseLost` when `owner` no longer holds the job. A step's two writes run past the ORM
-        session, whose unit of work cost ten times their statements (a job of many steps pays both writes
-        in every step): on SQLite as the outcome's (`SqliteOps.transition`), statements compiled once in
-        one write transaction on SQLite's own connection; on PostgreSQL as one statement
-        (`PostgresOps.begin_step`), its own transaction in autocommit, one round trip past the write pool's
-        ping, its change notice queued only when it started the step.
-        """
+        Not fresh: it completed before (replay its result) or started without an outcome (unknown); a failed
+        or a `repeatable` unknown step starts afresh. Given `started_at`, a retry that finds its own earlier,
+        committed try answers fresh. Raises `LeaseLost` when `owner` no longer holds the job."""
         now = self.clock() if started_at is None else started_at
         values: dict[str, Any] = {"job_id": job_id, "name": name, "status": "started", "attempt": attempt}
         values |= {"started_at": now, "finished_at": None, "result": None, "error": None}
@@ -542,22 +476,11 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
         error: str | None = None,
         attempt: int | None = None,
     ) -> None:
-        """Record a started step's outcome (its JSON result, or the error it raised).
+        """Record a started step's outcome (its JSON result, or its error).
 
-        The lease holder writes it while the step is started. Raises `LeaseLost` when `owner` no longer
-        holds the job: a stale worker never rewrites the ledger of a job that ended or moved on. One write
-        of a stale worker is kept, before `LeaseLost`: the outcome of the step its own run started, given
-        as `attempt`, while that step is still `started` with that attempt. Nobody else has decided it
-        then (a later run that meets a started step does not start it again: it fails the job
-        `step_unknown`, or records what its `recheck` finds), and only this run knows what happened. A
-        node that stood still past its lease (a long pause, a suspended machine) while its step ran on a
-        worker thread so leaves the ledger true, and a retry that reaches the step afterwards replays its
-        result instead of failing. A step that is not started is left as it is.
-
-        Past the ORM session, as `begin_step`; on PostgreSQL in one statement (`PostgresOps.finish_step`), its
-        own transaction in autocommit: one round trip past the write pool's ping, its change notice queued
-        only when it changed the step.
-        """
+        Raises `LeaseLost` when `owner` no longer holds the job, so a stale worker never rewrites the ledger;
+        but the outcome of the step its own run started (`attempt`) is still written first while that step is
+        `started`, since only that run knows what happened. A step that is not started is left as it is."""
         now = self.clock()
         status = "failed" if error is not None else "completed"
         values = {"job_id": job_id, "owner": owner, "name": name, "now": now, "set_status": status}

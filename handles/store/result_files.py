@@ -1,9 +1,4 @@
-"""Result files too large to return inline, stored in parts (`handles_result_parts`): a part written,
-a file dropped, a part read back. How results are split and served: handles/results.py and
-server/result_links.py.
-
-`ResultFiles` is a part of `JobRepository` (repository.py).
-"""
+"""Result files too large to return inline, stored in parts (`handles_result_parts`)."""
 
 from __future__ import annotations
 
@@ -24,7 +19,7 @@ _PART_BY_KEY = sa_select(_PARTS.c.data).where(
 
 
 class ResultFiles(Database):
-    """The parts of result files, on the engines and transactions of `Database`."""
+    """The parts of result files, a part of `JobRepository`."""
 
     def put_result_part(self, job_id: str, file_id: str, part: int, data: bytes) -> None:
         """Store one part of a result file; the first part of a file clears the parts of earlier

@@ -1,7 +1,5 @@
-"""Stored rows as models and models as rows, past the ORM session: the Core tables behind the models,
-a model's values for a Core insert, detached models from the rows of a Core read, and the JSON that
-PostgreSQL's functions take in (`json_populate_record`) and give back (`row_to_json`).
-"""
+"""Stored rows as models and back, past the ORM session: the Core tables, a model's values for a Core insert,
+detached models from Core rows, and PostgreSQL's JSON rows (`json_populate_record`, `row_to_json`)."""
 
 from __future__ import annotations
 
@@ -22,19 +20,16 @@ M = TypeVar("M", JobRecord, InputRequestRecord, StepRecord)
 
 
 def _column_values(table: Any, model: Any) -> dict[str, Any]:
-    """A model's values by column name, for a Core insert into `table`: from the instance's own dict where
-    the value is there (a built or loaded model keeps its values in it), past the ORM's attribute
-    descriptor on each column; through the descriptor otherwise (an expired or deferred attribute)."""
+    """A model's values by column name for a Core insert, read from the instance's dict where present (past
+    the ORM's descriptors), else through them."""
     held = model.__dict__
     return {name: held[name] if name in held else getattr(model, name) for name in _COLUMN_NAMES[table.name]}
 
 
 def _detached(model: type[M], row: Mapping[Any, Any]) -> M:
-    """A detached model of a stored row, built as SQLAlchemy builds an instance it loads: every column's
-    value placed in the instance's dict, past the attribute events that `model_construct` fires for each
-    field. The same model (`==`, `model_dump`, the
-    fields set); it is read, never added to a session. A row without every column gets
-    `model_construct`, whose defaults fill the rest."""
+    """A detached model of a stored row, built as SQLAlchemy builds a loaded instance (past the attribute
+    events `model_construct` fires); never added to a session. A row missing columns gets `model_construct`'s
+    defaults."""
     if len(row) != len(model.model_fields):
         return model.model_construct(**row)
     instance: M = _MANAGERS[model].new_instance()
@@ -44,8 +39,7 @@ def _detached(model: type[M], row: Mapping[Any, Any]) -> M:
 
 
 def _rows(connection: Connection, model: type[M], statement: Any, job_id: str, **params: Any) -> list[M]:
-    """The rows a prebuilt hot-read `statement` finds for `job_id`, as detached models, without an ORM
-    session (the hot read path)."""
+    """The rows a prebuilt hot-read `statement` finds for `job_id`, as detached models."""
     result = connection.execute(statement, {"job_id": job_id, **params})
     return [_detached(model, row) for row in result.mappings()]
 

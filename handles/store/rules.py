@@ -1,9 +1,6 @@
 """The rules of a job's lifecycle, the same on every engine: which status a job may move to and what moving
-there changes (`_transitioned`, from the table `_CLEARED_ON_ENTERING`), how an interrupted run settles
-(`_interrupted_outcome`), and when a durable step starts again (`_starts_again`). The repository applies
-them to ORM models; each engine's module (sqlite.py, postgres.py) to a row's values or in SQL. Who may take
-a queued job, and in which order, is claims.py's.
-"""
+there changes (`_transitioned`, from `_CLEARED_ON_ENTERING`), how an interrupted run settles, and when a
+durable step starts again. Applied to ORM models, to a row's values, or in SQL."""
 
 from __future__ import annotations
 
@@ -28,20 +25,20 @@ class ActiveLimitReached(Exception):
 
 
 def _own_start(step: StepRecord, own: tuple[int, datetime] | None) -> bool:
-    """Whether the stored `step` is the start `own` (attempt, start time) itself, which an earlier try of
-    `begin_step` given the same start time committed: still started, with that attempt and time."""
+    """Whether the stored `step` is the start `own` (attempt, start time) itself, committed by an earlier try
+    of `begin_step`."""
     return own is not None and (step.status, step.attempt, step.started_at) == ("started", *own)
 
 
 def _starts_again(status: str, repeatable: bool) -> bool:
-    """Whether `begin_step` starts a known step of `status` afresh: it failed, or it is safe to repeat and did
-    not complete (an earlier run began it and never recorded its outcome)."""
+    """Whether `begin_step` starts a known step of `status` afresh: it failed, or it is repeatable and did not
+    complete."""
     return status == "failed" or (repeatable and status != "completed")
 
 
 def _interrupted_outcome(job: JobRecord, now: datetime, *, shutdown: bool) -> tuple[Status, dict[str, Any]]:
-    """The status and fields that settle an interrupted job (see `JobRepository.settle_interrupted`); `now`
-    by the lease clock, which judges when it is due again."""
+    """The status and fields that settle an interrupted job (`JobRepository.settle_interrupted`); `now` by the
+    lease clock."""
     attempts = job.attempts
     if job.cancel_requested_at is not None:
         return Status.CANCELLED, {
@@ -74,7 +71,7 @@ def _interrupted_outcome(job: JobRecord, now: datetime, *, shutdown: bool) -> tu
 
 
 def _cancelled(job: JobRecord, when: str) -> str:
-    """The status message of `job` cancelled `when`, saying who asked (`cancelled_message`)."""
+    """The status message of `job` cancelled `when`, saying who asked."""
     return cancelled_message(job.cancel_requested_by, job.principal, when)
 
 
@@ -95,8 +92,8 @@ def _job_values(job: JobRecord) -> dict[str, Any]:
 
 
 def _may_transition(job: Any, target: Status, owner: str | None, lease_expired_by: datetime | None) -> bool:
-    """Whether `transition` may move this job (a model, or a row's values) to `target`: the edge is in the
-    table, `owner` (if given) holds the lease, and with `lease_expired_by` the lease ran out before it."""
+    """Whether `transition` may move this job (a model or a row's values) to `target`: the edge is allowed,
+    `owner` (if given) holds the lease, and with `lease_expired_by` the lease ran out before it."""
     if not can_transition(Status(job.status), target):
         return False
     if owner is not None and job.lease_owner != owner:
@@ -112,16 +109,14 @@ _CLEARED_ON_ENTERING: dict[Status, tuple[str, ...]] = {
     Status.INPUT_REQUIRED: (),
     **{status: (*_LEASE, "input_deadline", "abandon_at") for status in TERMINAL},
 }
-"""What entering each status empties of a job's other columns: a job that ends holds no lease and has no
-deadline left; one answered has no answer to wait for. A terminal status also stamps `finished_at` and
-shortens the retention to `keep_result_seconds` from then. The Python rules (`_transitioned`) and the SQL
-statement (`_transition_statement`) are both built from this table."""
+"""What entering each status empties: an ended job holds no lease and no deadline; an answered one waits for
+no answer. Both `_transitioned` and `_transition_statement` are built from it."""
 
 
 def _transitioned(job: Any, target: Status, now: datetime, values: Mapping[str, Any]) -> None:
-    """Move a job (a model, or a row's values) to `target`, by the transition table, with what entering
-    `target` changes (`_CLEARED_ON_ENTERING`) and `values`. Every status change made in Python comes here;
-    its caller has checked that the job may move (`_may_transition`, or an equivalent guard)."""
+    """Move a job (a model or a row's values) to `target` with what entering it changes and `values`; a
+    terminal status also stamps `finished_at` and shortens retention to `keep_result_seconds`. The caller has
+    checked the job may move."""
     source = Status(job.status)
     if not can_transition(source, target):
         raise ValueError(f"a job may not move from {source} to {target}")
@@ -136,7 +131,7 @@ def _transitioned(job: Any, target: Status, now: datetime, values: Mapping[str, 
 
 
 def _released(job: Any, now: datetime, values: Mapping[str, Any]) -> None:
-    """Give a job's lease back, its status unchanged (it is queued, or parked until an answer)."""
+    """Give a job's lease back, its status unchanged (queued, or parked until an answer)."""
     _changed(job, now, dict.fromkeys(_LEASE) | dict(values))
 
 

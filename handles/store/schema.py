@@ -1,10 +1,6 @@
-"""Bringing the database's schema to what this version of handles needs, once per process.
-
-`SchemaGate.open()` runs, on a worker thread, before the runtime starts and before the first call that
-changes a job: it upgrades the schema (when auto-migrate is on) or checks it is current. Calls arriving
-while an attempt is under way share it. A database that does not answer raises `DatabaseUnreachable` and
-the gate stays shut, so a later call tries again; an outdated schema raises `ConfigurationError`.
-"""
+"""Bringing the database's schema to what this version of handles needs, once per process (`SchemaGate`):
+upgraded when auto-migrate is on, else checked current. An unreachable database raises `DatabaseUnreachable`
+and leaves the gate shut for a later call to retry; an outdated schema raises `ConfigurationError`."""
 
 from __future__ import annotations
 
@@ -33,9 +29,8 @@ class SchemaGate:
         return self._open
 
     async def open(self) -> None:
-        """Upgrade or check the schema on a worker thread, so the event loop keeps serving while the database
-        answers (or, for up to its connect timeout, does not). A call arriving while an attempt is under way
-        waits for that attempt rather than queueing one of its own behind it; raises as it did."""
+        """Upgrade or check the schema on a worker thread, so the event loop keeps serving; a call arriving
+        during an attempt shares it and raises as it did."""
         if self._open:
             return
         loop = asyncio.get_running_loop()
@@ -43,7 +38,7 @@ class SchemaGate:
         if attempt is None or attempt.done() or attempt.get_loop() is not loop:
             attempt = self._attempt = loop.create_task(anyio.to_thread.run_sync(self._open_blocking))
             attempt.add_done_callback(_retrieve)
-        # Shielded: a caller that goes away leaves the attempt to the others (and to the next caller).
+        # Shielded: a caller that goes away leaves the attempt to the others.
         await asyncio.shield(attempt)
 
     def _open_blocking(self) -> None:

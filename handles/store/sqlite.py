@@ -1,13 +1,7 @@
-"""The SQLite engine's way of executing the store's hot paths (`SqliteOps`): each statement compiled once
-and run on SQLite's own DB-API connection (`sqlite_direct.py`), past SQLAlchemy's session and statement
-execution, which cost several times what SQLite takes to run a short statement. A start's count and
-insert, a job's outcome, a durable step's writes and a progress report each run in one `BEGIN IMMEDIATE`
-transaction (`Database._sqlite_writing`: on the event loop when `Store` writes inline); the hot reads run on
-the event loop's own read connection there (`Database._sqlite_reading`), else through SQLAlchemy.
-
-SQLite has no server clock of its own, no row locks (`BEGIN IMMEDIATE` takes the whole database's write
-lock), and no change notices: nodes on one SQLite file are one process.
-"""
+"""SQLite's way of running the store's hot paths (`SqliteOps`): statements compiled once and run on SQLite's
+own DB-API connection, past SQLAlchemy, each write in one `BEGIN IMMEDIATE` transaction. SQLite has no server
+clock, no row locks (`BEGIN IMMEDIATE` takes the whole database's write lock) and no change notices: nodes on
+one SQLite file share it through the file alone."""
 
 from __future__ import annotations
 
@@ -72,16 +66,16 @@ T = TypeVar("T")
 
 
 class SqliteOps:
-    """The engine operations of `JobRepository` (`EngineOps`, engines.py) on an SQLite file."""
+    """`EngineOps` on an SQLite file."""
 
     has_clock = False
     """SQLite runs in this process: leases are judged by the repository's `clock`."""
     locks_rows = False
-    """No row locks: a write transaction's `BEGIN IMMEDIATE` holds the database's write lock from the start."""
+    """No row locks: `BEGIN IMMEDIATE` holds the database's write lock from the start."""
     publishes = False
-    """No change notices: every node of an SQLite file is this process, told by `ChangeNotifier`."""
+    """No change notices: other processes notice changes by polling."""
     starts_on_loop = False
-    """A start runs on SQLite's own connection (inline on the loop, else a worker thread), never awaited."""
+    """A start runs on SQLite's own connection, never awaited."""
 
     def __init__(self, repo: EngineHost) -> None:
         self.repo = repo
@@ -93,7 +87,6 @@ class SqliteOps:
         read_time = UTCDateTime().dialect_impl(dialect).result_processor(dialect, None)
         assert read_time is not None  # a TypeDecorator with `process_result_value` always has one
         self._time = read_time
-        # A start runs these on SQLite's own connection (see `insert`).
         self._start = (
             _Prepared(_COUNT_ACTIVE, dialect),
             _Prepared(_INSERT_JOB, dialect, _JOB_COLUMNS),
@@ -102,8 +95,8 @@ class SqliteOps:
 
     @contextmanager
     def hot_reading(self) -> Iterator[Any]:
-        """What the hot reads by key run on: on the event loop, SQLite's own connection (each statement compiled
-        once, `_DriverReads`); read off the loop, a connection of `_fast_reading`."""
+        """On the event loop, SQLite's own connection with statements compiled once; elsewhere a connection of
+        `_fast_reading`."""
         repo = self.repo
         with repo._sqlite_reading() as raw:
             if raw is not None:
@@ -113,22 +106,18 @@ class SqliteOps:
             yield connection
 
     def clock_offset(self, clock: Clock) -> timedelta:
-        """No clock but `clock`: no offset."""
         return timedelta(0)
 
     def skip_locked(self, query: Any) -> Any:
-        """`query` as a claim reads its candidates: as it is (the write lock keeps other writers out)."""
+        """`query` as it is: the write lock keeps other writers out."""
         return query
 
     def snapshot(self, job_id: str) -> tuple[JobState | None, list[InputRequestRecord], list[StepState]]:
-        """`JobRepository.snapshot` on SQLite: one statement (`_SQLITE_SNAPSHOT`), and a second only while the
-        job waits for answers."""
+        """One statement, and a second only while the job waits for answers."""
         repo = self.repo
         with repo._sqlite_reading() as raw:
             if raw is not None:
-                # A poll on the event loop: the statement run straight on SQLite's connection and its row
-                # read by position, with no layer between (each layer is paid cold, as a server's caches
-                # are between two calls).
+                # On the event loop: run straight on SQLite's connection, its row read by position.
                 prepared = repo._prepare(_SQLITE_SNAPSHOT)
                 cursor = raw.execute(prepared.sql, prepared.parameters({"job_id": job_id}))
                 try:
@@ -148,8 +137,7 @@ class SqliteOps:
             return job, _rows(connection, InputRequestRecord, _OPEN_QUESTIONS_OF_JOB, job_id), steps
 
     def _state(self, row: Sequence[Any] | None) -> tuple[JobState | None, list[StepState]]:
-        """The job's state and steps from the snapshot's row (the job's state in `JobState`'s order, then its
-        steps), or none without a row."""
+        """The job's state and steps from the snapshot's row (none without a row)."""
         if row is None:
             return None, []
         return JobState(*row[:_STATE_WIDTH]), _step_states(row[_STATE_WIDTH], self._time)
@@ -161,12 +149,8 @@ class SqliteOps:
         questions: Sequence[InputRequestRecord],
         lease_seconds: float | None,
     ) -> tuple[JobRecord, bool]:
-        """`JobRepository.insert` on SQLite: the job its idempotency key names, if there is one; else the count
-        and the insert, compiled once, on SQLite's own connection in one `BEGIN IMMEDIATE` transaction
-        (`_sqlite_writing`), past SQLAlchemy's session and statement execution, which cost several times what
-        SQLite takes to run them. The values are bound as SQLAlchemy binds them (the same type processors:
-        JSON, UTC times), so the row is the same. A lease is held for `lease_seconds` by the local clock, which
-        the caller's values already say."""
+        """The job its idempotency key names, if any; else the active count and the insert in one `BEGIN
+        IMMEDIATE` transaction, bound with SQLAlchemy's type processors so the row is the same."""
         if values["idempotency_key"] is not None:
             existing = self._find_idempotent(values)
             if existing is not None:
@@ -205,14 +189,13 @@ class SqliteOps:
         questions: Sequence[InputRequestRecord],
         lease_seconds: float | None,
     ) -> tuple[JobRecord, bool]:
-        """Never called: a start on SQLite is not awaited on the loop (`starts_on_loop` is False)."""
+        """Never called: `starts_on_loop` is False."""
         raise RuntimeError("an SQLite store starts jobs with `insert`, not on the event loop")
 
     def publish(self, job_id: str, origin: str, change: Change) -> None:
         """No notice to send."""
 
     def load_notice_scope(self) -> str | None:
-        """No notices, and so no scope for them."""
         return None
 
     def publishing(
@@ -222,7 +205,7 @@ class SqliteOps:
         return fn(*args, **kwargs)
 
     def set_progress(self, values: Mapping[str, Any]) -> bool:
-        """`JobRepository.set_progress` on SQLite: `_PROGRESS` in its own write transaction."""
+        """`_PROGRESS` in its own write transaction."""
         with self.repo._sqlite_writing() as connection:
             return self._execute(connection, _PROGRESS, values) == 1
 
@@ -235,10 +218,8 @@ class SqliteOps:
         now: datetime,
         values: Mapping[str, Any],
     ) -> bool:
-        """`JobRepository.transition` on SQLite, past the ORM session's unit of work (a job's outcome write is
-        part of every job's cost): the row read, the rules applied (`_may_transition`, `_transitioned`) and the
-        changed columns written, by statements compiled once, in one `BEGIN IMMEDIATE` transaction on SQLite's
-        own connection (`_sqlite_writing`), which holds the write lock from the start."""
+        """Read the row, apply the rules (`_may_transition`, `_transitioned`) and write the changed columns,
+        in one `BEGIN IMMEDIATE` transaction, past the ORM's unit of work."""
         repo = self.repo
         with repo._sqlite_writing() as connection:
             rows = repo._prepare(_TRANSITION_READ).rows(connection, {"job_id": job_id})
@@ -267,8 +248,7 @@ class SqliteOps:
         now: datetime,
         own: tuple[int, datetime] | None,
     ) -> tuple[StepRecord, bool]:
-        """`JobRepository.begin_step` on SQLite: as `transition`, statements compiled once in one write
-        transaction on SQLite's own connection."""
+        """As `transition`: in one write transaction on SQLite's own connection."""
         repo = self.repo
         job_id, name = values["job_id"], values["name"]
         with repo._sqlite_writing() as connection:
@@ -285,7 +265,6 @@ class SqliteOps:
         return _detached(StepRecord, values), True
 
     def finish_step(self, values: Mapping[str, Any]) -> None:
-        """`JobRepository.finish_step` on SQLite: as `begin_step`."""
         job_id, owner, attempt = values["job_id"], values["owner"], values["attempt"]
         with self.repo._sqlite_writing() as connection:
             held = self._holds_lease(connection, job_id, owner)
@@ -296,19 +275,16 @@ class SqliteOps:
             raise LeaseLost(job_id)
 
     def _hold_lease(self, connection: Any, job_id: str, owner: str) -> None:
-        """In a write transaction (whose `BEGIN IMMEDIATE` holds the write lock): raise `LeaseLost` unless
-        `owner` holds the active job `job_id`."""
+        """Raise `LeaseLost` unless `owner` holds the active job `job_id` (inside a write transaction)."""
         if not self._holds_lease(connection, job_id, owner):
             raise LeaseLost(job_id)
 
     def _holds_lease(self, connection: Any, job_id: str, owner: str) -> bool:
-        """`_hold_lease`'s question: does `owner` hold the active job `job_id`?"""
         rows = self.repo._prepare(_JOB_LEASE).rows(connection, {"job_id": job_id})
         return bool(rows) and rows[0]["lease_owner"] == owner and Status(rows[0]["status"]) in ACTIVE
 
     def _execute(self, connection: Any, statement: Any, values: Mapping[str, Any]) -> int:
-        """Run a write `statement` compiled once (`_prepare`) on SQLite's own `connection`: the rows it
-        changed."""
+        """Run a write `statement` compiled once on SQLite's own `connection`; the rows it changed."""
         prepared = self.repo._prepare(statement)
         cursor = connection.execute(prepared.sql, prepared.parameters(values))
         changed: int = cursor.rowcount
@@ -316,9 +292,7 @@ class SqliteOps:
         return changed
 
 
-# What `transition` on SQLite reads of the job: what its rules look at (`_may_transition`) and
-# what they may change besides the values given (`_transitioned`); not the arguments, result or logs, which
-# would be decoded from JSON only to be left as they are.
+# What `transition` reads of the job: what its rules look at and may change, not the JSON columns.
 _TRANSITION_READ = sa_select(
     *(
         _JOBS.c[name]
@@ -336,8 +310,7 @@ _TRANSITION_READ = sa_select(
         )
     )
 ).where(_JOBS.c.id == bindparam("job_id"))
-# A principal's active jobs, counted by a start on SQLite: the statuses are written into the statement,
-# because a prepared statement's parameters are positional and an expanding IN list is not.
+# Statuses written in: parameters are positional, and an expanding IN list is not.
 _COUNT_ACTIVE = (
     sa_select(func.count())
     .select_from(_JOBS)
@@ -346,9 +319,7 @@ _COUNT_ACTIVE = (
         _JOBS.c.status.in_([literal_column(f"'{status.value}'") for status in sorted(ACTIVE)]),
     )
 )
-# The progress snapshot on SQLite in one statement: the job's state, with its steps as one JSON array of
-# arrays (`json_group_array`, SQLite 3.38+ or JSON1). A column's value is JSON text or a number there, and
-# a time is SQLite's text, read back by the column type's own result processor.
+# The snapshot: the job's state, its steps as a JSON array of arrays (SQLite 3.38+ or JSON1).
 _SQLITE_SNAPSHOT = sa_select(
     *_JOB_STATE, _steps_as_json(func.json_array, func.json_group_array).label("handles_steps")
 ).where(_JOBS.c.id == bindparam("job_id"))

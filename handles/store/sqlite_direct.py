@@ -1,14 +1,6 @@
-"""SQLite's own connection, past SQLAlchemy: Core statements compiled once and run on the DB-API connection.
-
-SQLAlchemy's statement execution costs several times what SQLite takes to run a short statement, so the
-hot paths on an SQLite file (a start, an outcome, the reads by key) run their statements here, each
-compiled once for the dialect, its values bound and its rows read through the type processors SQLAlchemy
-uses (JSON, aware UTC times): what is stored and read back is the same either way. On PostgreSQL the start
-(`PostgresOps.insert`; `start_on_loop` on an asynchronous connection of the event loop's), the hot reads by
-key, a job's outcome (`PostgresOps.transition`), its progress reports (`PostgresOps.set_progress`) and its
-durable steps' writes (`begin_step`, `finish_step`) run their statements the same way, on psycopg's own
-connection (postgres.py; SQLite's paths: sqlite.py).
-"""
+"""Core statements compiled once and run on the DB-API connection itself (sqlite3's or psycopg's), past
+SQLAlchemy's statement execution, for the hot paths. Values are bound and rows read through the type
+processors SQLAlchemy uses, so what is stored and read back is the same either way."""
 
 from __future__ import annotations
 
@@ -19,20 +11,14 @@ from typing import Any
 
 
 class _Prepared:
-    """A Core statement compiled once for one dialect, to run on the DB-API connection itself: its SQL,
-    and its parameters from a dict of values, each through the bind processor of its column's type for
-    that dialect (JSON to text, aware UTC times to SQLite's format), as SQLAlchemy binds them:
-    positional for a positional paramstyle (SQLite's `?`), by name otherwise (psycopg's `%(name)s`)."""
+    """A Core statement compiled once for one dialect: its SQL, and its parameters from a dict of values
+    through each column type's bind processor (positional for SQLite's `?`, by name for psycopg's)."""
 
     def __init__(self, statement: Any, dialect: Any, column_keys: Sequence[str] | None = None) -> None:
         compiled = statement.compile(dialect=dialect, column_keys=list(column_keys or ()) or None)
         self.sql: str = compiled.string
         self._positional = compiled.positiontup is not None
-        # Each parameter as it is named in the SQL, and the key of its value in `values` with its bind
-        # processor and what it binds None as, worked out once (`_bound_none`): most of a new job's columns
-        # are missing, and each JSON one costs a serialisation per bind. A constant written into the
-        # statement (`status == 'input_required'`: an anonymous parameter with its value) has no key, and
-        # its value is bound once here.
+        # Each parameter's name, value key, processor and bound None; a constant has no key.
         self._names: list[str] = []
         self._binds: list[tuple[str | None, Callable[[Any], Any] | None, Any]] = []
         for name, bind in _parameters_in_order(compiled):
@@ -43,9 +29,7 @@ class _Prepared:
                 self._binds.append((None, None, value if process is None else process(value)))
             else:
                 self._binds.append((bind.key, process, _bound_none(process)))
-        # A SELECT's columns, each with its type's result processor (text to JSON, to aware UTC times), made
-        # at the first run from the cursor's description as SQLAlchemy makes them (on PostgreSQL a float
-        # column's depends on the type the server reports): `_result_columns`.
+        # A SELECT's columns; their result processors come at the first run (`_result_columns`).
         self._dialect = dialect
         self._types = [
             (column.name, column.type.dialect_impl(dialect))
@@ -56,10 +40,8 @@ class _Prepared:
         self._nulls_pass = False
 
     def parameters(self, values: Mapping[str, Any]) -> Any:
-        """The statement's parameters from `values`: a tuple (positional paramstyle) or a dict (by name).
-
-        A value given for several parameters of one type (a new job's times are one `now`) is processed
-        once."""
+        """The statement's parameters from `values`: a tuple (positional paramstyle) or a dict (by name); a
+        value given for several parameters of one type is processed once."""
         bound: dict[tuple[int, int], Any] = {}
         processed = []
         for name, process, unset in self._binds:
@@ -81,8 +63,7 @@ class _Prepared:
         return dict(zip(self._names, processed, strict=True))
 
     def rows(self, connection: Any, values: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """Run the SELECT on the DB-API `connection` (sqlite3's, or psycopg's: both have `execute`):
-        every row (so its statement ends), by column name."""
+        """Run the SELECT on the DB-API `connection`: every row (so its statement ends), by column name."""
         cursor = connection.execute(self.sql, self.parameters(values))
         try:
             return self.decode(cursor.fetchall(), cursor.description)
@@ -90,14 +71,12 @@ class _Prepared:
             cursor.close()
 
     def decode(self, found: Sequence[Sequence[Any]], description: Sequence[Any]) -> list[dict[str, Any]]:
-        """The rows `found` of a run of the SELECT (its cursor's `description`), by column name, each value
-        through its column's result processor."""
+        """The rows `found`, by column name, through each column's result processor."""
         rows = self.values(found, description)
         return [dict(zip(self._column_names, row, strict=True)) for row in rows]
 
     def values(self, found: Sequence[Sequence[Any]], description: Sequence[Any]) -> list[list[Any]]:
-        """The rows `found`, by position, each value through its column's result processor (a NULL left as
-        None without a call when every processor reads it so)."""
+        """The rows `found`, by position, through each column's result processor."""
         columns = self._columns or self._result_columns(description)
         if self._nulls_pass:
             return [
@@ -116,9 +95,8 @@ class _Prepared:
         ]
 
     def _result_columns(self, description: Sequence[Any]) -> list[Callable[[Any], Any] | None]:
-        """Each column's result processor, for the type the driver reports (`description`'s `type_code`:
-        psycopg's type OID; None on SQLite), as SQLAlchemy's result makes them. The same on every run of the
-        statement, so made once (two threads making them at once make the same)."""
+        """Each column's result processor for the type the driver reports (psycopg's type OID; None on
+        SQLite), as SQLAlchemy makes them; made once."""
         processors = [
             impl.result_processor(self._dialect, reported[1])
             for (_, impl), reported in zip(self._types, description, strict=True)
@@ -136,8 +114,8 @@ def _reads_null_as_none(process: Callable[[Any], Any]) -> bool:
 
 
 def _parameters_in_order(compiled: Any) -> list[tuple[str, Any]]:
-    """A compiled statement's parameters as (the name its SQL gives it, its `BindParameter`): in their
-    order for a positional paramstyle, each once for a named one."""
+    """(name in the SQL, `BindParameter`) of each parameter: in order for a positional paramstyle, each once
+    for a named one."""
     if compiled.positiontup is not None:
         return [(name, compiled.binds[name]) for name in compiled.positiontup]
     return [(name, bind) for bind, name in compiled.bind_names.items()]
@@ -148,9 +126,8 @@ _PER_BIND: Any = object()
 
 
 def _bound_none(process: Callable[[Any], Any] | None) -> Any:
-    """What `process` binds None as (SQL NULL for most types, JSON's `null` for a JSON column): the same at
-    every bind, so it is worked out once. `_PER_BIND` when that is not a plain immutable value (a type whose
-    None would bind as an object of its own), and None when there is no processor."""
+    """What `process` binds None as, worked out once; `_PER_BIND` when that is not a plain immutable value,
+    None without a processor."""
     if process is None:
         return None
     unset = process(None)
@@ -159,8 +136,7 @@ def _bound_none(process: Callable[[Any], Any] | None) -> Any:
 
 class _DriverReads:
     """The hot reads' side of SQLAlchemy's `Connection` (`execute(...).mappings()`, `.first()`) on the DB-API
-    connection itself (sqlite3's, or psycopg's in autocommit), each statement compiled once (see
-    `_Prepared`)."""
+    connection itself."""
 
     def __init__(self, connection: Any, prepare: Callable[[Any], _Prepared]) -> None:
         self._connection = connection
@@ -180,8 +156,8 @@ class _Mappings(list[dict[str, Any]]):
 
 @functools.cache
 def sqlite_json_missing() -> str | None:
-    """Why this process's SQLite cannot run the store's JSON functions (`json_group_array`, `json_array`:
-    built in since SQLite 3.38, the JSON1 extension before), or None when it can."""
+    """Why this process's SQLite cannot run the store's JSON functions (SQLite 3.38+, or JSON1 before), or
+    None when it can."""
     connection = sqlite3.connect(":memory:")
     try:
         connection.execute("SELECT json_group_array(json_array(1, 'a', NULL))").fetchone()

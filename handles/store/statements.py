@@ -1,8 +1,5 @@
-"""The store's Core statements that every engine runs alike, each built once (building a statement costs
-more than SQLite runs it): the hot reads by key, a durable step's writes, a start's inserts, a progress
-report, the snapshot's steps. Each engine's module runs them its own way (sqlite.py, postgres.py) and
-builds the statements only it runs on them.
-"""
+"""The store's Core statements that both engines run alike, each built once (building a statement costs more
+than SQLite takes to run it)."""
 
 from __future__ import annotations
 
@@ -26,7 +23,6 @@ from handles.store.models import (
 from handles.store.rows import _INPUTS, _JOBS, _STEPS
 
 _DATABASE_NOW = func.now(type_=UTCDateTime())  # the database's clock, read as an aware UTC datetime
-# The hot reads' statements, built once (building a statement costs more than SQLite runs it).
 _JOB_BY_ID = sa_select(_JOBS).where(_JOBS.c.id == bindparam("job_id"))
 _JOB_STATE = tuple(_JOBS.c[name] for name in JOB_STATE_COLUMNS)
 _STATE_WIDTH = len(_JOB_STATE)
@@ -47,18 +43,14 @@ _QUESTION_BY_KEY = sa_select(_INPUTS).where(
     _INPUTS.c.job_id == bindparam("job_id"), _INPUTS.c.key == bindparam("key")
 )
 
-# A write by a running job's lease holder: the job `job_id`, held by `owner`, still active. And the change
-# notice a one-statement write sends on PostgreSQL (`publishing`'s `notice`).
+# A write by a running job's lease holder: `job_id`, held by `owner`, still active.
 _HELD_BY_OWNER = (
     _JOBS.c.id == bindparam("job_id"),
     _JOBS.c.lease_owner == bindparam("owner"),
     _JOBS.c.status.in_([literal(status.value) for status in sorted(ACTIVE)]),
 )
 
-# A durable step's statements (`begin_step`, `finish_step`), built once: the job's lease and status, a step by
-# name, the step inserted or started again (a failed one), its outcome written if it is started, and the job
-# touched (`_touch`). On SQLite each runs alone in one transaction; PostgreSQL's one statement for each write
-# (below) is built on them.
+# A durable step's statements; PostgreSQL's one-statement writes are built on them.
 _JOB_LEASE = sa_select(_JOBS.c.lease_owner, _JOBS.c.status).where(_JOBS.c.id == bindparam("job_id"))
 _STEP_KEY = (_STEPS.c.job_id == bindparam("job_id"), _STEPS.c.name == bindparam("name"))
 _STEP_BY_NAME = sa_select(_STEPS).where(*_STEP_KEY)
@@ -72,8 +64,7 @@ _FINISH_STEP = (
     .where(*_STEP_KEY, _STEPS.c.status == literal("started"))
     .values({name: bindparam(f"set_{name}") for name in ("status", "result", "error", "finished_at")})
 )
-# A stale worker's outcome of the step its own run started (`finish_step`): only while that start is the
-# step's last, that is, the step still started with the run's attempt.
+# A stale worker's outcome: only while the step is still started with its attempt.
 _OWN_START = _STEPS.c.attempt == bindparam("attempt", type_=_STEPS.c.attempt.type)
 _FINISH_STEP_LATE = _FINISH_STEP.where(_OWN_START)
 _TOUCH_JOB = (
@@ -82,7 +73,6 @@ _TOUCH_JOB = (
     .values(updated_at=bindparam("now"), version=_JOBS.c.version + 1)
 )
 
-# The start's statements, built once (building a statement costs more than SQLite runs it).
 _INSERT_JOB = sa_insert(_JOBS)
 _JOB_BY_IDEMPOTENCY_KEY = sa_select(_JOBS).where(
     _JOBS.c.principal_key == bindparam("principal_key"),
@@ -94,23 +84,21 @@ _INSERT_INPUT = sa_insert(_INPUTS)
 _INPUT_COLUMNS = tuple(c.name for c in _INPUTS.columns)
 
 
-# The progress snapshot's steps: each step's `StepState` columns as a JSON array, all of them in one JSON
-# array (empty, or NULL on PostgreSQL, when there are none), in any order (`_step_states` sorts them).
-# Only these columns: a step's result may be large, and a poll never shows it.
+# The snapshot's steps as one JSON array of `StepState` arrays (NULL on PostgreSQL when none).
 _S = _STEPS.alias("s")
 _STEP_STATE = tuple(_S.c[name] for name in STEP_STATE_COLUMNS)
 
 
 def _steps_as_json(array: Any, aggregate: Any) -> Any:
-    """The job's steps as `aggregate(array(...))`, typed JSON: read back as a list by the type's own result
-    processor, as every JSON column is (SQLite's text decoded; psycopg decodes PostgreSQL's itself)."""
+    """The job's steps as `aggregate(array(...))`, typed JSON so the type's result processor reads it back as
+    a list."""
     steps = aggregate(array(*_STEP_STATE), type_=JSON)
     return sa_select(steps).where(_S.c.job_id == _JOBS.c.id).scalar_subquery()
 
 
 def _step_states(arrays: Sequence[Sequence[Any]] | None, time: Callable[[Any], Any]) -> list[StepState]:
-    """The steps read as `_steps_as_json` gives them, in the order they started (by name where two started
-    at once), each time read by `time`."""
+    """The steps as `_steps_as_json` gives them, in the order they started (by name on a tie), each time read
+    by `time`."""
     steps = [
         StepState(name, status, attempt, time(started_at), None if finished_at is None else time(finished_at))
         for name, status, attempt, started_at, finished_at in arrays or ()
@@ -119,9 +107,6 @@ def _step_states(arrays: Sequence[Sequence[Any]] | None, time: Callable[[Any], A
     return steps
 
 
-# A progress report (`set_progress`): the job's progress, message and time, if `owner` holds its lease and it
-# is active. On PostgreSQL as a CTE whose SELECT gives a row per changed job, and with the change notice sent
-# by that SELECT, so only for a change (and, in autocommit, only once the statement commits).
 _PROGRESS = (
     update(_JOBS)
     .where(*_HELD_BY_OWNER)
@@ -134,7 +119,7 @@ _PROGRESS = (
     )
 )
 _JOB_COLUMNS = tuple(c.name for c in _JOBS.columns)
-# A new job's deadlines: judged by the lease clock, moved to the database's at a start (`_by_database_clock`).
+# A new job's deadlines, moved to the database's clock at a start (`_by_database_clock`).
 _START_DEADLINES = ("run_after", "expires_at", "abandon_at", "input_deadline")
 
 
@@ -152,8 +137,8 @@ def _pending(session: Session, job_id: str) -> list[InputRequestRecord]:
 
 @functools.cache
 def _update_job(columns: tuple[str, ...]) -> Any:
-    """UPDATE of a job's `columns` by id (one statement per set of columns, built once): SET parameters
-    are named `set_<column>`, since a bound parameter may not take a column's own name there."""
+    """UPDATE of a job's `columns` by id, built once per set of columns; SET parameters are named
+    `set_<column>`, since a bound parameter may not take a column's own name there."""
     return (
         update(_JOBS)
         .where(_JOBS.c.id == bindparam("job_id"))

@@ -1,8 +1,5 @@
-"""The operator's switches as stored (`handles_switches`, one row per switch): every switch read whole,
-one switch engaged or released with who did it and when. What the switches mean: handles/switches.py.
-
-`SwitchRows` is a part of `JobRepository` (repository.py).
-"""
+"""The operator's switches as stored (`handles_switches`, one row per switch); what they mean is
+handles/switches.py's."""
 
 from __future__ import annotations
 
@@ -18,12 +15,12 @@ _ALL_SWITCHES = sa_select(SwitchRecord.__table__)  # type: ignore[attr-defined]
 
 
 class SwitchRows(Database):
-    """The switches' rows, on the engines and transactions of `Database`."""
+    """The switches' rows, a part of `JobRepository`."""
 
     clock: Clock  # set by JobRepository
 
     def switches(self) -> list[SwitchRecord]:
-        """Every switch as last set, engaged or not (a handful of rows: read whole)."""
+        """Every switch as last set, engaged or not."""
         with self._fast_reading() as connection:
             return [
                 SwitchRecord.model_construct(**row) for row in connection.execute(_ALL_SWITCHES).mappings()
