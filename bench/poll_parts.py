@@ -11,7 +11,10 @@ the same prebuilt result of `work_progress`'s shape (`progress_shaped`'s):
 - `poll_gated`: the same, behind the argument gate (`ArgumentGate`), as every generated tool is.
 - `poll_read`: the handle checked and the job's snapshot read (`JobRepository.snapshot`), the reply prebuilt.
 - `poll_opened`: `open_view` whole (the owner and keep-alive checks too), the reply prebuilt.
-- `work_progress`: the real tool, its reply built at every poll.
+- `poll_built`: the real progress handler with its reply built at every poll (`ReplyMemo` of size 0), as a
+  poll of a job that changed since the last poll builds it.
+- `work_progress`: the real tool; the job does not change between polls, so each poll reuses the reply built
+  for the last (change 50).
 
 One client calls every tool once a round, in a fresh random order each round. Each row's "adds" is its p50
 minus the p50 of the row before it.
@@ -38,6 +41,8 @@ from bench.common import (
     structured,
 )
 from handles.server.bind_mcpserver import add_tools, tool_function
+from handles.server.handle_tools import JobTools
+from handles.server.reply_memo import ReplyMemo
 from handles.server.tool_shapes import ProgressOutput, ToolReply
 
 SECTION = "poll_parts"
@@ -49,7 +54,8 @@ PARTS = (
     ("poll_gated", "+ the argument gate"),
     ("poll_read", "+ the handle checked and the snapshot read"),
     ("poll_opened", "+ `open_view`'s owner and keep-alive checks"),
-    ("work_progress", "`work_progress`: + the reply built"),
+    ("poll_built", "+ the reply built (a job changed since the last poll)"),
+    ("work_progress", "`work_progress` of an unchanged job (the reply reused)"),
 )
 
 
@@ -79,6 +85,9 @@ def add_poll_parts(server: Any, jobs: Any) -> None:
         await service.open_view(spec, principal, arguments["handle"])
         return reply
 
+    building = JobTools(spec, service)
+    building._progress_replies = ReplyMemo(size=0)  # every poll builds its reply
+
     server.add_tool(shaped_async, structured_output=True)
     wrapped = dataclasses.replace(definition, name="poll_wrapped", handler=canned)
     server.add_tool(
@@ -92,6 +101,7 @@ def add_poll_parts(server: Any, jobs: Any) -> None:
                 ("poll_gated", canned),
                 ("poll_read", read),
                 ("poll_opened", opened),
+                ("poll_built", building.progress),
             )
         ],
         jobs.principal_resolver,

@@ -26,6 +26,7 @@ from handles.liveness import LeaseTiming
 from handles.results import link_of, link_size_text, tool_error_text
 from handles.server.follow_tools import FollowScope, follow_definitions
 from handles.server.quiet_node import QuietNodeGuidance
+from handles.server.reply_memo import ReplyMemo
 from handles.server.tool_shapes import (
     CancelOutput,
     ErrorView,
@@ -54,6 +55,7 @@ class JobTools(QuietNodeGuidance):
             spec, names or ToolNames(), service.config.max_wait_seconds, LeaseTiming.of(service.config)
         )
         self.service = service
+        self._progress_replies: ReplyMemo[ToolReply] = ReplyMemo()
         result_type: Any = spec.metadata.output_model
         self.fetch_model: type[FetchOutputBase] = create_model(
             f"{spec.name}_fetch_output",
@@ -120,6 +122,14 @@ class JobTools(QuietNodeGuidance):
             view = await self.service.view(latest)
         job = view.job
         quiet = self._quiet_node(job)
+        # The reply is made from the job's state and its steps' alone: an unchanged job's is the last one.
+        # A job waiting for answers is not remembered (its questions are read apart from its state), nor one
+        # whose node has gone quiet (its reply says for how long).
+        state = None if view.pending or quiet else (job, view.steps)
+        if state is not None:
+            last = self._progress_replies.get(job.id, state)
+            if last is not None:
+                return last
         out = ProgressOutput(
             job=self.spec.name,
             status=Status(job.status),
@@ -143,7 +153,10 @@ class JobTools(QuietNodeGuidance):
             poll_after_ms=None if Status(job.status).is_terminal else self.poll_after_ms,
             next=self.next_step(job, view.pending) if quiet is None else self._quiet_next(job, quiet),
         )
-        return ToolReply(out.model_dump(mode="json"))
+        reply = ToolReply(out.model_dump(mode="json"))
+        if state is not None:
+            self._progress_replies.put(job.id, state, reply)
+        return reply
 
     async def fetch(self, principal: str, arguments: dict[str, Any]) -> ToolReply:
         job = await self.service.open(self.spec, principal, arguments.get("handle"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -124,9 +125,9 @@ class ToolReply:
     link: ResultLink | None = None
     """A large result's link, also given as a `resource_link` content item."""
 
-    @property
+    @functools.cached_property
     def text(self) -> str:
-        """The structured content as JSON text."""
+        """The structured content as JSON text (made once: a progress reply may be reused, `ReplyMemo`)."""
         return json.dumps(self.structured, ensure_ascii=False, default=str)
 
 

@@ -1,0 +1,47 @@
+"""The last progress reply of each recently polled job, reused while the job stays as it was.
+
+A progress reply is a pure function of what the poll read (the job's state and its steps' states) and of
+the job kind's constants: a caller polling a job that has not changed since the last poll (a running job
+between two reports, a finished one) gets the reply built then, instead of the reply's model, its JSON
+dump and its text built again. What decides reuse is the state
+itself, compared field by field, not a version number: anything that would change the reply changes it.
+The reply is only ever reused after the poll has read the job and checked the caller's handle and
+principal, as every poll does.
+"""
+
+from __future__ import annotations
+
+from typing import Generic, TypeVar
+
+Reply = TypeVar("Reply")
+
+REMEMBERED_JOBS = 1024
+"""How many jobs' last replies a job kind's tools keep (the least recently polled go first)."""
+
+
+class ReplyMemo(Generic[Reply]):
+    """For each of the last `size` jobs polled, the reply built and the state it was built from."""
+
+    def __init__(self, size: int = REMEMBERED_JOBS) -> None:
+        self._size = size
+        self._last: dict[str, tuple[object, Reply]] = {}
+
+    def get(self, job_id: str, state: object) -> Reply | None:
+        """The reply built from `state` for `job_id`, if the last one built for it was built from an equal
+        state; None otherwise."""
+        last = self._last.get(job_id)
+        if last is None or last[0] != state:
+            return None
+        del self._last[job_id]
+        self._last[job_id] = last  # now the most recently polled
+        return last[1]
+
+    def put(self, job_id: str, state: object, reply: Reply) -> None:
+        """Remember `reply`, built from `state`, as `job_id`'s last (it is then the most recently polled)."""
+        self._last.pop(job_id, None)
+        self._last[job_id] = (state, reply)
+        if len(self._last) > self._size:
+            del self._last[next(iter(self._last))]
+
+    def __len__(self) -> int:
+        return len(self._last)
