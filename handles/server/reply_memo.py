@@ -1,12 +1,7 @@
-"""The last progress reply of each recently polled job, reused while the job stays as it was.
+"""The last progress reply of each recently polled job, reused while the job's state is unchanged.
 
-A progress reply is a pure function of what the poll read (the job's state and its steps' states) and of
-the job kind's constants: a caller polling a job that has not changed since the last poll (a running job
-between two reports, a finished one) gets the reply built then, instead of the reply's model, its JSON
-dump and its text built again. What decides reuse is the state
-itself, compared field by field, not a version number: anything that would change the reply changes it.
-The reply is only ever reused after the poll has read the job and checked the caller's handle and
-principal, as every poll does.
+Reuse is decided by the state itself, compared field by field, and only after the poll has read the job and
+checked the caller's handle and principal, as every poll does.
 """
 
 from __future__ import annotations
