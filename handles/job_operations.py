@@ -519,7 +519,9 @@ class JobOperations:
         version, when the job is gone, or when the node drains; `reread_seconds` re-reads anyway. A store
         outage pauses it, not ends it.
         """
-        return self.versions(record, reread_seconds=reread_seconds, outage_pause=self.config.store_poll_seconds)
+        return self.versions(
+            record, reread_seconds=reread_seconds, outage_pause=self.config.store_poll_seconds
+        )
 
     async def pending_inputs(self, record: JobRecord) -> list[InputRequestRecord]:
         if Status(record.status) is not Status.INPUT_REQUIRED:

@@ -302,7 +302,9 @@ async def test_a_handle_used_with_another_jobs_tools(example: Connected) -> None
 async def test_an_expired_handle_says_so(example: Connected) -> None:
     client = example.client
     handle = str((await start(client, "export_dataset", rows=10))["handle"])
-    await client.assert_expired("export_dataset", expired_twin(handle, example.key, example.principal), "1 hour")
+    await client.assert_expired(
+        "export_dataset", expired_twin(handle, example.key, example.principal), "1 hour"
+    )
     live = await client.call(example.tool("export_dataset", "progress"), {"handle": handle})
     assert not live.is_error, "the job itself is untouched; only the expired handle is refused"
 

@@ -232,6 +232,8 @@ def database_text(url: str) -> str:
     from tests.harness.database import own_connection
 
     with own_connection(url) as connection:
-        rows = connection.execute(text("select arguments, status_message, result, error from handles_jobs")).all()
+        rows = connection.execute(
+            text("select arguments, status_message, result, error from handles_jobs")
+        ).all()
         rows += connection.execute(text("select message, answer from handles_input_requests")).all()
     return "\n".join(json.dumps([str(cell) for cell in row]) for row in rows)

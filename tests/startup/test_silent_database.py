@@ -37,7 +37,9 @@ class SilentDatabase:
         self._thread.start()
 
     def url(self) -> str:
-        return f"postgresql+psycopg://handles:pw@127.0.0.1:{self.port}/handles?connect_timeout={CONNECT_TIMEOUT}"
+        return (
+            f"postgresql+psycopg://handles:pw@127.0.0.1:{self.port}/handles?connect_timeout={CONNECT_TIMEOUT}"
+        )
 
     def _accept(self) -> None:
         while True:

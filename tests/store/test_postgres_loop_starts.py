@@ -182,7 +182,9 @@ def test_a_start_whose_caller_goes_away_while_its_statement_waits_is_stored_and_
                 await start_given_up_while_it_waits(jobs, "key-c", "the lock", 0.3)
                 blocker.rollback()
             # the shielded start commits once the lock is gone
-            record = await started_again_once_stored(jobs, "key-c", lambda: _stored_keys(postgres_url, "key-c"))
+            record = await started_again_once_stored(
+                jobs, "key-c", lambda: _stored_keys(postgres_url, "key-c")
+            )
         finally:
             await jobs.aclose()
         assert record.status == Status.COMPLETED.value, record.status_message

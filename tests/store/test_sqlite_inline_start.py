@@ -102,6 +102,7 @@ def test_a_start_waits_on_the_event_loop_while_this_process_writes_and_is_writte
 ) -> None:
     """A writer of this process (a sweep, a heartbeat, a checkpoint) holds the lock: the start waits for it on
     the event loop, which keeps serving meanwhile, and inserts there once it is free, not on a worker thread."""
+
     async def main() -> None:
         store = Store(sqlite_repo)
         with this_process_writing(sqlite_repo) as release:

@@ -78,7 +78,9 @@ def test_the_client_reaches_nothing_of_the_store_the_runtime_or_the_server_faces
     graph = _graph()
     client = {module for module in graph if _within(module, ("handles.client",))}
     reached = _reached_from(graph, client)
-    forbidden = sorted(m for m in reached if _within(m, ("handles.store", "handles.runtime", "handles.server")))
+    forbidden = sorted(
+        m for m in reached if _within(m, ("handles.store", "handles.runtime", "handles.server"))
+    )
     assert not forbidden, f"handles.client reaches {forbidden}"
 
 

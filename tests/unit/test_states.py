@@ -66,7 +66,6 @@ def test_nothing_leads_back_to_a_terminal_state_from_a_terminal_state() -> None:
         assert sources_of(target) == ACTIVE
 
 
-
 def test_every_status_change_the_store_makes_in_python_goes_through_the_table() -> None:
     """The store moves a job's status in one place (`_transitioned`), which refuses an edge the table lacks:
     nothing else in handles/store assigns a job's status."""
