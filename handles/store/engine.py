@@ -186,19 +186,20 @@ class Database:
         self._inline_write_raw: Any = None  # the inline-write engine's DB-API connection (`_sqlite_writing`)
         self._inline_read_raw: Any = None  # the inline-read engine's DB-API connection (`_sqlite_reading`)
         self._inline_lock = threading.Lock()
-        self.loop_connections: LoopConnections | None = (
-            None
-            if is_sqlite(url)
-            else LoopConnections(functools.partial(_connect_on_loop, self._read_engine), LOOP_CONNECTIONS)
-        )
-        self.notices = None if is_sqlite(url) else NoticeSender(self._send_notices)
-        self._notifying: Any = None  # the connection they go out on
+        self._notifying: Any = None  # the connection notices go out on
         self._inline_commits = 0  # since the last checkpoint (see INLINE_COMMITS_PER_CHECKPOINT)
         self._checkpointer: threading.Thread | None = None
-        # Queue writers on a lock, not in SQLite's busy handler, which sleeps in coarse steps.
-        self._write_lock: WriterLock | contextlib.nullcontext[None] = (
-            WriterLock() if is_sqlite(url) else contextlib.nullcontext()
-        )
+        self.loop_connections: LoopConnections | None = None
+        self.notices: NoticeSender | None = None
+        self._write_lock: WriterLock | contextlib.nullcontext[None] = contextlib.nullcontext()
+        if is_sqlite(url):
+            # Queue writers on a lock, not in SQLite's busy handler, which sleeps in coarse steps.
+            self._write_lock = WriterLock()
+        else:
+            self.loop_connections = LoopConnections(
+                functools.partial(_connect_on_loop, self._read_engine), LOOP_CONNECTIONS
+            )
+            self.notices = NoticeSender(self._send_notices)
 
     @property
     def dialect(self) -> str:
