@@ -5,6 +5,7 @@ cluster at the commit of every notifying transaction, which would make all write
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -13,6 +14,7 @@ import psycopg
 
 from handles.states import Status
 from handles.store import JobRecord, JobRepository, utc_now
+from handles.store.notices import NoticeSender
 from tests.harness.postgres import listening, repository
 from tests.runtime.support import job_row
 
@@ -65,12 +67,34 @@ def test_the_notices_of_concurrent_writes_come_from_one_connection_that_made_non
         assert received[0].pid not in writer_pids, "a write's own transaction sent its notice"
 
 
-def test_a_burst_of_the_same_change_is_one_notice_and_closing_the_store_sends_what_is_pending(
-    postgres_url: str,
-) -> None:
+def test_identical_notices_queued_while_a_send_is_in_flight_go_out_once_in_the_next_batch() -> None:
+    batches: list[list[str]] = []
+    first_send_started, release_first_send = threading.Event(), threading.Event()
+
+    def send(batch: list[str]) -> None:
+        batches.append(batch)
+        if len(batches) == 1:
+            first_send_started.set()
+            assert release_first_send.wait(5)
+
+    sender = NoticeSender(send)
+    sender.add("a changed")
+    assert first_send_started.wait(5)
+    for _ in range(20):
+        sender.add("a changed")
+    sender.add("b changed")
+    sender.add("a changed")
+    release_first_send.set()
+    sender.close()
+    assert batches == [["a changed"], ["a changed", "b changed"]]
+
+
+def test_closing_the_store_sends_the_notices_still_pending(postgres_url: str) -> None:
     job_id = f"n-{secrets.token_hex(6)}"
     with listening(postgres_url) as listener:
         with repository(postgres_url) as repo:
             for _ in range(20):
                 repo.publish(job_id, "cli")
-        assert [notice.payload for notice in _received(listener, {job_id})] == [f"{job_id} cli changed"]
+        received = [notice.payload for notice in _received(listener, {job_id})]
+    assert received and set(received) == {f"{job_id} cli changed"}
+    assert len(received) < 20, "identical pending notices were not sent once"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from handles.errors import LeaseLost
 from handles.states import Status
@@ -250,6 +250,13 @@ def test_a_step_write_the_database_refuses_is_rolled_back_and_the_next_one_is_st
     """A step's result that is not JSON fails in the write transaction, after the lease was read (and on
     PostgreSQL locked): nothing is stored, the job is not touched, and the same connection pool serves the
     next write, which finds the row unlocked."""
+    write_pids: set[int] = set()  # the backends this test's writes ran on (other tests share the server)
+    if database_url.startswith("postgresql"):
+        event.listen(
+            repo._write_engine,
+            "checkout",
+            lambda connection, record, proxy: write_pids.add(connection.info.backend_pid),
+        )
     job = _running(repo)
     repo.begin_step(job.id, OWNER, "fetch", 1)
     before, stored = _ledger(repo, job.id), repo.get(job.id)
@@ -261,9 +268,13 @@ def test_a_step_write_the_database_refuses_is_rolled_back_and_the_next_one_is_st
     if database_url.startswith("postgresql"):  # no transaction left open on the write connection
         with repo._write_engine.connect() as connection:
             busy = connection.execute(
-                text("select count(*) from pg_stat_activity where state = 'idle in transaction'")
+                text(
+                    "select count(*) from pg_stat_activity"
+                    " where state = 'idle in transaction' and pid = any(:pids) and pid <> pg_backend_pid()"
+                ),
+                {"pids": sorted(write_pids)},
             ).scalar_one()
-        assert busy == 0
+        assert write_pids and busy == 0
 
 
 def test_concurrent_outcomes_of_one_step_leave_exactly_one(repo: JobRepository) -> None:
