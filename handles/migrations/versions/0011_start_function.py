@@ -1,4 +1,4 @@
-"""A start on PostgreSQL in one round trip: the function `handles_start` (issue 14).
+"""A start on PostgreSQL in one round trip: the function `handles_start`.
 
 A start used to be seven exchanges with the server (a ping at checkout, BEGIN, the advisory lock
 with `now()`, the per-principal count, the INSERT, the NOTIFY and COMMIT). `handles_start` does
