@@ -7,7 +7,8 @@ Runs in tests/interop/.venv-mcp125 (`mcp==1.25.0`), never in the project's envir
 Connects with `initialize` (2025-11-25) over Streamable HTTP as TOKEN's principal: reads the tasks
 capability and the tools' `execution`, follows a report through `tasks/get` and `tasks/result`,
 cancels an export (and again, once ended), answers a deployment's question with
-`deploy_release_respond`, lists its tasks; then, as OTHER_TOKEN's principal, tries
+`deploy_release_respond` and another's through its elicitation handler while `tasks/result` waits
+(noting the `notifications/tasks/status` that stream carries), lists its tasks; then, as OTHER_TOKEN's principal, tries
 the first principal's tasks and a made-up id. Prints what it saw as one JSON object on stdout.
 """
 
@@ -21,7 +22,7 @@ from typing import Any
 from mcp import ClientSession
 from mcp.client.streamable_http import streamablehttp_client
 from mcp.shared.exceptions import McpError
-from mcp.types import CallToolResult
+from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, ServerNotification
 
 
 def session(url: str, token: str) -> Any:
@@ -41,8 +42,21 @@ async def attempt(call: Any) -> Any:
 
 
 async def as_owner(url: str, token: str) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    async with session(url, token) as (read, write, _), ClientSession(read, write) as client:
+    seen: dict[str, Any] = {"asked": [], "statuses": []}
+
+    async def answer(context: Any, params: ElicitRequestParams) -> ElicitResult:
+        asked = params.model_dump(mode="json", by_alias=True, exclude_none=True)
+        seen["asked"].append({"id": context.request_id, **asked})
+        return ElicitResult(action="accept", content={"approve": True, "environment": "production"})
+
+    async def note(message: Any) -> None:
+        if isinstance(message, ServerNotification) and message.root.method == "notifications/tasks/status":
+            seen["statuses"].append(message.root.params.model_dump(mode="json", by_alias=True))
+
+    async with (
+        session(url, token) as (read, write, _),
+        ClientSession(read, write, elicitation_callback=answer, message_handler=note) as client,
+    ):
         init = await client.initialize()
         seen["protocol"] = init.protocolVersion
         seen["capabilities"] = init.capabilities.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -76,6 +90,11 @@ async def as_owner(url: str, token: str) -> dict[str, Any]:
                     "deploy_release_respond", {"handle": deploy, "responses": {"q1": answer}}
                 )
         seen["deployed"] = (await experimental.get_task_result(deploy, CallToolResult)).structuredContent
+        # Asked on the tasks/result stream, answered by the elicitation handler, on another request.
+        elicited = (await experimental.call_tool_as_task("deploy_release", {"version": "3.0.0"})).task.taskId
+        seen["elicited_id"] = elicited
+        result = await experimental.get_task_result(elicited, CallToolResult)
+        seen["elicited"] = result.model_dump(mode="json", by_alias=True, exclude_none=True)
         listed = await experimental.list_tasks()
         seen["listed"] = [task.taskId for task in listed.tasks]
         seen["plain"] = (await client.call_tool("lookup_account", {"account": "acme"})).structuredContent

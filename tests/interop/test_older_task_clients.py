@@ -99,7 +99,17 @@ async def test_the_python_sdk_1_25_creates_follows_answers_cancels_and_lists_its
     assert seen["cancel_again"]["error"]["code"] == -32602
     assert seen["cancelled_result"]["isError"] is True
     assert seen["deployed"]["environment"] == "staging"
-    assert seen["listed"][1:] == [seen["export_id"], task["taskId"]]  # newest first
+    # The second deployment's question reached the elicitation handler on the tasks/result stream,
+    # related to its task; the handler's answer (another POST) resumed the job to its result.
+    elicited = seen["elicited_id"]
+    [asked] = seen["asked"]
+    assert asked["message"].startswith("Release 3.0.0 is built")
+    assert asked["requestedSchema"]["required"] == ["approve", "environment"]
+    assert asked["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": elicited}
+    assert seen["elicited"]["structuredContent"]["environment"] == "production"
+    statuses = [s["status"] for s in seen["statuses"] if s["taskId"] == elicited]
+    assert "input_required" in statuses and statuses[-1] == "completed", seen["statuses"]
+    assert seen["listed"][2:] == [seen["export_id"], task["taskId"]]  # newest first
     assert seen["plain"]["account"] == "acme"
 
     other = seen["other"]
@@ -134,9 +144,15 @@ async def test_the_typescript_sdk_1_32_streams_a_task_and_steers_others(example:
     # `callToolStream`, which a task-capable tool's call goes through: created, polled, its result.
     assert seen["streamed"][0] == "taskCreated" and seen["streamed"][-1] == "result", seen["streamed"]
     assert seen["report"]["account"] == "acme" and seen["reportResult"] == seen["report"]
+    # A deployment's question reached the elicitation handler; its answer resumed the job to its result.
+    assert seen["deployStream"][-1] == "result", seen
+    assert seen["deployed"]["environment"] == "production" and seen["deployed"]["version"] == "4.0.0"
+    [asked] = seen["asked"]
+    assert asked["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": seen["deployId"]}
+    assert "input_required" in seen["statuses"] and "completed" in seen["statuses"], seen["statuses"]
     assert seen["got"] == "working" and seen["cancelled"] == "cancelled"
     assert seen["cancelAgain"]["error"]["code"] == -32602
-    assert seen["listed"][:2] == [seen["exportId"], seen["reportId"]]
+    assert seen["listed"][:3] == [seen["exportId"], seen["deployId"], seen["reportId"]]
     assert_unknown(seen["other"]["get"]["error"])
     assert seen["other"]["get"] == seen["other"]["madeUp"]
     assert seen["other"]["listed"] == []
