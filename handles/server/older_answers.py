@@ -84,14 +84,10 @@ class OlderAnswers:
         scope = {**scope, TAKES_ANSWERS: True}
         body = await Request(scope, receive).body()
         answer = answer_request(body)
-        replayed = False
+        unread = [{"type": "http.request", "body": answer or body, "more_body": False}]
 
         async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": answer or body, "more_body": False}
+            return unread.pop() if unread else await receive()
 
         if answer is None:
             await self.app(scope, replay, send)

@@ -36,6 +36,7 @@ PAGE_SIZE = 50
 CANCEL_WAIT_SECONDS = 5.0
 """How long `tasks/cancel` waits for a running job to stop before it answers the job's state."""
 _RENAMED = {"ttlMs": "ttl", "pollIntervalMs": "pollInterval"}
+Ctx = ServerRequestContext[Any, Any]
 
 
 def older_task(fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -63,7 +64,7 @@ class OlderTasks:
             ANSWER_METHOD: self.take_answer,
         }
 
-    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+    async def __call__(self, ctx: Ctx, call_next: CallNext) -> HandlerResult:
         params = ctx.params or {}
         if ctx.method == "initialize":
             result = await call_next(ctx)
@@ -93,16 +94,12 @@ class OlderTasks:
         return result
 
     @as_jsonrpc_errors
-    async def get_task(
-        self, ctx: ServerRequestContext[Any, Any], params: Mapping[str, Any]
-    ) -> dict[str, Any]:
+    async def get_task(self, ctx: Ctx, params: Mapping[str, Any]) -> dict[str, Any]:
         spec, job, task_id = await self.tasks.open_task(ctx, params.get("taskId"))
         return older_task(task_fields(spec, job, task_id))
 
     @as_jsonrpc_errors
-    async def task_result(
-        self, ctx: ServerRequestContext[Any, Any], params: Mapping[str, Any]
-    ) -> dict[str, Any]:
+    async def task_result(self, ctx: Ctx, params: Mapping[str, Any]) -> dict[str, Any]:
         """Waits for the job's end (within the server's wait limit); answers what its plain call would.
 
         Meanwhile the stream carries `notifications/tasks/status` for the task's status at the call and
@@ -144,9 +141,7 @@ class OlderTasks:
         return result
 
     @as_jsonrpc_errors
-    async def take_answer(
-        self, ctx: ServerRequestContext[Any, Any], params: Mapping[str, Any]
-    ) -> dict[str, Any]:
+    async def take_answer(self, ctx: Ctx, params: Mapping[str, Any]) -> dict[str, Any]:
         """An answer POSTed back to a question `task_result` asked, stored as `tasks/update` stores one."""
         spec, job, _ = await self.tasks.open_task(ctx, params.get("taskId"))
         result = params.get("result")
@@ -155,9 +150,7 @@ class OlderTasks:
         return {}
 
     @as_jsonrpc_errors
-    async def list_tasks(
-        self, ctx: ServerRequestContext[Any, Any], params: Mapping[str, Any]
-    ) -> dict[str, Any]:
+    async def list_tasks(self, ctx: Ctx, params: Mapping[str, Any]) -> dict[str, Any]:
         """The caller's own unexpired jobs, newest first; `nextCursor` while more remain."""
         cursor = params.get("cursor")
         before = parse_cursor(cursor) if isinstance(cursor, str) else None
@@ -181,9 +174,7 @@ class OlderTasks:
         return result
 
     @as_jsonrpc_errors
-    async def cancel_task(
-        self, ctx: ServerRequestContext[Any, Any], params: Mapping[str, Any]
-    ) -> dict[str, Any]:
+    async def cancel_task(self, ctx: Ctx, params: Mapping[str, Any]) -> dict[str, Any]:
         """The task once cancelled (a running job is given a moment to stop); an ended task is -32602."""
         spec, job, task_id = await self.tasks.open_task(ctx, params.get("taskId"))
         if Status(job.status).is_terminal:
