@@ -127,7 +127,10 @@ async def test_fastmcp_3_follows_cancels_and_lists_tasks(example: HttpExampleSer
     assert seen["immediate"] is False
     assert seen["report"]["account"] == "acme" and seen["ended"] == "completed"
     assert seen["cancelled"] == "cancelled"
-    assert seen["listed"][:2] == [seen["export_id"], seen["report_id"]]
+    assert seen["listed"][:3] == [seen["deploy_id"], seen["export_id"], seen["report_id"]]
+    [asked] = seen["asked"]
+    assert asked["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": seen["deploy_id"]}
+    assert seen["deployed"]["environment"] == "production" and seen["deployed"]["version"] == "6.0.0"
     assert_unknown(seen["foreign"])
     assert seen["other_listed"] == []
     await assert_one_job_every_face(example.url, seen["report_id"], "completed")
