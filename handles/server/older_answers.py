@@ -9,12 +9,14 @@ resolved to its principal and stored like every other call; the client gets 202 
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
 from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
-from mcp_types import JSONRPCRequest
+from mcp_types import ElicitRequest, ElicitResult, JSONRPCRequest
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -35,23 +37,38 @@ def question_id(key: str, task_id: str) -> str:
     return f"{_ID_PREFIX}{key}:{task_id}"
 
 
-def takes_answers(ctx: ServerRequestContext[Any, Any]) -> bool:
-    """Whether answers to questions asked on this request's stream reach the store (`OlderAnswers`)."""
-    return isinstance(ctx.request, Request) and TAKES_ANSWERS in ctx.request.scope
+def asks_questions(ctx: ServerRequestContext[Any, Any]) -> bool:
+    """Whether an answer to a question asked on this request's stream can land: the connection carries
+    it back (stdio, a stateful session), or `OlderAnswers` takes it from a POST."""
+    return ctx.session.can_send_request or (
+        isinstance(ctx.request, Request) and TAKES_ANSWERS in ctx.request.scope
+    )
 
 
-async def ask(ctx: ServerRequestContext[Any, Any], record: InputRequestRecord, task_id: str) -> None:
-    """Write question `record` on the request's stream as an `elicitation/create` request related to the task.
+async def ask(
+    ctx: ServerRequestContext[Any, Any], record: InputRequestRecord, task_id: str, seconds: float
+) -> dict[str, Any] | None:
+    """Send question `record` on the request's stream as an `elicitation/create` request related to the task.
 
-    The SDK's request channel refuses a stateless request (no reply could reach it), and its ids name
-    nothing another node could go by; so the request goes to the dispatcher's write stream itself."""
+    Where the connection carries the client's answer back, it is awaited (`seconds` at most) and returned
+    (None when the client answered an error). Else (stateless HTTP) the SDK's request channel refuses
+    the request, and its ids name nothing another node could go by: it is written to the dispatcher's
+    write stream itself, with a `question_id`, and its answer comes by POST (None)."""
     params = {**elicitation_request(record)["params"], "_meta": {RELATED_TASK: {"taskId": task_id}}}
+    if ctx.session.can_send_request:
+        question = ElicitRequest.model_validate({"method": "elicitation/create", "params": params})
+        metadata = ServerMessageMetadata(related_request_id=ctx.request_id)
+        with contextlib.suppress(MCPError):  # no elicitation there: the handle tools answer
+            result = await ctx.session.send_request(question, ElicitResult, seconds, metadata)
+            return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+        return None
     request = JSONRPCRequest(
         jsonrpc="2.0", id=question_id(record.key, task_id), method="elicitation/create", params=params
     )
     dispatcher = getattr(getattr(ctx.session, "_request_outbound", None), "_dispatcher", None)
     if dispatcher is not None:  # else this SDK has no stream to ask on: the handle tools answer
         await dispatcher._write(request, ServerMessageMetadata(related_request_id=ctx.request_id))
+    return None
 
 
 def answer_request(body: bytes) -> bytes | None:

@@ -22,12 +22,15 @@ from mcp_types import INVALID_PARAMS, Notification, ServerNotification
 from mcp_types.methods import serialize_server_result
 
 from handles.console.operations import cursor_of, parse_cursor
+from handles.errors import CallerError
+from handles.jobs import JobSpec
 from handles.server.bind_mcpserver import resolve_principal
 from handles.server.endings import ended_answer
 from handles.server.envelope import SdkServer
-from handles.server.older_answers import ANSWER_METHOD, OLDER_VERSION, RELATED_TASK, ask, takes_answers
+from handles.server.older_answers import ANSWER_METHOD, OLDER_VERSION, RELATED_TASK, ask, asks_questions
 from handles.server.tasks_extension import TasksExtension, as_jsonrpc_errors, task_fields
 from handles.states import Status
+from handles.store import JobRecord
 from handles.tool_layout import JOB_META_KEY
 
 CAPABILITY: dict[str, Any] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
@@ -103,11 +106,11 @@ class OlderTasks:
         """Waits for the job's end (within the server's wait limit); answers what its plain call would.
 
         Meanwhile the stream carries `notifications/tasks/status` for the task's status at the call and
-        each change, and asks each open question as an `elicitation/create` request, when answers
-        POSTed back can land (`older_answers`)."""
+        each change, and asks each open question as an `elicitation/create` request, where its answer
+        can land (`older_answers.asks_questions`)."""
         spec, job, task_id = await self.tasks.open_task(ctx, params.get("taskId"))
         service = self.tasks.service
-        asks = takes_answers(ctx)
+        asks = asks_questions(ctx)
         asked: set[str] = set()
         status = None
         seconds = service.config.max_wait_seconds
@@ -123,10 +126,7 @@ class OlderTasks:
                         cast(ServerNotification, status_change), ctx.request_id
                     )
                 if asks and status == Status.INPUT_REQUIRED.value:
-                    for record in await service.pending_inputs(job):
-                        if record.key not in asked:
-                            asked.add(record.key)
-                            await ask(ctx, record, task_id)
+                    await self._ask(ctx, spec, job, task_id, asked, seconds)
         ended = Status(job.status)
         answer = ended_answer(ended, job.result, job.error, job.status_message)
         if answer is None:  # -32000: a server error of this implementation's own (JSON-RPC's reserved range)
@@ -139,6 +139,18 @@ class OlderTasks:
         )
         result["_meta"] = {**result.get("_meta", {}), RELATED_TASK: {"taskId": task_id}}
         return result
+
+    async def _ask(
+        self, ctx: Ctx, spec: JobSpec, job: JobRecord, task_id: str, asked: set[str], seconds: float
+    ) -> None:
+        """Ask each open question of `job` not yet `asked` on this stream; store an answer carried back."""
+        for record in await self.tasks.service.pending_inputs(job):
+            if record.key not in asked:
+                asked.add(record.key)
+                reply = await ask(ctx, record, task_id, seconds)
+                if reply is not None:
+                    with contextlib.suppress(CallerError):  # refused: asked again on the next tasks/result
+                        await self.tasks.store_responses(spec, job, {record.key: reply})
 
     @as_jsonrpc_errors
     async def take_answer(self, ctx: Ctx, params: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ cancels an export (and again, once ended), answers a deployment's question with
 `deploy_release_respond` and another's through its elicitation handler while `tasks/result` waits
 (noting the `notifications/tasks/status` that stream carries), lists its tasks; then, as OTHER_TOKEN's principal, tries
 the first principal's tasks and a made-up id. Prints what it saw as one JSON object on stdout.
+With `--stdio SERVER` (its `StdioServerParameters` as JSON) it answers a deployment's question over stdio.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import json
 import sys
 from typing import Any
 
-from mcp import ClientSession
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamablehttp_client
 from mcp.shared.exceptions import McpError
 from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, ServerNotification
@@ -116,6 +118,26 @@ async def as_other(url: str, token: str, task_id: str) -> dict[str, Any]:
     return seen
 
 
+async def over_stdio(server: dict[str, Any]) -> dict[str, Any]:
+    """A deployment's question over stdio, where the answer comes back on the same pipe."""
+    seen: dict[str, Any] = {"asked": []}
+
+    async def answer(context: Any, params: ElicitRequestParams) -> ElicitResult:
+        seen["asked"].append(params.model_dump(mode="json", by_alias=True, exclude_none=True))
+        return ElicitResult(action="accept", content={"approve": True, "environment": "staging"})
+
+    async with (
+        stdio_client(StdioServerParameters(**server)) as (read, write),
+        ClientSession(read, write, elicitation_callback=answer) as client,
+    ):
+        await client.initialize()
+        created = await client.experimental.call_tool_as_task("deploy_release", {"version": "7.0.0"})
+        seen["task_id"] = created.task.taskId
+        result = await client.experimental.get_task_result(created.task.taskId, CallToolResult)
+        seen["deployed"] = result.structuredContent
+    return seen
+
+
 async def main(url: str, token: str, other_token: str) -> None:
     seen = await as_owner(url, token)
     seen["other"] = await as_other(url, other_token, seen["created"]["task"]["taskId"])
@@ -123,4 +145,7 @@ async def main(url: str, token: str, other_token: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:4]))
+    if sys.argv[1] == "--stdio":  # --stdio SERVER: StdioServerParameters as JSON
+        print(json.dumps(asyncio.run(over_stdio(json.loads(sys.argv[2])))))
+    else:
+        asyncio.run(main(*sys.argv[1:4]))

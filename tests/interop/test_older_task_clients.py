@@ -24,7 +24,7 @@ import pytest
 
 from bench.peer import ensure_venv
 from tests.interop.inspector import ensure_npm_package
-from tests.support import FRAMEWORKS, HttpExampleServer
+from tests.support import FRAMEWORKS, HttpExampleServer, example_env, new_key, stdio_params
 from tests.tasks.wire import Wire, example_process
 
 pytestmark = pytest.mark.timeout(600)  # a first run creates the clients' environments
@@ -119,6 +119,19 @@ async def test_the_python_sdk_1_25_creates_follows_answers_cancels_and_lists_its
             assert_unknown(other[probe][method]["error"])
     assert other["listed"] == []
     await assert_one_job_every_face(example.url, task["taskId"], "completed")
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_the_python_sdk_1_25_answers_a_question_over_stdio(tmp_path: Path, framework: str) -> None:
+    python = python_of(".venv-mcp125", "mcp==1.25.0", "import mcp.client.experimental.tasks")
+    server = stdio_params(example_env(tmp_path, [new_key()]), framework=framework).model_dump(mode="json")
+    command = [python, str(HERE / "mcp125_client.py"), "--stdio", json.dumps(server)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    [asked] = seen["asked"]
+    assert asked["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": seen["task_id"]}
+    assert seen["deployed"]["environment"] == "staging" and seen["deployed"]["version"] == "7.0.0"
 
 
 async def test_fastmcp_3_follows_cancels_and_lists_tasks(example: HttpExampleServer) -> None:
