@@ -17,6 +17,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
 from mcp_types import ElicitRequest, ElicitResult, JSONRPCRequest
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -58,7 +59,7 @@ async def ask(
     if ctx.session.can_send_request:
         question = ElicitRequest.model_validate({"method": "elicitation/create", "params": params})
         metadata = ServerMessageMetadata(related_request_id=ctx.request_id)
-        with contextlib.suppress(MCPError):  # no elicitation there: the handle tools answer
+        with contextlib.suppress(MCPError, ValidationError):  # no elicitation there: the handle tools answer
             result = await ctx.session.send_request(question, ElicitResult, seconds, metadata)
             return result.model_dump(by_alias=True, mode="json", exclude_none=True)
         return None
