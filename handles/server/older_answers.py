@@ -1,10 +1,7 @@
-"""The 2025-11-25 design's questions: asked on a `tasks/result` stream, answered by a POST any node takes.
+"""The 2025-11-25 design's questions: asked on a `tasks/result` stream, answered on any node.
 
-`ask` writes a job's question on the request's stream as an `elicitation/create` request whose
-JSON-RPC id names its task and question. The client POSTs its answer back as a JSON-RPC response,
-which a stateless server, on whichever node it lands, has no request waiting for: `OlderAnswers` turns
-that POST into an `ANSWER_METHOD` request before the app sees it, so the answer is authenticated,
-resolved to its principal and stored like every other call; the client gets 202 once it is.
+On stateless HTTP the client's answer, a POSTed JSON-RPC response, has no request waiting for it:
+`OlderAnswers` serves it as an `ANSWER_METHOD` request, authenticated and stored like every call.
 """
 
 from __future__ import annotations
@@ -49,12 +46,9 @@ def asks_questions(ctx: ServerRequestContext[Any, Any]) -> bool:
 async def ask(
     ctx: ServerRequestContext[Any, Any], record: InputRequestRecord, task_id: str, seconds: float
 ) -> dict[str, Any] | None:
-    """Send question `record` on the request's stream as an `elicitation/create` request related to the task.
-
-    Where the connection carries the client's answer back, it is awaited (`seconds` at most) and returned
-    (None when the client answered an error). Else (stateless HTTP) the SDK's request channel refuses
-    the request, and its ids name nothing another node could go by: it is written to the dispatcher's
-    write stream itself, with a `question_id`, and its answer comes by POST (None)."""
+    """Send question `record` on the request's stream as an `elicitation/create` request related to the task:
+    awaited (`seconds` at most) and returned where the connection carries the answer back; else written
+    to the dispatcher's stream itself (the SDK's channel refuses it), its answer to come by POST (None)."""
     params = {**elicitation_request(record)["params"], "_meta": {RELATED_TASK: {"taskId": task_id}}}
     if ctx.session.can_send_request:
         question = ElicitRequest.model_validate({"method": "elicitation/create", "params": params})
