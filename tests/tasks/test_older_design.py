@@ -213,6 +213,10 @@ async def test_a_declined_question_cancels_the_task_and_a_made_up_answer_is_acce
     assert (
         await post_answer(http, url, made_up, {"action": "accept", "content": {"color": "red"}}, ALICE) == 202
     )
+    red = {"action": "accept", "content": {"color": "red"}}
+    assert (
+        await post_answer(http, url, question_id("q1", task_id), red) == 401
+    )  # no token: refused as any call
     assert await pending_keys(url, task_id) == {"q1", "q2"}
     assert await post_answer(http, url, question_id("q2", task_id), {"action": "decline"}, ALICE) == 202
     result = await older(http, url, "tasks/result", {"taskId": task_id})
