@@ -297,14 +297,14 @@ class JobOperations:
         return StartedJob(
             job=stored,
             created=created,
-            mint=partial(
-                self.codec.mint,
-                job_id=stored.id,
-                kind=spec.name,
-                principal=principal,
-                expires_at=stored.expires_at,
-            ),
+            mint=partial(self.handle_of, stored),
         )
+
+    def handle_of(self, job: JobRecord) -> str:
+        """The job's handle, as every face gives it: signed with its first expiry (its kind's retention
+        from its creation), so a job ended since, whose deletion came sooner, keeps the same handle."""
+        expires_at = job.created_at + self.specs[job.kind].retention
+        return self.codec.mint(job_id=job.id, kind=job.kind, principal=job.principal, expires_at=expires_at)
 
     def _store_now(self, new: _NewJob) -> tuple[JobRecord, bool] | None:
         """Insert the job and hand it over (`_hand_over`) here, with no await, when the store can

@@ -137,6 +137,10 @@ class Manifest(BaseModel):
     """Whether the server advertises the Tasks extension (`io.modelcontextprotocol/tasks`)."""
     tasks_declared: bool = False
     """Whether this client declares it on its requests."""
+    tasks_designs: tuple[str, ...] = ()
+    """The tasks designs the server serves on this connection: `"2026-07-28"` (the Tasks extension it
+    advertises) and `"2025-11-25"` (the experimental design, `capabilities.tasks` of an initialize
+    handshake at that version, which a `handles` server serves beside the extension)."""
     tools: tuple[str, ...] = ()
     """Every tool the server lists, sorted."""
     jobs: FrozenMap[str, JobManifest] = Field(default_factory=_nothing)
@@ -173,6 +177,11 @@ class Manifest(BaseModel):
                 for extension in client.extensions or ()
             ),
             tools=tuple(sorted(tool.name for tool in listed)),
+        )
+        capabilities = client.server_capabilities
+        designs = {"2026-07-28": bare.tasks_offered, "2025-11-25": capabilities.tasks is not None}
+        bare = bare.model_copy(
+            update={"tasks_designs": tuple(name for name, served in designs.items() if served)}
         )
         tasks = bare._tasks_problem()
         jobs = {job.name: _with_modes(job, tasks) for job in _jobs(listed)}

@@ -3,40 +3,43 @@
 Only a client that connected with `initialize` at 2025-11-25 sees it: the `tasks` capability, each
 job's plain tool marked `execution.taskSupport`, a `tools/call <job>` with `params.task` answered
 `{task: {...}}` once the job is stored (its `taskId` is the job's handle, as on every face), and
-`tasks/get`, `tasks/result`, `tasks/list`, `tasks/cancel` on the caller's own jobs. A server
-middleware, as the SDK's surface for that version knows none of these shapes; the work is
-`TasksExtension`'s and `JobOperations`', only the wire shapes are this module's.
+`tasks/get`, `tasks/result`, `tasks/list`, `tasks/cancel` on the caller's own jobs. `tasks/result`
+asks the job's questions on its stream (answers come back through `older_answers`) and reports each
+status there. A server middleware, as the SDK's surface for that version knows none of these shapes; the
+work is `TasksExtension`'s and `JobOperations`', only the wire shapes are this module's.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import Context
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS
+from mcp_types import INVALID_PARAMS, Notification, ServerNotification
 from mcp_types.methods import serialize_server_result
 
 from handles.console.operations import cursor_of, parse_cursor
+from handles.errors import CallerError
 from handles.jobs import JobSpec
 from handles.server.bind_mcpserver import resolve_principal
 from handles.server.endings import ended_answer
 from handles.server.envelope import SdkServer
+from handles.server.older_answers import ANSWER_METHOD, OLDER_VERSION, RELATED_TASK, ask, asks_questions
 from handles.server.tasks_extension import TasksExtension, as_jsonrpc_errors, task_fields
 from handles.states import Status
 from handles.store import JobRecord
 from handles.tool_layout import JOB_META_KEY
 
-OLDER_VERSION = "2025-11-25"
 CAPABILITY: dict[str, Any] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
-RELATED_TASK = "io.modelcontextprotocol/related-task"
 PAGE_SIZE = 50
 """Tasks per `tasks/list` page."""
 CANCEL_WAIT_SECONDS = 5.0
 """How long `tasks/cancel` waits for a running job to stop before it answers the job's state."""
 _RENAMED = {"ttlMs": "ttl", "pollIntervalMs": "pollInterval"}
+Ctx = ServerRequestContext[Any, Any]
 
 
 def older_task(fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -61,9 +64,10 @@ class OlderTasks:
             "tasks/result": self.task_result,
             "tasks/list": self.list_tasks,
             "tasks/cancel": self.cancel_task,
+            ANSWER_METHOD: self.take_answer,
         }
 
-    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+    async def __call__(self, ctx: Ctx, call_next: CallNext) -> HandlerResult:
         params = ctx.params or {}
         if ctx.method == "initialize":
             result = await call_next(ctx)
@@ -93,26 +97,42 @@ class OlderTasks:
         return result
 
     @as_jsonrpc_errors
-    async def get_task(
-        self, ctx: ServerRequestContext[Any, Any], params: Mapping[str, Any]
-    ) -> dict[str, Any]:
+    async def get_task(self, ctx: Ctx, params: Mapping[str, Any]) -> dict[str, Any]:
         spec, job, task_id = await self.tasks.open_task(ctx, params.get("taskId"))
         return older_task(task_fields(spec, job, task_id))
 
     @as_jsonrpc_errors
-    async def task_result(
-        self, ctx: ServerRequestContext[Any, Any], params: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        """Waits for the job's end (within the server's wait limit); answers what its plain call would."""
-        _, job, task_id = await self.tasks.open_task(ctx, params.get("taskId"))
+    async def task_result(self, ctx: Ctx, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Waits for the job's end (within the server's wait limit); answers what its plain call would.
+
+        Meanwhile the stream carries `notifications/tasks/status` for the task's status at the call and
+        each change, and asks each open question as an `elicitation/create` request, where its answer
+        can land (`older_answers.asks_questions`)."""
+        spec, job, task_id = await self.tasks.open_task(ctx, params.get("taskId"))
         service = self.tasks.service
-        job = await service.wait(job, service.config.max_wait_seconds, _ended)
-        status = Status(job.status)
-        answer = ended_answer(status, job.result, job.error, job.status_message)
+        asks = asks_questions(ctx)
+        asked: set[str] = set()
+        status = None
+        seconds = service.config.max_wait_seconds
+        async with contextlib.aclosing(service.versions(job, seconds, past_reports=True)) as versions:
+            async for job in versions:
+                if job.status != status:
+                    status = job.status
+                    body = older_task(task_fields(spec, job, task_id))
+                    status_change = Notification[dict[str, Any], str](
+                        method="notifications/tasks/status", params=body
+                    )
+                    await ctx.session.send_notification(
+                        cast(ServerNotification, status_change), ctx.request_id
+                    )
+                if asks and status == Status.INPUT_REQUIRED.value:
+                    await self._ask(ctx, spec, job, task_id, asked, seconds)
+        ended = Status(job.status)
+        answer = ended_answer(ended, job.result, job.error, job.status_message)
         if answer is None:  # -32000: a server error of this implementation's own (JSON-RPC's reserved range)
             raise MCPError(
                 code=-32000,
-                message=f"The task is {status.value}, with no result yet: call tasks/result again.",
+                message=f"The task is {ended.value}, with no result yet: call tasks/result again.",
             )
         result = serialize_server_result(
             "tools/call", OLDER_VERSION, answer.model_dump(by_alias=True, mode="json", exclude_none=True)
@@ -120,10 +140,29 @@ class OlderTasks:
         result["_meta"] = {**result.get("_meta", {}), RELATED_TASK: {"taskId": task_id}}
         return result
 
+    async def _ask(
+        self, ctx: Ctx, spec: JobSpec, job: JobRecord, task_id: str, asked: set[str], seconds: float
+    ) -> None:
+        """Ask each open question of `job` not yet `asked` on this stream; store an answer carried back."""
+        for record in await self.tasks.service.pending_inputs(job):
+            if record.key not in asked:
+                asked.add(record.key)
+                reply = await ask(ctx, record, task_id, seconds)
+                if reply is not None:
+                    with contextlib.suppress(CallerError):  # refused: asked again on the next tasks/result
+                        await self.tasks.store_responses(spec, job, {record.key: reply})
+
     @as_jsonrpc_errors
-    async def list_tasks(
-        self, ctx: ServerRequestContext[Any, Any], params: Mapping[str, Any]
-    ) -> dict[str, Any]:
+    async def take_answer(self, ctx: Ctx, params: Mapping[str, Any]) -> dict[str, Any]:
+        """An answer POSTed back to a question `task_result` asked, stored as `tasks/update` stores one."""
+        spec, job, _ = await self.tasks.open_task(ctx, params.get("taskId"))
+        result = params.get("result")
+        if isinstance(result, Mapping):  # a JSON-RPC error (no elicitation here) leaves the question open
+            await self.tasks.store_responses(spec, job, {str(params.get("key")): result})
+        return {}
+
+    @as_jsonrpc_errors
+    async def list_tasks(self, ctx: Ctx, params: Mapping[str, Any]) -> dict[str, Any]:
         """The caller's own unexpired jobs, newest first; `nextCursor` while more remain."""
         cursor = params.get("cursor")
         before = parse_cursor(cursor) if isinstance(cursor, str) else None
@@ -140,33 +179,21 @@ class OlderTasks:
         for job in jobs[:PAGE_SIZE]:
             spec = service.specs.get(job.kind)
             if spec is not None and job.principal == principal and job.expires_at > service.clock():
-                page.append(older_task(task_fields(spec, job, self._handle(spec, job))))
+                page.append(older_task(task_fields(spec, job, service.handle_of(job))))
         result: dict[str, Any] = {"tasks": page}
         if len(jobs) > PAGE_SIZE:
             result["nextCursor"] = cursor_of(jobs[PAGE_SIZE - 1])
         return result
 
     @as_jsonrpc_errors
-    async def cancel_task(
-        self, ctx: ServerRequestContext[Any, Any], params: Mapping[str, Any]
-    ) -> dict[str, Any]:
+    async def cancel_task(self, ctx: Ctx, params: Mapping[str, Any]) -> dict[str, Any]:
         """The task once cancelled (a running job is given a moment to stop); an ended task is -32602."""
         spec, job, task_id = await self.tasks.open_task(ctx, params.get("taskId"))
-        if _ended(job):
+        if Status(job.status).is_terminal:
             raise MCPError(
                 code=INVALID_PARAMS, message=f"The task already ended ({job.status}); nothing to cancel."
             )
         service = self.tasks.service
         job = await service.cancel(job)
-        job = await service.wait(job, CANCEL_WAIT_SECONDS, _ended)
+        job = await service.wait(job, CANCEL_WAIT_SECONDS, lambda job: Status(job.status).is_terminal)
         return older_task(task_fields(spec, job, task_id))
-
-    def _handle(self, spec: JobSpec, job: JobRecord) -> str:
-        """The job's handle as its start minted it: signed with the job's first expiry (an ended job's is sooner)."""
-        return self.tasks.service.codec.mint(
-            job_id=job.id, kind=job.kind, principal=job.principal, expires_at=job.created_at + spec.retention
-        )
-
-
-def _ended(job: JobRecord) -> bool:
-    return Status(job.status).is_terminal

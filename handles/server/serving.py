@@ -17,6 +17,7 @@ from starlette.types import Message, Receive, Scope, Send
 from handles.errors import ConfigurationError, DatabaseUnreachable
 from handles.server.bind_mcpserver import is_fastmcp
 from handles.server.health import health_routes
+from handles.server.older_answers import OlderAnswers
 from handles.server.startup import BackgroundStart
 from handles.server.stdio_stdout import LoopStdout, claimed_stdout
 
@@ -111,6 +112,7 @@ def streamable_http_app(
         if is_fastmcp(server)
         else cast("MCPServer[Any]", server).streamable_http_app(**options)
     )
+    app.add_middleware(OlderAnswers)  # answers to the 2025-11-25 design's questions, on any node
     starter = BackgroundStart(handles)
     app.router.routes[:0] = health_routes(
         handles, liveness_path=liveness_path, readiness_path=readiness_path, startup_problem=starter.problem

@@ -357,6 +357,12 @@ class TasksExtension(Extension):
                 code=INVALID_PARAMS,
                 message='params.inputResponses must be an object: {"<key>": {"action": "accept", "content": {...}}}.',
             )
+        await self.store_responses(spec, job, responses)
+        return dict(_ACK)
+
+    async def store_responses(self, spec: JobSpec, job: JobRecord, responses: Mapping[str, Any]) -> None:
+        """Store the accepted elicitation results among `responses` (all or none, through `JobOperations.respond`);
+        a declined or dismissed question cancels the job. Keys of no open question are ignored."""
         pending = {record.key for record in await self.service.pending_inputs(job)}
         answers: dict[str, Any] = {}
         refused: list[str] = []
@@ -384,7 +390,6 @@ class TasksExtension(Extension):
         if refused:
             # A job cannot go on without its answer, and ask() has no "declined" outcome to return.
             await self.service.cancel(job)
-        return dict(_ACK)
 
     @as_jsonrpc_errors
     async def cancel_task(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:

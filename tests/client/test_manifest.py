@@ -93,6 +93,7 @@ async def test_the_official_client_as_it_comes_sees_tasks_offered_but_not_usable
     async with Client(http_example.url) as client:  # declares no extension
         manifest = await read_manifest(client)
     assert manifest.tasks_offered and not manifest.tasks_declared and not manifest.tasks_usable
+    assert manifest.tasks_designs == ("2026-07-28",)
     assert manifest.task_operations == ()
     assert all(job.modes == ("handles", "inline") for job in manifest.jobs.values())
 
@@ -104,6 +105,7 @@ async def test_a_handshake_era_connection_has_no_tasks(inprocess_example: InProc
     assert manifest.supported_versions == ()
     assert manifest.server_name == "handles-example"
     assert manifest.tasks_declared and not manifest.tasks_offered and not manifest.tasks_usable
+    assert manifest.tasks_designs == ("2025-11-25",)  # the older design, which the client cannot follow
     with pytest.raises(RequirementsNotMet, match="initialize handshake"):
         manifest.check(Requirements(modes="tasks", jobs=["generate_report"]))
 

@@ -5,7 +5,7 @@ Runs in tests/interop/.venv-fastmcp3, never in the project's environment:
     tests/interop/.venv-fastmcp3/bin/python tests/interop/fastmcp3_client.py URL TOKEN OTHER_TOKEN
 
 `call_tool(..., task=True)` as TOKEN's principal: a report followed to its result, an export cancelled,
-the tasks listed; then OTHER_TOKEN's principal tries the report's task. Prints one JSON object.
+a deployment's question answered by the elicitation handler while `tasks/result` waits, the tasks listed; then OTHER_TOKEN's principal tries the report's task. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -19,13 +19,20 @@ from fastmcp import Client
 from fastmcp.client.transports import StreamableHttpTransport
 from mcp.shared.exceptions import McpError
 
+seen: dict[str, Any] = {"asked": []}
+
+
+async def approve(message: str, response_type: Any, params: Any, context: Any) -> dict[str, Any]:
+    seen["asked"].append(params.model_dump(mode="json", by_alias=True, exclude_none=True))
+    return {"approve": True, "environment": "production"}
+
 
 def connect(url: str, token: str) -> Client:
-    return Client(StreamableHttpTransport(url, headers={"Authorization": f"Bearer {token}"}), timeout=60)
+    transport = StreamableHttpTransport(url, headers={"Authorization": f"Bearer {token}"})
+    return Client(transport, timeout=60, elicitation_handler=approve)
 
 
 async def main(url: str, token: str, other_token: str) -> None:
-    seen: dict[str, Any] = {}
     async with connect(url, token) as client:
         report = await client.call_tool("generate_report", {"account": "acme", "months": 2}, task=True)
         seen["report_id"] = report.task_id
@@ -36,6 +43,11 @@ async def main(url: str, token: str, other_token: str) -> None:
         seen["export_id"] = export.task_id
         await export.cancel()
         seen["cancelled"] = (await client.get_task_status(export.task_id)).status
+        deploy = await client.call_tool("deploy_release", {"version": "6.0.0"}, task=True)
+        seen["deploy_id"] = deploy.task_id
+        await deploy.wait(state="input_required", timeout=30)
+        # tasks/result: the question comes on its stream, the handler's answer resumes the job.
+        seen["deployed"] = (await client.get_task_result(deploy.task_id))["structuredContent"]
         seen["listed"] = [task["taskId"] for task in (await client.list_tasks())["tasks"]]
     async with connect(url, other_token) as other:
         try:

@@ -7,8 +7,10 @@ Runs in tests/interop/.venv-mcp125 (`mcp==1.25.0`), never in the project's envir
 Connects with `initialize` (2025-11-25) over Streamable HTTP as TOKEN's principal: reads the tasks
 capability and the tools' `execution`, follows a report through `tasks/get` and `tasks/result`,
 cancels an export (and again, once ended), answers a deployment's question with
-`deploy_release_respond`, lists its tasks; then, as OTHER_TOKEN's principal, tries
+`deploy_release_respond` and another's through its elicitation handler while `tasks/result` waits
+(noting the `notifications/tasks/status` that stream carries), lists its tasks; then, as OTHER_TOKEN's principal, tries
 the first principal's tasks and a made-up id. Prints what it saw as one JSON object on stdout.
+With `--stdio SERVER` (its `StdioServerParameters` as JSON) it answers a deployment's question over stdio.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ import json
 import sys
 from typing import Any
 
-from mcp import ClientSession
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamablehttp_client
 from mcp.shared.exceptions import McpError
-from mcp.types import CallToolResult
+from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, ServerNotification
 
 
 def session(url: str, token: str) -> Any:
@@ -41,8 +44,21 @@ async def attempt(call: Any) -> Any:
 
 
 async def as_owner(url: str, token: str) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    async with session(url, token) as (read, write, _), ClientSession(read, write) as client:
+    seen: dict[str, Any] = {"asked": [], "statuses": []}
+
+    async def answer(context: Any, params: ElicitRequestParams) -> ElicitResult:
+        asked = params.model_dump(mode="json", by_alias=True, exclude_none=True)
+        seen["asked"].append({"id": context.request_id, **asked})
+        return ElicitResult(action="accept", content={"approve": True, "environment": "production"})
+
+    async def note(message: Any) -> None:
+        if isinstance(message, ServerNotification) and message.root.method == "notifications/tasks/status":
+            seen["statuses"].append(message.root.params.model_dump(mode="json", by_alias=True))
+
+    async with (
+        session(url, token) as (read, write, _),
+        ClientSession(read, write, elicitation_callback=answer, message_handler=note) as client,
+    ):
         init = await client.initialize()
         seen["protocol"] = init.protocolVersion
         seen["capabilities"] = init.capabilities.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -76,6 +92,11 @@ async def as_owner(url: str, token: str) -> dict[str, Any]:
                     "deploy_release_respond", {"handle": deploy, "responses": {"q1": answer}}
                 )
         seen["deployed"] = (await experimental.get_task_result(deploy, CallToolResult)).structuredContent
+        # Asked on the tasks/result stream, answered by the elicitation handler, on another request.
+        elicited = (await experimental.call_tool_as_task("deploy_release", {"version": "3.0.0"})).task.taskId
+        seen["elicited_id"] = elicited
+        result = await experimental.get_task_result(elicited, CallToolResult)
+        seen["elicited"] = result.model_dump(mode="json", by_alias=True, exclude_none=True)
         listed = await experimental.list_tasks()
         seen["listed"] = [task.taskId for task in listed.tasks]
         seen["plain"] = (await client.call_tool("lookup_account", {"account": "acme"})).structuredContent
@@ -97,6 +118,26 @@ async def as_other(url: str, token: str, task_id: str) -> dict[str, Any]:
     return seen
 
 
+async def over_stdio(server: dict[str, Any]) -> dict[str, Any]:
+    """A deployment's question over stdio, where the answer comes back on the same pipe."""
+    seen: dict[str, Any] = {"asked": []}
+
+    async def answer(context: Any, params: ElicitRequestParams) -> ElicitResult:
+        seen["asked"].append(params.model_dump(mode="json", by_alias=True, exclude_none=True))
+        return ElicitResult(action="accept", content={"approve": True, "environment": "staging"})
+
+    async with (
+        stdio_client(StdioServerParameters(**server)) as (read, write),
+        ClientSession(read, write, elicitation_callback=answer) as client,
+    ):
+        await client.initialize()
+        created = await client.experimental.call_tool_as_task("deploy_release", {"version": "7.0.0"})
+        seen["task_id"] = created.task.taskId
+        result = await client.experimental.get_task_result(created.task.taskId, CallToolResult)
+        seen["deployed"] = result.structuredContent
+    return seen
+
+
 async def main(url: str, token: str, other_token: str) -> None:
     seen = await as_owner(url, token)
     seen["other"] = await as_other(url, other_token, seen["created"]["task"]["taskId"])
@@ -104,4 +145,7 @@ async def main(url: str, token: str, other_token: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:4]))
+    if sys.argv[1] == "--stdio":  # --stdio SERVER: StdioServerParameters as JSON
+        print(json.dumps(asyncio.run(over_stdio(json.loads(sys.argv[2])))))
+    else:
+        asyncio.run(main(*sys.argv[1:4]))

@@ -24,7 +24,7 @@ import pytest
 
 from bench.peer import ensure_venv
 from tests.interop.inspector import ensure_npm_package
-from tests.support import FRAMEWORKS, HttpExampleServer
+from tests.support import FRAMEWORKS, HttpExampleServer, example_env, new_key, stdio_params
 from tests.tasks.wire import Wire, example_process
 
 pytestmark = pytest.mark.timeout(600)  # a first run creates the clients' environments
@@ -99,7 +99,17 @@ async def test_the_python_sdk_1_25_creates_follows_answers_cancels_and_lists_its
     assert seen["cancel_again"]["error"]["code"] == -32602
     assert seen["cancelled_result"]["isError"] is True
     assert seen["deployed"]["environment"] == "staging"
-    assert seen["listed"][1:] == [seen["export_id"], task["taskId"]]  # newest first
+    # The second deployment's question reached the elicitation handler on the tasks/result stream,
+    # related to its task; the handler's answer (another POST) resumed the job to its result.
+    elicited = seen["elicited_id"]
+    [asked] = seen["asked"]
+    assert asked["message"].startswith("Release 3.0.0 is built")
+    assert asked["requestedSchema"]["required"] == ["approve", "environment"]
+    assert asked["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": elicited}
+    assert seen["elicited"]["structuredContent"]["environment"] == "production"
+    statuses = [s["status"] for s in seen["statuses"] if s["taskId"] == elicited]
+    assert "input_required" in statuses and statuses[-1] == "completed", seen["statuses"]
+    assert seen["listed"][2:] == [seen["export_id"], task["taskId"]]  # newest first
     assert seen["plain"]["account"] == "acme"
 
     other = seen["other"]
@@ -111,13 +121,29 @@ async def test_the_python_sdk_1_25_creates_follows_answers_cancels_and_lists_its
     await assert_one_job_every_face(example.url, task["taskId"], "completed")
 
 
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_the_python_sdk_1_25_answers_a_question_over_stdio(tmp_path: Path, framework: str) -> None:
+    python = python_of(".venv-mcp125", "mcp==1.25.0", "import mcp.client.experimental.tasks")
+    server = stdio_params(example_env(tmp_path, [new_key()]), framework=framework).model_dump(mode="json")
+    command = [python, str(HERE / "mcp125_client.py"), "--stdio", json.dumps(server)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    [asked] = seen["asked"]
+    assert asked["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": seen["task_id"]}
+    assert seen["deployed"]["environment"] == "staging" and seen["deployed"]["version"] == "7.0.0"
+
+
 async def test_fastmcp_3_follows_cancels_and_lists_tasks(example: HttpExampleServer) -> None:
     python = python_of(".venv-fastmcp3", "fastmcp==3.4.11", "import fastmcp.client.tasks")
     seen = run_client([python, str(HERE / "fastmcp3_client.py")], example.url)
     assert seen["immediate"] is False
     assert seen["report"]["account"] == "acme" and seen["ended"] == "completed"
     assert seen["cancelled"] == "cancelled"
-    assert seen["listed"][:2] == [seen["export_id"], seen["report_id"]]
+    assert seen["listed"][:3] == [seen["deploy_id"], seen["export_id"], seen["report_id"]]
+    [asked] = seen["asked"]
+    assert asked["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": seen["deploy_id"]}
+    assert seen["deployed"]["environment"] == "production" and seen["deployed"]["version"] == "6.0.0"
     assert_unknown(seen["foreign"])
     assert seen["other_listed"] == []
     await assert_one_job_every_face(example.url, seen["report_id"], "completed")
@@ -134,9 +160,15 @@ async def test_the_typescript_sdk_1_32_streams_a_task_and_steers_others(example:
     # `callToolStream`, which a task-capable tool's call goes through: created, polled, its result.
     assert seen["streamed"][0] == "taskCreated" and seen["streamed"][-1] == "result", seen["streamed"]
     assert seen["report"]["account"] == "acme" and seen["reportResult"] == seen["report"]
+    # A deployment's question reached the elicitation handler; its answer resumed the job to its result.
+    assert seen["deployStream"][-1] == "result", seen
+    assert seen["deployed"]["environment"] == "production" and seen["deployed"]["version"] == "4.0.0"
+    [asked] = seen["asked"]
+    assert asked["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": seen["deployId"]}
+    assert "input_required" in seen["statuses"] and "completed" in seen["statuses"], seen["statuses"]
     assert seen["got"] == "working" and seen["cancelled"] == "cancelled"
     assert seen["cancelAgain"]["error"]["code"] == -32602
-    assert seen["listed"][:2] == [seen["exportId"], seen["reportId"]]
+    assert seen["listed"][:3] == [seen["exportId"], seen["deployId"], seen["reportId"]]
     assert_unknown(seen["other"]["get"]["error"])
     assert seen["other"]["get"] == seen["other"]["madeUp"]
     assert seen["other"]["listed"] == []

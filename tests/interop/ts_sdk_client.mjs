@@ -1,6 +1,6 @@
 // The TypeScript SDK 1.32 (`@modelcontextprotocol/sdk`, the closest stand-in for VS Code's client) against the
 // example server: the 2025-11-25 experimental Tasks design, over Streamable HTTP, as TOKEN's principal, then
-// OTHER_TOKEN's. Installed into tests/interop/.ts-sdk by tests/interop/test_ts_sdk_tasks.py:
+// OTHER_TOKEN's; a deployment's question is answered through its elicitation handler. Installed into tests/interop/.ts-sdk by tests/interop/test_ts_sdk_tasks.py:
 //
 //     node tests/interop/ts_sdk_client.mjs URL TOKEN OTHER_TOKEN
 //
@@ -10,12 +10,24 @@ import path from "node:path";
 const sdk = path.join(process.env.TS_SDK_DIR, "node_modules", "@modelcontextprotocol", "sdk", "dist", "esm");
 const { Client } = await import(path.join(sdk, "client", "index.js"));
 const { StreamableHTTPClientTransport } = await import(path.join(sdk, "client", "streamableHttp.js"));
-const { CallToolResultSchema, CreateTaskResultSchema } = await import(path.join(sdk, "types.js"));
+const { CallToolResultSchema, CreateTaskResultSchema, ElicitRequestSchema, TaskStatusNotificationSchema } = await import(
+  path.join(sdk, "types.js")
+);
 
 const [url, token, otherToken] = process.argv.slice(2);
 
+const seen = { asked: [], statuses: [] };
+
 async function connect(bearer) {
-  const client = new Client({ name: "ts-sdk-older-tasks", version: "0" });
+  const client = new Client({ name: "ts-sdk-older-tasks", version: "0" }, { capabilities: { elicitation: { form: {} } } });
+  // The deployment's question, asked on the tasks/result stream; the answer goes back as a POST of its own.
+  client.setRequestHandler(ElicitRequestSchema, async (request) => {
+    seen.asked.push(request.params);
+    return { action: "accept", content: { approve: true, environment: "production" } };
+  });
+  client.setNotificationHandler(TaskStatusNotificationSchema, (notification) => {
+    seen.statuses.push(notification.params.status);
+  });
   const headers = { Authorization: `Bearer ${bearer}` };
   await client.connect(new StreamableHTTPClientTransport(new URL(url), { requestInit: { headers } }));
   return client;
@@ -29,7 +41,6 @@ async function attempt(call) {
   }
 }
 
-const seen = {};
 const owner = await connect(token);
 const tasks = owner.experimental.tasks;
 seen.protocol = owner.transport.protocolVersion ?? null;
@@ -46,6 +57,15 @@ for await (const message of tasks.callToolStream({ name: "generate_report", argu
   if (message.type === "error") seen.streamError = String(message.error);
 }
 seen.reportResult = (await tasks.getTaskResult(seen.reportId, CallToolResultSchema)).structuredContent;
+
+// A task that asks: the stream meets input_required, calls tasks/result, and the handler above answers.
+seen.deployStream = [];
+for await (const message of tasks.callToolStream({ name: "deploy_release", arguments: { version: "4.0.0" } })) {
+  seen.deployStream.push(message.type);
+  if (message.type === "taskCreated") seen.deployId = message.task.taskId;
+  if (message.type === "result") seen.deployed = message.result.structuredContent;
+  if (message.type === "error") seen.deployError = String(message.error);
+}
 
 // The explicit calls.
 const created = await owner.request(

@@ -7,6 +7,8 @@ Requests go as a stateless handshake-era client sends them after `initialize`: t
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 from pathlib import Path
 from typing import Any
@@ -16,10 +18,11 @@ import pytest
 
 import handles.server.older_tasks as older_tasks
 from handles import streamable_http_app
+from handles.server.older_answers import question_id
 from tests.support import free_port
 from tests.tasks.app import build_test_server, create_test_jobs, tasks_config
 from tests.tasks.conftest import ALICE, BOB
-from tests.tasks.wire import ThreadedServer, Wire, parse_sse
+from tests.tasks.wire import ThreadedServer, Wire, older_result_frames, parse_sse, post_answer
 
 _ids = itertools.count(1)
 
@@ -144,3 +147,78 @@ async def test_while_the_kill_switch_is_on_a_task_augmented_call_gets_the_plain_
         assert "task" not in answer and answer["structuredContent"] == {"text": "z", "length": 1}
     finally:
         served.stop()
+
+
+async def ask_two(http: httpx2.AsyncClient, url: str, topic: str) -> str:
+    """Start `ask_two` as a 2025-11-25 task; its taskId."""
+    call = {"name": "ask_two", "arguments": {"topic": topic}, "task": {}}
+    task_id: str = (await older(http, url, "tools/call", call))["result"]["task"]["taskId"]
+    return task_id
+
+
+async def pending_keys(url: str, task_id: str) -> set[str]:
+    """The task's open questions, read through the 2026-07-28 face."""
+    async with httpx2.AsyncClient(timeout=30) as raw:
+        return set((await Wire(url, raw).get(task_id, token=ALICE)).result.get("inputRequests", {}))
+
+
+async def test_tasks_result_asks_the_job_s_questions_and_the_answers_posted_back_resume_it(
+    http: httpx2.AsyncClient, http_server: ThreadedServer
+) -> None:
+    url = http_server.url
+    task_id = await ask_two(http, url, "t")
+    questions: dict[str, dict[str, Any]] = {}
+    statuses: list[str] = []
+    final: dict[str, Any] = {}
+    answered = False
+    async with contextlib.aclosing(older_result_frames(http, url, task_id, ALICE)) as frames:
+        async for frame in frames:
+            if frame.get("method") == "notifications/tasks/status":
+                statuses.append(frame["params"]["status"])
+            elif frame.get("method") == "elicitation/create":
+                assert frame["params"]["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": task_id}
+                questions[frame["params"]["message"].split()[0]] = frame
+            else:
+                final = frame
+                break
+            if len(questions) < 2 or answered:
+                continue
+            answered = True
+            # Another principal's answer, and an answer that does not fit: accepted on the wire, nothing stored.
+            which, go = questions["Which"], questions["Go"]
+            teal, misfit = ({"action": "accept", "content": {"color": c}} for c in ("teal", 7))
+            assert await post_answer(http, url, which["id"], teal, BOB) == 202
+            assert await post_answer(http, url, which["id"], misfit, ALICE) == 202
+            assert await pending_keys(url, task_id) == {"q1", "q2"}
+            assert await post_answer(http, url, which["id"], teal, ALICE) == 202
+            confirm = {"action": "accept", "content": {"confirm": True}}
+            assert await post_answer(http, url, go["id"], confirm, ALICE) == 202
+    assert final["result"]["structuredContent"] == {"color": "teal", "confirm": True}
+    assert final["result"]["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": task_id}
+    assert len({question["id"] for question in questions.values()}) == 2
+    assert statuses[0] in ("working", "input_required") and statuses[-1] == "completed", statuses
+    assert "input_required" in statuses
+
+
+async def test_a_declined_question_cancels_the_task_and_a_made_up_answer_is_accepted_and_ignored(
+    http: httpx2.AsyncClient, http_server: ThreadedServer
+) -> None:
+    url = http_server.url
+    task_id = await ask_two(http, url, "d")
+    for _ in range(100):
+        if await pending_keys(url, task_id) == {"q1", "q2"}:
+            break
+        await asyncio.sleep(0.05)
+    made_up = question_id("q1", task_id[:-4] + "AAAA")
+    assert (
+        await post_answer(http, url, made_up, {"action": "accept", "content": {"color": "red"}}, ALICE) == 202
+    )
+    red = {"action": "accept", "content": {"color": "red"}}
+    assert (
+        await post_answer(http, url, question_id("q1", task_id), red) == 401
+    )  # no token: refused as any call
+    assert await pending_keys(url, task_id) == {"q1", "q2"}
+    assert await post_answer(http, url, question_id("q2", task_id), {"action": "decline"}, ALICE) == 202
+    result = await older(http, url, "tasks/result", {"taskId": task_id})
+    assert result["result"]["isError"] is True
+    assert (await older(http, url, "tasks/get", {"taskId": task_id}))["result"]["status"] == "cancelled"

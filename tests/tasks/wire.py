@@ -14,7 +14,7 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -186,6 +186,38 @@ class Wire:
                 return result
             assert time.monotonic() < deadline, f"task still {result['status']} after {timeout} s"
             await asyncio.sleep(0.05)
+
+
+def older_headers(token: str | None) -> dict[str, str]:
+    """The headers of a request of a 2025-11-25 (handshake-era) client after `initialize`."""
+    headers = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
+    return headers | ({"Authorization": f"Bearer {token}"} if token else {})
+
+
+async def older_result_frames(
+    http: httpx2.AsyncClient, url: str, task_id: str, token: str | None = None
+) -> AsyncIterator[dict[str, Any]]:
+    """Each frame of a 2025-11-25 `tasks/result` stream as it arrives: notifications, the server's
+    requests (its questions), then the response."""
+    request = {
+        "jsonrpc": "2.0",
+        "id": f"result-{next(_ids)}",
+        "method": "tasks/result",
+        "params": {"taskId": task_id},
+    }
+    async with http.stream("POST", url, json=request, headers=older_headers(token)) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data:"):
+                yield json.loads(line[5:])
+
+
+async def post_answer(
+    http: httpx2.AsyncClient, url: str, question_id: str, result: Any, token: str | None = None
+) -> int:
+    """POST a JSON-RPC response to a question the server asked, as a client's elicitation handler does;
+    the HTTP status."""
+    answer = {"jsonrpc": "2.0", "id": question_id, "result": result}
+    return (await http.post(url, json=answer, headers=older_headers(token))).status_code
 
 
 class ThreadedServer:

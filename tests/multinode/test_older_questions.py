@@ -1,0 +1,77 @@
+"""The 2025-11-25 design's questions on two nodes of one PostgreSQL database: a question asked on one
+node's `tasks/result` stream is answered on the other, and one asked before its node restarts is
+answered on the restarted node."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+import httpx2
+import pytest
+
+from tests.tasks.wire import older_result_frames, post_answer
+
+from .conftest import Cluster
+
+pytestmark = pytest.mark.timeout(180)
+APPROVAL = {"action": "accept", "content": {"approve": True, "environment": "production"}}
+
+
+async def start_deploy(http: httpx2.AsyncClient, url: str, version: str) -> str:
+    call = {"name": "deploy_release", "arguments": {"version": version}, "task": {"ttl": 60000}}
+    request = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call}
+    headers = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
+    response = await http.post(url, json=request, headers=headers)
+    frames = [line for line in response.text.splitlines() if line.startswith("data:")]
+    task_id: str = json.loads(frames[-1][5:])["result"]["task"]["taskId"]
+    return task_id
+
+
+async def first_question(http: httpx2.AsyncClient, url: str, task_id: str) -> dict[str, Any]:
+    """Open `tasks/result` on `url` and close it once the job's question arrives."""
+    async with contextlib.aclosing(older_result_frames(http, url, task_id)) as frames:
+        async for frame in frames:
+            if frame.get("method") == "elicitation/create":
+                return frame
+    raise AssertionError("the stream ended without a question")
+
+
+def test_a_question_asked_on_one_node_is_answered_on_the_other_and_across_a_restart(cluster: Cluster) -> None:
+    # Node a runs no job and polls the store only every 30 s: its stream hears b's changes through NOTIFY.
+    a = cluster.server("a", HANDLES_RUN_WORKERS="0", HANDLES_STORE_POLL_SECONDS="30", EXAMPLE_JOB_SECONDS="1")
+    b = cluster.server("b", EXAMPLE_JOB_SECONDS="1")
+
+    async def main() -> None:
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=60)) as http:
+            task_id = await start_deploy(http, a.url, "5.0.0")
+            statuses: list[str] = []
+            final: dict[str, Any] = {}
+            async with contextlib.aclosing(older_result_frames(http, a.url, task_id)) as frames:
+                async for frame in frames:
+                    if frame.get("method") == "elicitation/create":
+                        assert await post_answer(http, b.url, frame["id"], APPROVAL) == 202
+                    elif frame.get("method") == "notifications/tasks/status":
+                        statuses.append(frame["params"]["status"])
+                    else:
+                        final = frame
+                        break
+            assert final["result"]["structuredContent"]["environment"] == "production", final
+            assert statuses[-1] == "completed" and "input_required" in statuses, statuses
+
+            # Asked on a, which restarts before the answer comes; answered on the new a, read on b.
+            task_id = await start_deploy(http, a.url, "5.0.1")
+            question = await first_question(http, a.url, task_id)
+            a.stop()
+            a.start()
+            assert await post_answer(http, a.url, question["id"], APPROVAL) == 202
+            async with contextlib.aclosing(older_result_frames(http, b.url, task_id)) as frames:
+                async for frame in frames:
+                    if "result" in frame or "error" in frame:
+                        final = frame
+                        break
+            assert final["result"]["structuredContent"]["version"] == "5.0.1", final
+
+    asyncio.run(main())
