@@ -1,0 +1,303 @@
+"""The gates `handles check` runs: each drives the server over the public wire and keeps its evidence."""
+
+from __future__ import annotations
+
+import functools
+import re
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import anyio
+from mcp_types import Tool
+
+from handles.check.plan import CheckPlan, JobPlan
+from handles.check.wire import Caller, Reply, Transcript, altered, made_up_id, settle, settle_task, start
+from handles.client.manifest import JobManifest, Manifest, list_tools
+from handles.client.task_messages import TERMINAL_STATUSES
+from handles.tool_layout import FOLLOW_VERBS
+
+SETTLED_SECONDS = 1.0
+"""How long an ended job is watched for a status that changes again."""
+
+
+@dataclass
+class Findings:
+    """A gate's evidence: one line per claim checked, naming the request that showed it."""
+
+    evidence: list[str] = field(default_factory=list)
+    failed: bool = False
+    applied: bool = False
+
+    def expect(self, ok: bool, claim: str, reply: Reply | None = None) -> bool:
+        self.applied = True
+        shown = "" if reply is None else f" [{reply.request}]" if ok else f" [{reply.shown()}]"
+        self.evidence.append(f"{'ok' if ok else 'FAILED'}: {claim}{shown}")
+        self.failed |= not ok
+        return ok
+
+    def note(self, line: str) -> None:
+        self.evidence.append(line)
+
+
+@dataclass
+class Run:
+    """What every gate works with: the plan, the owner and the other principal (both declaring the Tasks
+    extension), the owner again without it, and what the server lists."""
+
+    plan: CheckPlan
+    owner: Caller
+    other: Caller
+    plain: Caller
+    manifest: Manifest
+    tools: dict[str, Tool]
+    transcript: Transcript
+
+    @classmethod
+    async def read(cls, plan: CheckPlan, owner: Caller, other: Caller, plain: Caller) -> Run:
+        listed = await list_tools(owner.client)
+        manifest = Manifest.of(owner.client, listed)
+        return cls(plan, owner, other, plain, manifest, {t.name: t for t in listed}, owner.transcript)
+
+    def jobs(self, *roles: str, manifest: Manifest | None = None) -> list[tuple[JobPlan, JobManifest]]:
+        """The planned jobs the server lists with every one of `roles` (`start`, `progress`, `plain`, ...)."""
+        found = [(plan, (manifest or self.manifest).job(plan.name)) for plan in self.plan.jobs]
+        return [(plan, job) for plan, job in found if job is not None and set(roles) <= set(job.tools)]
+
+    async def finish(self, caller: Caller, plan: JobPlan, job: JobManifest, handle: str) -> Reply:
+        """End a job this run started: cancel it when the plan allows, then wait for its end."""
+        if plan.cancel and "cancel" in job.tools:
+            await caller.call(job.tools["cancel"], {"handle": handle})
+        return await settle(caller, job, plan, handle)
+
+    async def create_task(self, plan: JobPlan, job: JobManifest) -> str | None:
+        """The owner's task for `job` (its plain tool, declaring the extension), or None when no task came."""
+        created = await self.owner.call(job.tools["plain"], plan.arguments)
+        if created.error or created.body.get("resultType") != "task":
+            return None
+        return self.transcript.label(str(created.body["taskId"]), "the owner's task id")
+
+    async def finish_task(self, plan: JobPlan, task_id: str) -> Reply:
+        if plan.cancel:
+            await self.owner.task("tasks/cancel", task_id)
+        return await settle_task(self.owner, plan, task_id)
+
+
+def _same(got: Reply, used: str, baseline: Reply, made_up: str) -> bool:
+    """Whether two answers are errors that read alike once the id each was asked about is blanked out."""
+    return (
+        got.error
+        and baseline.error
+        and got.text.replace(used, "<id>") == baseline.text.replace(made_up, "<id>")
+    )
+
+
+async def isolation(run: Run) -> Findings:
+    """Another principal's handle or task id, and an altered one, get exactly what a made-up one gets."""
+    f = Findings()
+    for plan, job in run.jobs("start", "progress"):
+        started = await start(run.owner, job, plan)
+        if not f.expect(not started.error and "handle" in started.body, f"{plan.name} started", started):
+            continue
+        handle = run.transcript.label(str(started.body["handle"]), "the owner's handle")
+        forged = run.transcript.label(altered(handle), "an altered handle")
+        made_up = run.transcript.label(made_up_id(), "a made-up handle")
+        for verb in (verb for verb in FOLLOW_VERBS if verb in job.tools):
+            extra = {"responses": {"q1": plan.answer or {}}} if verb == "respond" else {}
+            for caller, used in ((run.other, handle), (run.other, forged), (run.owner, forged)):
+                baseline = await caller.call(job.tools[verb], {"handle": made_up, **extra})
+                got = await caller.call(job.tools[verb], {"handle": used, **extra})
+                f.expect(_same(got, used, baseline, made_up), "answers like a made-up handle", got)
+        after = await run.owner.call(job.tools["progress"], {"handle": handle})
+        f.expect(not after.error and after.status != "cancelled", "the owner's job was left alone", after)
+        await run.finish(run.owner, plan, job, handle)
+    for plan, job in run.jobs("plain") if run.manifest.tasks_offered else []:
+        task_id = await run.create_task(plan, job)
+        if task_id is None:
+            continue
+        forged = run.transcript.label(altered(task_id), "an altered task id")
+        made_up = run.transcript.label(made_up_id(), "a made-up task id")
+        accept = {"q1": {"action": "accept", "content": plan.answer or {}}}
+        for method in ("tasks/get", "tasks/update", "tasks/cancel"):
+            for caller, used in ((run.other, task_id), (run.other, forged), (run.owner, forged)):
+                baseline = await caller.task(method, made_up, accept)
+                got = await caller.task(method, used, accept)
+                f.expect(_same(got, used, baseline, made_up), "answers like a made-up task id", got)
+        after = await run.owner.task("tasks/get", task_id)
+        f.expect(not after.error and after.status != "cancelled", "the owner's task was left alone", after)
+        await run.finish_task(plan, task_id)
+    return f
+
+
+async def _stays(f: Findings, read: Callable[[], Awaitable[Reply]], ended: Reply) -> None:
+    """Read the ended job twice more, `SETTLED_SECONDS` apart: its status must not move."""
+    for _ in range(2):
+        await anyio.sleep(SETTLED_SECONDS)
+        again = await read()
+        f.expect(again.status == ended.status, f"{ended.status} stays {ended.status}", again)
+
+
+async def transitions(run: Run) -> Findings:
+    """Fetching early, answering or cancelling an ended job, cancelling twice: none moves a job wrongly."""
+    f = Findings()
+    for plan, job in run.jobs("start", "progress", "fetch"):
+        started = await start(run.owner, job, plan)
+        if not f.expect(not started.error, f"{plan.name} started", started):
+            continue
+        handle = run.transcript.label(str(started.body.get("handle")), f"{plan.name}'s handle")
+        early = await run.owner.call(job.tools["fetch"], {"handle": handle})
+        if early.status in TERMINAL_STATUSES:
+            f.note(f"{plan.name} ended before it could be fetched early [{early.request}]")
+        else:
+            f.expect(
+                not early.error and not early.body.get("result"), "an early fetch gives no result", early
+            )
+        ended = await settle(run.owner, job, plan, handle)
+        if not f.expect(ended.status in TERMINAL_STATUSES, f"{plan.name} ended ({ended.status})", ended):
+            continue
+        late = []
+        if "cancel" in job.tools:
+            late.append(await run.owner.call(job.tools["cancel"], {"handle": handle}))
+        if "respond" in job.tools:
+            answers = {"q1": plan.answer or {}}
+            late.append(await run.owner.call(job.tools["respond"], {"handle": handle, "responses": answers}))
+        for reply in late:
+            moved = reply.status not in (None, ended.status) or bool(reply.body.get("accepted"))
+            f.expect(reply.error or not moved, "after the end, it changes nothing", reply)
+        await _stays(f, functools.partial(run.owner.call, job.tools["progress"], {"handle": handle}), ended)
+    for plan, job in run.jobs("start", "progress", "cancel"):
+        if not plan.cancel or (started := await start(run.owner, job, plan)).error:
+            continue
+        handle = run.transcript.label(str(started.body.get("handle")), f"{plan.name}'s handle")
+        for _ in range(2):
+            f.expect(
+                not (ack := await run.owner.call(job.tools["cancel"], {"handle": handle})).error,
+                "cancel acknowledged",
+                ack,
+            )
+        ended = await settle(run.owner, job, plan, handle)
+        f.expect(ended.status in TERMINAL_STATUSES, f"cancelled twice, it ended ({ended.status})", ended)
+    return f
+
+
+async def cancellation(run: Run) -> Findings:
+    """A cancel is acknowledged, the job then reaches a terminal status, observed apart, and stays there."""
+    f = Findings()
+    for plan, job in run.jobs("start", "progress", "cancel"):
+        if not plan.cancel or (started := await start(run.owner, job, plan)).error:
+            continue
+        handle = run.transcript.label(str(started.body.get("handle")), f"{plan.name}'s handle")
+        ack = await run.owner.call(job.tools["cancel"], {"handle": handle})
+        f.expect(not ack.error, f"{plan.name}: cancel acknowledged ({ack.status})", ack)
+        ended = await settle(run.owner, job, plan, handle)
+        if f.expect(ended.status in TERMINAL_STATUSES, f"then it ended ({ended.status})", ended):
+            await _stays(
+                f, functools.partial(run.owner.call, job.tools["progress"], {"handle": handle}), ended
+            )
+    for plan, job in run.jobs("plain") if run.manifest.tasks_offered else []:
+        if not plan.cancel or (task_id := await run.create_task(plan, job)) is None:
+            continue
+        ack = await run.owner.task("tasks/cancel", task_id)
+        f.expect(not ack.error, f"{plan.name}: tasks/cancel acknowledged", ack)
+        ended = await settle_task(run.owner, plan, task_id)
+        if f.expect(ended.status in TERMINAL_STATUSES, f"then the task ended ({ended.status})", ended):
+            await _stays(f, functools.partial(run.owner.task, "tasks/get", task_id), ended)
+    return f
+
+
+async def duplicate(run: Run) -> Findings:
+    """A start retried with the same idempotency key leaves one job (when the start tool takes a key)."""
+    f = Findings()
+    for plan, job in run.jobs("start", "progress"):
+        properties = run.tools[job.tools["start"]].input_schema.get("properties") or {}
+        if "idempotency_key" not in properties:
+            f.note(f"{job.tools['start']} takes no idempotency_key")
+            continue
+        key = f"handles-check-{secrets.token_hex(8)}"
+        first, second = [await start(run.owner, job, plan, key) for _ in range(2)]
+        handles = {str(reply.body.get("handle")) for reply in (first, second) if not reply.error}
+        f.expect(len(handles) == 1, f"{plan.name} started twice with one key: one job", second)
+        for handle in handles:
+            await run.finish(run.owner, plan, job, handle)
+    return f
+
+
+async def compatibility(run: Run) -> Findings:
+    """A client without the Tasks extension gets the handle tools or an inline answer for every job; a
+    client that declares it gets a task (when the server offers the extension)."""
+    f = Findings()
+    plain = Manifest.of(run.plain.client, await list_tools(run.plain.client))
+    for plan in run.plan.jobs:
+        job = plain.job(plan.name)
+        if job is not None and {"start", "progress"} <= set(job.tools):
+            started = await start(run.plain, job, plan)
+            if f.expect(not started.error, f"{plan.name} started without the extension", started):
+                handle = run.transcript.label(str(started.body.get("handle")), f"{plan.name}'s handle")
+                ended = await settle(run.plain, job, plan, handle)
+                f.expect(
+                    ended.status in TERMINAL_STATUSES, f"and followed to its end ({ended.status})", ended
+                )
+        elif job is not None:
+            reply = await run.plain.call(plan.name, plan.arguments)
+            inline = not reply.error and reply.body.get("resultType") != "task"
+            f.expect(inline, f"{plan.name} answers inline without the extension", reply)
+        else:
+            f.expect(False, f"{plan.name} is not offered to a client without the Tasks extension")
+    for plan, job in run.jobs("plain") if run.manifest.tasks_offered else []:
+        task_id = await run.create_task(plan, job)
+        f.expect(task_id is not None, f"{plan.name} gives a task to a client that declares the extension")
+        if task_id is not None:
+            await run.finish_task(plan, task_id)
+    return f
+
+
+_TRACE = re.compile(r'Traceback \(most recent call last\)|File "[^"]+", line \d+')
+_PATH = re.compile(r"(?<![\w.:/])/(?:home|usr|opt|var|srv|root|app|tmp|etc)/[\w.-]+|site-packages|[A-Z]:\\\w")
+_SHOWN_FIELDS = ("status_message", "statusMessage", "message", "error", "tool_error", "next")
+
+
+def _shown_text(reply: Reply) -> str:
+    """What a person may read of an answer: the whole of an error; the messages of any other answer."""
+    if reply.error:
+        return reply.text
+    return " ".join(str(reply.body[name]) for name in _SHOWN_FIELDS if reply.body.get(name))
+
+
+async def hygiene(run: Run) -> Findings:
+    """No status message or error shows a sensitive value, a stack trace or an internal path."""
+    f = Findings()
+    for plan, job in run.jobs("start", "progress"):
+        made_up = run.transcript.label(made_up_id(), "a made-up handle")
+        await run.owner.call(job.tools["progress"], {"handle": made_up})
+        refused = await run.owner.call(job.tools["start"], {**plan.arguments, "idempotency_key": [0]})
+        started = await start(run.owner, job, plan)
+        for reply in (refused, started):
+            if not reply.error and "handle" in reply.body:
+                await run.finish(run.owner, plan, job, str(reply.body["handle"]))
+    secrets_ = run.plan.secrets()
+    for reply in list(run.transcript.replies):
+        text = _shown_text(reply)
+        leaks = [f"a sensitive value ({len(value)} characters)" for value in secrets_ if value in text]
+        leaks += [f"a stack trace ({m.group(0)!r})" for m in [_TRACE.search(text)] if m]
+        leaks += [f"an internal path ({m.group(0)!r})" for m in [_PATH.search(text)] if m]
+        if leaks:
+            f.expect(False, "the answer shows " + ", ".join(leaks), reply)
+    f.expect(not f.failed, f"{len(run.transcript.replies)} answers read, none shows what it must not")
+    return f
+
+
+Gate = Callable[[Run], Awaitable[Findings]]
+GATES: dict[str, Gate] = {
+    "isolation": isolation,
+    "transitions": transitions,
+    "cancellation": cancellation,
+    "duplicate": duplicate,
+    "compatibility": compatibility,
+    "hygiene": hygiene,
+}
+"""Every gate, in the order they run (hygiene last: it reads every answer the others got)."""
+
+
+def describe(gate: Gate) -> str:
+    """The gate's one-line meaning (its docstring)."""
+    return " ".join((gate.__doc__ or "").split())
