@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
 
 import anyio
+from mcp import StdioServerParameters
 
 from handles.check.gates import GATES, Run, describe
 from handles.check.plan import CheckPlan, load_plan
 from handles.check.report import GateResult, table, write_json, write_junit
-from handles.check.wire import Transcript, open_caller
+from handles.check.wire import Server, Transcript, open_caller
 from handles.errors import ConfigurationError
 
 UNREACHABLE = 3
@@ -43,7 +45,17 @@ def add_check_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "public wire only, and report each gate with the requests that showed it. Exit 0 when every "
         "selected gate passes, 1 when one fails, 3 when the server cannot be read. See docs/checking.md.",
     )
-    command.add_argument("url", nargs="?", help="the server's MCP endpoint, e.g. https://example.com/mcp")
+    command.add_argument(
+        "target",
+        nargs="*",
+        metavar="URL",
+        help="the server's MCP endpoint, e.g. https://example.com/mcp; with --stdio: -- COMMAND [ARG...]",
+    )
+    command.add_argument(
+        "--stdio",
+        action="store_true",
+        help="run the server as COMMAND and speak stdio to it (one principal: altered ids are tested)",
+    )
     command.add_argument(
         "--as",
         dest="principals",
@@ -68,13 +80,23 @@ def check(args: argparse.Namespace) -> int:
         for name, gate in GATES.items():
             print(f"{name:<14} {describe(gate)}")
         return 0
-    if not args.url or not args.jobs or len(args.principals) != 2:
-        raise ConfigurationError("handles check needs URL, --jobs FILE and two --as NAME=TOKEN.")
+    server: Server
+    if args.stdio and args.target and not args.principals:
+        server = StdioServerParameters(command=args.target[0], args=args.target[1:], env=dict(os.environ))
+        principals: list[tuple[str, str | None]] = [("local", None)]
+    elif len(args.target) == 1 and args.jobs and len(args.principals) == 2:
+        server, principals = args.target[0], args.principals
+    else:
+        raise ConfigurationError(
+            "handles check needs URL, --jobs FILE and two --as NAME=TOKEN (or --stdio --jobs FILE -- COMMAND)."
+        )
+    if not args.jobs:
+        raise ConfigurationError("handles check needs --jobs FILE: the jobs to drive.")
     selected = [name for name in args.only or GATES if name not in args.skip]
     try:
-        results = anyio.run(run_gates, args.url, args.principals, load_plan(args.jobs), selected)
+        results = anyio.run(run_gates, server, principals, load_plan(args.jobs), selected)
     except OSError as exc:  # the connection itself failed
-        print(f"handles check: cannot reach {args.url}: {exc}", file=sys.stderr)
+        print(f"handles check: cannot reach {' '.join(args.target)}: {exc}", file=sys.stderr)
         return UNREACHABLE
     print(table(results, verbose=args.verbose))
     if args.json:
@@ -85,16 +107,19 @@ def check(args: argparse.Namespace) -> int:
 
 
 async def run_gates(
-    url: str, principals: list[tuple[str, str | None]], plan: CheckPlan, selected: list[str]
+    server: Server, principals: list[tuple[str, str | None]], plan: CheckPlan, selected: list[str]
 ) -> list[GateResult]:
-    """Each selected gate's result, run in order over one connection per principal."""
+    """Each selected gate's result, run in order over one connection per principal (the first owns the
+    jobs; with one principal, another principal's access is not tested)."""
     transcript = Transcript()
-    (owner_name, owner_token), (other_name, other_token) = principals
+    (owner_name, owner_token), *others = principals
     async with AsyncExitStack() as stack:
-        owner = await stack.enter_async_context(open_caller(owner_name, url, owner_token, transcript))
-        other = await stack.enter_async_context(open_caller(other_name, url, other_token, transcript))
+        owner = await stack.enter_async_context(open_caller(owner_name, server, owner_token, transcript))
+        other = None
+        for other_name, other_token in others[:1]:
+            other = await stack.enter_async_context(open_caller(other_name, server, other_token, transcript))
         plain = await stack.enter_async_context(
-            open_caller(f"{owner_name} (no Tasks extension)", url, owner_token, transcript, tasks=False)
+            open_caller(f"{owner_name} (no Tasks extension)", server, owner_token, transcript, tasks=False)
         )
         run = await Run.read(plan, owner, other, plain)
         results = []
@@ -105,5 +130,6 @@ async def run_gates(
             except Exception as exc:  # a gate that cannot finish fails, saying why
                 results.append(GateResult(name, False, [f"FAILED: the gate stopped: {exc!r}"]))
                 continue
-            results.append(GateResult(name, not findings.failed, findings.evidence, findings.applied))
+            evidence = findings.evidence or ["nothing to test: no planned job has the tools this gate drives"]
+            results.append(GateResult(name, not findings.failed, evidence, findings.applied))
         return results

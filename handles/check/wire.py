@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-from mcp import Client
+from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, Result
@@ -151,21 +151,28 @@ class Caller:
         return self._keep(request, True, body, json.dumps(body))
 
 
+Server = str | StdioServerParameters
+"""A server's Streamable HTTP endpoint, or the command that serves it over stdio."""
+
+
 @asynccontextmanager
 async def open_caller(
-    name: str, server: str, token: str | None, transcript: Transcript, *, tasks: bool = True
+    name: str, server: Server, token: str | None, transcript: Transcript, *, tasks: bool = True
 ) -> AsyncIterator[Caller]:
-    """A `Caller` on `server` with `token`; `tasks=False` connects a client that does not declare the
-    Tasks extension."""
+    """A `Caller` on `server` with `token` (a URL's); `tasks=False` connects a client that does not declare
+    the Tasks extension (over stdio, each caller runs its own server process)."""
     if tasks:
         async with connect(server, token=token)() as client:
             yield Caller(name, client, transcript)
-        return
-    async with (
-        http_client(token=token) as http,
-        Client(streamable_http_client(server, http_client=http)) as client,
-    ):
-        yield Caller(name, client, transcript)
+    elif isinstance(server, StdioServerParameters):
+        async with Client(server) as client:
+            yield Caller(name, client, transcript)
+    else:
+        async with (
+            http_client(token=token) as http,
+            Client(streamable_http_client(server, http_client=http)) as client,
+        ):
+            yield Caller(name, client, transcript)
 
 
 async def start(caller: Caller, job: JobManifest, plan: JobPlan, key: str | None = None) -> Reply:

@@ -40,10 +40,10 @@ sensitive = ["note"]
 """
 
 
-def handles_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """`handles ARGS` as a subprocess of this interpreter, importing this checkout."""
+def handles_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`handles ARGS` as a subprocess of this interpreter, importing this checkout (in `env` when given)."""
     command = [sys.executable, "-m", "handles.cli", *args]
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    env = env or dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
 
 
