@@ -7,6 +7,7 @@ import re
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 from mcp_types import Tool
@@ -16,6 +17,9 @@ from handles.check.wire import Caller, Reply, Transcript, altered, made_up_id, s
 from handles.client.manifest import JobManifest, Manifest, list_tools
 from handles.client.task_messages import TERMINAL_STATUSES
 from handles.tool_layout import FOLLOW_VERBS
+
+Ask = Callable[[Caller, str], Awaitable[Reply]]
+"""One request about an id, sent as a caller."""
 
 SETTLED_SECONDS = 1.0
 """How long an ended job is watched for a status that changes again."""
@@ -59,9 +63,9 @@ class Run:
         manifest = Manifest.of(owner.client, listed)
         return cls(plan, owner, other, plain, manifest, {t.name: t for t in listed}, owner.transcript)
 
-    def jobs(self, *roles: str, manifest: Manifest | None = None) -> list[tuple[JobPlan, JobManifest]]:
+    def jobs(self, *roles: str) -> list[tuple[JobPlan, JobManifest]]:
         """The planned jobs the server lists with every one of `roles` (`start`, `progress`, `plain`, ...)."""
-        found = [(plan, (manifest or self.manifest).job(plan.name)) for plan in self.plan.jobs]
+        found = [(plan, self.manifest.job(plan.name)) for plan in self.plan.jobs]
         return [(plan, job) for plan, job in found if job is not None and set(roles) <= set(job.tools)]
 
     async def finish(self, caller: Caller, plan: JobPlan, job: JobManifest, handle: str) -> Reply:
@@ -83,20 +87,24 @@ class Run:
         return await settle_task(self.owner, plan, task_id)
 
 
-def _same(got: Reply, used: str, baseline: Reply, made_up: str) -> bool:
-    """Whether two answers are errors that read alike once the id each was asked about is blanked out."""
-    return (
-        got.error
-        and baseline.error
-        and got.text.replace(used, "<id>") == baseline.text.replace(made_up, "<id>")
-    )
-
-
-def _askers(run: Run, owned: str, forged: str) -> list[tuple[Caller, str]]:
-    """Who asks about which id: the other principal about the owner's id and an altered one, the owner
-    about the altered one."""
+async def _as_made_up(f: Findings, run: Run, owned: str, noun: str, ask: Ask) -> None:
+    """The other principal asks about the owner's id and an altered one, the owner about the altered one:
+    each answer must be the error a made-up id gets, word for word once the id is blanked out."""
+    forged = run.transcript.label(altered(owned), f"an altered {noun}")
+    made_up = run.transcript.label(made_up_id(), f"a made-up {noun}")
     others = [] if run.other is None else [(run.other, owned), (run.other, forged)]
-    return [*others, (run.owner, forged)]
+    for caller, used in [*others, (run.owner, forged)]:
+        baseline, got = await ask(caller, made_up), await ask(caller, used)
+        same = got.text.replace(used, "<id>") == baseline.text.replace(made_up, "<id>")
+        f.expect(got.error and baseline.error and same, f"answers like a made-up {noun}", got)
+
+
+async def _ask_tool(tool: str, extra: dict[str, Any], caller: Caller, handle: str) -> Reply:
+    return await caller.call(tool, {"handle": handle, **extra})
+
+
+async def _ask_task(method: str, responses: dict[str, Any], caller: Caller, task_id: str) -> Reply:
+    return await caller.task(method, task_id, responses)
 
 
 async def isolation(run: Run) -> Findings:
@@ -109,29 +117,19 @@ async def isolation(run: Run) -> Findings:
         if not f.expect(not started.error and "handle" in started.body, f"{plan.name} started", started):
             continue
         handle = run.transcript.label(str(started.body["handle"]), "the owner's handle")
-        forged = run.transcript.label(altered(handle), "an altered handle")
-        made_up = run.transcript.label(made_up_id(), "a made-up handle")
         for verb in (verb for verb in FOLLOW_VERBS if verb in job.tools):
             extra = {"responses": {"q1": plan.answer or {}}} if verb == "respond" else {}
-            for caller, used in _askers(run, handle, forged):
-                baseline = await caller.call(job.tools[verb], {"handle": made_up, **extra})
-                got = await caller.call(job.tools[verb], {"handle": used, **extra})
-                f.expect(_same(got, used, baseline, made_up), "answers like a made-up handle", got)
+            ask = functools.partial(_ask_tool, job.tools[verb], extra)
+            await _as_made_up(f, run, handle, "handle", ask)
         after = await run.owner.call(job.tools["progress"], {"handle": handle})
         f.expect(not after.error and after.status != "cancelled", "the owner's job was left alone", after)
         await run.finish(run.owner, plan, job, handle)
     for plan, job in run.jobs("plain") if run.manifest.tasks_offered else []:
-        task_id = await run.create_task(plan, job)
-        if task_id is None:
+        if (task_id := await run.create_task(plan, job)) is None:
             continue
-        forged = run.transcript.label(altered(task_id), "an altered task id")
-        made_up = run.transcript.label(made_up_id(), "a made-up task id")
         accept = {"q1": {"action": "accept", "content": plan.answer or {}}}
         for method in ("tasks/get", "tasks/update", "tasks/cancel"):
-            for caller, used in _askers(run, task_id, forged):
-                baseline = await caller.task(method, made_up, accept)
-                got = await caller.task(method, used, accept)
-                f.expect(_same(got, used, baseline, made_up), "answers like a made-up task id", got)
+            await _as_made_up(f, run, task_id, "task id", functools.partial(_ask_task, method, accept))
         after = await run.owner.task("tasks/get", task_id)
         f.expect(not after.error and after.status != "cancelled", "the owner's task was left alone", after)
         await run.finish_task(plan, task_id)

@@ -17,6 +17,7 @@ from mcp_types import CallToolResult, Result
 from pydantic import ConfigDict
 
 from handles.check.plan import JobPlan
+from handles.client.faces import caller_error
 from handles.client.follow import connect
 from handles.client.http import http_client
 from handles.client.manifest import JobManifest
@@ -32,6 +33,13 @@ from handles.client.task_messages import (
 from handles.results import text_of
 
 REQUEST_SECONDS = 30.0
+
+
+_TASK_REQUESTS: dict[str, Any] = {
+    "tasks/get": GetTaskRequest,
+    "tasks/update": UpdateTaskRequest,
+    "tasks/cancel": CancelTaskRequest,
+}
 
 
 class _AnyAnswer(Result):
@@ -89,17 +97,6 @@ def altered(identifier: str) -> str:
     return identifier[:middle] + ("B" if identifier[middle] == "A" else "A") + identifier[middle + 1 :]
 
 
-def _body(result: CallToolResult) -> dict[str, Any]:
-    if result.structured_content is not None:
-        return dict(result.structured_content)
-    text = text_of(result)
-    try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError:
-        parsed = None
-    return parsed if isinstance(parsed, dict) else {"message": text}
-
-
 class Caller:
     """One principal's connection; every request it sends lands in the shared transcript."""
 
@@ -124,22 +121,18 @@ class Caller:
             body = result.model_dump(mode="json", by_alias=True, exclude_none=True)
             return self._keep(request, False, body, json.dumps(body))
         assert isinstance(result, CallToolResult)
-        body = _body(result)
+        body = dict(result.structured_content or caller_error(result))
         return self._keep(request, result.is_error, body, text_of(result) or json.dumps(body, default=str))
 
     async def task(self, method: str, task_id: str, responses: dict[str, Any] | None = None) -> Reply:
         """`tasks/get`, `tasks/cancel` or `tasks/update` on `task_id`."""
-        request = f"{method} {task_id}"
-        message: Any
+        request, kind = f"{method} {task_id}", _TASK_REQUESTS[method]
+        params = TaskIdParams(task_id=task_id)
         if method == "tasks/update":
             params = UpdateTaskParams(task_id=task_id, input_responses=responses or {})
-            message = UpdateTaskRequest(params=params)
-        else:
-            kind = GetTaskRequest if method == "tasks/get" else CancelTaskRequest
-            message = kind(params=TaskIdParams(task_id=task_id))
         try:
             answer = await self.client.session.send_request(
-                message, _AnyAnswer, request_read_timeout_seconds=REQUEST_SECONDS
+                kind(params=params), _AnyAnswer, request_read_timeout_seconds=REQUEST_SECONDS
             )
         except MCPError as exc:
             return self._rpc_error(request, exc)
