@@ -15,6 +15,7 @@ from handles.check.gates import GATES, Run, describe
 from handles.check.plan import CheckPlan, load_plan
 from handles.check.report import GateResult, table, write_json, write_junit
 from handles.check.wire import Server, Transcript, open_caller
+from handles.client.transient import unreadable_cause
 from handles.errors import ConfigurationError
 
 UNREACHABLE = 3
@@ -95,8 +96,10 @@ def check(args: argparse.Namespace) -> int:
     selected = [name for name in args.only or GATES if name not in args.skip]
     try:
         results = anyio.run(run_gates, server, principals, load_plan(args.jobs), selected)
-    except OSError as exc:  # the connection itself failed
-        print(f"handles check: cannot reach {' '.join(args.target)}: {exc}", file=sys.stderr)
+    except Exception as exc:
+        if (cause := unreadable_cause(exc)) is None:
+            raise
+        print(f"handles check: could not read {' '.join(args.target)}: {cause}", file=sys.stderr)
         return UNREACHABLE
     print(table(results, verbose=args.verbose))
     if args.json:

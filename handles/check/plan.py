@@ -49,21 +49,40 @@ def load_plan(path: Path) -> CheckPlan:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigurationError(f"Cannot read the checks file {str(path)!r}: {exc}") from None
-    jobs = []
-    for name, table in (data.get("jobs") or {}).items():
-        unknown = set(table) - {"arguments", "answer", "cancel", "sensitive", "timeout"}
-        if unknown:
-            raise ConfigurationError(f"[jobs.{name}] has unknown keys: {', '.join(sorted(unknown))}.")
-        jobs.append(
-            JobPlan(
-                name=name,
-                arguments=dict(table.get("arguments") or {}),
-                answer=table.get("answer"),
-                cancel=bool(table.get("cancel", False)),
-                sensitive=tuple(table.get("sensitive") or ()),
-                timeout=float(table.get("timeout", 60.0)),
-            )
-        )
+    tables = data.get("jobs") or {}
+    if not isinstance(tables, dict):
+        raise ConfigurationError(f"{str(path)!r}: write each job as a table of its own, [jobs.NAME].")
+    jobs = [_job(path, name, table) for name, table in tables.items()]
     if not jobs:
         raise ConfigurationError(f"{str(path)!r} names no job: add a [jobs.NAME] table per job to drive.")
     return CheckPlan(tuple(jobs), tuple(str(value) for value in data.get("sensitive_values") or ()))
+
+
+_SHAPES: dict[str, Any] = {
+    "arguments": dict,
+    "answer": dict,
+    "cancel": bool,
+    "sensitive": list,
+    "timeout": int | float,
+}
+"""What each key of a `[jobs.NAME]` table holds."""
+
+
+def _job(path: Path, name: str, table: Any) -> JobPlan:
+    if isinstance(table, dict):
+        wrong = [key for key, value in table.items() if not isinstance(value, _SHAPES.get(key, type(None)))]
+    else:
+        wrong = ["its value"]
+    if wrong:
+        raise ConfigurationError(
+            f"{str(path)!r}: [jobs.{name}] may hold only arguments and answer (tables), cancel (true or false), "
+            f"sensitive (a list of names) and timeout (seconds); check {', '.join(wrong)}."
+        )
+    return JobPlan(
+        name=name,
+        arguments=table.get("arguments", {}),
+        answer=table.get("answer"),
+        cancel=table.get("cancel", False),
+        sensitive=tuple(map(str, table.get("sensitive", ()))),
+        timeout=float(table.get("timeout", 60.0)),
+    )

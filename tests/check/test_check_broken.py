@@ -10,6 +10,7 @@ import pytest
 
 from handles.check import GATES
 from tests.check.support import BROKEN_JOBS, broken_server, check, handles_cli, verdicts
+from tests.harness.process import free_port
 
 
 @pytest.mark.parametrize(
@@ -56,3 +57,20 @@ def test_list_only_and_skip_select_gates(tmp_path: Path) -> None:
         )
     assert done.returncode == 0, done.stdout + done.stderr
     assert verdicts(report) == {"duplicate": True}
+
+
+def test_a_wrong_checks_file_exits_2_and_an_unreachable_server_exits_3(tmp_path: Path) -> None:
+    (tmp_path / "wrong.toml").write_text("[jobs.slow_job]\narguments = 3\n")
+    principals = ["--as", "alice=a", "--as", "bob=b"]
+    wrong = handles_cli(
+        "check", "http://127.0.0.1:9/mcp", *principals, "--jobs", str(tmp_path / "wrong.toml")
+    )
+    assert (wrong.returncode, wrong.stdout) == (2, "")
+    assert "[jobs.slow_job] may hold only arguments and answer (tables)" in wrong.stderr
+    assert "check arguments." in wrong.stderr and "Traceback" not in wrong.stderr
+    (tmp_path / "checks.toml").write_text(BROKEN_JOBS)
+    gone = handles_cli(
+        "check", f"http://127.0.0.1:{free_port()}/mcp", *principals, "--jobs", str(tmp_path / "checks.toml")
+    )
+    assert gone.returncode == 3, gone.stderr
+    assert "handles check: could not read http://127.0.0.1:" in gone.stderr and "Traceback" not in gone.stderr
