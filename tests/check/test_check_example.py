@@ -1,5 +1,5 @@
 """`handles check` through its real entry point against the example server over Streamable HTTP, with two
-bearer tokens: it passes every gate, in both tool layouts."""
+bearer tokens: it passes every gate, on the SDK's `MCPServer` and on FastMCP 4, in both tool layouts."""
 
 from __future__ import annotations
 
@@ -14,8 +14,12 @@ from tests.check.support import EXAMPLE_JOBS, check, verdicts
 from tests.support import TOKENS, HttpExampleServer
 
 
-def test_the_example_server_passes_every_gate(tmp_path: Path, http_auth_example: HttpExampleServer) -> None:
-    done, report = check(tmp_path, http_auth_example.url, EXAMPLE_JOBS)
+@pytest.mark.parametrize("served", ["http_auth_example", "fastmcp_http_auth_example"])
+def test_the_example_server_passes_every_gate(
+    tmp_path: Path, served: str, request: pytest.FixtureRequest
+) -> None:
+    server: HttpExampleServer = request.getfixturevalue(served)
+    done, report = check(tmp_path, server.url, EXAMPLE_JOBS)
     assert done.returncode == 0, done.stdout + done.stderr
     assert verdicts(report) == dict.fromkeys(GATES, True)
     assert all(entry["applied"] for entry in report), report
