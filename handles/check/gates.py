@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 import secrets
 from collections.abc import Awaitable, Callable
@@ -16,6 +17,7 @@ from handles.check.plan import CheckPlan, JobPlan
 from handles.check.wire import Caller, Reply, Transcript, altered, made_up_id, settle, settle_task, start
 from handles.client.manifest import JobManifest, Manifest, list_tools
 from handles.client.task_messages import TERMINAL_STATUSES
+from handles.states import Status, can_transition
 from handles.tool_layout import FOLLOW_VERBS
 
 Ask = Callable[[Caller, str], Awaitable[Reply]]
@@ -144,8 +146,15 @@ async def _stays(f: Findings, read: Callable[[], Awaitable[Reply]], ended: Reply
         f.expect(again.status == ended.status, f"{ended.status} stays {ended.status}", again)
 
 
+def _along_edges(path: list[str | None]) -> bool:
+    """Whether every status is one of the Tasks extension's, and each change an allowed edge."""
+    known = [Status(status) for status in path if status is not None and status in Status._value2member_map_]
+    return len(known) == len(path) and all(can_transition(a, b) for a, b in itertools.pairwise(known))
+
+
 async def transitions(run: Run) -> Findings:
-    """Fetching early, answering or cancelling an ended job, cancelling twice: none moves a job wrongly."""
+    """Status moves only along the allowed edges; fetching early, answering or cancelling an ended job and
+    cancelling twice move nothing wrongly; an ended job stays ended."""
     f = Findings()
     for plan, job in run.jobs("start", "progress", "fetch"):
         started = await start(run.owner, job, plan)
@@ -159,7 +168,10 @@ async def transitions(run: Run) -> Findings:
             f.expect(
                 not early.error and not early.body.get("result"), "an early fetch gives no result", early
             )
-        ended = await settle(run.owner, job, plan, handle)
+        seen = [started.status, early.status]
+        ended = await settle(run.owner, job, plan, handle, seen)
+        path = [status for index, status in enumerate(seen) if index == 0 or status != seen[index - 1]]
+        f.expect(_along_edges(path), f"{plan.name} moved {' -> '.join(map(str, path))}", ended)
         if not f.expect(ended.status in TERMINAL_STATUSES, f"{plan.name} ended ({ended.status})", ended):
             continue
         late = []

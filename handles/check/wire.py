@@ -174,11 +174,16 @@ async def start(caller: Caller, job: JobManifest, plan: JobPlan, key: str | None
     return await caller.call(job.tools["start"], arguments)
 
 
-async def settle(caller: Caller, job: JobManifest, plan: JobPlan, handle: str) -> Reply:
-    """Poll `progress` until the job ends, answering its questions with the plan's answer; the last reply."""
+async def settle(
+    caller: Caller, job: JobManifest, plan: JobPlan, handle: str, seen: list[str | None] | None = None
+) -> Reply:
+    """Poll `progress` until the job ends, answering its questions with the plan's answer (each status read
+    appended to `seen`); the last reply."""
     deadline = anyio.current_time() + plan.timeout
     while True:
         reply = await caller.call(job.tools["progress"], {"handle": handle})
+        if seen is not None:
+            seen.append(reply.status)
         if reply.error or reply.status in TERMINAL_STATUSES or anyio.current_time() > deadline:
             return reply
         questions = reply.body.get("input_requests") or {}

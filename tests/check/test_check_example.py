@@ -33,6 +33,10 @@ def test_the_example_server_passes_every_gate(
     ):
         assert request in evidence["isolation"]
     assert "FAILED" not in evidence["isolation"]
+    assert (
+        "ok: deploy_release moved working -> input_required -> working -> completed"
+        in evidence["transitions"]
+    )
     assert "ok: deploy_release started twice with one key: one job" in evidence["duplicate"]
     assert "alice (no Tasks extension): tools/call deploy_release_start" in evidence["compatibility"]
     suite = ET.parse(tmp_path / "report.xml").getroot()
