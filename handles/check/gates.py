@@ -170,9 +170,7 @@ async def transitions(run: Run) -> Findings:
             )
         seen = [started.status, early.status]
         ended = await settle(run.owner, job, plan, handle, seen)
-        path = [status for index, status in enumerate(seen) if index == 0 or status != seen[index - 1]]
-        f.expect(_along_edges(path), f"{plan.name} moved {' -> '.join(map(str, path))}", ended)
-        if not f.expect(ended.status in TERMINAL_STATUSES, f"{plan.name} ended ({ended.status})", ended):
+        if not _ended_along_edges(f, plan.name, seen, ended):
             continue
         late = []
         if "cancel" in job.tools:
@@ -196,7 +194,31 @@ async def transitions(run: Run) -> Findings:
             )
         ended = await settle(run.owner, job, plan, handle)
         f.expect(ended.status in TERMINAL_STATUSES, f"cancelled twice, it ended ({ended.status})", ended)
+    for plan, job in run.jobs("plain") if run.manifest.tasks_offered else []:
+        if (task_id := await run.create_task(plan, job)) is None:
+            continue
+        early = await run.owner.task("tasks/get", task_id)
+        done_early = early.status == "completed"
+        f.expect(
+            not early.error and ("result" not in early.body or done_early), "no result before the end", early
+        )
+        seen = [early.status]
+        ended = await settle_task(run.owner, plan, task_id, seen)
+        if not _ended_along_edges(f, f"{plan.name}'s task", seen, ended):
+            continue
+        accept = {"q1": {"action": "accept", "content": plan.answer or {}}}
+        for method in ("tasks/cancel", "tasks/cancel", "tasks/update"):
+            acked = await run.owner.task(method, task_id, accept)
+            f.expect(not acked.error, "after the end, acknowledged", acked)
+        await _stays(f, functools.partial(run.owner.task, "tasks/get", task_id), ended)
     return f
+
+
+def _ended_along_edges(f: Findings, name: str, seen: list[str | None], ended: Reply) -> bool:
+    """Expect the statuses `seen` to follow the allowed edges to an end; whether the job ended."""
+    path = [status for index, status in enumerate(seen) if index == 0 or status != seen[index - 1]]
+    f.expect(_along_edges(path), f"{name} moved {' -> '.join(map(str, path))}", ended)
+    return f.expect(ended.status in TERMINAL_STATUSES, f"{name} ended ({ended.status})", ended)
 
 
 async def cancellation(run: Run) -> Findings:

@@ -194,11 +194,15 @@ async def settle(
         await anyio.sleep(min(max((reply.body.get("poll_after_ms") or 500) / 1000, 0.2), 1.0))
 
 
-async def settle_task(caller: Caller, plan: JobPlan, task_id: str) -> Reply:
-    """Poll `tasks/get` until the task ends, answering its questions with the plan's answer; the last reply."""
+async def settle_task(
+    caller: Caller, plan: JobPlan, task_id: str, seen: list[str | None] | None = None
+) -> Reply:
+    """`settle` for a task, through `tasks/get` and `tasks/update`."""
     deadline = anyio.current_time() + plan.timeout
     while True:
         reply = await caller.task("tasks/get", task_id)
+        if seen is not None:
+            seen.append(reply.status)
         if reply.error or reply.status in TERMINAL_STATUSES or anyio.current_time() > deadline:
             return reply
         if reply.status == "input_required" and (questions := reply.body.get("inputRequests")):
