@@ -2,7 +2,7 @@
 
 Runs inside bench/.peer-venv (created by bench/peer.py), never in the project's environment:
 
-    bench/.peer-venv/bin/python bench/peer_server.py --port 8124
+    bench/.peer-venv/bin/python bench/peer_server.py --port 8124 [--tokens FILE]
 
 - `noop()`: an ordinary tool (the baseline).
 - `work(seconds=0.0, mark="")`: sleeps `seconds` and returns `{"slept": seconds, "mark": mark}`;
@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import uvicorn
 from fastmcp import FastMCP
+from fastmcp.server.auth import AccessToken, TokenVerifier
 from fastmcp.utilities.tasks import TaskConfig
 from fastmcp_tasks import TasksExtension
 from pydantic import BaseModel
@@ -35,8 +38,22 @@ class NoopResult(BaseModel):
     ok: bool
 
 
-def build(concurrency: int) -> FastMCP:
-    mcp = FastMCP("fastmcp-tasks-peer")
+class FileTokens(TokenVerifier):
+    """Bearer tokens from a JSON file {token: principal} (`--tokens`), verified by FastMCP's authentication."""
+
+    def __init__(self, tokens: dict[str, str], base_url: str) -> None:
+        super().__init__(base_url=base_url)
+        self._tokens = tokens
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        principal = self._tokens.get(token)
+        if principal is None:
+            return None
+        return AccessToken(token=token, client_id=principal, subject=principal, scopes=[])
+
+
+def build(concurrency: int, auth: TokenVerifier | None = None) -> FastMCP:
+    mcp = FastMCP("fastmcp-tasks-peer", auth=auth)
     mcp.add_extension(TasksExtension(url="memory://", concurrency=concurrency))
 
     @mcp.tool
@@ -57,10 +74,14 @@ def build(concurrency: int) -> FastMCP:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=8124)
+    parser.add_argument("--tokens", type=Path, help="JSON file {token: principal}; requires bearer tokens")
     parser.add_argument("--concurrency", type=int, default=10, help="Docket worker concurrency (default 10)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    app = build(args.concurrency).http_app(stateless_http=True)
+    auth = None
+    if args.tokens:
+        auth = FileTokens(json.loads(args.tokens.read_text()), f"http://127.0.0.1:{args.port}")
+    app = build(args.concurrency, auth).http_app(stateless_http=True)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
 
 

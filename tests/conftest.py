@@ -265,3 +265,17 @@ def as_principal(request: pytest.FixtureRequest, signing_key: str) -> Callable[[
         return connect(server.url, token=token_of(name), forbidden=[signing_key, *TOKENS])
 
     return open_as
+
+
+@pytest.fixture(scope="session")
+def peer_python() -> str:
+    """The interpreter of bench/.peer-venv (FastMCP 4 + fastmcp-tasks), created once when missing; under CI a
+    venv that cannot be prepared fails the test instead of skipping it."""
+    from bench.peer import PEER_PYTHON, ensure_peer_venv
+
+    problem = ensure_peer_venv(timeout=300)
+    if problem is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"the FastMCP peer: {problem}")
+        pytest.skip(f"the FastMCP peer: {problem}")
+    return str(PEER_PYTHON)

@@ -73,7 +73,7 @@ def manifest_lines(found: Manifest) -> list[str]:
 def manifest(args: argparse.Namespace) -> int:
     from handles.client.follow import connect
     from handles.client.manifest import MODES, Requirements, RequirementsNotMet, read_manifest
-    from handles.client.transient import authentication_error, is_connection_failure, leaves
+    from handles.client.transient import unreadable_cause
 
     requirements = None
     if args.modes or args.job:
@@ -81,10 +81,8 @@ def manifest(args: argparse.Namespace) -> int:
     try:
         found = asyncio.run(read_manifest(connect(args.url, token=args.token)))
     except Exception as exc:
-        refused = authentication_error(exc)
-        if refused is None and not is_connection_failure(exc):
+        if (cause := unreadable_cause(exc)) is None:
             raise
-        cause = refused if refused is not None else leaves(exc)[0]
         print(f"handles: could not read the manifest of {args.url}: {cause}", file=sys.stderr)
         return 3
     print(found.model_dump_json(indent=2) if args.json else "\n".join(manifest_lines(found)))

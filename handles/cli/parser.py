@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import handles
+from handles.check import add_check_command
 from handles.cli.admin import CONSOLE_TOKEN_ENV, console, db_upgrade, keygen, worker
 from handles.cli.capabilities import _modes, _required_job, manifest
 from handles.cli.common import operator_name
@@ -223,4 +224,5 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
     serve.add_argument("--database-url", help="SQLAlchemy URL (default: HANDLES_DATABASE_URL)")
     serve.set_defaults(run=console)
+    add_check_command(commands)
     return parser

@@ -73,6 +73,15 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, MCPError) and exc.error.code in TRANSIENT_MCP_CODES
 
 
+def unreadable_cause(exc: BaseException) -> BaseException | None:
+    """Why a server could not be read at all, to report: its refusal of the credentials, or the failed
+    connection; None when `exc` is neither (a fault to raise)."""
+    refused = authentication_error(exc)
+    if refused is None and not is_connection_failure(exc):
+        return None
+    return refused if refused is not None else leaves(exc)[0]
+
+
 def is_connection_failure(exc: BaseException) -> bool:
     """A transient error, or a transport's crash (e.g. `httpx2.ConnectError` out of a client's task group),
     anywhere inside `exc`."""

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from bench.peer import PEER_PYTHON, ensure_peer_venv
 from handles.config import HandlesConfig
 from tests.harness.process import ServerProcess, free_port, python_module
 from tests.support import FRAMEWORKS, HttpExampleServer, example_env, new_key, stdio_params
@@ -31,16 +30,6 @@ CLIENT = Path(__file__).with_name("fastmcp_client.py")
 TOKEN = "fastmcp-interop-token-3e1a"
 SWITCH_CACHE_SECONDS = HandlesConfig.switch_cache_seconds
 """The example server's bound (its default): a switch acts on every call sent this long after it was set."""
-
-
-@pytest.fixture(scope="module")
-def peer_python() -> str:
-    problem = ensure_peer_venv(timeout=300)
-    if problem is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"FastMCP interop: {problem}")
-        pytest.skip(f"FastMCP interop: {problem}")
-    return str(PEER_PYTHON)
 
 
 @pytest.fixture(scope="module", params=FRAMEWORKS)

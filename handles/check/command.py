@@ -1,0 +1,138 @@
+"""`handles check URL`: run the gates against a live server and report them for a person and for CI."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import anyio
+from mcp import StdioServerParameters
+
+from handles.check.gates import GATES, Run, describe
+from handles.check.plan import CheckPlan, load_plan
+from handles.check.report import GateResult, table, write_json, write_junit
+from handles.check.wire import Server, Transcript, open_caller
+from handles.client.transient import unreadable_cause
+from handles.errors import ConfigurationError
+
+UNREACHABLE = 3
+"""The exit code when the server cannot be read at all (as `handles manifest`)."""
+
+
+def _principal(value: str) -> tuple[str, str | None]:
+    name, equals, token = value.partition("=")
+    if not name or not equals:
+        raise argparse.ArgumentTypeError(f"{value!r}: use NAME=TOKEN (NAME= for no token)")
+    return name, token or None
+
+
+def _names(value: str) -> list[str]:
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = [name for name in names if name not in GATES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown gate {', '.join(unknown)}; see --list")
+    return names
+
+
+def add_check_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The `check` command's arguments."""
+    command = commands.add_parser(
+        "check",
+        help="prove a live server's jobs against the gates (isolation, transitions, cancellation, ...)",
+        description="Drive the jobs of a live MCP server over Streamable HTTP as two principals, through the "
+        "public wire only, and report each gate with the requests that showed it. Exit 0 when every "
+        "selected gate passes, 1 when one fails, 3 when the server cannot be read. See docs/checking.md.",
+    )
+    command.add_argument(
+        "target",
+        nargs="*",
+        metavar="URL",
+        help="the server's MCP endpoint, e.g. https://example.com/mcp; with --stdio: -- COMMAND [ARG...]",
+    )
+    command.add_argument(
+        "--stdio",
+        action="store_true",
+        help="run the server as COMMAND and speak stdio to it (one principal: altered ids are tested)",
+    )
+    command.add_argument(
+        "--as",
+        dest="principals",
+        action="append",
+        type=_principal,
+        default=[],
+        metavar="NAME=TOKEN",
+        help="a principal and its bearer token; twice: the owner of the jobs, then the other principal",
+    )
+    command.add_argument("--jobs", type=Path, metavar="FILE", help="checks.toml: the jobs to drive")
+    command.add_argument("--only", type=_names, metavar="GATE[,GATE...]", help="run only these gates")
+    command.add_argument("--skip", type=_names, default=[], metavar="GATE[,GATE...]", help="skip these")
+    command.add_argument("--list", action="store_true", help="name every gate and what it proves, and exit")
+    command.add_argument("--json", type=Path, metavar="FILE", help="write one entry per gate as JSON")
+    command.add_argument("--junit", type=Path, metavar="FILE", help="write a JUnit XML report")
+    command.add_argument("--verbose", action="store_true", help="print the evidence of passed gates too")
+    command.set_defaults(run=check)
+
+
+def check(args: argparse.Namespace) -> int:
+    if args.list:
+        for name, gate in GATES.items():
+            print(f"{name:<14} {describe(gate)}")
+        return 0
+    server: Server
+    if args.stdio and args.target and not args.principals:
+        server = StdioServerParameters(command=args.target[0], args=args.target[1:], env=dict(os.environ))
+        principals: list[tuple[str, str | None]] = [("local", None)]
+    elif len(args.target) == 1 and args.jobs and len(args.principals) == 2:
+        server, principals = args.target[0], args.principals
+    else:
+        raise ConfigurationError(
+            "handles check needs URL, --jobs FILE and two --as NAME=TOKEN (or --stdio --jobs FILE -- COMMAND)."
+        )
+    if not args.jobs:
+        raise ConfigurationError("handles check needs --jobs FILE: the jobs to drive.")
+    selected = [name for name in args.only or GATES if name not in args.skip]
+    try:
+        results = anyio.run(run_gates, server, principals, load_plan(args.jobs), selected)
+    except Exception as exc:
+        if (cause := unreadable_cause(exc)) is None:
+            raise
+        print(f"handles check: could not read {' '.join(args.target)}: {cause}", file=sys.stderr)
+        return UNREACHABLE
+    print(table(results, verbose=args.verbose))
+    if args.json:
+        write_json(results, args.json)
+    if args.junit:
+        write_junit(results, args.junit)
+    return 0 if all(result.passed for result in results) else 1
+
+
+async def run_gates(
+    server: Server, principals: list[tuple[str, str | None]], plan: CheckPlan, selected: list[str]
+) -> list[GateResult]:
+    """Each selected gate's result, run in order over one connection per principal (the first owns the
+    jobs; with one principal, another principal's access is not tested)."""
+    transcript = Transcript()
+    (owner_name, owner_token), *others = principals
+    async with AsyncExitStack() as stack:
+        owner = await stack.enter_async_context(open_caller(owner_name, server, owner_token, transcript))
+        other = None
+        for other_name, other_token in others[:1]:
+            other = await stack.enter_async_context(open_caller(other_name, server, other_token, transcript))
+        plain = await stack.enter_async_context(
+            open_caller(f"{owner_name} (no Tasks extension)", server, owner_token, transcript, tasks=False)
+        )
+        run = await Run.read(plan, owner, other, plain)
+        results = []
+        for index, name in enumerate(selected, start=1):
+            print(f"[{index}/{len(selected)}] {name}...", file=sys.stderr, flush=True)
+            try:
+                findings = await GATES[name](run)
+            except Exception as exc:  # a gate that cannot finish fails, saying why
+                results.append(GateResult(name, False, [f"FAILED: the gate stopped: {exc!r}"]))
+                continue
+            evidence = findings.evidence or ["nothing to test: no planned job has the tools this gate drives"]
+            results.append(GateResult(name, not findings.failed, evidence, findings.applied))
+        return results

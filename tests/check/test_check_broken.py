@@ -1,0 +1,76 @@
+"""`handles check` against deliberately broken servers (tests/check/broken_server.py): each fails exactly
+the gate it should, with evidence naming the request; `--list`, `--only` and `--skip` select gates."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from handles.check import GATES
+from tests.check.support import BROKEN_JOBS, broken_server, check, handles_cli, verdicts
+from tests.harness.process import free_port
+
+
+@pytest.mark.parametrize(
+    ("fault", "gate", "request_shown"),
+    [
+        ("none", None, None),
+        ("leak", "isolation", 'bob: tools/call slow_job_progress {"handle": "<the owner\'s handle>"} -> {'),
+        ("duplicate", "duplicate", 'alice: tools/call slow_job_start {"seconds": 1.0'),
+        ("revive", "cancellation", "cancelled stays cancelled [alice: tools/call slow_job_progress"),
+        ("chatty", "hygiene", "a sensitive value (18 characters) [alice: tools/call slow_job_progress"),
+    ],
+)
+def test_a_broken_server_fails_exactly_its_gate(
+    tmp_path: Path, fault: str, gate: str | None, request_shown: str | None
+) -> None:
+    with broken_server(tmp_path, fault) as server:
+        done, report = check(tmp_path, server.url, BROKEN_JOBS)
+    assert verdicts(report) == {name: name != gate for name in GATES}, done.stdout
+    assert done.returncode == (0 if gate is None else 1)
+    if gate is None:
+        return
+    failed = [line for line in report[list(GATES).index(gate)]["evidence"] if line.startswith("FAILED")]
+    assert failed and request_shown in "\n".join(failed), failed
+    assert f"{gate:<14} FAILED" in done.stdout
+    junit = ET.parse(tmp_path / "report.xml").getroot()
+    assert [case.get("name") for case in junit.iter("testcase") if case.find("failure") is not None] == [gate]
+
+
+def test_the_stack_trace_and_path_in_an_error_are_named(tmp_path: Path) -> None:
+    with broken_server(tmp_path, "chatty") as server:
+        _, report = check(tmp_path, server.url, BROKEN_JOBS, "--only", "hygiene")
+    failed = "\n".join(report[0]["evidence"])
+    assert "a stack trace ('Traceback (most recent call last)')" in failed
+    assert "an internal path ('/srv/jobs')" in failed
+    assert 'alice: tools/call slow_job_progress {"handle": "<a made-up handle>"}' in failed
+
+
+def test_list_only_and_skip_select_gates(tmp_path: Path) -> None:
+    listed = handles_cli("check", "--list")
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == list(GATES)
+    with broken_server(tmp_path, "leak") as server:
+        done, report = check(
+            tmp_path, server.url, BROKEN_JOBS, "--only", "isolation,duplicate", "--skip", "isolation"
+        )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert verdicts(report) == {"duplicate": True}
+
+
+def test_a_wrong_checks_file_exits_2_and_an_unreachable_server_exits_3(tmp_path: Path) -> None:
+    (tmp_path / "wrong.toml").write_text("[jobs.slow_job]\narguments = 3\n")
+    principals = ["--as", "alice=a", "--as", "bob=b"]
+    wrong = handles_cli(
+        "check", "http://127.0.0.1:9/mcp", *principals, "--jobs", str(tmp_path / "wrong.toml")
+    )
+    assert (wrong.returncode, wrong.stdout) == (2, "")
+    assert "[jobs.slow_job] may hold only arguments and answer (tables)" in wrong.stderr
+    assert "check arguments." in wrong.stderr and "Traceback" not in wrong.stderr
+    (tmp_path / "checks.toml").write_text(BROKEN_JOBS)
+    gone = handles_cli(
+        "check", f"http://127.0.0.1:{free_port()}/mcp", *principals, "--jobs", str(tmp_path / "checks.toml")
+    )
+    assert gone.returncode == 3, gone.stderr
+    assert "handles check: could not read http://127.0.0.1:" in gone.stderr and "Traceback" not in gone.stderr

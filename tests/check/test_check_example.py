@@ -1,0 +1,59 @@
+"""`handles check` through its real entry point against the example server over Streamable HTTP, with two
+bearer tokens: it passes every gate, on the SDK's `MCPServer` and on FastMCP 4, in both tool layouts."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from handles.check import GATES
+from tests.check.support import EXAMPLE_JOBS, check, verdicts
+from tests.support import TOKENS, HttpExampleServer
+
+
+@pytest.mark.parametrize("served", ["http_auth_example", "fastmcp_http_auth_example"])
+def test_the_example_server_passes_every_gate(
+    tmp_path: Path, served: str, request: pytest.FixtureRequest
+) -> None:
+    server: HttpExampleServer = request.getfixturevalue(served)
+    done, report = check(tmp_path, server.url, EXAMPLE_JOBS)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert verdicts(report) == dict.fromkeys(GATES, True)
+    assert all(entry["applied"] for entry in report), report
+    evidence = {entry["name"]: "\n".join(entry["evidence"]) for entry in report}
+    # Bob tried every handle tool and every Tasks method on alice's job and task, and was told nothing more.
+    for request in (
+        'bob: tools/call deploy_release_respond {"handle": "<the owner\'s handle>"',
+        'bob: tools/call generate_report_cancel {"handle": "<the owner\'s handle>"}',
+        "bob: tasks/update <the owner's task id>",
+        "bob: tasks/cancel <an altered task id>",
+    ):
+        assert request in evidence["isolation"]
+    assert "FAILED" not in evidence["isolation"]
+    assert (
+        "ok: deploy_release moved working -> input_required -> working -> completed"
+        in evidence["transitions"]
+    )
+    assert "ok: deploy_release started twice with one key: one job" in evidence["duplicate"]
+    assert "alice (no Tasks extension): tools/call deploy_release_start" in evidence["compatibility"]
+    suite = ET.parse(tmp_path / "report.xml").getroot()
+    assert (suite.get("tests"), suite.get("failures")) == (str(len(GATES)), "0")
+
+
+@pytest.fixture
+def compact_auth_example(tmp_path: Path, signing_key: str) -> Iterator[HttpExampleServer]:
+    with HttpExampleServer(tmp_path / "compact", [signing_key], TOKENS, layout="compact").running() as server:
+        yield server
+
+
+def test_the_compact_layout_is_discovered_and_checked(
+    tmp_path: Path, compact_auth_example: HttpExampleServer
+) -> None:
+    done, report = check(tmp_path, compact_auth_example.url, EXAMPLE_JOBS, "--only", "isolation,transitions")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert verdicts(report) == {"isolation": True, "transitions": True}
+    isolation = "\n".join(report[0]["evidence"])
+    assert "bob: tools/call jobs_respond" in isolation and "bob: tools/call jobs_cancel" in isolation

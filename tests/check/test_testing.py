@@ -1,0 +1,49 @@
+"""`handles.testing`: the gates as test cases of an author's own suite, against the example server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from handles.testing import assert_gates
+from tests.check.support import BROKEN_JOBS, EXAMPLE_JOBS, broken_server
+from tests.harness.process import REPO_ROOT
+from tests.support import HttpExampleServer, token_of
+
+PRINCIPALS = [("alice", token_of("alice")), ("bob", token_of("bob"))]
+
+
+def test_one_line_in_a_suite_gives_one_passing_case_per_gate(
+    tmp_path: Path, http_auth_example: HttpExampleServer
+) -> None:
+    (tmp_path / "checks.toml").write_text(EXAMPLE_JOBS)
+    (tmp_path / "test_my_server.py").write_text(
+        "from handles.testing import gate_tests\n"
+        f"test_gates = gate_tests({http_auth_example.url!r}, {PRINCIPALS!r}, {str(tmp_path / 'checks.toml')!r},"
+        " only=['isolation', 'duplicate'])\n"
+    )
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-rA"]
+    done = subprocess.run(
+        [*command, str(tmp_path / "test_my_server.py")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "PASSED test_my_server.py::test_gates[isolation]" in done.stdout
+    assert "PASSED test_my_server.py::test_gates[duplicate]" in done.stdout
+    assert "2 passed" in done.stdout
+
+
+def test_a_failing_gate_fails_the_test_with_its_evidence(tmp_path: Path) -> None:
+    (tmp_path / "checks.toml").write_text(BROKEN_JOBS)
+    with broken_server(tmp_path, "duplicate") as server, pytest.raises(AssertionError) as failed:
+        assert_gates(server.url, PRINCIPALS, tmp_path / "checks.toml", only=["duplicate", "hygiene"])
+    assert str(failed.value).startswith("duplicate:\n  FAILED: slow_job started twice with one key: one job")
+    assert "hygiene" not in str(failed.value)
