@@ -41,6 +41,7 @@ class Sweeper:
                 continue
             status = await self.store.write(
                 record.id,
+                "changed",
                 repo.settle_interrupted,
                 record.id,
                 record.lease_owner,
@@ -59,7 +60,7 @@ class Sweeper:
             status, values = failed(
                 "The job ran longer than its retention allows and was stopped; its handle has expired.", "ttl"
             )
-            if await self.store.write(record.id, repo.transition, record.id, status, **values):
+            if await self.store.write(record.id, "changed", repo.transition, record.id, status, **values):
                 self._drop(record.id)
                 counts["timed_out"] += 1
                 self.telemetry.ended(record.kind, status.value, "ttl")
@@ -69,12 +70,14 @@ class Sweeper:
                 "Start a new job and answer within the time limit.",
                 "input_timeout",
             )
-            if await self.store.write(record.id, repo.transition, record.id, status, **values):
+            if await self.store.write(record.id, "changed", repo.transition, record.id, status, **values):
                 self._drop(record.id)
                 counts["timed_out"] += 1
                 self.telemetry.ended(record.kind, status.value, "input_timeout")
         for record in overdue["abandoned"]:
-            outcome = await self.store.write(record.id, repo.request_cancel, record.id, "handles:abandoned")
+            outcome = await self.store.write(
+                record.id, "changed", repo.request_cancel, record.id, "handles:abandoned"
+            )
             if outcome is not None:
                 self._signal_cancel(record.id)
                 counts["abandoned"] += 1
