@@ -23,6 +23,7 @@ from handles.store.models import (
     InputRequestRecord,
     JobRecord,
     JobState,
+    Snapshot,
     StepRecord,
     StepState,
     UTCDateTime,
@@ -112,7 +113,7 @@ class SqliteOps:
         """`query` as it is: the write lock keeps other writers out."""
         return query
 
-    def snapshot(self, job_id: str) -> tuple[JobState | None, list[InputRequestRecord], list[StepState]]:
+    def snapshot(self, job_id: str) -> Snapshot:
         """One statement, and a second only while the job waits for answers."""
         repo = self.repo
         with repo._sqlite_reading() as raw:
