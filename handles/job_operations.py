@@ -1,8 +1,5 @@
-"""The operations on stored jobs that both faces share: start, open a handle, wait, cancel, respond.
-
-The handle tools (tools.py) and the Tasks adapter translate these into their own
-wire shapes; neither touches the store or the codec directly.
-"""
+"""The operations on stored jobs that every face shares (start, open a handle, wait, cancel, respond); the
+faces translate them into their own wire shapes and touch neither the store nor the codec."""
 
 from __future__ import annotations
 
