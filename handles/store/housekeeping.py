@@ -3,6 +3,7 @@ archived first, when it is kept), and the evidence of jobs archived or still sto
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -32,10 +33,7 @@ class Housekeeping(Database):
 
     clock: Clock  # set by JobRepository
     _engine: EngineOps  # set by JobRepository
-
-    def _lease_now(self, now: datetime) -> Any:
-        """`now` by the clock that judges leases and deadlines."""
-        return now
+    _lease_now: Callable[[datetime], Any]  # set by JobRepository: `now` by the clock that judges leases
 
     def overdue(self, limit: int) -> dict[str, list[JobRecord]]:
         """Active jobs past a deadline, by the lease clock: `ttl` (past expires_at), `input` (no answer in
