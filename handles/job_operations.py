@@ -90,15 +90,6 @@ class _NewJob:
     settled: asyncio.Future[Outcome] | None
     """The caller waits for the job's result (see `JobOperations.start`)."""
 
-    def insert_options(self, config: HandlesConfig) -> dict[str, Any]:
-        """What `Store.start` takes beside the job: the active limit, the first
-        question, the lease."""
-        return {
-            "active_limit": config.max_active_per_principal,
-            "questions": [self.question] if self.question is not None else [],
-            "lease_seconds": config.lease_seconds,
-        }
-
 
 UNKNOWN_HANDLE = (
     "This handle is not valid here: it may be mistyped, truncated, made up, signed by a retired key, "
@@ -308,7 +299,13 @@ class JobOperations:
         """Insert the job (`Store.start`) and hand it over (`_hand_over`): here, with no await, when the insert
         ran at once; else the coroutine that awaits the insert, then hands the job over."""
         with self._reservation(new):
-            done = self.store.start(new.record, queued=new.queued, **new.insert_options(self.config))
+            done = self.store.start(
+                new.record,
+                queued=new.queued,
+                active_limit=self.config.max_active_per_principal,
+                questions=[new.question] if new.question is not None else [],
+                lease_seconds=self.config.lease_seconds,
+            )
         if isinstance(done, tuple):
             return self._hand_over(new, *done)
         return self._hand_over_once_stored(new, done)
