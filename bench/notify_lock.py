@@ -13,7 +13,7 @@ with every other such write of every node. This section measures, on the machine
    change notices (`publishing`: queued once committed, sent by each node's `NoticeSender`) and without. The
    writers are spread over nodes of 8 (one `JobRepository` each, as a node has one). Beside each run, a thread
    samples `pg_locks` every 5 ms for writers waiting on the notification lock.
-2. The wake across nodes: a progress report stored through store A (`Store.write_report`) and a waiter on
+2. The wake across nodes: a progress report stored through store A (`Store.write`, `reported`) and a waiter on
    the same job in store B, woken by B's change listener; from the call of A's write to the waiter's return.
 3. The lock check of the whole service: two HTTP example nodes (`python -m bench.app --http`) on one database,
    `CLIENTS` clients starting 0 s jobs for `SECONDS` s while a thread samples `pg_locks` every 5 ms; the share
@@ -282,7 +282,7 @@ async def wake(url: str, samples: int) -> list[float]:
             waiter = asyncio.create_task(b.notifier.wait(job.id, 5.0, event=woken))
             await asyncio.sleep(0.01)
             began = time.perf_counter()
-            await a.write_report(job.id, a.repo.set_progress, job.id, OWNER, i + 1, None, None)
+            await a.write(job.id, "reported", a.repo.set_progress, job.id, OWNER, i + 1, None, None)
             await waiter
             if woken.is_set():
                 latencies.append(time.perf_counter() - began)

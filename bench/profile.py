@@ -156,7 +156,7 @@ async def breakdown(options: Options) -> Table:
             ),
             (
                 "Store.write(repo.set_status_message) (write + thread hop + wake)",
-                lambda: service.store.write(job_id, repo.set_status_message, job_id, "profiling"),
+                lambda: service.store.write(job_id, "changed", repo.set_status_message, job_id, "profiling"),
             ),
             (
                 "JobOperations.open (verify + read + keep-alive check)",

@@ -212,11 +212,18 @@ async def measure(
             step = f"step {index}"
 
             async def step_start(job: Any = running, step: str = step) -> None:  # as `ctx.step` writes it
-                await store.write_report(job.id, repo.begin_step, job.id, job.lease_owner, step, 1)
+                await store.write(job.id, "reported", repo.begin_step, job.id, job.lease_owner, step, 1)
 
             async def step_outcome(job: Any = running, step: str = step) -> None:
-                await store.write_report(
-                    job.id, repo.finish_step, job.id, job.lease_owner, step, result={"n": 1}, attempt=1
+                await store.write(
+                    job.id,
+                    "reported",
+                    repo.finish_step,
+                    job.id,
+                    job.lease_owner,
+                    step,
+                    result={"n": 1},
+                    attempt=1,
                 )
 
             record(
@@ -268,7 +275,7 @@ async def run(options: Options) -> list[Table]:
         "(BEGIN, each statement, COMMIT/ROLLBACK each count once); the listener's connection only receives, "
         "and the notices go out after the writes, several at once, on a connection of their own (not counted).",
         "A job's outcome, and a durable step's start and outcome (the calls `ctx.step` makes: "
-        "`Store.write_report` of `begin_step` and `finish_step` for the running job): each one statement in "
+        "`Store.write` (`reported`) of `begin_step` and `finish_step` for the running job): each one statement in "
         "autocommit, its notice queued once it commits, on a connection of the write engine's pool, which "
         "pings it at checkout (the empty statement `;`) so that a write after a restart or a failover "
         "succeeds at its first try.",

@@ -42,7 +42,7 @@ PARTS = (
     (
         "stored",
         2,
-        "the insert as the start awaits it (SQLite: `Store.insert_now`; PostgreSQL: its shielded task)",
+        "the insert as the start awaits it (SQLite: `Store.start`; PostgreSQL: its shielded task)",
     ),
     ("insert", 3, "`JobRepository.insert` (PostgreSQL: `start_on_loop`, awaited on the event loop)"),
     (
@@ -59,7 +59,7 @@ PARTS = (
         "hop",
         3,
         "derived: PostgreSQL: the shielded task and the store's call around the insert (the task - `insert` - "
-        "the hand-over); SQLite: the store's call around the insert on the event loop (`insert_now` - `insert`)",
+        "the hand-over); SQLite: the store's call around the insert on the event loop (`Store.start` - `insert`)",
     ),
     ("hand_over", 3, "the hand-over to the runtime (`_hand_over`: the job's task made)"),
     ("reply", 1, "derived: the handle and the reply (the handler - `JobOperations.start`)"),
@@ -248,7 +248,7 @@ def _timers(jobs: Any, samples: dict[str, list[float]]) -> Iterator[None]:
             checkout = _timed_around_async(connections.connection, s["pool"], lambda: inserting[0])
             patch(_patched(connections, "connection", checkout))
         else:
-            method(Store, "insert_now", "stored", _timed_call)
+            method(Store, "start", "stored", _timed_call)
             writing = repo._sqlite_writing
             patch(_patched(repo, "_sqlite_writing", _timed_transaction(writing, s, lambda: inserting[0])))
             prepared = repo._engine._start[1]  # the INSERT of the job's row (SqliteOps)
@@ -300,7 +300,7 @@ def _derived(p50: dict[str, float | None], *, postgres: bool) -> None:
         return None if x is None or y is None else x - y
 
     p50["store_python"] = minus("insert", "database")
-    # On PostgreSQL the awaited task holds the hand-over too; on an SQLite file `Store.insert_now` does not.
+    # On PostgreSQL the awaited task holds the hand-over too; on an SQLite file `Store.start` does not.
     around = minus("stored", "insert")
     hand_over = p50.get("hand_over") if postgres else 0.0
     p50["hop"] = None if around is None or hand_over is None else around - hand_over

@@ -1,8 +1,5 @@
-"""The operations on stored jobs that both faces share: start, open a handle, wait, cancel, respond.
-
-The handle tools (tools.py) and the Tasks adapter translate these into their own
-wire shapes; neither touches the store or the codec directly.
-"""
+"""The operations on stored jobs that every face shares (start, open a handle, wait, cancel, respond); the
+faces translate them into their own wire shapes and touch neither the store nor the codec."""
 
 from __future__ import annotations
 
@@ -10,7 +7,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
-from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -45,6 +42,7 @@ from handles.store import (
     InputRequestRecord,
     JobRecord,
     JobState,
+    Started,
     StepState,
     Store,
     run_shielded,
@@ -91,15 +89,6 @@ class _NewJob:
     """Stored waiting for a worker: any node's dispatcher takes it."""
     settled: asyncio.Future[Outcome] | None
     """The caller waits for the job's result (see `JobOperations.start`)."""
-
-    def insert_options(self, config: HandlesConfig) -> dict[str, Any]:
-        """What `Store.insert_now` and `Store.insert_later` take beside the job: the active limit, the first
-        question, the lease."""
-        return {
-            "active_limit": config.max_active_per_principal,
-            "questions": [self.question] if self.question is not None else [],
-            "lease_seconds": config.lease_seconds,
-        }
 
 
 UNKNOWN_HANDLE = (
@@ -268,11 +257,11 @@ class JobOperations:
         try:
             # On an SQLite file with its writer lock free, the insert runs right here, with no await: nothing
             # can cancel it, so it needs no task of its own (and no turns of the loop to wait for one).
-            done = self._store_now(new)
-            if done is None:
+            done = self._store(new)
+            if not isinstance(done, tuple):
                 # Shielded: once the insert is under way, the job is stored and handed to the runtime (or
                 # queued) even if the caller's request is cancelled, so a committed start always runs.
-                done = await run_shielded(self._store_and_hand_over(new))
+                done = await run_shielded(done)
             elif settled is not None:
                 # The caller waits for the job's result: the job's first step (for a short job, its whole
                 # run up to its outcome) goes before the start returns, so the caller finds `settled` done
@@ -306,22 +295,24 @@ class JobOperations:
         expires_at = job.created_at + self.specs[job.kind].retention
         return self.codec.mint(job_id=job.id, kind=job.kind, principal=job.principal, expires_at=expires_at)
 
-    def _store_now(self, new: _NewJob) -> tuple[JobRecord, bool] | None:
-        """Insert the job and hand it over (`_hand_over`) here, with no await, when the store can
-        (`Store.insert_now`); None when nothing was stored and the insert waits for the writer
-        (`_store_and_hand_over`)."""
+    def _store(self, new: _NewJob) -> Started | Coroutine[Any, Any, Started]:
+        """Insert the job (`Store.start`) and hand it over (`_hand_over`): here, with no await, when the insert
+        ran at once; else the coroutine that awaits the insert, then hands the job over."""
         with self._reservation(new):
-            done = self.store.insert_now(new.record, **new.insert_options(self.config))
-        return None if done is None else self._hand_over(new, *done)
-
-    async def _store_and_hand_over(self, new: _NewJob) -> tuple[JobRecord, bool]:
-        """Insert the job once its try on the event loop found a writer at work (on an SQLite file: on the
-        loop once this process's writer is free, or on a worker thread while another process writes), or on
-        a worker thread (a store that is not an SQLite file); then hand it over (`_hand_over`)."""
-        with self._reservation(new):
-            done = await self.store.insert_later(
-                new.record, queued=new.queued, **new.insert_options(self.config)
+            done = self.store.start(
+                new.record,
+                queued=new.queued,
+                active_limit=self.config.max_active_per_principal,
+                questions=[new.question] if new.question is not None else [],
+                lease_seconds=self.config.lease_seconds,
             )
+        if isinstance(done, tuple):
+            return self._hand_over(new, *done)
+        return self._hand_over_once_stored(new, done)
+
+    async def _hand_over_once_stored(self, new: _NewJob, insert: Awaitable[Started]) -> Started:
+        with self._reservation(new):
+            done = await insert
         return self._hand_over(new, *done)
 
     @contextmanager
@@ -533,7 +524,7 @@ class JobOperations:
     async def cancel(self, record: JobRecord) -> JobRecord:
         """Request cancellation: durable first, then the running job is signalled."""
         outcome = await self.store.write(
-            record.id, self.store.repo.request_cancel, record.id, record.principal
+            record.id, "changed", self.store.repo.request_cancel, record.id, record.principal
         )
         if outcome is None:
             return record
@@ -579,7 +570,7 @@ class JobOperations:
                 )
         sealed = checked_answers(self.sealer, pending, responses, f"call {again} again")
         outcome = await self.store.write(
-            record.id, self.store.repo.answer_inputs, record.id, sealed, record.principal
+            record.id, "changed", self.store.repo.answer_inputs, record.id, sealed, record.principal
         )
         now = self.clock()
         for key in outcome.accepted if outcome is not None else ():

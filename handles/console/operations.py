@@ -127,7 +127,7 @@ class Operations:
         if key not in pending:
             return False
         sealed = checked_answers(self.sealer, pending, {key: answer}, "send the form again")
-        outcome = await self.store.write(job.id, self.store.repo.answer_inputs, job.id, sealed, by)
+        outcome = await self.store.write(job.id, "changed", self.store.repo.answer_inputs, job.id, sealed, by)
         if outcome is None or key not in outcome.accepted:
             return False
         if self.runtime is not None:
@@ -142,7 +142,7 @@ class Operations:
 
     async def cancel(self, job: JobRecord, by: str) -> CancelOutcome | None:
         """Request the job's cancellation as `by`; the node running it stops it at its next safe point."""
-        outcome = await self.store.write(job.id, self.store.repo.request_cancel, job.id, by)
+        outcome = await self.store.write(job.id, "changed", self.store.repo.request_cancel, job.id, by)
         if outcome is not None and self.runtime is not None:
             if outcome.ended_now:
                 self.runtime.telemetry.ended(job.kind, Status.CANCELLED.value)

@@ -65,7 +65,14 @@ class RunCancellation(RuntimeState):
         limit = self.config.step_cancel_limit_seconds
         status, values = cancelled_with_unknown_steps(steps, limit, by, principal)
         await self.store.write(
-            job_id, self.store.repo.end_with_unknown_steps, job_id, self.owner, steps, status, **values
+            job_id,
+            "changed",
+            self.store.repo.end_with_unknown_steps,
+            job_id,
+            self.owner,
+            steps,
+            status,
+            **values,
         )
 
     async def _cancelled(self, record: JobRecord) -> Outcome:

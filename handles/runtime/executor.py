@@ -79,10 +79,6 @@ class Runtime(ShutdownDrain):
     def started(self) -> bool:
         return self._started
 
-    def free_slots(self) -> int:
-        """How many more jobs this process would run right now (0 when it runs no workers)."""
-        return 0 if self.closed else self.slots.free
-
     async def start(self) -> None:
         """Start the background loops on the running event loop (idempotent; never after `stop`)."""
         if self._started or self.closed:

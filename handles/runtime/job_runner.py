@@ -131,11 +131,11 @@ class JobRunner(RunCancellation):
 
     async def _record_outcome(self, job_id: str, status: Status, values: dict[str, Any]) -> bool:
         """Store a job's final state, waiting out a database outage while its lease may still be this
-        node's (`Store.write_short`; the heartbeat renews the lease meanwhile). Past that, the sweep of
+        node's (`Store.write`, an `outcome`; the heartbeat renews the lease meanwhile). Past that, the sweep of
         whichever node sees the database first settles the job."""
         try:
-            return await self.store.write_short(
-                job_id, self.store.repo.transition, job_id, status, owner=self.owner, **values
+            return await self.store.write(
+                job_id, "outcome", self.store.repo.transition, job_id, status, owner=self.owner, **values
             )
         except StoreUnavailable:
             logger.error("could not store the outcome of job %s: the database stayed unavailable", job_id)
@@ -227,7 +227,12 @@ class JobRunner(RunCancellation):
                 return None
             if entry.life is RunLife.STOPPING:
                 status = await self.store.write(
-                    record.id, self.store.repo.settle_interrupted, record.id, self.owner, shutdown=True
+                    record.id,
+                    "changed",
+                    self.store.repo.settle_interrupted,
+                    record.id,
+                    self.owner,
+                    shutdown=True,
                 )
                 if status is Status.WORKING:
                     await self.store.announce(record.id, queued=True)  # another node takes it now
@@ -255,6 +260,6 @@ class JobRunner(RunCancellation):
         """The job waits for answers: give back its lease and slot until they arrive."""
         with contextlib.suppress(Exception):
             await entry.ctx.flush()
-        status = await self.store.write(record.id, self.store.repo.park, record.id, self.owner)
+        status = await self.store.write(record.id, "changed", self.store.repo.park, record.id, self.owner)
         if status is Status.WORKING:  # answered meanwhile: resume it at once, here or elsewhere
             await self._requeued(record.id)

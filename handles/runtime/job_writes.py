@@ -27,8 +27,8 @@ class JobWrites:
     async def progress(self, done: float | None, total: float | None, message: str | None) -> None:
         """Store the job's latest progress report."""
         repo = self._store.repo
-        await self._store.write_report(
-            self.job_id, repo.set_progress, self.job_id, self.owner, done, total, message
+        await self._store.write(
+            self.job_id, "reported", repo.set_progress, self.job_id, self.owner, done, total, message
         )
 
     async def open_question(
@@ -37,15 +37,16 @@ class JobWrites:
         """Store the question `key`; the stored request if it was answered already (a replay), else None."""
         repo = self._store.repo
         return await self._store.write(
-            self.job_id, repo.open_input, self.job_id, self.owner, key, text, requested
+            self.job_id, "changed", repo.open_input, self.job_id, self.owner, key, text, requested
         )
 
     async def begin_step(self, name: str, attempt: int, *, repeatable: bool) -> tuple[StepRecord, bool]:
         """Record that step `name` starts, unless it is already known: (record, fresh)."""
         repo = self._store.repo
         # Its start time fixed here: a try again after an outage knows its own committed start by it.
-        return await self._store.write_report(
+        return await self._store.write(
             self.job_id,
+            "reported",
             repo.begin_step,
             self.job_id,
             self.owner,
@@ -60,8 +61,9 @@ class JobWrites:
     ) -> None:
         """Record the outcome of step `name`, started in `attempt`: its JSON result, or the error it raised."""
         repo = self._store.repo
-        await self._store.write_report(
+        await self._store.write(
             self.job_id,
+            "reported",
             repo.finish_step,
             self.job_id,
             self.owner,

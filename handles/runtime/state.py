@@ -68,8 +68,8 @@ class RuntimeState:
     async def _hand_back(self, job_id: str) -> None:
         repo = self.store.repo
         message = "Queued: its server is shutting down; another server starts it shortly."
-        await self.store.write_queued(
-            job_id, repo.release, job_id, self.owner, message=message, resuming=True
+        await self.store.write(
+            job_id, "queued", repo.release, job_id, self.owner, message=message, resuming=True
         )
 
     async def _requeued(self, job_id: str) -> None:

@@ -10,6 +10,16 @@ from handles.store import Store
 from handles.telemetry import Telemetry
 
 SWEEP_BATCH = 500
+_MISSED_DEADLINES = (
+    ("ttl", "ttl", "The job ran longer than its retention allows and was stopped; its handle has expired."),
+    (
+        "input",
+        "input_timeout",
+        "No answer to the job's question arrived in time, so the job ended without it. "
+        "Start a new job and answer within the time limit.",
+    ),
+)
+"""Which overdue jobs `overdue` lists end `failed`: (its key, the reason, the message)."""
 
 
 class Sweeper:
@@ -41,6 +51,7 @@ class Sweeper:
                 continue
             status = await self.store.write(
                 record.id,
+                "changed",
                 repo.settle_interrupted,
                 record.id,
                 record.lease_owner,
@@ -55,26 +66,17 @@ class Sweeper:
             if status is Status.WORKING:
                 await self._requeued(record.id)
         overdue = await self.store.call(repo.overdue, SWEEP_BATCH)
-        for record in overdue["ttl"]:
-            status, values = failed(
-                "The job ran longer than its retention allows and was stopped; its handle has expired.", "ttl"
-            )
-            if await self.store.write(record.id, repo.transition, record.id, status, **values):
-                self._drop(record.id)
-                counts["timed_out"] += 1
-                self.telemetry.ended(record.kind, status.value, "ttl")
-        for record in overdue["input"]:
-            status, values = failed(
-                "No answer to the job's question arrived in time, so the job ended without it. "
-                "Start a new job and answer within the time limit.",
-                "input_timeout",
-            )
-            if await self.store.write(record.id, repo.transition, record.id, status, **values):
-                self._drop(record.id)
-                counts["timed_out"] += 1
-                self.telemetry.ended(record.kind, status.value, "input_timeout")
+        for key, reason, message in _MISSED_DEADLINES:
+            for record in overdue[key]:
+                status, values = failed(message, reason)
+                if await self.store.write(record.id, "changed", repo.transition, record.id, status, **values):
+                    self._drop(record.id)
+                    counts["timed_out"] += 1
+                    self.telemetry.ended(record.kind, status.value, reason)
         for record in overdue["abandoned"]:
-            outcome = await self.store.write(record.id, repo.request_cancel, record.id, "handles:abandoned")
+            outcome = await self.store.write(
+                record.id, "changed", repo.request_cancel, record.id, "handles:abandoned"
+            )
             if outcome is not None:
                 self._signal_cancel(record.id)
                 counts["abandoned"] += 1

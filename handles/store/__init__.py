@@ -13,7 +13,7 @@ import functools
 import logging
 import weakref
 from collections.abc import Callable, Coroutine
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -44,10 +44,12 @@ __all__ = [
     "JobRecord",
     "JobRepository",
     "JobState",
+    "Started",
     "StepRecord",
     "StepState",
     "Store",
     "SwitchRecord",
+    "Write",
     "run_shielded",
     "utc_now",
 ]
@@ -56,6 +58,13 @@ logger = logging.getLogger("handles.store")
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+Write = Literal["changed", "queued", "outcome", "reported"]
+"""What a write means: a change its waiters wake for (`changed`); one that leaves the job waiting for a worker,
+which idle workers on other nodes look for at once (`queued`); a job's outcome this process knows
+(`outcome`); what a running job reports on its way, which wakes progress long-polls but not waiters past
+reports (`reported`)."""
+Started = tuple[JobRecord, bool]
 
 
 def _wake(loop: asyncio.AbstractEventLoop, free: asyncio.Future[None]) -> None:
@@ -180,85 +189,29 @@ class Store:
         """Run a repository method that changes nothing anyone waits for (reads, sweeps)."""
         return await self._run(functools.partial(fn, *args, **kwargs))
 
-    async def write(self, job_id: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    async def write(
+        self, job_id: str, meaning: Write, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
         """Run a repository method that may change `job_id`, and wake its waiters here and, once it has
-        committed, on other nodes."""
-        return await self._write(job_id, "changed", functools.partial(fn, *args, **kwargs))
+        committed, on other nodes; `meaning` (see `Write`) says what the change is.
 
-    async def write_queued(self, job_id: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Like `write`, for a change that leaves `job_id` waiting for a worker: idle workers on other nodes
-        look for it at once."""
-        return await self._write(job_id, "queued", functools.partial(fn, *args, **kwargs))
-
-    async def insert(self, job: JobRecord, *, queued: bool, **options: Any) -> tuple[JobRecord, bool]:
-        """Store a new job (`JobRepository.insert` with `options`), as `write` (`write_queued` when `queued`)
-        would.
-
-        On an SQLite file it runs on the event loop when the writer lock is free, else waits for this
-        process's writer there, or goes to a worker thread while another process writes; a failed inline try
-        stored nothing, so trying again is safe. Only a `queued` job is published: nobody can wait for a job
-        before its start commits."""
-        done = self.insert_now(job, **options)
-        return done if done is not None else await self.insert_later(job, queued=queued, **options)
-
-    async def insert_later(self, job: JobRecord, *, queued: bool, **options: Any) -> tuple[JobRecord, bool]:
-        """`insert` after `insert_now` found a writer at work, or on a store that is not an SQLite file."""
-        change: Change = "queued" if queued else "changed"
-        if self.repo.starts_on_loop:
-            return await self._start_on_loop(job, change, queued, options)
-        call = functools.partial(self.repo.insert, job, **options)
-        return await self._write_later(job.id, call, change, publish=queued)
-
-    async def _start_on_loop(
-        self, job: JobRecord, change: Change, publish: bool, options: dict[str, Any]
-    ) -> tuple[JobRecord, bool]:
-        """`insert` awaited on PostgreSQL's loop connection, publishing and waking as `_write` does."""
-        notice = self.repo.notice(job.id, self.origin, change) if publish and self._publishes else None
-        try:
-            return await self.repo.start_on_loop(job, notice=notice, **options)
-        except (OperationalError, DBAPIError) as exc:
-            _raise_if_unavailable(exc)
-            raise
-        finally:
-            self.notifier.notify(job.id, change)
-
-    def insert_now(self, job: JobRecord, **options: Any) -> tuple[JobRecord, bool] | None:
-        """`insert`'s inline try, with no await: (job, created) when it ran here on an SQLite file's free
-        writer lock; None when nothing was written and `insert_later` is needed."""
-        done = self._write_now(job.id, functools.partial(self.repo.insert, job, **options), "changed")
-        return None if done is None else done[0]
-
-    async def write_short(self, job_id: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Like `write`, for a short write such as a job's outcome: on an SQLite file it runs on the event
-        loop as `insert` does.
-
-        Tried again with backoff through a database outage while the lease may still be this node's, so the
-        write must be a compare-and-set that changes nothing after the lease was lost or an earlier try
-        committed."""
-        return await self._write_short(job_id, "changed", functools.partial(fn, *args, **kwargs))
-
-    async def write_report(self, job_id: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Like `write_short`, for what a running job reports on its way (progress, a step's start or
-        outcome): it wakes progress long-polls but not waiters past reports (a fetch). It must be guarded as
-        `write_short`'s is."""
-        return await self._write_short(job_id, "reported", functools.partial(fn, *args, **kwargs))
-
-    async def _write_short(self, job_id: str, change: Change, call: Callable[[], T]) -> T:
+        A `changed` or `queued` write runs on a worker thread. An `outcome` or `reported` one, a short write
+        of what this process knows, runs on the event loop of an SQLite file whose writer lock is free (else
+        waits there for this process's writer), and is tried again with backoff through a database outage
+        while the lease may still be this node's (`writable_until`): it must be a compare-and-set that
+        changes nothing after the lease was lost or an earlier try committed."""
+        call = functools.partial(fn, *args, **kwargs)
+        if meaning == "changed" or meaning == "queued":
+            return await self._write(job_id, meaning, call)
+        change: Change = "reported" if meaning == "reported" else "changed"
         done = self._write_now(job_id, call, change)
         if done is not None:
             return done[0]
-        return await self._outlasting_outages(
-            job_id, functools.partial(self._write_later, job_id, call, change)
-        )
-
-    async def _outlasting_outages(self, job_id: str, write: Callable[[], Coroutine[Any, Any, T]]) -> T:
-        """`write()`, retried with backoff while the database is unavailable until `writable_until` says the
-        lease on `job_id` is likely lost; then `StoreUnavailable`."""
         loop = asyncio.get_running_loop()
         failures = 0
         while True:
             try:
-                return await write()
+                return await self._write_later(job_id, call, change)
             except StoreUnavailable:
                 failures += 1
                 kept = self.writable_until(job_id)
@@ -267,6 +220,33 @@ class Store:
                     raise
                 logger.info("job %s: a write met a database outage; trying again", job_id)
                 await asyncio.sleep(min(left, backoff_seconds(failures, first=0.2, most=2.0)))
+
+    def start(
+        self, job: JobRecord, *, queued: bool, **options: Any
+    ) -> Started | Coroutine[Any, Any, Started]:
+        """Store a new job (`JobRepository.insert` with `options`): (job, created) when the insert ran at
+        once, with no await, on an SQLite file's free writer lock; else the coroutine that makes it.
+
+        That coroutine, on an SQLite file, waits for this process's writer on the event loop (a failed
+        inline try stored nothing), or goes to a worker thread while another process writes; on PostgreSQL
+        it is awaited on the loop's own connection. Only a `queued` job is published: nobody can wait for a
+        job before its start commits."""
+        done = self._write_now(job.id, functools.partial(self.repo.insert, job, **options), "changed")
+        return done[0] if done is not None else self._start_later(job, queued, options)
+
+    async def _start_later(self, job: JobRecord, queued: bool, options: dict[str, Any]) -> Started:
+        change: Change = "queued" if queued else "changed"
+        if not self.repo.starts_on_loop:
+            call = functools.partial(self.repo.insert, job, **options)
+            return await self._write_later(job.id, call, change, publish=queued)
+        notice = self.repo.notice(job.id, self.origin, change) if queued and self._publishes else None
+        try:
+            return await self.repo.start_on_loop(job, notice=notice, **options)
+        except (OperationalError, DBAPIError) as exc:
+            _raise_if_unavailable(exc)
+            raise
+        finally:
+            self.notifier.notify(job.id, change)
 
     def _write_now(self, job_id: str, call: Callable[[], T], change: Change) -> tuple[T] | None:
         """Run `call` on the event loop if the writer lock is free (SQLite files only) and wake `job_id`'s

@@ -3,7 +3,7 @@ lease kept (`heartbeat`), found run out (`expired_leases`) or given back to the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -23,10 +23,7 @@ class Claims(Database):
 
     clock: Clock  # set by JobRepository
     _engine: EngineOps  # set by JobRepository
-
-    def _lease_now(self, now: datetime) -> Any:
-        """`now` for lease arithmetic in SQL (`JobRepository` may use the database's clock)."""
-        return now
+    _lease_now: Callable[[datetime], Any]  # set by JobRepository: `now` by the clock that judges leases
 
     def claim(self, job_id: str, owner: str, lease_seconds: float) -> JobRecord | None:
         """Take a queued job for `owner`; None when it is not queued (someone else has it, or it ended)."""

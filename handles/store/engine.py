@@ -237,22 +237,13 @@ class Database:
             self._close_notifying()
         if self.loop_connections is not None:
             self.loop_connections.close()
-        if self._inline_connection is not None:
-            self._inline_connection.close()
-            self._inline_connection = None
-        if self._inline_write_raw is not None:
-            self._inline_write_raw.close()
-            self._inline_write_raw = None
-        if self._inline_read_raw is not None:
-            self._inline_read_raw.close()
-            self._inline_read_raw = None
-        if self._inline_write_engine is not None:
-            self._inline_write_engine.dispose()
-        self._read_engine.dispose()
-        if self._inline_engine is not None:
-            self._inline_engine.dispose()
-        if self._write_engine is not self._read_engine:
-            self._write_engine.dispose()
+        for connection in (self._inline_connection, self._inline_write_raw, self._inline_read_raw):
+            if connection is not None:
+                connection.close()
+        self._inline_connection = self._inline_write_raw = self._inline_read_raw = None
+        for engine in (self._inline_write_engine, self._read_engine, self._inline_engine, self._write_engine):
+            if engine is not None:
+                engine.dispose()
 
     @property
     def reads_inline(self) -> bool:

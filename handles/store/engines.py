@@ -16,7 +16,7 @@ from sqlmodel import Session
 
 from handles.states import Status
 from handles.store.loop_connections import LoopConnections
-from handles.store.models import Clock, InputRequestRecord, JobRecord, JobState, StepRecord, StepState
+from handles.store.models import Clock, InputRequestRecord, JobRecord, Snapshot, StepRecord
 from handles.store.sqlite_direct import _Prepared
 
 P = ParamSpec("P")
@@ -76,7 +76,7 @@ class EngineOps(Protocol):
 
     def clock_offset(self, clock: Clock) -> timedelta: ...
 
-    def snapshot(self, job_id: str) -> tuple[JobState | None, list[InputRequestRecord], list[StepState]]: ...
+    def snapshot(self, job_id: str) -> Snapshot: ...
 
     def insert(
         self,

@@ -3,6 +3,7 @@ archived first, when it is kept), and the evidence of jobs archived or still sto
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -32,44 +33,29 @@ class Housekeeping(Database):
 
     clock: Clock  # set by JobRepository
     _engine: EngineOps  # set by JobRepository
-
-    def _lease_now(self, now: datetime) -> Any:
-        """`now` by the clock that judges leases and deadlines."""
-        return now
+    _lease_now: Callable[[datetime], Any]  # set by JobRepository: `now` by the clock that judges leases
 
     def overdue(self, limit: int) -> dict[str, list[JobRecord]]:
         """Active jobs past a deadline, by the lease clock: `ttl` (past expires_at), `input` (no answer in
         time), `abandoned`."""
         now = self._lease_now(self.clock())
         active = col(JobRecord.status).in_(list(ACTIVE))
+        past = {
+            "ttl": (active, col(JobRecord.expires_at) < now),
+            "input": (
+                col(JobRecord.status) == Status.INPUT_REQUIRED.value,
+                col(JobRecord.input_deadline) < now,
+            ),
+            "abandoned": (
+                active,
+                col(JobRecord.cancel_requested_at).is_(None),
+                col(JobRecord.abandon_at) < now,
+            ),
+        }
         with self._reading() as session:
             return {
-                "ttl": list(
-                    session.exec(
-                        select(JobRecord).where(active, col(JobRecord.expires_at) < now).limit(limit)
-                    )
-                ),
-                "input": list(
-                    session.exec(
-                        select(JobRecord)
-                        .where(
-                            col(JobRecord.status) == Status.INPUT_REQUIRED.value,
-                            col(JobRecord.input_deadline) < now,
-                        )
-                        .limit(limit)
-                    )
-                ),
-                "abandoned": list(
-                    session.exec(
-                        select(JobRecord)
-                        .where(
-                            active,
-                            col(JobRecord.cancel_requested_at).is_(None),
-                            col(JobRecord.abandon_at) < now,
-                        )
-                        .limit(limit)
-                    )
-                ),
+                key: list(session.exec(select(JobRecord).where(*due).limit(limit)))
+                for key, due in past.items()
             }
 
     def delete_expired(self, limit: int, keep_evidence_seconds: float = 0) -> int:
@@ -97,14 +83,14 @@ class Housekeeping(Database):
         with self._writing() as session:
             if keep_evidence_seconds is not None:
                 jobs = list(
-                    session.exec(self._one_sweep_each(select(JobRecord).where(*expired).limit(limit)))
+                    session.exec(self._engine.skip_locked(select(JobRecord).where(*expired).limit(limit)))
                 )
                 ids = [job.id for job in jobs]
                 if jobs:
                     self._archive(session, jobs, now, now + timedelta(seconds=keep_evidence_seconds))
             else:
                 ids = list(
-                    session.exec(self._one_sweep_each(select(JobRecord.id).where(*expired).limit(limit)))
+                    session.exec(self._engine.skip_locked(select(JobRecord.id).where(*expired).limit(limit)))
                 )
             if not ids:
                 return 0
@@ -114,23 +100,8 @@ class Housekeeping(Database):
             session.exec(delete(JobRecord).where(col(JobRecord.id).in_(ids)))
         return len(ids)
 
-    def _one_sweep_each(self, query: Any) -> Any:
-        return self._engine.skip_locked(query)
-
     def _archive(self, session: Session, jobs: list[JobRecord], now: datetime, keep_until: datetime) -> None:
-        ids = [job.id for job in jobs]
-        questions: dict[str, list[InputRequestRecord]] = {job_id: [] for job_id in ids}
-        for question in session.exec(
-            select(InputRequestRecord)
-            .where(col(InputRequestRecord.job_id).in_(ids))
-            .order_by(col(InputRequestRecord.created_at), col(InputRequestRecord.key))
-        ):
-            questions[question.job_id].append(question)
-        steps: dict[str, list[StepRecord]] = {job_id: [] for job_id in ids}
-        for step in session.exec(
-            select(StepRecord).where(col(StepRecord.job_id).in_(ids)).order_by(col(StepRecord.started_at))
-        ):
-            steps[step.job_id].append(step)
+        questions, steps = _questions_and_steps(session, [job.id for job in jobs])
         session.execute(
             sa_insert(_AUDIT),
             [
@@ -180,17 +151,24 @@ class Housekeeping(Database):
             query = query.where(col(JobRecord.id) == job_id)
         with Session(self.engine) as session:
             jobs = list(session.exec(query.order_by(col(JobRecord.id)).limit(limit)))
-            records = []
-            for job in jobs:
-                questions = session.exec(
-                    select(InputRequestRecord)
-                    .where(col(InputRequestRecord.job_id) == job.id)
-                    .order_by(col(InputRequestRecord.created_at), col(InputRequestRecord.key))
-                )
-                steps = session.exec(
-                    select(StepRecord)
-                    .where(col(StepRecord.job_id) == job.id)
-                    .order_by(col(StepRecord.started_at))
-                )
-                records.append(evidence(job, list(questions), list(steps)))
-        return records
+            questions, steps = _questions_and_steps(session, [job.id for job in jobs])
+            return [evidence(job, questions[job.id], steps[job.id]) for job in jobs]
+
+
+def _questions_and_steps(
+    session: Session, ids: list[str]
+) -> tuple[dict[str, list[InputRequestRecord]], dict[str, list[StepRecord]]]:
+    """The questions and the steps of the jobs `ids`, by job id, each in the order the evidence lists them."""
+    questions: dict[str, list[InputRequestRecord]] = {job_id: [] for job_id in ids}
+    for question in session.exec(
+        select(InputRequestRecord)
+        .where(col(InputRequestRecord.job_id).in_(ids))
+        .order_by(col(InputRequestRecord.created_at), col(InputRequestRecord.key))
+    ):
+        questions[question.job_id].append(question)
+    steps: dict[str, list[StepRecord]] = {job_id: [] for job_id in ids}
+    for step in session.exec(
+        select(StepRecord).where(col(StepRecord.job_id).in_(ids)).order_by(col(StepRecord.started_at))
+    ):
+        steps[step.job_id].append(step)
+    return questions, steps

@@ -274,6 +274,9 @@ class StepState:
 STEP_STATE_COLUMNS = tuple(StepState.__dataclass_fields__)
 """The columns of a step's row a `StepState` holds, in its fields' order."""
 
+Snapshot = tuple[JobState | None, list[InputRequestRecord], list[StepState]]
+"""What a progress poll reads of a job: its state (None when it is gone), its open questions, its steps."""
+
 
 class ResultPartRecord(SQLModel, table=True):
     """One part of a job's result file (a result too large to travel inline).

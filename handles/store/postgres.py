@@ -23,14 +23,7 @@ from handles.errors import LeaseLost
 from handles.states import Status
 from handles.store.engine import NOTICE, as_sqlalchemy_error
 from handles.store.engines import Change, EngineHost
-from handles.store.models import (
-    Clock,
-    InputRequestRecord,
-    JobRecord,
-    JobState,
-    StepRecord,
-    StepState,
-)
+from handles.store.models import Clock, InputRequestRecord, JobRecord, Snapshot, StepRecord
 from handles.store.postgres_statements import (
     _BEGIN_STEP_IN_ONE,
     _FINISH_STEP_IN_ONE,
@@ -132,7 +125,7 @@ class PostgresOps:
         on each other or take the same job."""
         return query.with_for_update(skip_locked=True)
 
-    def snapshot(self, job_id: str) -> tuple[JobState | None, list[InputRequestRecord], list[StepState]]:
+    def snapshot(self, job_id: str) -> Snapshot:
         """`JobRepository.snapshot` in one statement."""
         with self.hot_reading() as connection:
             return _snapshot_in_one(connection, job_id)

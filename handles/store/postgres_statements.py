@@ -30,7 +30,7 @@ from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from handles.states import TERMINAL, Status, sources_of
-from handles.store.models import JOB_STATE_COLUMNS, InputRequestRecord, JobState, StepState, UTCDateTime
+from handles.store.models import JOB_STATE_COLUMNS, InputRequestRecord, JobState, Snapshot, UTCDateTime
 from handles.store.rows import _INPUTS, _JOBS, _STEPS, _from_json, _utc_time
 from handles.store.rules import _CLEARED_ON_ENTERING
 from handles.store.statements import (
@@ -127,9 +127,7 @@ _SNAPSHOT_IN_ONE = sa_select(
 ).where(_JOBS.c.id == bindparam("job_id"))
 
 
-def _snapshot_in_one(
-    connection: Connection, job_id: str
-) -> tuple[JobState | None, list[InputRequestRecord], list[StepState]]:
+def _snapshot_in_one(connection: Connection, job_id: str) -> Snapshot:
     row = connection.execute(_SNAPSHOT_IN_ONE, {"job_id": job_id}).mappings().first()
     if row is None:
         return None, [], []

@@ -24,15 +24,7 @@ from handles.store.claims import Claims
 from handles.store.engine import is_sqlite
 from handles.store.engines import Change, EngineOps
 from handles.store.housekeeping import Housekeeping
-from handles.store.models import (
-    Clock,
-    InputRequestRecord,
-    JobRecord,
-    JobState,
-    StepRecord,
-    StepState,
-    utc_now,
-)
+from handles.store.models import Clock, InputRequestRecord, JobRecord, Snapshot, StepRecord, utc_now
 from handles.store.operator_reads import OperatorReads
 from handles.store.postgres import PostgresOps
 from handles.store.result_files import ResultFiles
@@ -190,7 +182,7 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
         with self._hot_reading() as connection:
             return _rows(connection, InputRequestRecord, _QUESTIONS_OF_JOB, job_id)
 
-    def snapshot(self, job_id: str) -> tuple[JobState | None, list[InputRequestRecord], list[StepState]]:
+    def snapshot(self, job_id: str) -> Snapshot:
         """The job's state, its steps' and its open questions (the columns a follower is shown), read in one
         go."""
         return self._engine.snapshot(job_id)

@@ -23,8 +23,8 @@ from handles.store.models import (
     InputRequestRecord,
     JobRecord,
     JobState,
+    Snapshot,
     StepRecord,
-    StepState,
     UTCDateTime,
 )
 from handles.store.rows import _INPUTS, _JOBS, _column_values, _detached, _rows
@@ -112,7 +112,7 @@ class SqliteOps:
         """`query` as it is: the write lock keeps other writers out."""
         return query
 
-    def snapshot(self, job_id: str) -> tuple[JobState | None, list[InputRequestRecord], list[StepState]]:
+    def snapshot(self, job_id: str) -> Snapshot:
         """One statement, and a second only while the job waits for answers."""
         repo = self.repo
         with repo._sqlite_reading() as raw:
@@ -124,23 +124,23 @@ class SqliteOps:
                     rows = prepared.values(cursor.fetchall(), cursor.description)
                 finally:
                     cursor.close()
-                job, steps = self._state(rows[0] if rows else None)
-                if job is None or job.status != _INPUT_REQUIRED:
-                    return job, [], steps
                 reads: Any = _DriverReads(raw, repo._prepare)  # as `hot_reading` gives it here
-                return job, _rows(reads, InputRequestRecord, _OPEN_QUESTIONS_OF_JOB, job_id), steps
+                return self._snapshot_of(rows[0] if rows else None, reads, job_id)
         with self.hot_reading() as connection:
-            found = connection.execute(_SQLITE_SNAPSHOT, {"job_id": job_id}).first()
-            job, steps = self._state(found)
-            if job is None or job.status != _INPUT_REQUIRED:
-                return job, [], steps
-            return job, _rows(connection, InputRequestRecord, _OPEN_QUESTIONS_OF_JOB, job_id), steps
+            return self._snapshot_of(
+                connection.execute(_SQLITE_SNAPSHOT, {"job_id": job_id}).first(), connection, job_id
+            )
 
-    def _state(self, row: Sequence[Any] | None) -> tuple[JobState | None, list[StepState]]:
-        """The job's state and steps from the snapshot's row (none without a row)."""
+    def _snapshot_of(self, row: Sequence[Any] | None, connection: Any, job_id: str) -> Snapshot:
+        """The snapshot from its statement's `row` (none without a row), the open questions read on
+        `connection` while the job waits for answers."""
         if row is None:
-            return None, []
-        return JobState(*row[:_STATE_WIDTH]), _step_states(row[_STATE_WIDTH], self._time)
+            return None, [], []
+        job = JobState(*row[:_STATE_WIDTH])
+        steps = _step_states(row[_STATE_WIDTH], self._time)
+        if job.status != _INPUT_REQUIRED:
+            return job, [], steps
+        return job, _rows(connection, InputRequestRecord, _OPEN_QUESTIONS_OF_JOB, job_id), steps
 
     def insert(
         self,

@@ -20,7 +20,7 @@ from handles import Handles, JobContext
 from handles.handle import HandleCodec
 from handles.runtime.sweeper import Sweeper
 from handles.states import Status
-from handles.store import JobRecord, JobRepository, StepRecord, utc_now
+from handles.store import JobRecord, JobRepository, Started, StepRecord, Store, utc_now
 from tests.durability.harness import KEY, config
 
 
@@ -160,6 +160,12 @@ def job_row(job_id: str, **fields: Any) -> JobRecord:
     }
     values.update(fields)
     return JobRecord(**values)
+
+
+async def start_in(store: Store, job: JobRecord, *, queued: bool, **options: Any) -> Started:
+    """`Store.start` of `job`, awaited when its insert did not run at once."""
+    done = store.start(job, queued=queued, **options)
+    return done if isinstance(done, tuple) else await done
 
 
 @contextmanager

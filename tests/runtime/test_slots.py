@@ -267,10 +267,10 @@ def test_a_node_looks_for_queued_work_as_it_starts_and_says_truthfully_why_a_sta
             # Idle again (a finished job's slot is freed just after its outcome is stored): a start never
             # claims that every worker is busy, and runs without waiting for a poll.
             for _ in range(500):
-                if jobs.runtime.free_slots() == 1:
+                if jobs.runtime.slots.free == 1:
                     break
                 await asyncio.sleep(0.01)
-            assert jobs.runtime.free_slots() == 1
+            assert jobs.runtime.slots.free == 1
             idle = await start_as(jobs, "bob", "quick", n=3)
             assert stored(jobs, idle).status_message != (
                 "Queued: every worker is busy; it starts as soon as one is free."

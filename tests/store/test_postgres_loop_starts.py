@@ -20,7 +20,7 @@ from handles.store.engine import LOOP_CONNECTIONS
 from handles.store.listen import libpq_url
 from tests.durability.harness import config
 from tests.harness.postgres import backends_that_started, named, repository, terminate_backends
-from tests.runtime.support import job_row, start_given_up_while_it_waits, started_again_once_stored
+from tests.runtime.support import job_row, start_given_up_while_it_waits, start_in, started_again_once_stored
 
 
 def _id() -> str:
@@ -53,7 +53,7 @@ def test_a_start_is_awaited_on_the_event_loop_with_every_worker_thread_busy(post
             try:
                 job = job_row(_id(), principal=_principal(), lease_owner="node-a", attempts=1)
                 stored, created = await asyncio.wait_for(
-                    store.insert(job, queued=False, active_limit=5, lease_seconds=30), 5
+                    start_in(store, job, queued=False, active_limit=5, lease_seconds=30), 5
                 )
                 assert created and stored.id == job.id and stored.lease_expires_at is not None
                 assert not busy.done(), "the worker thread was free after all"
@@ -74,12 +74,12 @@ def test_a_start_on_the_loop_stores_what_a_start_on_a_worker_thread_stores(postg
         on_loop = threaded.model_copy(update={"id": _id(), "idempotency_key": "k-1"})
 
         async def main() -> None:
-            assert (await store.insert(on_loop, queued=True, active_limit=2))[1]
+            assert (await start_in(store, on_loop, queued=True, active_limit=2))[1]
             with pytest.raises(Exception) as caught:
-                await store.insert(job_row(_id(), principal=principal), queued=True, active_limit=1)
+                await start_in(store, job_row(_id(), principal=principal), queued=True, active_limit=1)
             assert type(caught.value).__name__ == "ActiveLimitReached"
             again = job_row(_id(), principal=principal, idempotency_key="k-1")
-            returned, created = await store.insert(again, queued=True, active_limit=1)
+            returned, created = await start_in(store, again, queued=True, active_limit=1)
             assert not created and returned == repo.get(on_loop.id)
 
         repo.insert(threaded, active_limit=5)
@@ -100,11 +100,11 @@ def test_a_start_after_the_server_dropped_the_loops_connections_is_made_on_a_fre
 
         async def main() -> None:
             await asyncio.gather(
-                *(store.insert(job_row(_id(), principal=principal), queued=False) for _ in range(3))
+                *(start_in(store, job_row(_id(), principal=principal), queued=False) for _ in range(3))
             )
             assert terminate_backends(postgres_url, name) >= 1
             job = job_row(_id(), principal=principal, lease_owner="node-a", attempts=1)
-            stored, created = await store.insert(job, queued=False, active_limit=10, lease_seconds=30)
+            stored, created = await start_in(store, job, queued=False, active_limit=10, lease_seconds=30)
             assert created and stored.id == job.id and stored.lease_expires_at is not None
 
         asyncio.run(main())
@@ -119,7 +119,9 @@ def test_a_burst_of_starts_shares_a_bounded_number_of_connections(postgres_url: 
 
         async def main() -> None:
             jobs = [job_row(_id(), principal=principal) for _ in range(60)]
-            done = await asyncio.gather(*(store.insert(job, queued=True, active_limit=100) for job in jobs))
+            done = await asyncio.gather(
+                *(start_in(store, job, queued=True, active_limit=100) for job in jobs)
+            )
             assert all(created for _, created in done)
             assert 1 <= backends_that_started(postgres_url, name) <= LOOP_CONNECTIONS
 
@@ -138,18 +140,18 @@ def test_starts_on_another_event_loop_go_to_a_worker_thread(postgres_url: str) -
 
         async def first() -> None:
             assert repo.starts_on_loop
-            outcomes.append((await store.insert(job_row(_id(), principal=principal), queued=False))[1])
+            outcomes.append((await start_in(store, job_row(_id(), principal=principal), queued=False))[1])
             first_running.set()
             while not first_may_end.is_set():
                 await asyncio.sleep(0.01)
 
         async def second() -> None:
             assert not repo.starts_on_loop
-            outcomes.append((await store.insert(job_row(_id(), principal=principal), queued=False))[1])
+            outcomes.append((await start_in(store, job_row(_id(), principal=principal), queued=False))[1])
 
         async def third() -> None:
             assert repo.starts_on_loop
-            outcomes.append((await store.insert(job_row(_id(), principal=principal), queued=False))[1])
+            outcomes.append((await start_in(store, job_row(_id(), principal=principal), queued=False))[1])
 
         thread = threading.Thread(target=asyncio.run, args=(first(),))
         thread.start()
@@ -197,7 +199,7 @@ def test_a_repository_closed_while_idle_leaves_no_connection_open(postgres_url: 
     repo = JobRepository(named(postgres_url, name))
     repo.create_schema()
     store = Store(repo)
-    asyncio.run(store.insert(job_row(_id(), principal=_principal()), queued=False))
+    asyncio.run(start_in(store, job_row(_id(), principal=_principal()), queued=False))
     assert backends_that_started(postgres_url, name) == 1
     repo.dispose()
     assert not repo.starts_on_loop
@@ -224,7 +226,7 @@ def test_starts_on_windows_proactor_loop_go_to_a_worker_thread(
 
         async def main() -> bool:
             assert not repo.starts_on_loop
-            return (await store.insert(job_row(_id(), principal=_principal()), queued=False))[1]
+            return (await start_in(store, job_row(_id(), principal=_principal()), queued=False))[1]
 
         loop = StandIn()
         try:

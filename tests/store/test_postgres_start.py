@@ -33,7 +33,7 @@ from tests.harness.postgres import (
     round_trips,
     terminate_backends,
 )
-from tests.runtime.support import job_row
+from tests.runtime.support import job_row, start_in
 
 
 def _principal() -> str:
@@ -147,9 +147,9 @@ def test_only_a_start_that_waits_for_a_worker_is_announced(
     store.origin = "node-a"
 
     async def start_all() -> None:
-        assert (await store.insert(claimed, queued=False, active_limit=50, lease_seconds=30))[1]
-        assert (await store.insert(waiting, queued=False, active_limit=50))[1]
-        assert (await store.insert(queued, queued=True, active_limit=50))[1]
+        assert (await start_in(store, claimed, queued=False, active_limit=50, lease_seconds=30))[1]
+        assert (await start_in(store, waiting, queued=False, active_limit=50))[1]
+        assert (await start_in(store, queued, queued=True, active_limit=50))[1]
 
     asyncio.run(start_all())
     # This store's notices only: the channel is the whole database's, and a node of a test running beside
@@ -275,7 +275,7 @@ def test_a_start_against_a_database_that_never_answers_is_the_stores_retryable_e
             repo.insert(job_row(_id()), active_limit=5)
         assert not caught.value.connection_invalidated
         with pytest.raises(StoreUnavailable):
-            asyncio.run(Store(repo).insert(job_row(_id()), queued=False, active_limit=5))
+            asyncio.run(start_in(Store(repo), job_row(_id()), queued=False, active_limit=5))
     finally:
         repo.dispose()
         silent.close()

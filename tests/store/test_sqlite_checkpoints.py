@@ -1,6 +1,6 @@
 """An SQLite file's WAL is copied back into the database (a checkpoint) off the event loop.
 
-A start's insert commits on the event loop (`Store.insert`, the inline write). SQLite's automatic
+A start's insert commits on the event loop (`Store.start`, the inline write). SQLite's automatic
 checkpoint runs in whichever connection commits past 1,000 WAL pages, and it writes and syncs the
 database file: on the inline connection that stalled the loop for several milliseconds about once every
 hundred starts. The inline connection never checkpoints; every `INLINE_COMMITS_PER_CHECKPOINT` inline
@@ -22,7 +22,7 @@ from handles.handle import new_job_id
 from handles.store import JobRepository, Store
 from handles.store.engine import INLINE_COMMITS_PER_CHECKPOINT
 from tests.harness.postgres import repository
-from tests.runtime.support import job_row
+from tests.runtime.support import job_row, start_in
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def _wal_frames(path: Path) -> int:
 async def _start_inline(store: Store, count: int) -> None:
     for _ in range(count):
         job = job_row(new_job_id())
-        stored, created = await store.insert(job, queued=False)
+        stored, created = await start_in(store, job, queued=False)
         assert created and stored.id == job.id
 
 

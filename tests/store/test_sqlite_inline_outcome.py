@@ -58,8 +58,14 @@ def _held_job(repo: JobRepository, owner: str) -> str:
 
 def _outcome(store: Store, job_id: str, owner: str) -> asyncio.Task[bool]:
     return asyncio.ensure_future(
-        store.write_short(
-            job_id, store.repo.transition, job_id, Status.COMPLETED, owner=owner, result={"content": []}
+        store.write(
+            job_id,
+            "outcome",
+            store.repo.transition,
+            job_id,
+            Status.COMPLETED,
+            owner=owner,
+            result={"content": []},
         )
     )
 
@@ -142,7 +148,7 @@ def test_an_outcome_waits_on_the_event_loop_while_this_process_writes_and_is_wri
 def test_a_runtime_offers_a_jobs_outcome_to_the_event_loop_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The runtime writes a run's outcome through `Store.write_short`: tried on the event loop first.
+    """The runtime writes a run's outcome through `Store.write` (`outcome`): tried on the event loop first.
     Whether the first try succeeds depends on the writer lock (a sweep at startup, a heartbeat may hold it
     for a moment: then the write waits for it and is tried on the loop again, as the tests above show), so
     what is checked here is the order of the offers (the start's insert, then the outcome) and the outcome."""

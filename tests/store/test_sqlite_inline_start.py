@@ -17,7 +17,7 @@ import pytest
 from handles.store import JobRepository, Store
 from handles.store.engine import Database, WriterLock
 from handles.store.repository import ActiveLimitReached
-from tests.runtime.support import job_row, quick_jobs, sweeps_done
+from tests.runtime.support import job_row, quick_jobs, start_in, sweeps_done
 from tests.store.sqlite_support import (
     another_process_writing,
     statement_threads,
@@ -54,7 +54,7 @@ def test_a_start_is_written_on_the_event_loop_and_committed_before_it_returns(
     async def main() -> None:
         store = Store(sqlite_repo)
         job = job_row(f"i-{secrets.token_hex(4)}")
-        stored, created = await store.insert(job, queued=False, active_limit=5)
+        stored, created = await start_in(store, job, queued=False, active_limit=5)
         assert created and stored.id == job.id
         assert _committed(sqlite_path, job.id)
         assert inserts == [threading.get_ident()], "written on the event loop's thread"
@@ -66,14 +66,14 @@ def test_the_limit_and_the_idempotency_key_hold_on_the_event_loop(sqlite_repo: J
     async def main() -> None:
         store = Store(sqlite_repo)
         first = job_row(f"i-{secrets.token_hex(4)}", idempotency_key="k")
-        assert (await store.insert(first, queued=False, active_limit=1))[1]
-        again, created = await store.insert(
-            job_row(f"i-{secrets.token_hex(4)}", idempotency_key="k"), queued=False, active_limit=1
+        assert (await start_in(store, first, queued=False, active_limit=1))[1]
+        again, created = await start_in(
+            store, job_row(f"i-{secrets.token_hex(4)}", idempotency_key="k"), queued=False, active_limit=1
         )
         assert not created and again.id == first.id
         refused = job_row(f"i-{secrets.token_hex(4)}")
         with pytest.raises(ActiveLimitReached):
-            await store.insert(refused, queued=False, active_limit=1)
+            await start_in(store, refused, queued=False, active_limit=1)
         assert sqlite_repo.get(refused.id) is None
 
     asyncio.run(main())
@@ -86,7 +86,7 @@ def test_a_start_goes_to_a_worker_thread_while_another_process_writes_and_the_lo
         store = Store(sqlite_repo)
         job = job_row(f"i-{secrets.token_hex(4)}")
         with another_process_writing(sqlite_path) as other:
-            start = asyncio.create_task(store.insert(job, queued=False, active_limit=5))
+            start = asyncio.create_task(start_in(store, job, queued=False, active_limit=5))
             ticks = await ticks_while_pending(start)  # the loop keeps serving while the start waits
             other.execute("COMMIT")
         _, created = await asyncio.wait_for(start, 10)
@@ -107,7 +107,7 @@ def test_a_start_waits_on_the_event_loop_while_this_process_writes_and_is_writte
         store = Store(sqlite_repo)
         with this_process_writing(sqlite_repo) as release:
             job = job_row(f"i-{secrets.token_hex(4)}")
-            start = asyncio.create_task(store.insert(job, queued=False))
+            start = asyncio.create_task(start_in(store, job, queued=False))
             ticks = await ticks_while_pending(start)  # the loop keeps serving while the start waits
             release.set()
             assert (await asyncio.wait_for(start, 10))[1]
@@ -130,7 +130,7 @@ def test_a_start_cancelled_while_it_waits_for_this_processs_writer_is_still_writ
         store = Store(sqlite_repo)
         job = job_row(f"i-{secrets.token_hex(4)}")
         with this_process_writing(sqlite_repo) as release:
-            start = asyncio.create_task(store.insert(job, queued=False))
+            start = asyncio.create_task(start_in(store, job, queued=False))
             await asyncio.sleep(0.1)
             start.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -166,17 +166,19 @@ def test_a_start_with_the_writer_free_makes_no_task_but_its_jobs(
     whose insert must wait for the writer makes one more, shielded (tests/runtime/test_slots.py).
 
     A start that found the writer at work after all (a background write of the node on a worker thread, on
-    a loaded machine) went through `Store.insert_later`: it does not meet this test's condition, and the
+    a loaded machine) got a coroutine from `Store.start`: it does not meet this test's condition, and the
     test starts again, up to 20 times."""
     swept = sweeps_done(monkeypatch)
     waited: list[str] = []
-    insert_later = Store.insert_later
+    start = Store.start
 
-    async def counted_insert_later(self: Store, job: Any, **options: Any) -> Any:
-        waited.append(job.id)
-        return await insert_later(self, job, **options)
+    def counted_start(self: Store, job: Any, **options: Any) -> Any:
+        done = start(self, job, **options)
+        if not isinstance(done, tuple):  # its insert waits for the writer
+            waited.append(job.id)
+        return done
 
-    monkeypatch.setattr(Store, "insert_later", counted_insert_later)
+    monkeypatch.setattr(Store, "start", counted_start)
 
     async def main() -> None:
         jobs, _ = quick_jobs(tmp_path, lease_seconds=120, heartbeat_seconds=60)  # no heartbeat comes due
@@ -215,7 +217,7 @@ def test_a_start_that_meets_this_processs_writer_inserts_on_the_loop_once_it_is_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its try on the event loop finds the writer taken, so the insert waits for it on the loop
-    (`Store.insert_later`) and is tried there again once the writer is done: it never goes to a worker
+    (the coroutine `Store.start` returns) and is tried there again once the writer is done: it never goes to a worker
     thread, and the start returns its job, created."""
     swept = sweeps_done(monkeypatch)
 

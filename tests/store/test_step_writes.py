@@ -237,7 +237,9 @@ def test_a_kept_outcome_of_a_run_that_lost_its_job_wakes_the_jobs_waiters(repo: 
         store = Store(repo)
         changed = store.notifier.watch(job.id)
         with pytest.raises(LeaseLost):
-            await store.write_report(job.id, repo.finish_step, job.id, OWNER, "charge", result=1, attempt=1)
+            await store.write(
+                job.id, "reported", repo.finish_step, job.id, OWNER, "charge", result=1, attempt=1
+            )
         assert changed.is_set()
 
     asyncio.run(main())
@@ -328,7 +330,7 @@ def test_concurrent_starts_of_one_step_start_it_once(repo: JobRepository) -> Non
 def test_a_steps_writes_on_an_sqlite_file_run_on_the_event_loop_and_wake_its_waiters(
     sqlite_repo: JobRepository, sqlite_path: Path
 ) -> None:
-    """As a job's outcome: `Store.write_report` runs them on the event loop when the writer lock is free (no
+    """As a job's outcome: `Store.write` (`reported`) runs them on the event loop when the writer lock is free (no
     worker-thread hop for either of a step's writes), committed before it returns. They wake the job's
     waiters of every change, not those past its reports (a fetch)."""
     job = _running(sqlite_repo)
@@ -337,10 +339,12 @@ def test_a_steps_writes_on_an_sqlite_file_run_on_the_event_loop_and_wake_its_wai
     async def main() -> None:
         store = Store(sqlite_repo)
         changed, fetching = store.notifier.watch(job.id), store.notifier.watch(job.id, past_reports=True)
-        record, fresh = await store.write_report(job.id, sqlite_repo.begin_step, job.id, OWNER, "fetch", 1)
+        record, fresh = await store.write(
+            job.id, "reported", sqlite_repo.begin_step, job.id, OWNER, "fetch", 1
+        )
         assert fresh and record.status == "started" and changed.is_set()
         changed = store.notifier.watch(job.id)
-        await store.write_report(job.id, sqlite_repo.finish_step, job.id, OWNER, "fetch", result=EXACT)
+        await store.write(job.id, "reported", sqlite_repo.finish_step, job.id, OWNER, "fetch", result=EXACT)
         assert changed.is_set() and not fetching.is_set()
 
     asyncio.run(main())
