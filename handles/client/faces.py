@@ -261,11 +261,9 @@ class OlderTaskFace(TaskFace):
         self._ended: CallToolResult | MCPError | None = None
         """What `tasks/result` answered, once the job has ended."""
 
-    async def _send(
-        self, client: Client, request: Any, answer: type[Any], timeout: float | None = None
-    ) -> Any:
+    async def _send(self, client: Client, request: Any, answer: type[Any]) -> Any:
         try:
-            return await client.session.send_request(request, answer, timeout or self.f.request_timeout)
+            return await client.session.send_request(request, answer, self.f.request_timeout)
         except MCPError as error:
             raise self._lost(error) from None
 
@@ -325,7 +323,8 @@ class OlderTaskFace(TaskFace):
     async def outcome(self, client: Client, view: View) -> dict[str, Any]:
         if view.status == "cancelled":
             return {"status": "cancelled", "message": view.message}
-        ended = self._ended or await self._result(client)
+        # A stored error may be a wait that ran out just before the end: only a result is kept.
+        ended = self._ended if isinstance(self._ended, CallToolResult) else await self._result(client)
         if isinstance(ended, CallToolResult):
             return completed(ended.model_dump(by_alias=True, mode="json", exclude_none=True))
         if view.status == "failed":

@@ -14,7 +14,16 @@ import pytest
 from mcp import Client
 from mcp_types import GetTaskRequest, GetTaskRequestParams, GetTaskResult
 
-from handles.client import DeadlineExceeded, JobToolError, Journal, Progress, connect, follow, read_manifest
+from handles.client import (
+    DeadlineExceeded,
+    InputRequiredError,
+    JobToolError,
+    Journal,
+    Progress,
+    connect,
+    follow,
+    read_manifest,
+)
 from tests.harness.process import ServerProcess, free_port
 from tests.interop.test_older_task_clients import OTHER, OWNER, python_of
 from tests.support import HttpExampleServer
@@ -147,3 +156,19 @@ async def test_on_the_example_server_prefer_tasks_follows_the_2025_11_25_design_
             "deploy_release_progress", {"handle": entry.handle}, token=OWNER
         )
     assert progress.result["structuredContent"]["status"] == "completed"
+
+
+async def test_without_an_answer_callback_the_question_on_the_tasks_result_stream_is_raised(
+    example: HttpExampleServer,
+) -> None:
+    handshake = connect(example.url, token=OWNER, mode="legacy")
+    with pytest.raises(InputRequiredError) as raised:
+        await follow(handshake, "deploy_release", {"version": "9.1.0"}, prefer="tasks", deadline=60)
+    [question] = raised.value.questions
+    assert question.message.startswith("Release 9.1.0 is built")
+    assert question.requested_schema["required"] == ["approve", "environment"]
+    async with httpx2.AsyncClient(timeout=30) as http:  # the job still waits for its answer
+        progress = await Wire(example.url, http).tool(
+            "deploy_release_progress", {"handle": raised.value.handle}, token=OWNER
+        )
+    assert progress.result["structuredContent"]["status"] == "input_required"
