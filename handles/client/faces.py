@@ -256,10 +256,7 @@ class OlderTaskFace(TaskFace):
     and `tasks/result`, whose stream asks the job's questions as `elicitation/create` requests, answered
     through the follower's `ask` while it waits for the job's end (so no question reaches the `View`)."""
 
-    def __init__(self, follower: Following, handle: str) -> None:
-        super().__init__(follower, handle)
-        self._ended: CallToolResult | MCPError | None = None
-        """What `tasks/result` answered, once the job has ended."""
+    _ended: CallToolResult | MCPError | None = None  # what tasks/result answered, once the job ended
 
     async def _send(self, client: Client, request: Any, answer: type[Any]) -> Any:
         try:

@@ -15,7 +15,6 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, Result
 from mcp_types import CreateTaskResult as OlderCreated
-from pydantic import TypeAdapter
 
 from handles.backoff import backoff_seconds
 from handles.client.faces import (
@@ -81,9 +80,6 @@ _PREFERRED_MODES: dict[str, tuple[Mode, ...]] = {
 T = TypeVar("T")
 Way = Literal["tasks", "handles", "older"]
 """The face a job is followed through: the Tasks extension, the handle tools, or the 2025-11-25 design."""
-_CREATED: TypeAdapter[CreateTaskResult | OlderCreated | CallToolResult] = TypeAdapter(
-    CreateTaskResult | OlderCreated | CallToolResult
-)
 
 MIN_POLL_SECONDS = 0.05
 
@@ -302,7 +298,7 @@ class Follower:
                 options: Any = {"timeout": self.request_timeout}
                 session._stamp(data, options)
                 raw = await session._dispatcher.send_raw_request("tools/call", data["params"], options)
-                created = _CREATED.validate_python(raw)
+                created = (OlderCreated if "task" in raw else CallToolResult).model_validate(raw)
             else:
                 created = await session.call_tool(
                     self.job, self.arguments, read_timeout_seconds=self.request_timeout, allow_claimed=True
