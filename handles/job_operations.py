@@ -183,6 +183,7 @@ class JobOperations:
         *,
         first_answer: dict[str, Any] | None = None,
         settled: asyncio.Future[Outcome] | None = None,
+        face: str | None = None,
     ) -> StartedJob:
         """Validate, store durably and hand the job to the runtime; its handle is minted when first read.
 
@@ -192,6 +193,7 @@ class JobOperations:
         `settled`: the caller waits for the job's result in this request (a plain call). No reply of the
         start goes out before the job, so a job run here begins at once (no reply-first turns), and the
         outcome that run stores is set on `settled` once committed (see `Runtime.adopt`).
+        `face`: which face starts it, for the started counter (`telemetry.FACE`).
         """
         await self.check_accepting(spec)
         retry_hint = f"Fix the arguments and call {spec.name}_start again."
@@ -282,7 +284,7 @@ class JobOperations:
                 "the original job's handle back.",
             )
         if created:
-            self.runtime.telemetry.started(spec.name)
+            self.runtime.telemetry.started(spec.name, face)
         return StartedJob(
             job=stored,
             created=created,

@@ -18,6 +18,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 SCOPE = "handles"
 KIND = "handles.job.kind"
 REASON = "handles.job.reason"
+FACE = "handles.job.face"
+"""Which face started a job: `handle_tools`, `plain_tool`, `tasks_extension` or `tasks_2025_11_25`."""
 _PROPAGATOR = TraceContextTextMapPropagator()  # trace context only: baggage may carry anything
 
 
@@ -135,8 +137,8 @@ class Telemetry:
         """`runtime` stopped: the gauges no longer read it."""
         self._sources.running.discard(runtime)
 
-    def started(self, kind: str) -> None:
-        self._started.add(1, {KIND: kind})
+    def started(self, kind: str, face: str | None = None) -> None:
+        self._started.add(1, {KIND: kind} if face is None else {KIND: kind, FACE: face})
 
     def ended(self, kind: str, status: str, reason: str | None = None) -> None:
         counter = self._ended.get(status)

@@ -39,7 +39,8 @@ def _required_job(value: str) -> tuple[str, list[str]]:
 
 
 def manifest_lines(found: Manifest) -> list[str]:
-    """`handles manifest` for people: the server, the protocol, the Tasks extension, then a row per job."""
+    """`handles manifest` for people: the server, the protocol, the Tasks extension and the tasks designs
+    served on the connection, then a row per job."""
     named = " ".join(part for part in (found.server_name, found.server_version) if part) or "(unnamed)"
     if found.tasks_usable:
         tasks = "offered and declared: usable (" + ", ".join(found.task_operations) + ")"
@@ -50,6 +51,12 @@ def manifest_lines(found: Manifest) -> list[str]:
     negotiated = (
         "server/discover: no session" if found.negotiated_by == "discover" else "an initialize handshake"
     )
+    designs = [
+        f"{design} ({len(found.older_task_tools)} tools run as its tasks)"
+        if design == "2025-11-25"
+        else design
+        for design in found.tasks_designs
+    ]
     rows = [
         [
             job.name,
@@ -64,6 +71,7 @@ def manifest_lines(found: Manifest) -> list[str]:
         f"server    {named} at {found.server}",
         f"protocol  {found.protocol_version} ({negotiated})",
         f"tasks     {tasks}",
+        f"designs   {', '.join(designs) or 'none'}",
         f"tools     {len(found.tools)}, {len(found.jobs)} of them jobs",
         "",
         _table(rows, ["job", "modes", "layout", "asks", "plain call"]) if rows else "No jobs.",
@@ -79,7 +87,8 @@ def manifest(args: argparse.Namespace) -> int:
     if args.modes or args.job:
         requirements = Requirements(modes=args.modes or MODES, jobs=dict(args.job or ()))
     try:
-        found = asyncio.run(read_manifest(connect(args.url, token=args.token)))
+        mode = "legacy" if args.handshake else "auto"  # legacy: an initialize handshake at 2025-11-25
+        found = asyncio.run(read_manifest(connect(args.url, token=args.token, mode=mode)))
     except Exception as exc:
         if (cause := unreadable_cause(exc)) is None:
             raise

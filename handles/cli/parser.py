@@ -198,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="the manifest as JSON, for logs and scripts"
     )
     show_manifest.add_argument(
+        "--handshake",
+        action="store_true",
+        help="connect with an initialize handshake at 2025-11-25, as VS Code and other clients of the "
+        "experimental tasks design do, and show what they get",
+    )
+    show_manifest.add_argument(
         "--modes",
         type=_modes,
         metavar="M[,M...]",

@@ -1,4 +1,4 @@
-"""The two faces a job is followed through: the handle tools, and the Tasks extension."""
+"""The faces a job is followed through: the handle tools, the Tasks extension, and the 2025-11-25 design."""
 
 from __future__ import annotations
 
@@ -6,12 +6,25 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import anyio
 from mcp import Client
+from mcp.client.session import ClientRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     CallToolResult,
+    CancelTaskRequest,
+    CancelTaskRequestParams,
+    CancelTaskResult,
+    ElicitRequestParams,
+    ElicitResult,
+    ErrorData,
+    GetTaskPayloadRequest,
+    GetTaskPayloadRequestParams,
+    GetTaskRequest,
+    GetTaskRequestParams,
+    GetTaskResult,
 )
 
 from handles.client.outcomes import (
@@ -38,7 +51,10 @@ class Following(Protocol):
     job: str
     names: ToolNames | None
     request_timeout: float
+    long_poll: float
     interval: float
+
+    async def ask(self, question: Question) -> dict[str, Any] | None: ...
 
 
 @dataclass
@@ -225,10 +241,7 @@ class TaskFace:
         task = view.task
         assert task is not None
         if task.status == "completed":
-            result = task.result or {}
-            if result.get("isError"):
-                return {"status": "completed", "tool_error": tool_error_text(result)}
-            return {"status": "completed", "result": structured_result(result)}
+            return completed(task.result or {})
         if task.status == "failed":
             error = task.error or {
                 "code": INTERNAL_ERROR,
@@ -236,6 +249,91 @@ class TaskFace:
             }
             return {"status": "failed", "error": error}
         return {"status": "cancelled", "message": task.status_message}
+
+
+class OlderTaskFace(TaskFace):
+    """The experimental Tasks design of MCP 2025-11-25: `tasks/get` (the task's fields only), `tasks/cancel`,
+    and `tasks/result`, whose stream asks the job's questions as `elicitation/create` requests, answered
+    through the follower's `ask` while it waits for the job's end (so no question reaches the `View`)."""
+
+    _ended: CallToolResult | MCPError | None = None  # what tasks/result answered, once the job ended
+
+    async def _send(self, client: Client, request: Any, answer: type[Any]) -> Any:
+        try:
+            return await client.session.send_request(request, answer, self.f.request_timeout)
+        except MCPError as error:
+            raise self._lost(error) from None
+
+    async def observe(self, client: Client, wait: float) -> View:
+        get = GetTaskRequest(params=GetTaskRequestParams(task_id=self.handle))
+        task: GetTaskResult = await self._send(client, get, GetTaskResult)
+        if task.status == "input_required":
+            self._ended = await self._result(client)  # answers the questions, then waits for the end
+            task = await self._send(client, get, GetTaskResult)
+        if task.status not in TERMINAL_STATUSES:
+            self._ended = None  # the server's wait ran out first
+        poll = task.poll_interval
+        return View(task.status, task.status_message, poll_seconds=None if poll is None else poll / 1000)
+
+    async def _result(self, client: Client) -> CallToolResult | MCPError:
+        """`tasks/result`, each question on its stream answered through the follower's `ask` (what it
+        raises, such as `InputRequiredError`, ends the request and is raised)."""
+        session = client.session
+        stopped: list[FollowError] = []
+
+        async def answer(
+            context: ClientRequestContext, params: ElicitRequestParams
+        ) -> ElicitResult | ErrorData:
+            schema = dict(getattr(params, "requested_schema", None) or {})
+            try:
+                reply = await self.f.ask(Question(str(context.request_id), params.message, schema))
+            except FollowError as error:
+                stopped.append(error)
+                scope.cancel()
+                return ErrorData(code=INVALID_PARAMS, message=str(error))
+            return (
+                ElicitResult(action="decline")
+                if reply is None
+                else ElicitResult(action="accept", content=reply)
+            )
+
+        request = GetTaskPayloadRequest(params=GetTaskPayloadRequestParams(task_id=self.handle))
+        previous, session._elicitation_callback = session._elicitation_callback, answer
+        try:
+            with anyio.CancelScope() as scope:
+                result: CallToolResult = await session.send_request(
+                    request, CallToolResult, self.f.long_poll + self.f.request_timeout
+                )
+                return result
+        except MCPError as error:
+            if error.error.code == AUTHENTICATION_FAILED:
+                raise
+            return error  # the job's own error, or a lost wait: the next tasks/get tells
+        finally:
+            session._elicitation_callback = previous
+        raise stopped[0]
+
+    async def cancel(self, client: Client) -> None:
+        cancel = CancelTaskRequest(params=CancelTaskRequestParams(task_id=self.handle))
+        await self._send(client, cancel, CancelTaskResult)
+
+    async def outcome(self, client: Client, view: View) -> dict[str, Any]:
+        if view.status == "cancelled":
+            return {"status": "cancelled", "message": view.message}
+        # A stored error may be a wait that ran out just before the end: only a result is kept.
+        ended = self._ended if isinstance(self._ended, CallToolResult) else await self._result(client)
+        if isinstance(ended, CallToolResult):
+            return completed(ended.model_dump(by_alias=True, mode="json", exclude_none=True))
+        if view.status == "failed":
+            return {"status": "failed", "error": ended.error.model_dump(mode="json", exclude_none=True)}
+        raise self._lost(ended)
+
+
+def completed(result: dict[str, Any]) -> dict[str, Any]:
+    """The outcome of a job that ended `completed` with `result`, a `CallToolResult` dict."""
+    if result.get("isError"):
+        return {"status": "completed", "tool_error": tool_error_text(result)}
+    return {"status": "completed", "result": structured_result(result)}
 
 
 def structured_result(result: dict[str, Any]) -> Any:

@@ -13,12 +13,19 @@ from typing import Any, Literal, TypeVar
 import anyio
 from mcp import Client
 from mcp.shared.exceptions import MCPError
-from mcp_types import (
-    CallToolResult,
-)
+from mcp_types import CallToolResult, Result
+from mcp_types import CreateTaskResult as OlderCreated
 
 from handles.backoff import backoff_seconds
-from handles.client.faces import Face, HandleFace, TaskFace, View, caller_error, structured_result
+from handles.client.faces import (
+    Face,
+    HandleFace,
+    OlderTaskFace,
+    TaskFace,
+    View,
+    caller_error,
+    structured_result,
+)
 from handles.client.journal import Journal, JournalEntry, arguments_digest, check_same_work
 from handles.client.manifest import (
     Connect,
@@ -71,6 +78,8 @@ _PREFERRED_MODES: dict[str, tuple[Mode, ...]] = {
     "handles": ("handles",),
 }
 T = TypeVar("T")
+Way = Literal["tasks", "handles", "older"]
+"""The face a job is followed through: the Tasks extension, the handle tools, or the 2025-11-25 design."""
 
 MIN_POLL_SECONDS = 0.05
 
@@ -180,7 +189,7 @@ class Follower:
             if known.outcome is not None:
                 return self._settle(known.outcome)  # ended earlier: nothing to ask the server
         manifest = await self._with_retries(functools.partial(read_manifest, server=self.server))
-        use_tasks, via = self._choose(manifest)
+        way, via = self._choose(manifest)
         entry, inserted = self.journal.reserve(
             self.key,
             server=self.server,
@@ -198,14 +207,14 @@ class Follower:
                 if not inserted:
                     # An earlier run sent the create and never learnt its outcome; it has no idempotency key.
                     raise self._unknown()
-                outcome = await self._create_task()
+                outcome = await self._create_task(older=way == "older")
                 if outcome is not None:
                     return outcome
             else:
                 first_poll = await self._start(entry)
         assert self.handle is not None
-        if not use_tasks:
-            self.face = HandleFace(self, self.handle)
+        if way != "tasks":
+            self.face = (HandleFace if way == "handles" else OlderTaskFace)(self, self.handle)
             return await self._watch(first_poll)
         self.face = face = TaskFace(self, self.handle)
         async with pushed_status(client.session, _pushes(client), self.handle) as face.status:
@@ -226,18 +235,26 @@ class Follower:
             key=self.key,
         )
 
-    def _choose(self, manifest: Manifest) -> tuple[bool, Literal["start", "call"]]:
-        """Whether to follow through the Tasks extension (else the handle tools), and how to create the job:
-        through `<job>_start` (idempotent) when listed, else a task-creating `tools/call <job>`."""
+    def _choose(self, manifest: Manifest) -> tuple[Way, Literal["start", "call"]]:
+        """The face to follow the job through, and how to create it: through `<job>_start` (idempotent)
+        when listed, else a task-creating `tools/call <job>`. The 2025-11-25 design serves only a job
+        where the Tasks extension is not usable, and the handle tools unless `prefer` is "tasks"."""
         needs = Requirements(modes=_PREFERRED_MODES[self.prefer], jobs={self.job: ()})
+        job = manifest.job(self.job)
+        if (
+            job is not None
+            and self.job in manifest.older_task_tools
+            and "tasks" not in job.modes
+            and (self.prefer == "tasks" or (self.prefer == "auto" and "handles" not in job.modes))
+        ):
+            return "older", "call"
         try:
             mode = manifest.check(needs)[self.job]
         except RequirementsNotMet as error:
             raise UnsupportedServerError(error.message, key=self.key) from None
-        job = manifest.job(self.job)
         assert job is not None
         self.names = ToolNames(job.layout) if job.layout is not None else None
-        return mode == "tasks", "start" if "start" in job.tools else "call"
+        return mode, "start" if "start" in job.tools else "call"  # type: ignore[return-value]
 
     async def _start(self, entry: JournalEntry) -> float:
         """`<job>_start` with the journal's idempotency key; re-sent with the same key after a lost answer."""
@@ -268,12 +285,24 @@ class Follower:
         await self._report(View(status=self.status, message=data.get("status_message")))
         return anyio.current_time()
 
-    async def _create_task(self) -> dict[str, Any] | None:
-        """`tools/call <job>` declaring the extension: sent once; an unknown outcome is reported, never retried."""
+    async def _create_task(self, older: bool) -> dict[str, Any] | None:
+        """`tools/call <job>` declaring the extension, or asking for a task of the 2025-11-25 design (`older`):
+        sent once; an unknown outcome is reported, never retried."""
+        session = self._client.session
+        created: Result
         try:
-            created = await self._client.session.call_tool(
-                self.job, self.arguments, read_timeout_seconds=self.request_timeout, allow_claimed=True
-            )
+            if older:
+                # Sent raw: the SDK takes any tools/call answer at 2025-11-25 for a CallToolResult.
+                data: dict[str, Any] = {"method": "tools/call", "params": {"name": self.job, "task": {}}}
+                data["params"]["arguments"] = self.arguments
+                options: Any = {"timeout": self.request_timeout}
+                session._stamp(data, options)
+                raw = await session._dispatcher.send_raw_request("tools/call", data["params"], options)
+                created = (OlderCreated if "task" in raw else CallToolResult).model_validate(raw)
+            else:
+                created = await session.call_tool(
+                    self.job, self.arguments, read_timeout_seconds=self.request_timeout, allow_claimed=True
+                )
         except Exception as exc:
             if _transient(exc):
                 raise self._unknown() from exc
@@ -282,12 +311,13 @@ class Follower:
             if isinstance(exc, MCPError):
                 raise StartRefusedError(exc.error.model_dump(mode="json"), key=self.key) from exc
             raise
-        if isinstance(created, CreateTaskResult):
-            self.handle = created.task_id
-            self.status = created.status
-            self.journal.set_handle(self.key, self.handle, created.status)
-            if created.poll_interval_ms is not None:
-                self.interval = max(MIN_POLL_SECONDS, created.poll_interval_ms / 1000)
+        if isinstance(created, CreateTaskResult | OlderCreated):
+            task = created.task if isinstance(created, OlderCreated) else created
+            poll = task.poll_interval_ms if isinstance(task, CreateTaskResult) else task.poll_interval
+            self.handle, self.status = task.task_id, task.status
+            self.journal.set_handle(self.key, self.handle, task.status)
+            if poll is not None:
+                self.interval = max(MIN_POLL_SECONDS, poll / 1000)
             return None
         if isinstance(created, CallToolResult):
             # The server answered at once instead of creating a task.
@@ -343,18 +373,22 @@ class Follower:
                     await self._answer(face, fresh)
                     answered.update(fresh)
 
-    async def _answer(self, face: Face, fresh: dict[str, Question]) -> None:
-        """Ask the callback (once per question, even across reconnections), then send the answers back."""
-        assert self.handle is not None
-        for key, question in fresh.items():
-            if key in self._answers:
-                continue
+    async def ask(self, question: Question, *others: Question) -> dict[str, Any] | None:
+        """The caller's answer to `question` (None declines), asked once per question even across
+        reconnections; without a callback, `InputRequiredError` with it and `others`."""
+        if question.key not in self._answers:
             if self.on_input is None:
-                raise InputRequiredError(list(fresh.values()), key=self.key, handle=self.handle)
-            answer = self.on_input(key, question.message, question.requested_schema)
+                raise InputRequiredError([question, *others], key=self.key, handle=self.handle or "")
+            answer = self.on_input(question.key, question.message, question.requested_schema)
             if inspect.isawaitable(answer):
                 answer = await answer
-            self._answers[key] = None if answer is None else dict(answer)
+            self._answers[question.key] = None if answer is None else dict(answer)
+        return self._answers[question.key]
+
+    async def _answer(self, face: Face, fresh: dict[str, Question]) -> None:
+        """Ask the callback for each question, then send the answers back."""
+        for question in fresh.values():
+            await self.ask(question, *(other for other in fresh.values() if other is not question))
         declined = [key for key in fresh if self._answers[key] is None]
         if declined:
             await self._with_retries(functools.partial(face.decline, keys=declined))

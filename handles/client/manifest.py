@@ -141,6 +141,9 @@ class Manifest(BaseModel):
     """The tasks designs the server serves on this connection: `"2026-07-28"` (the Tasks extension it
     advertises) and `"2025-11-25"` (the experimental design, `capabilities.tasks` of an initialize
     handshake at that version, which a `handles` server serves beside the extension)."""
+    older_task_tools: tuple[str, ...] = ()
+    """The tools a task of the 2025-11-25 design can run (`execution.taskSupport` "optional" or
+    "required", on a server declaring `capabilities.tasks.requests.tools.call`), sorted."""
     tools: tuple[str, ...] = ()
     """Every tool the server lists, sorted."""
     jobs: FrozenMap[str, JobManifest] = Field(default_factory=_nothing)
@@ -179,9 +182,20 @@ class Manifest(BaseModel):
             tools=tuple(sorted(tool.name for tool in listed)),
         )
         capabilities = client.server_capabilities
-        designs = {"2026-07-28": bare.tasks_offered, "2025-11-25": capabilities.tasks is not None}
+        older = capabilities.tasks
+        older_calls = bool(older and older.requests and older.requests.tools and older.requests.tools.call)
+        designs = {"2026-07-28": bare.tasks_offered, "2025-11-25": older is not None}
         bare = bare.model_copy(
-            update={"tasks_designs": tuple(name for name, served in designs.items() if served)}
+            update={
+                "tasks_designs": tuple(name for name, served in designs.items() if served),
+                "older_task_tools": tuple(
+                    tool.name
+                    for tool in sorted(listed, key=lambda tool: tool.name)
+                    if older_calls
+                    and tool.execution
+                    and tool.execution.task_support in ("optional", "required")
+                ),
+            }
         )
         tasks = bare._tasks_problem()
         jobs = {job.name: _with_modes(job, tasks) for job in _jobs(listed)}

@@ -76,7 +76,7 @@ class JobTools(QuietNodeGuidance):
     async def start(self, principal: str, arguments: dict[str, Any]) -> ToolReply:
         arguments = dict(arguments)
         key = arguments.pop("idempotency_key", None)
-        started = await self.service.start(self.spec, principal, arguments, key)
+        started = await self.service.start(self.spec, principal, arguments, key, face="handle_tools")
         job = started.job
         pending = await self.service.pending_inputs(job)
         if pending:

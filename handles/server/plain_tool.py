@@ -158,6 +158,7 @@ class PlainTool:
                 None,
                 first_answer=first_answer,
                 settled=settled if self.policy.mode == "adaptive" else None,
+                face="plain_tool",
             )
         except CallerError as error:
             return to_call_tool_result(error_reply(error))

@@ -290,7 +290,13 @@ class TasksExtension(Extension):
             # A job with `task_after` answers inline if its run here ends that soon (the outcome it stored).
             settled = None if spec.task_after is None or older else asyncio.get_running_loop().create_future()
             started = await self.service.start(
-                spec, principal, given, None, first_answer=first.answer, settled=settled
+                spec,
+                principal,
+                given,
+                None,
+                first_answer=first.answer,
+                settled=settled,
+                face="tasks_2025_11_25" if older else "tasks_extension",
             )
         except CallerError as error:
             return to_call_tool_result(error_reply(error))

@@ -476,13 +476,21 @@ def test_manifest_shows_what_a_server_offers(tmp_path: Path, http_example: HttpE
     assert lines[0] == f"server    handles-example {version('mcp-handles')} at {http_example.url}"
     assert lines[1] == "protocol  2026-07-28 (server/discover: no session)"
     assert lines[2] == "tasks     offered and declared: usable (tasks/get, tasks/update, tasks/cancel)"
-    assert lines[3] == "tools     17, 3 of them jobs"
+    assert lines[3] == "designs   2026-07-28"
+    assert lines[4] == "tools     17, 3 of them jobs"
     deploy = next(line for line in lines if line.startswith("deploy_release "))
     assert deploy.split() == ["deploy_release", "tasks,", "handles,", "inline", "per_job", "yes", "adaptive"]
     assert shown.stderr == "", "no HTTP request log on a command's output"
     as_json = run(tmp_path, "manifest", http_example.url, "--json")
     manifest = Manifest.model_validate_json(as_json.stdout)
     assert manifest.jobs["deploy_release"].tools["respond"] == "deploy_release_respond"
+    # What a client of the 2025-11-25 design (VS Code, the TypeScript SDK 1.x) gets on the same server.
+    older = run(tmp_path, "manifest", http_example.url, "--handshake").stdout.splitlines()
+    assert older[1] == "protocol  2025-11-25 (an initialize handshake)"
+    assert older[2] == "tasks     not offered by the server"  # the extension: it is no 2026-07-28 connection
+    assert older[3] == "designs   2025-11-25 (3 tools run as its tasks)"
+    deploy = next(line for line in older if line.startswith("deploy_release "))
+    assert deploy.split() == ["deploy_release", "handles,", "inline", "per_job", "yes", "adaptive"]
 
 
 def test_manifest_checks_a_workflows_requirements(tmp_path: Path, http_example: HttpExampleServer) -> None:

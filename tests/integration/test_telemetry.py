@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp import Client
 from mcp.server.mcpserver import MCPServer
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
@@ -24,6 +25,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from pydantic import BaseModel
 
 from handles import Handles, JobContext, JobFailed
+from handles.client import follow
+from handles.client.tasks import TasksClientExtension
 from tests.support import LOCAL_PRINCIPAL, connect, handles_config
 
 ACCOUNT = "acct-telemetry-7731"
@@ -147,3 +150,39 @@ async def test_one_job_gives_linked_attempt_spans_with_step_events_and_metrics(
     )
     for personal in (LOCAL_PRINCIPAL, ACCOUNT, NOTE):
         assert personal not in everything
+
+
+async def test_the_started_counter_says_which_face_started_each_job(
+    tmp_path: Path, signing_key: str, exporters: tuple[InMemorySpanExporter, InMemoryMetricReader]
+) -> None:
+    _, reader = exporters
+    jobs = Handles(handles_config(tmp_path / "data", [signing_key]))
+
+    @jobs.job
+    async def tally(ctx: JobContext, n: int) -> int:
+        """Counts to n."""
+        return n
+
+    server: MCPServer[Any] = MCPServer("faces", extensions=[jobs.tasks_extension()])
+    jobs.bind(server)
+    try:
+        async with Client(server) as plain:
+            await plain.call_tool("tally_start", {"n": 1})
+            await plain.call_tool("tally", {"n": 2})
+        async with Client(server, extensions=[TasksClientExtension()]) as declaring:
+            assert (await declaring.call_tool("tally", {"n": 3})).structured_content == {"result": 3}
+        async with Client(server, mode="legacy") as handshake:  # 2025-11-25: a task of that design
+            assert await follow(handshake, "tally", {"n": 4}, prefer="tasks") == {"result": 4}
+    finally:
+        await jobs.aclose()
+    faces = [
+        (p.attributes.get("handles.job.face"), p.value)
+        for p in points(reader)["handles.jobs.started"]
+        if p.attributes["handles.job.kind"] == "tally"
+    ]
+    assert sorted(faces) == [
+        ("handle_tools", 1),
+        ("plain_tool", 1),
+        ("tasks_2025_11_25", 1),
+        ("tasks_extension", 1),
+    ]
