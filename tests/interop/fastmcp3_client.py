@@ -1,4 +1,4 @@
-"""FastMCP 3 (`fastmcp==3.4.11`, on `mcp` 1.x) against the example server: the 2025-11-25 experimental Tasks design.
+"""FastMCP 3 (`fastmcp[tasks]==3.4.11`, on `mcp` 1.x) against the example server: the 2025-11-25 experimental Tasks design.
 
 Runs in tests/interop/.venv-fastmcp3, never in the project's environment:
 

@@ -25,7 +25,7 @@ from handles.client import (
     read_manifest,
 )
 from tests.harness.process import ServerProcess, free_port
-from tests.interop.test_older_task_clients import OTHER, OWNER, python_of
+from tests.interop.test_older_task_clients import FASTMCP_3, OTHER, OWNER, python_of
 from tests.support import HttpExampleServer
 from tests.tasks.wire import Wire, example_process
 
@@ -37,7 +37,7 @@ FASTMCP_TASK_ID = re.compile(r"^[0-9a-f-]{36}$")
 
 @pytest.fixture(scope="module")
 def older_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    python = python_of(".venv-fastmcp3", "fastmcp[tasks]==3.4.11", "import docket, fastmcp.client.tasks")
+    python = python_of(".venv-fastmcp3", *FASTMCP_3)
     port = free_port()
     log = tmp_path_factory.mktemp("fastmcp3-server") / "server.log"
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "PYTHONUNBUFFERED": "1"}

@@ -35,6 +35,10 @@ UNKNOWN_TASK = "Unknown task: no task with this taskId is available to you."
 TS_SDK_DIR = HERE / ".ts-sdk"
 
 
+FASTMCP_3 = ("fastmcp[tasks]==3.4.11", "import docket, fastmcp.client.tasks")
+"""FastMCP 3's environment, as its client and its server (with the background tasks it serves) both need it."""
+
+
 def python_of(venv: str, requirement: str, probe: str) -> str:
     problem = ensure_venv(HERE / venv, [requirement], probe, timeout=400)
     if problem is not None:
@@ -135,7 +139,7 @@ def test_the_python_sdk_1_25_answers_a_question_over_stdio(tmp_path: Path, frame
 
 
 async def test_fastmcp_3_follows_cancels_and_lists_tasks(example: HttpExampleServer) -> None:
-    python = python_of(".venv-fastmcp3", "fastmcp==3.4.11", "import fastmcp.client.tasks")
+    python = python_of(".venv-fastmcp3", *FASTMCP_3)
     seen = run_client([python, str(HERE / "fastmcp3_client.py")], example.url)
     assert seen["immediate"] is False
     assert seen["report"]["account"] == "acme" and seen["ended"] == "completed"
