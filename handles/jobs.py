@@ -29,8 +29,6 @@ from handles.sealing import Redactor, Sealer, sensitive_fields
 if TYPE_CHECKING:
     from handles.runtime.job_writes import JobWrites, StepRecord
 
-StepT = TypeVar("StepT")
-
 OnInterrupt = Literal["fail", "retry"]
 ModelT = TypeVar("ModelT", bound=BaseModel)
 

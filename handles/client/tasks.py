@@ -123,71 +123,49 @@ async def follow_task(
     hint = None if isinstance(task, str) else task.poll_interval_ms
     answer = on_input or session_input_handler(session)
     answered: set[str] = set()
+    first = True
+    polled = False
     try:
         async with pushed_status(session, pushes, task_id) as status:
-            return await _follow(
-                session,
-                status,
-                task_id,
-                hint,
-                answer,
-                answered,
-                request_timeout,
-                default_poll_seconds,
-                on_progress,
-                retries,
-                recheck_seconds,
-            )
+            while True:
+                state = None
+                if status.pushed:
+                    # The first push (the state at the acknowledgement) comes at once from a handles server.
+                    state = await status.wait_push(
+                        (hint / 1000 if hint else default_poll_seconds) if first else recheck_seconds
+                    )
+                elif polled:
+                    await anyio.sleep(hint / 1000 if hint else default_poll_seconds)
+                first = False
+                if state is None:
+                    state = await _retrying(
+                        lambda: get_task(session, task_id, timeout=request_timeout), retries
+                    )
+                polled = True
+                hint = state.poll_interval_ms or hint
+                if on_progress is not None and inspect.isawaitable(seen := on_progress(state)):
+                    await seen
+                if state.status in TERMINAL_STATUSES:
+                    return _outcome(state)
+                if state.status == "input_required":
+                    fresh = {k: v for k, v in state.pending_requests().items() if k not in answered}
+                    if fresh:
+                        try:
+                            responses = {
+                                key: _accepted(await answer(key, request)) for key, request in fresh.items()
+                            }
+                        except Exception:
+                            await _abandon(session, task_id)  # the caller's handler refused or failed
+                            raise
+                        send = functools.partial(
+                            update_task, session, task_id, responses, timeout=request_timeout
+                        )
+                        await _retrying(send, retries)
+                        answered.update(fresh)
+                        polled = False  # look again at once
     except anyio.get_cancelled_exc_class():
         await _abandon(session, task_id)  # the caller's own cancellation, or its deadline
         raise
-
-
-async def _follow(
-    session: ClientSession,
-    status: PushedStatus,
-    task_id: str,
-    hint: int | None,
-    answer: InputHandler,
-    answered: set[str],
-    request_timeout: float | None,
-    default_poll_seconds: float,
-    on_progress: TaskObserver | None,
-    retries: int,
-    recheck_seconds: float,
-) -> CallToolResult:
-    first = True
-    polled = False
-    while True:
-        state = None
-        if status.pushed:
-            # The first push (the state at the acknowledgement) comes at once from a handles server.
-            state = await status.wait_push(
-                (hint / 1000 if hint else default_poll_seconds) if first else recheck_seconds
-            )
-        elif polled:
-            await anyio.sleep(hint / 1000 if hint else default_poll_seconds)
-        first = False
-        if state is None:
-            state = await _retrying(lambda: get_task(session, task_id, timeout=request_timeout), retries)
-        polled = True
-        hint = state.poll_interval_ms or hint
-        if on_progress is not None and inspect.isawaitable(seen := on_progress(state)):
-            await seen
-        if state.status in TERMINAL_STATUSES:
-            return _outcome(state)
-        if state.status == "input_required":
-            fresh = {k: v for k, v in state.pending_requests().items() if k not in answered}
-            if fresh:
-                try:
-                    responses = {key: _accepted(await answer(key, request)) for key, request in fresh.items()}
-                except Exception:
-                    await _abandon(session, task_id)  # the caller's handler refused or failed
-                    raise
-                send = functools.partial(update_task, session, task_id, responses, timeout=request_timeout)
-                await _retrying(send, retries)
-                answered.update(fresh)
-                polled = False  # look again at once
 
 
 async def _retrying(request: Callable[[], Awaitable[T]], retries: int) -> T:

@@ -246,9 +246,6 @@ class Console:
             status_code=status,
         )
 
-    async def job_page(self, request: Request, operator: Operator) -> Response:
-        return await self.job(request, operator)
-
     async def answer(self, request: Request, operator: Operator) -> Response:
         job_id, key = request.path_params["job_id"], request.path_params["key"]
         job, questions, _steps = await self.ops.job(job_id)
@@ -301,7 +298,7 @@ class Console:
             Route("/", g(self.jobs), methods=["GET"]),
             Route("/api/jobs", g(self.jobs_json), methods=["GET"]),
             Route("/overview", g(self.overview), methods=["GET"]),
-            Route("/jobs/{job_id}", g(self.job_page), methods=["GET"]),
+            Route("/jobs/{job_id}", g(self.job), methods=["GET"]),
             Route("/jobs/{job_id}/answer/{key}", g(self.answer, post=True), methods=["POST"]),
             Route("/jobs/{job_id}/cancel", g(self.cancel_page), methods=["GET"]),
             Route("/jobs/{job_id}/cancel", g(self.cancel, post=True), methods=["POST"]),

@@ -46,7 +46,7 @@ label{display:block;margin:6px 0 2px;font-weight:600}.quiet{color:#a4221c;font-w
 """
 
 
-def page(title: str, body: str, *, base: str, operator: Operator | None, status: int = 200) -> str:
+def page(title: str, body: str, *, base: str, operator: Operator | None) -> str:
     nav = ""
     if operator is not None:
         logout = (

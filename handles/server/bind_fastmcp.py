@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from mcp.server.lowlevel.server import Server as LowLevelServer
 
     from handles.job_operations import JobOperations
-    from handles.principal import PrincipalResolver
     from handles.server.plain_tool import PlainTool
     from handles.server.tool_shapes import ToolDefinition
 

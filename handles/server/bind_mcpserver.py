@@ -6,7 +6,7 @@ import inspect
 import logging
 import sys
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, ContentBlock, InputRequiredResult, TextContent, ToolAnnotations
@@ -18,9 +18,6 @@ from handles.principal import PrincipalResolver
 from handles.results import resource_link
 from handles.server.argument_gate import ArgumentGate, ArgumentRules
 from handles.server.tool_shapes import ToolDefinition, ToolReply, error_reply
-
-if TYPE_CHECKING:
-    pass
 
 logger = logging.getLogger("handles")
 

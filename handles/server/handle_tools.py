@@ -25,7 +25,7 @@ from handles.jobs import JobSpec, describe_duration
 from handles.liveness import LeaseTiming
 from handles.results import link_of, link_size_text, tool_error_text
 from handles.server.follow_tools import FollowScope, follow_definitions
-from handles.server.quiet_node import QuietNodeGuidance
+from handles.server.next_steps import JobGuidance
 from handles.server.reply_memo import ReplyMemo
 from handles.server.tool_shapes import (
     CancelOutput,
@@ -47,7 +47,7 @@ from handles.store import InputRequestRecord, JobRecord, JobState
 from handles.tool_layout import FOLLOW_VERBS, SHARED_PREFIX, ToolNames
 
 
-class JobTools(QuietNodeGuidance):
+class JobTools(JobGuidance):
     """The handle tools of one job, named as the layout says (`names`)."""
 
     def __init__(self, spec: JobSpec, service: JobOperations, names: ToolNames | None = None) -> None:
