@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from contextlib import AsyncExitStack
@@ -14,7 +15,7 @@ from mcp import StdioServerParameters
 from handles.check.gates import GATES, Run, describe
 from handles.check.plan import CheckPlan, load_plan
 from handles.check.report import GateResult, table, write_json, write_junit
-from handles.check.wire import Server, Transcript, open_caller
+from handles.check.wire import Caller, Server, Transcript, open_caller
 from handles.client.transient import unreadable_cause
 from handles.errors import ConfigurationError
 
@@ -115,16 +116,24 @@ async def run_gates(
     """Each selected gate's result, run in order over one connection per principal (the first owns the
     jobs; with one principal, another principal's access is not tested)."""
     transcript = Transcript()
-    (owner_name, owner_token), *others = principals
+    others: list[tuple[str | None, str | None]] = [*principals[1:], (None, None)]
+    (owner, token), (other, other_token) = principals[0], others[0]
     async with AsyncExitStack() as stack:
-        owner = await stack.enter_async_context(open_caller(owner_name, server, owner_token, transcript))
-        other = None
-        for other_name, other_token in others[:1]:
-            other = await stack.enter_async_context(open_caller(other_name, server, other_token, transcript))
-        plain = await stack.enter_async_context(
-            open_caller(f"{owner_name} (no Tasks extension)", server, owner_token, transcript, tasks=False)
-        )
-        run = await Run.read(plan, owner, other, plain)
+
+        async def connected(name: str | None, token: str | None, mode: str, era: str = "") -> Caller | None:
+            if name is None:
+                return None
+            return await stack.enter_async_context(open_caller(name + era, server, token, transcript, mode))
+
+        callers = [
+            await connected(owner, token, "tasks"),
+            await connected(other, other_token, "tasks"),
+            await connected(owner, token, "auto", " (no Tasks extension)"),
+            await connected(owner, token, "legacy", " (2025-11-25)"),
+            await connected(other, other_token, "legacy", " (2025-11-25)"),
+        ]
+        again = functools.partial(open_caller, f"{owner} (a new connection)", server, token, transcript)
+        run = await Run.read(plan, callers, again)
         results = []
         for index, name in enumerate(selected, start=1):
             print(f"[{index}/{len(selected)}] {name}...", file=sys.stderr, flush=True)

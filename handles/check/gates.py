@@ -6,7 +6,8 @@ import functools
 import itertools
 import re
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +15,17 @@ import anyio
 from mcp_types import Tool
 
 from handles.check.plan import CheckPlan, JobPlan
-from handles.check.wire import Caller, Reply, Transcript, altered, made_up_id, settle, settle_task, start
+from handles.check.wire import (
+    REQUEST_SECONDS,
+    Caller,
+    Reply,
+    Transcript,
+    altered,
+    made_up_id,
+    settle,
+    settle_task,
+    start,
+)
 from handles.client.manifest import JobManifest, Manifest, list_tools
 from handles.client.task_messages import TERMINAL_STATUSES
 from handles.states import Status, can_transition
@@ -48,22 +59,38 @@ class Findings:
 
 @dataclass
 class Run:
-    """What every gate works with: the plan, the owner and the other principal (both declaring the Tasks
-    extension), the owner again without it, and what the server lists."""
+    """What every gate works with: the plan, the owner and the other principal (declaring the Tasks
+    extension, and again connected at 2025-11-25), the owner without the extension, what the server lists."""
 
     plan: CheckPlan
     owner: Caller
     other: Caller | None
     plain: Caller
+    older: Caller
+    older_other: Caller | None
     manifest: Manifest
     tools: dict[str, Tool]
+    older_tools: dict[str, Tool]
     transcript: Transcript
+    reconnect: Callable[[], AbstractAsyncContextManager[Caller]]
+    """A new connection of the owner's."""
 
     @classmethod
-    async def read(cls, plan: CheckPlan, owner: Caller, other: Caller | None, plain: Caller) -> Run:
-        listed = await list_tools(owner.client)
+    async def read(
+        cls,
+        plan: CheckPlan,
+        callers: list[Caller | None],
+        reconnect: Callable[[], AbstractAsyncContextManager[Caller]],
+    ) -> Run:
+        owner, other, plain, older, older_other = callers
+        assert owner is not None and plain is not None and older is not None
+        listed, older_listed = await list_tools(owner.client), await list_tools(older.client)
         manifest = Manifest.of(owner.client, listed)
-        return cls(plan, owner, other, plain, manifest, {t.name: t for t in listed}, owner.transcript)
+        tools, older_tools = ({tool.name: tool for tool in each} for each in (listed, older_listed))
+        transcript = owner.transcript
+        return cls(
+            plan, owner, other, plain, older, older_other, manifest, tools, older_tools, transcript, reconnect
+        )
 
     def jobs(self, *roles: str) -> list[tuple[JobPlan, JobManifest]]:
         """The planned jobs the server lists with every one of `roles` (`start`, `progress`, `plain`, ...)."""
@@ -76,26 +103,57 @@ class Run:
             await caller.call(job.tools["cancel"], {"handle": handle})
         return await settle(caller, job, plan, handle)
 
-    async def create_task(self, plan: JobPlan, job: JobManifest) -> str | None:
-        """The owner's task for `job` (its plain tool, declaring the extension), or None when no task came."""
-        created = await self.owner.call(job.tools["plain"], plan.arguments)
-        if created.error or created.body.get("resultType") != "task":
-            return None
-        return self.transcript.label(str(created.body["taskId"]), "the owner's task id")
+    def task_designs(self) -> list[tuple[Caller, Caller | None, list[JobPlan]]]:
+        """Each tasks design the server offers (the extension; the 2025-11-25 design on a handshake): the
+        owner's and the other principal's callers, and the planned jobs whose tool may answer a task."""
+        designs = []
+        if self.manifest.tasks_offered:
+            designs.append((self.owner, self.other, [plan for plan, _ in self.jobs("plain")]))
+        if self.older.client.server_capabilities.tasks is not None:
+            marked = {name for name, tool in self.older_tools.items() if _takes_task(tool)}
+            designs.append((self.older, self.older_other, [p for p in self.plan.jobs if p.name in marked]))
+        return designs
 
-    async def finish_task(self, plan: JobPlan, task_id: str) -> Reply:
+    async def create_task(self, caller: Caller, plan: JobPlan) -> str | None:
+        """The task of `plan`'s plain tool, as `caller`'s design asks for one; None when no task came."""
+        if caller is self.older:
+            params = {"name": plan.name, "arguments": plan.arguments, "task": {}}
+            created = await caller.send(f"tools/call {plan.name} (a task)", "tools/call", params)
+            task_id = None if created.error else (created.body.get("task") or {}).get("taskId")
+        else:
+            created = await caller.call(plan.name, plan.arguments)
+            task = not created.error and created.body.get("resultType") == "task"
+            task_id = created.body.get("taskId") if task else None
+        return None if task_id is None else self.transcript.label(str(task_id), "the owner's task id")
+
+    async def tasks(self, cancel: bool = False) -> AsyncIterator[tuple[Caller, Caller | None, JobPlan, str]]:
+        """A new task of each planned job (with `cancel`, of those that may be cancelled) in each design:
+        the owner's caller, the other principal's, the job and the task id."""
+        for owner, other, plans in self.task_designs():
+            for plan in plans:
+                if (plan.cancel or not cancel) and (task_id := await self.create_task(owner, plan)):
+                    yield owner, other, plan, task_id
+
+    async def finish_task(self, caller: Caller, plan: JobPlan, task_id: str) -> Reply:
         if plan.cancel:
-            await self.owner.task("tasks/cancel", task_id)
-        return await settle_task(self.owner, plan, task_id)
+            await caller.task("tasks/cancel", task_id)
+        return await settle_task(caller, plan, task_id)
 
 
-async def _as_made_up(f: Findings, run: Run, owned: str, noun: str, ask: Ask) -> None:
+def _takes_task(tool: Tool) -> bool:
+    return tool.execution is not None and tool.execution.task_support in ("optional", "required")
+
+
+async def _as_made_up(
+    f: Findings, run: Run, callers: tuple[Caller, Caller | None], owned: str, noun: str, ask: Ask
+) -> None:
     """The other principal asks about the owner's id and an altered one, the owner about the altered one:
     each answer must be the error a made-up id gets, word for word once the id is blanked out."""
+    owner, other = callers
     forged = run.transcript.label(altered(owned), f"an altered {noun}")
     made_up = run.transcript.label(made_up_id(), f"a made-up {noun}")
-    others = [] if run.other is None else [(run.other, owned), (run.other, forged)]
-    for caller, used in [*others, (run.owner, forged)]:
+    others = [] if other is None else [(other, owned), (other, forged)]
+    for caller, used in [*others, (owner, forged)]:
         baseline, got = await ask(caller, made_up), await ask(caller, used)
         same = got.text.replace(used, "<id>") == baseline.text.replace(made_up, "<id>")
         f.expect(got.error and baseline.error and same, f"answers like a made-up {noun}", got)
@@ -105,8 +163,8 @@ async def _ask_tool(tool: str, extra: dict[str, Any], caller: Caller, handle: st
     return await caller.call(tool, {"handle": handle, **extra})
 
 
-async def _ask_task(method: str, responses: dict[str, Any], caller: Caller, task_id: str) -> Reply:
-    return await caller.task(method, task_id, responses)
+async def _ask_task(method: str, params: dict[str, Any], caller: Caller, task_id: str) -> Reply:
+    return await caller.task(method, task_id, **params)
 
 
 async def isolation(run: Run) -> Findings:
@@ -122,19 +180,26 @@ async def isolation(run: Run) -> Findings:
         for verb in (verb for verb in FOLLOW_VERBS if verb in job.tools):
             extra = {"responses": {"q1": plan.answer or {}}} if verb == "respond" else {}
             ask = functools.partial(_ask_tool, job.tools[verb], extra)
-            await _as_made_up(f, run, handle, "handle", ask)
+            await _as_made_up(f, run, (run.owner, run.other), handle, "handle", ask)
         after = await run.owner.call(job.tools["progress"], {"handle": handle})
         f.expect(not after.error and after.status != "cancelled", "the owner's job was left alone", after)
         await run.finish(run.owner, plan, job, handle)
-    for plan, job in run.jobs("plain") if run.manifest.tasks_offered else []:
-        if (task_id := await run.create_task(plan, job)) is None:
-            continue
-        accept = {"q1": {"action": "accept", "content": plan.answer or {}}}
-        for method in ("tasks/get", "tasks/update", "tasks/cancel"):
-            await _as_made_up(f, run, task_id, "task id", functools.partial(_ask_task, method, accept))
-        after = await run.owner.task("tasks/get", task_id)
+    async for owner, other, plan, task_id in run.tasks():
+        accept = {"inputResponses": {"q1": {"action": "accept", "content": plan.answer or {}}}}
+        asks: dict[str, dict[str, Any]] = {"tasks/get": {}, "tasks/cancel": {}}
+        asks.update({"tasks/result": {}} if owner is run.older else {"tasks/update": accept})
+        for method, params in asks.items():
+            await _as_made_up(
+                f, run, (owner, other), task_id, "task id", functools.partial(_ask_task, method, params)
+            )
+        if owner is run.older and other is not None:
+            listed = await other.send("tasks/list", "tasks/list", {})
+            f.expect(
+                task_id not in listed.text, "another principal's tasks/list shows none of the owner's", listed
+            )
+        after = await owner.task("tasks/get", task_id)
         f.expect(not after.error and after.status != "cancelled", "the owner's task was left alone", after)
-        await run.finish_task(plan, task_id)
+        await run.finish_task(owner, plan, task_id)
     return f
 
 
@@ -194,24 +259,33 @@ async def transitions(run: Run) -> Findings:
             )
         ended = await settle(run.owner, job, plan, handle)
         f.expect(ended.status in TERMINAL_STATUSES, f"cancelled twice, it ended ({ended.status})", ended)
-    for plan, job in run.jobs("plain") if run.manifest.tasks_offered else []:
-        if (task_id := await run.create_task(plan, job)) is None:
-            continue
-        early = await run.owner.task("tasks/get", task_id)
+    async for owner, _, plan, task_id in run.tasks():
+        early = await owner.task("tasks/get", task_id)
         done_early = early.status == "completed"
         f.expect(
             not early.error and ("result" not in early.body or done_early), "no result before the end", early
         )
         seen = [early.status]
-        ended = await settle_task(run.owner, plan, task_id, seen)
+        ended = await settle_task(owner, plan, task_id, seen)
         if not _ended_along_edges(f, f"{plan.name}'s task", seen, ended):
             continue
-        accept = {"q1": {"action": "accept", "content": plan.answer or {}}}
-        for method in ("tasks/cancel", "tasks/cancel", "tasks/update"):
-            acked = await run.owner.task(method, task_id, accept)
-            f.expect(not acked.error, "after the end, acknowledged", acked)
-        await _stays(f, functools.partial(run.owner.task, "tasks/get", task_id), ended)
+        if owner is run.older:
+            first, again = [await owner.task("tasks/result", task_id) for _ in range(2)]
+            same = first.text == again.text and first.error == (ended.status == "failed")
+            f.expect(same, "tasks/result of the ended task answers its end, the same twice", again)
+            _refused_after_end(f, await owner.task("tasks/cancel", task_id))
+        else:
+            accept = {"q1": {"action": "accept", "content": plan.answer or {}}}
+            for method in ("tasks/cancel", "tasks/cancel", "tasks/update"):
+                acked = await owner.task(method, task_id, inputResponses=accept)
+                f.expect(not acked.error, "after the end, acknowledged", acked)
+        await _stays(f, functools.partial(owner.task, "tasks/get", task_id), ended)
     return f
+
+
+def _refused_after_end(f: Findings, reply: Reply) -> None:
+    """The 2025-11-25 design refuses `tasks/cancel` of an ended task with -32602."""
+    f.expect(reply.error and reply.body.get("code") == -32602, "tasks/cancel after the end is -32602", reply)
 
 
 def _ended_along_edges(f: Findings, name: str, seen: list[str | None], ended: Reply) -> bool:
@@ -235,19 +309,20 @@ async def cancellation(run: Run) -> Findings:
             await _stays(
                 f, functools.partial(run.owner.call, job.tools["progress"], {"handle": handle}), ended
             )
-    for plan, job in run.jobs("plain") if run.manifest.tasks_offered else []:
-        if not plan.cancel or (task_id := await run.create_task(plan, job)) is None:
-            continue
-        ack = await run.owner.task("tasks/cancel", task_id)
+    async for owner, _, plan, task_id in run.tasks(cancel=True):
+        ack = await owner.task("tasks/cancel", task_id)
         f.expect(not ack.error, f"{plan.name}: tasks/cancel acknowledged", ack)
-        ended = await settle_task(run.owner, plan, task_id)
+        ended = await settle_task(owner, plan, task_id)
         if f.expect(ended.status in TERMINAL_STATUSES, f"then the task ended ({ended.status})", ended):
-            await _stays(f, functools.partial(run.owner.task, "tasks/get", task_id), ended)
+            await _stays(f, functools.partial(owner.task, "tasks/get", task_id), ended)
+            if owner is run.older:
+                _refused_after_end(f, await owner.task("tasks/cancel", task_id))
     return f
 
 
 async def duplicate(run: Run) -> Findings:
-    """A start retried with the same idempotency key leaves one job (when the start tool takes a key)."""
+    """A start retried with the same idempotency key leaves one job, also on a new connection after the
+    first was dropped before or after the start's reply; the new connection resumes the job."""
     f = Findings()
     for plan, job in run.jobs("start", "progress"):
         properties = run.tools[job.tools["start"]].input_schema.get("properties") or {}
@@ -260,7 +335,32 @@ async def duplicate(run: Run) -> Findings:
         f.expect(len(handles) == 1, f"{plan.name} started twice with one key: one job", second)
         for handle in handles:
             await run.finish(run.owner, plan, job, handle)
+        for dropped in ("after", "before"):
+            await _recovers(f, run, plan, job, dropped)
     return f
+
+
+async def _recovers(f: Findings, run: Run, plan: JobPlan, job: JobManifest, dropped: str) -> None:
+    """Start on a connection closed `dropped` the start's reply; on a new one, resume the job the reply
+    named without a start, then retry the start twice with the key: one job, followed to its end."""
+    key, known = f"handles-check-{secrets.token_hex(8)}", set()
+    async with run.reconnect() as lost:
+        with anyio.move_on_after(0 if dropped == "before" else REQUEST_SECONDS):
+            if not (reply := await start(lost, job, plan, key)).error:
+                known.add(run.transcript.label(str(reply.body.get("handle")), f"{plan.name}'s first handle"))
+    if dropped == "before":  # whether the cancelled request reached the server is not observable
+        f.note(f"{plan.name}: a start sent and dropped before its reply, its connection closed")
+    async with run.reconnect() as new:
+        for handle in known:
+            resumed = await new.call(job.tools["progress"], {"handle": handle})
+            f.expect(not resumed.error, f"{plan.name}: resumed on a new connection, without a start", resumed)
+        retried = [await start(new, job, plan, key) for _ in range(2)]
+        handles = known | {str(reply.body.get("handle")) for reply in retried if not reply.error}
+        claim = f"{plan.name}: connection dropped {dropped} the start's reply, retried on a new one: one job"
+        if f.expect(len(handles) == 1, claim, retried[-1]):
+            handle = run.transcript.label(handles.pop(), f"{plan.name}'s handle")
+            ended = await run.finish(new, plan, job, handle)
+            f.expect(ended.status in TERMINAL_STATUSES, f"and followed to its end ({ended.status})", ended)
 
 
 async def compatibility(run: Run) -> Findings:
@@ -284,11 +384,14 @@ async def compatibility(run: Run) -> Findings:
             f.expect(inline, f"{plan.name} answers inline without the extension", reply)
         else:
             f.expect(False, f"{plan.name} is not offered to a client without the Tasks extension")
-    for plan, job in run.jobs("plain") if run.manifest.tasks_offered else []:
-        task_id = await run.create_task(plan, job)
-        f.expect(task_id is not None, f"{plan.name} gives a task to a client that declares the extension")
-        if task_id is not None:
-            await run.finish_task(plan, task_id)
+    for owner, _, plans in run.task_designs():
+        design = "the Tasks extension" if owner is run.owner else "the 2025-11-25 design"
+        f.expect(bool(plans), f"a planned job takes a task of {design}, which the server advertises")
+        for plan in plans:
+            task_id = await run.create_task(owner, plan)
+            f.expect(task_id is not None, f"{plan.name} gives a task to a client of {design}")
+            if task_id is not None:
+                await run.finish_task(owner, plan, task_id)
     return f
 
 

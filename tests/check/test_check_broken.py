@@ -20,6 +20,7 @@ from tests.harness.process import free_port
         ("leak", "isolation", 'bob: tools/call slow_job_progress {"handle": "<the owner\'s handle>"} -> {'),
         ("duplicate", "duplicate", 'alice: tools/call slow_job_start {"seconds": 1.0'),
         ("revive", "cancellation", "cancelled stays cancelled [alice: tools/call slow_job_progress"),
+        ("list-leak", "isolation", "bob (2025-11-25): tasks/list -> {"),
         ("chatty", "hygiene", "a sensitive value (18 characters) [alice: tools/call slow_job_progress"),
     ],
 )
