@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import textwrap
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -43,8 +44,7 @@ class Reply:
 
     def shown(self, limit: int = 300) -> str:
         """The request and a short form of its answer."""
-        text = " ".join(self.text.split())
-        answer = text if len(text) <= limit else text[:limit] + "..."
+        answer = textwrap.shorten(self.text, limit, placeholder="...")
         return f"{self.request} -> {'error ' if self.error else ''}{answer}"
 
 
@@ -81,6 +81,8 @@ class Caller:
 
     def __init__(self, name: str, client: Client, transcript: Transcript) -> None:
         self.name, self.client, self.transcript = name, client, transcript
+        self.older = client.session.discover_result is None and client.protocol_version == "2025-11-25"
+        """Whether it was connected by an initialize handshake at 2025-11-25 (the older tasks design)."""
         self.answer: dict[str, Any] | None = None
         """What this caller accepts a question asked on its stream with (None: it declines)."""
 
@@ -138,10 +140,6 @@ async def open_caller(
 ) -> AsyncIterator[Caller]:
     """A `Caller` on `server` with `token` (a URL's) that declares the Tasks extension; with `mode`
     `"auto"` one that does not, `"legacy"` one connected by an initialize handshake (2025-11-25)."""
-    if mode == "tasks":
-        async with connect(server, token=token)() as client:
-            yield Caller(name, client, transcript)
-        return
 
     async def answer(context: Any, params: Any) -> ElicitResult:
         if caller.answer is None:
@@ -150,13 +148,16 @@ async def open_caller(
 
     async with AsyncExitStack() as stack:
         target: Any = server
-        if not isinstance(server, StdioServerParameters):
+        if mode != "tasks" and not isinstance(server, StdioServerParameters):
             http = await stack.enter_async_context(http_client(token=token))
             target = streamable_http_client(server, http_client=http)
-        client = await stack.enter_async_context(
-            Client(target, mode=mode, elicitation_callback=answer if mode == "legacy" else None)
+        elicit = answer if mode == "legacy" else None
+        connected = (
+            connect(server, token=token)()
+            if mode == "tasks"
+            else Client(target, mode=mode, elicitation_callback=elicit)
         )
-        caller = Caller(name, client, transcript)
+        caller = Caller(name, await stack.enter_async_context(connected), transcript)
         yield caller
 
 
@@ -166,44 +167,54 @@ async def start(caller: Caller, job: JobManifest, plan: JobPlan, key: str | None
     return await caller.call(job.tools["start"], arguments)
 
 
-async def settle(
-    caller: Caller, job: JobManifest, plan: JobPlan, handle: str, seen: list[str | None] | None = None
-) -> Reply:
-    """Poll `progress` until the job ends, answering its questions with the plan's answer (each status read
-    appended to `seen`); the last reply."""
-    deadline = anyio.current_time() + plan.timeout
-    while True:
-        reply = await caller.call(job.tools["progress"], {"handle": handle})
-        if seen is not None:
-            seen.append(reply.status)
-        if reply.error or reply.status in TERMINAL_STATUSES or anyio.current_time() > deadline:
-            return reply
-        questions = reply.body.get("input_requests") or {}
-        if reply.status == "input_required" and questions and "respond" in job.tools:
-            answers = {key: plan.answer or {} for key in questions}
-            await caller.call(job.tools["respond"], {"handle": handle, "responses": answers})
-            continue
-        await anyio.sleep(min(max((reply.body.get("poll_after_ms") or 500) / 1000, 0.2), 1.0))
+@dataclass(frozen=True)
+class Followed:
+    """A job this run started, followed through its handle tools (`job`), or a task (`job` None)."""
 
+    caller: Caller
+    plan: JobPlan
+    id: str
+    job: JobManifest | None = None
 
-async def settle_task(
-    caller: Caller, plan: JobPlan, task_id: str, seen: list[str | None] | None = None
-) -> Reply:
-    """`settle` for a task, through `tasks/get`, answering with `tasks/update` (the extension) or on the
-    stream of `tasks/result` (2025-11-25, whose `tasks/get` shows no questions)."""
-    deadline, caller.answer = anyio.current_time() + plan.timeout, plan.answer
-    while True:
-        reply = await caller.task("tasks/get", task_id)
-        if seen is not None:
-            seen.append(reply.status)
-        if reply.error or reply.status in TERMINAL_STATUSES or anyio.current_time() > deadline:
-            return reply
-        if reply.status == "input_required" and (questions := reply.body.get("inputRequests")):
-            accept = {"action": "accept", "content": plan.answer or {}}
-            await caller.task("tasks/update", task_id, inputResponses={key: accept for key in questions})
-            continue
-        if reply.status == "input_required":
-            await caller.task("tasks/result", task_id)
-            continue
-        poll = reply.body.get("pollIntervalMs") or reply.body.get("pollInterval") or 500
-        await anyio.sleep(min(max(poll / 1000, 0.2), 1.0))
+    async def read(self) -> Reply:
+        if self.job is None:
+            return await self.caller.task("tasks/get", self.id)
+        return await self.caller.call(self.job.tools["progress"], {"handle": self.id})
+
+    async def cancel(self) -> Reply:
+        if self.job is None:
+            return await self.caller.task("tasks/cancel", self.id)
+        return await self.caller.call(self.job.tools["cancel"], {"handle": self.id})
+
+    async def settle(self, seen: list[str | None] | None = None) -> Reply:
+        """Read until the job ends or times out (each status appended to `seen`), answering its questions
+        through `respond`, `tasks/update` or the stream of a 2025-11-25 `tasks/result`."""
+        caller, plan, job = self.caller, self.plan, self.job
+        deadline, caller.answer = anyio.current_time() + plan.timeout, plan.answer
+        while True:
+            reply = await self.read()
+            if seen is not None:
+                seen.append(reply.status)
+            if reply.error or reply.status in TERMINAL_STATUSES or anyio.current_time() > deadline:
+                return reply
+            body = reply.body
+            questions = body.get("input_requests") or body.get("inputRequests") or {}
+            if reply.status == "input_required" and job is not None and questions and "respond" in job.tools:
+                answers = {key: plan.answer or {} for key in questions}
+                await caller.call(job.tools["respond"], {"handle": self.id, "responses": answers})
+                continue
+            if reply.status == "input_required" and job is None and questions:
+                accept = {"action": "accept", "content": plan.answer or {}}
+                await caller.task("tasks/update", self.id, inputResponses=dict.fromkeys(questions, accept))
+                continue
+            if reply.status == "input_required" and job is None and caller.older:
+                await caller.task("tasks/result", self.id)
+                continue
+            poll = body.get("poll_after_ms") or body.get("pollIntervalMs") or body.get("pollInterval") or 500
+            await anyio.sleep(min(max(poll / 1000, 0.2), 1.0))
+
+    async def finish(self) -> Reply:
+        """Cancel it when the plan allows, then wait for its end."""
+        if self.plan.cancel and (self.job is None or "cancel" in self.job.tools):
+            await self.cancel()
+        return await self.settle()
