@@ -1,11 +1,4 @@
-"""The `handles check` gates in a test suite (pytest), against a server by URL or stdio command.
-
-```python
-from handles.testing import gate_tests
-
-test_gates = gate_tests(URL, [("alice", ALICE_TOKEN), ("bob", BOB_TOKEN)], "checks.toml")
-```
-"""
+"""The `handles check` gates as pytest test cases, against a server by URL or stdio command (docs/checking.md)."""
 
 from __future__ import annotations
 
@@ -44,8 +37,7 @@ def gate_tests(
     jobs: str | PathLike[str],
     only: Sequence[str] = (),
 ) -> Callable[[str], None]:
-    """A pytest test function with one case per gate; `server` may be a function that returns it (called
-    when the test runs, for a server started by then)."""
+    """A pytest test function with one case per gate; `server` may be a function that returns it."""
     import pytest  # only a test suite calls this
 
     @pytest.mark.parametrize("gate", list(only or GATES))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from contextlib import AsyncExitStack
@@ -11,10 +12,10 @@ from pathlib import Path
 import anyio
 from mcp import StdioServerParameters
 
-from handles.check.gates import GATES, Run, describe
+from handles.check.gates import GATES, Run
 from handles.check.plan import CheckPlan, load_plan
 from handles.check.report import GateResult, table, write_json, write_junit
-from handles.check.wire import Server, Transcript, open_caller
+from handles.check.wire import Caller, Server, Transcript, open_caller
 from handles.client.transient import unreadable_cause
 from handles.errors import ConfigurationError
 
@@ -47,15 +48,10 @@ def add_check_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "selected gate passes, 1 when one fails, 3 when the server cannot be read. See docs/checking.md.",
     )
     command.add_argument(
-        "target",
-        nargs="*",
-        metavar="URL",
-        help="the server's MCP endpoint, e.g. https://example.com/mcp; with --stdio: -- COMMAND [ARG...]",
+        "target", nargs="*", metavar="URL", help="the MCP endpoint; with --stdio: -- COMMAND..."
     )
     command.add_argument(
-        "--stdio",
-        action="store_true",
-        help="run the server as COMMAND and speak stdio to it (one principal: altered ids are tested)",
+        "--stdio", action="store_true", help="run the server as COMMAND over stdio (one principal)"
     )
     command.add_argument(
         "--as",
@@ -79,10 +75,10 @@ def add_check_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
 def check(args: argparse.Namespace) -> int:
     if args.list:
         for name, gate in GATES.items():
-            print(f"{name:<14} {describe(gate)}")
+            print(f"{name:<14} {' '.join((gate.__doc__ or '').split())}")
         return 0
     server: Server
-    if args.stdio and args.target and not args.principals:
+    if args.stdio and args.target and args.jobs and not args.principals:
         server = StdioServerParameters(command=args.target[0], args=args.target[1:], env=dict(os.environ))
         principals: list[tuple[str, str | None]] = [("local", None)]
     elif len(args.target) == 1 and args.jobs and len(args.principals) == 2:
@@ -91,8 +87,6 @@ def check(args: argparse.Namespace) -> int:
         raise ConfigurationError(
             "handles check needs URL, --jobs FILE and two --as NAME=TOKEN (or --stdio --jobs FILE -- COMMAND)."
         )
-    if not args.jobs:
-        raise ConfigurationError("handles check needs --jobs FILE: the jobs to drive.")
     selected = [name for name in args.only or GATES if name not in args.skip]
     try:
         results = anyio.run(run_gates, server, principals, load_plan(args.jobs), selected)
@@ -112,22 +106,30 @@ def check(args: argparse.Namespace) -> int:
 async def run_gates(
     server: Server, principals: list[tuple[str, str | None]], plan: CheckPlan, selected: list[str]
 ) -> list[GateResult]:
-    """Each selected gate's result, run in order over one connection per principal (the first owns the
-    jobs; with one principal, another principal's access is not tested)."""
+    """Each selected gate's result: the first principal owns the jobs, the second (if any) tries to reach them."""
     transcript = Transcript()
-    (owner_name, owner_token), *others = principals
+    others: list[tuple[str | None, str | None]] = [*principals[1:], (None, None)]
+    (owner, token), (other, other_token) = principals[0], others[0]
     async with AsyncExitStack() as stack:
-        owner = await stack.enter_async_context(open_caller(owner_name, server, owner_token, transcript))
-        other = None
-        for other_name, other_token in others[:1]:
-            other = await stack.enter_async_context(open_caller(other_name, server, other_token, transcript))
-        plain = await stack.enter_async_context(
-            open_caller(f"{owner_name} (no Tasks extension)", server, owner_token, transcript, tasks=False)
-        )
-        run = await Run.read(plan, owner, other, plain)
-        results = []
+
+        async def connected(name: str | None, token: str | None, mode: str, era: str = "") -> Caller | None:
+            if name is None:
+                return None
+            return await stack.enter_async_context(open_caller(name + era, server, token, transcript, mode))
+
+        callers = [
+            await connected(owner, token, "tasks"),
+            await connected(other, other_token, "tasks"),
+            await connected(owner, token, "auto", " (no Tasks extension)"),
+            await connected(owner, token, "legacy", " (2025-11-25)"),
+            await connected(other, other_token, "legacy", " (2025-11-25)"),
+        ]
+        again = functools.partial(open_caller, f"{owner} (a new connection)", server, token, transcript)
+        run = await Run.read(plan, callers, again)
+        results, tty = [], sys.stderr.isatty()  # on a terminal, one line rewritten per gate
         for index, name in enumerate(selected, start=1):
-            print(f"[{index}/{len(selected)}] {name}...", file=sys.stderr, flush=True)
+            line = f"[{index}/{len(selected)}] {name}..."
+            print(f"\r\x1b[K{line}" if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
             try:
                 findings = await GATES[name](run)
             except Exception as exc:  # a gate that cannot finish fails, saying why
@@ -135,4 +137,6 @@ async def run_gates(
                 continue
             evidence = findings.evidence or ["nothing to test: no planned job has the tools this gate drives"]
             results.append(GateResult(name, not findings.failed, evidence, findings.applied))
+        if tty:
+            print("\r\x1b[K", end="", file=sys.stderr, flush=True)
         return results

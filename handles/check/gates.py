@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 import re
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,14 +14,20 @@ import anyio
 from mcp_types import Tool
 
 from handles.check.plan import CheckPlan, JobPlan
-from handles.check.wire import Caller, Reply, Transcript, altered, made_up_id, settle, settle_task, start
+from handles.check.wire import (
+    REQUEST_SECONDS,
+    Caller,
+    Followed,
+    Reply,
+    Transcript,
+    altered,
+    made_up_id,
+    start,
+)
 from handles.client.manifest import JobManifest, Manifest, list_tools
 from handles.client.task_messages import TERMINAL_STATUSES
 from handles.states import Status, can_transition
 from handles.tool_layout import FOLLOW_VERBS
-
-Ask = Callable[[Caller, str], Awaitable[Reply]]
-"""One request about an id, sent as a caller."""
 
 SETTLED_SECONDS = 1.0
 """How long an ended job is watched for a status that changes again."""
@@ -35,6 +41,10 @@ class Findings:
     failed: bool = False
     applied: bool = False
 
+    def ended(self, reply: Reply, claim: str = "then it ended") -> bool:
+        """Expect `reply` to show a terminal status."""
+        return self.expect(reply.status in TERMINAL_STATUSES, f"{claim} ({reply.status})", reply)
+
     def expect(self, ok: bool, claim: str, reply: Reply | None = None) -> bool:
         self.applied = True
         shown = "" if reply is None else f" [{reply.request}]" if ok else f" [{reply.shown()}]"
@@ -42,114 +52,170 @@ class Findings:
         self.failed |= not ok
         return ok
 
-    def note(self, line: str) -> None:
-        self.evidence.append(line)
-
 
 @dataclass
 class Run:
-    """What every gate works with: the plan, the owner and the other principal (both declaring the Tasks
-    extension), the owner again without it, and what the server lists."""
+    """The connections every gate works with (see `run_gates`), and what the server lists on them."""
 
     plan: CheckPlan
     owner: Caller
     other: Caller | None
     plain: Caller
+    older: Caller
+    older_other: Caller | None
+    reconnect: Callable[[], AbstractAsyncContextManager[Caller]]
     manifest: Manifest
     tools: dict[str, Tool]
-    transcript: Transcript
+    older_tools: dict[str, Tool]
 
     @classmethod
-    async def read(cls, plan: CheckPlan, owner: Caller, other: Caller | None, plain: Caller) -> Run:
-        listed = await list_tools(owner.client)
+    async def read(
+        cls,
+        plan: CheckPlan,
+        callers: list[Caller | None],
+        reconnect: Callable[[], AbstractAsyncContextManager[Caller]],
+    ) -> Run:
+        owner, other, plain, older, older_other = callers
+        assert owner is not None and plain is not None and older is not None
+        listed, older_listed = await list_tools(owner.client), await list_tools(older.client)
+        tools, older_tools = ({tool.name: tool for tool in each} for each in (listed, older_listed))
         manifest = Manifest.of(owner.client, listed)
-        return cls(plan, owner, other, plain, manifest, {t.name: t for t in listed}, owner.transcript)
+        return cls(plan, owner, other, plain, older, older_other, reconnect, manifest, tools, older_tools)
+
+    @property
+    def transcript(self) -> Transcript:
+        return self.owner.transcript
 
     def jobs(self, *roles: str) -> list[tuple[JobPlan, JobManifest]]:
         """The planned jobs the server lists with every one of `roles` (`start`, `progress`, `plain`, ...)."""
         found = [(plan, self.manifest.job(plan.name)) for plan in self.plan.jobs]
         return [(plan, job) for plan, job in found if job is not None and set(roles) <= set(job.tools)]
 
-    async def finish(self, caller: Caller, plan: JobPlan, job: JobManifest, handle: str) -> Reply:
-        """End a job this run started: cancel it when the plan allows, then wait for its end."""
-        if plan.cancel and "cancel" in job.tools:
-            await caller.call(job.tools["cancel"], {"handle": handle})
-        return await settle(caller, job, plan, handle)
-
-    async def create_task(self, plan: JobPlan, job: JobManifest) -> str | None:
-        """The owner's task for `job` (its plain tool, declaring the extension), or None when no task came."""
-        created = await self.owner.call(job.tools["plain"], plan.arguments)
-        if created.error or created.body.get("resultType") != "task":
+    async def started(
+        self, f: Findings, plan: JobPlan, job: JobManifest, caller: Caller | None = None
+    ) -> Followed | None:
+        """`plan`'s job started through its start tool (by the owner unless `caller` is given)."""
+        reply = await start(caller or self.owner, job, plan)
+        if not f.expect(not reply.error and "handle" in reply.body, f"{plan.name} started", reply):
             return None
-        return self.transcript.label(str(created.body["taskId"]), "the owner's task id")
+        handle = self.transcript.label(str(reply.body["handle"]), "the owner's handle")
+        return Followed(caller or self.owner, plan, handle, job)
 
-    async def finish_task(self, plan: JobPlan, task_id: str) -> Reply:
-        if plan.cancel:
-            await self.owner.task("tasks/cancel", task_id)
-        return await settle_task(self.owner, plan, task_id)
+    def task_designs(self) -> list[tuple[Caller, list[JobPlan]]]:
+        """Each tasks design the server offers: the owner's caller, and the planned jobs it may run as tasks."""
+        designs = []
+        if self.manifest.tasks_offered:
+            designs.append((self.owner, [plan for plan, _ in self.jobs("plain")]))
+        if self.older.client.server_capabilities.tasks is not None:
+            marked = {
+                name
+                for name, tool in self.older_tools.items()
+                if tool.execution and tool.execution.task_support in ("optional", "required")
+            }
+            designs.append((self.older, [plan for plan in self.plan.jobs if plan.name in marked]))
+        return designs
+
+    async def create_task(self, caller: Caller, plan: JobPlan) -> Followed | None:
+        """The task of `plan`'s plain tool, as `caller`'s design asks for one; None when no task came."""
+        if caller.older:
+            params = {"name": plan.name, "arguments": plan.arguments, "task": {}}
+            created = await caller.send(f"tools/call {plan.name} (a task)", "tools/call", params)
+            task_id = None if created.error else (created.body.get("task") or {}).get("taskId")
+        else:
+            created = await caller.call(plan.name, plan.arguments)
+            task = not created.error and created.body.get("resultType") == "task"
+            task_id = created.body.get("taskId") if task else None
+        if task_id is None:
+            return None
+        return Followed(caller, plan, self.transcript.label(str(task_id), "the owner's task id"))
+
+    async def followed(self, f: Findings, *roles: str, cancel: bool = False) -> AsyncIterator[Followed]:
+        """A new job of each planned job with the tools of `roles`, then a new task of each, in each design."""
+        for plan, job in self.jobs("start", "progress", *roles):
+            if (plan.cancel or not cancel) and (followed := await self.started(f, plan, job)):
+                yield followed
+        async for task in self.tasks(cancel):
+            yield task
+
+    async def tasks(self, cancel: bool = False) -> AsyncIterator[Followed]:
+        for caller, plans in self.task_designs():
+            for plan in plans:
+                if (plan.cancel or not cancel) and (task := await self.create_task(caller, plan)):
+                    yield task
+
+    def other_of(self, caller: Caller) -> Caller | None:
+        """The other principal on the same kind of connection as `caller`."""
+        return self.older_other if caller.older else self.other
 
 
-async def _as_made_up(f: Findings, run: Run, owned: str, noun: str, ask: Ask) -> None:
-    """The other principal asks about the owner's id and an altered one, the owner about the altered one:
-    each answer must be the error a made-up id gets, word for word once the id is blanked out."""
+async def _as_made_up(
+    f: Findings, run: Run, followed: Followed, request: str, params: dict[str, Any]
+) -> None:
+    """`request` about the owner's id (by the other principal) or an altered one is answered as a made-up id."""
+    owned, owner, other, job = followed.id, followed.caller, run.other_of(followed.caller), followed.job
+    noun = "handle" if job is not None else "task id"
     forged = run.transcript.label(altered(owned), f"an altered {noun}")
     made_up = run.transcript.label(made_up_id(), f"a made-up {noun}")
-    others = [] if run.other is None else [(run.other, owned), (run.other, forged)]
-    for caller, used in [*others, (run.owner, forged)]:
+
+    async def ask(caller: Caller, used: str) -> Reply:
+        if job is None:
+            return await caller.task(request, used, **params)
+        return await caller.call(job.tools[request], {"handle": used, **params})
+
+    others = [] if other is None else [(other, owned), (other, forged)]
+    for caller, used in [*others, (owner, forged)]:
         baseline, got = await ask(caller, made_up), await ask(caller, used)
         same = got.text.replace(used, "<id>") == baseline.text.replace(made_up, "<id>")
         f.expect(got.error and baseline.error and same, f"answers like a made-up {noun}", got)
-
-
-async def _ask_tool(tool: str, extra: dict[str, Any], caller: Caller, handle: str) -> Reply:
-    return await caller.call(tool, {"handle": handle, **extra})
-
-
-async def _ask_task(method: str, responses: dict[str, Any], caller: Caller, task_id: str) -> Reply:
-    return await caller.task(method, task_id, responses)
 
 
 async def isolation(run: Run) -> Findings:
     """Another principal's handle or task id, and an altered one, get exactly what a made-up one gets."""
     f = Findings()
     if run.other is None:
-        f.note("one principal only: another principal's access is not tested, altered ids are")
-    for plan, job in run.jobs("start", "progress"):
-        started = await start(run.owner, job, plan)
-        if not f.expect(not started.error and "handle" in started.body, f"{plan.name} started", started):
-            continue
-        handle = run.transcript.label(str(started.body["handle"]), "the owner's handle")
-        for verb in (verb for verb in FOLLOW_VERBS if verb in job.tools):
-            extra = {"responses": {"q1": plan.answer or {}}} if verb == "respond" else {}
-            ask = functools.partial(_ask_tool, job.tools[verb], extra)
-            await _as_made_up(f, run, handle, "handle", ask)
-        after = await run.owner.call(job.tools["progress"], {"handle": handle})
+        f.evidence.append("one principal only: another principal's access is not tested, altered ids are")
+    async for followed in run.followed(f):
+        plan, job, owner = followed.plan, followed.job, followed.caller
+        answer: dict[str, Any] = {"responses": {"q1": plan.answer or {}}}
+        asks = [
+            (verb, answer if verb == "respond" else {}) for verb in FOLLOW_VERBS if job and verb in job.tools
+        ]
+        if job is None:
+            accept = {"inputResponses": {"q1": {"action": "accept", "content": plan.answer or {}}}}
+            last = ("tasks/result", {}) if owner.older else ("tasks/update", accept)
+            asks = [("tasks/get", {}), ("tasks/cancel", {}), last]
+        for request, params in asks:
+            await _as_made_up(f, run, followed, request, params)
+        if owner.older and (other := run.other_of(owner)) is not None:
+            listed = await other.send("tasks/list", "tasks/list", {})
+            shown = followed.id not in listed.text
+            f.expect(shown, "another principal's tasks/list shows none of the owner's", listed)
+        after = await followed.read()
         f.expect(not after.error and after.status != "cancelled", "the owner's job was left alone", after)
-        await run.finish(run.owner, plan, job, handle)
-    for plan, job in run.jobs("plain") if run.manifest.tasks_offered else []:
-        if (task_id := await run.create_task(plan, job)) is None:
-            continue
-        accept = {"q1": {"action": "accept", "content": plan.answer or {}}}
-        for method in ("tasks/get", "tasks/update", "tasks/cancel"):
-            await _as_made_up(f, run, task_id, "task id", functools.partial(_ask_task, method, accept))
-        after = await run.owner.task("tasks/get", task_id)
-        f.expect(not after.error and after.status != "cancelled", "the owner's task was left alone", after)
-        await run.finish_task(plan, task_id)
+        await followed.finish()
     return f
 
 
-async def _stays(f: Findings, read: Callable[[], Awaitable[Reply]], ended: Reply) -> None:
+async def _stays(f: Findings, followed: Followed, ended: Reply) -> None:
     """Read the ended job twice more, `SETTLED_SECONDS` apart: its status must not move."""
     for _ in range(2):
         await anyio.sleep(SETTLED_SECONDS)
-        again = await read()
+        again = await followed.read()
         f.expect(again.status == ended.status, f"{ended.status} stays {ended.status}", again)
 
 
-def _along_edges(path: list[str | None]) -> bool:
-    """Whether every status is one of the Tasks extension's, and each change an allowed edge."""
+def _ended_along_edges(f: Findings, name: str, seen: list[str | None], ended: Reply) -> bool:
+    """Expect `seen` to follow the allowed edges of the Tasks statuses to an end; whether the job ended."""
+    path = [status for index, status in enumerate(seen) if index == 0 or status != seen[index - 1]]
     known = [Status(status) for status in path if status is not None and status in Status._value2member_map_]
-    return len(known) == len(path) and all(can_transition(a, b) for a, b in itertools.pairwise(known))
+    along = len(known) == len(path) and all(can_transition(a, b) for a, b in itertools.pairwise(known))
+    f.expect(along, f"{name} moved {' -> '.join(map(str, path))}", ended)
+    return f.ended(ended, f"{name} ended")
+
+
+def _refused_after_end(f: Findings, reply: Reply) -> None:
+    """The 2025-11-25 design refuses `tasks/cancel` of an ended task with -32602."""
+    f.expect(reply.error and reply.body.get("code") == -32602, "tasks/cancel after the end is -32602", reply)
 
 
 async def transitions(run: Run) -> Findings:
@@ -157,109 +223,102 @@ async def transitions(run: Run) -> Findings:
     cancelling twice move nothing wrongly; an ended job stays ended."""
     f = Findings()
     for plan, job in run.jobs("start", "progress", "fetch"):
-        started = await start(run.owner, job, plan)
-        if not f.expect(not started.error, f"{plan.name} started", started):
+        if (followed := await run.started(f, plan, job)) is None:
             continue
-        handle = run.transcript.label(str(started.body.get("handle")), f"{plan.name}'s handle")
-        early = await run.owner.call(job.tools["fetch"], {"handle": handle})
+        handle = {"handle": followed.id}
+        early = await run.owner.call(job.tools["fetch"], handle)
         if early.status in TERMINAL_STATUSES:
-            f.note(f"{plan.name} ended before it could be fetched early [{early.request}]")
+            f.evidence.append(f"{plan.name} ended before it could be fetched early [{early.request}]")
         else:
             f.expect(
                 not early.error and not early.body.get("result"), "an early fetch gives no result", early
             )
-        seen = [started.status, early.status]
-        ended = await settle(run.owner, job, plan, handle, seen)
-        if not _ended_along_edges(f, plan.name, seen, ended):
+        seen = [early.status]
+        if not _ended_along_edges(f, plan.name, seen, ended := await followed.settle(seen)):
             continue
-        late = []
-        if "cancel" in job.tools:
-            late.append(await run.owner.call(job.tools["cancel"], {"handle": handle}))
+        late = [await followed.cancel()] if "cancel" in job.tools else []
         if "respond" in job.tools:
-            answers = {"q1": plan.answer or {}}
-            late.append(await run.owner.call(job.tools["respond"], {"handle": handle, "responses": answers}))
+            late.append(
+                await run.owner.call(job.tools["respond"], {**handle, "responses": {"q1": plan.answer or {}}})
+            )
         for reply in late:
             moved = reply.status not in (None, ended.status) or bool(reply.body.get("accepted"))
             f.expect(reply.error or not moved, "after the end, it changes nothing", reply)
-        await _stays(f, functools.partial(run.owner.call, job.tools["progress"], {"handle": handle}), ended)
+        await _stays(f, followed, ended)
     for plan, job in run.jobs("start", "progress", "cancel"):
-        if not plan.cancel or (started := await start(run.owner, job, plan)).error:
-            continue
-        handle = run.transcript.label(str(started.body.get("handle")), f"{plan.name}'s handle")
-        for _ in range(2):
-            f.expect(
-                not (ack := await run.owner.call(job.tools["cancel"], {"handle": handle})).error,
-                "cancel acknowledged",
-                ack,
-            )
-        ended = await settle(run.owner, job, plan, handle)
-        f.expect(ended.status in TERMINAL_STATUSES, f"cancelled twice, it ended ({ended.status})", ended)
-    for plan, job in run.jobs("plain") if run.manifest.tasks_offered else []:
-        if (task_id := await run.create_task(plan, job)) is None:
-            continue
-        early = await run.owner.task("tasks/get", task_id)
-        done_early = early.status == "completed"
-        f.expect(
-            not early.error and ("result" not in early.body or done_early), "no result before the end", early
-        )
+        if plan.cancel and (followed := await run.started(f, plan, job)) is not None:
+            for _ in range(2):
+                f.expect(not (ack := await followed.cancel()).error, "cancel acknowledged", ack)
+            ended = await followed.settle()
+            f.ended(ended, "cancelled twice, it ended")
+    async for task in run.tasks():
+        early = await task.read()
+        result_early = "result" in early.body and early.status != "completed"
+        f.expect(not early.error and not result_early, "no result before the end", early)
         seen = [early.status]
-        ended = await settle_task(run.owner, plan, task_id, seen)
-        if not _ended_along_edges(f, f"{plan.name}'s task", seen, ended):
+        if not _ended_along_edges(f, f"{task.plan.name}'s task", seen, ended := await task.settle(seen)):
             continue
-        accept = {"q1": {"action": "accept", "content": plan.answer or {}}}
-        for method in ("tasks/cancel", "tasks/cancel", "tasks/update"):
-            acked = await run.owner.task(method, task_id, accept)
-            f.expect(not acked.error, "after the end, acknowledged", acked)
-        await _stays(f, functools.partial(run.owner.task, "tasks/get", task_id), ended)
+        if task.caller.older:
+            first, again = [await task.caller.task("tasks/result", task.id) for _ in range(2)]
+            same = first.text == again.text and first.error == (ended.status == "failed")
+            f.expect(same, "tasks/result of the ended task answers its end, the same twice", again)
+            _refused_after_end(f, await task.cancel())
+        else:
+            accept = {"q1": {"action": "accept", "content": task.plan.answer or {}}}
+            for method in ("tasks/cancel", "tasks/cancel", "tasks/update"):
+                acked = await task.caller.task(method, task.id, inputResponses=accept)
+                f.expect(not acked.error, "after the end, acknowledged", acked)
+        await _stays(f, task, ended)
     return f
-
-
-def _ended_along_edges(f: Findings, name: str, seen: list[str | None], ended: Reply) -> bool:
-    """Expect the statuses `seen` to follow the allowed edges to an end; whether the job ended."""
-    path = [status for index, status in enumerate(seen) if index == 0 or status != seen[index - 1]]
-    f.expect(_along_edges(path), f"{name} moved {' -> '.join(map(str, path))}", ended)
-    return f.expect(ended.status in TERMINAL_STATUSES, f"{name} ended ({ended.status})", ended)
 
 
 async def cancellation(run: Run) -> Findings:
     """A cancel is acknowledged, the job then reaches a terminal status, observed apart, and stays there."""
     f = Findings()
-    for plan, job in run.jobs("start", "progress", "cancel"):
-        if not plan.cancel or (started := await start(run.owner, job, plan)).error:
-            continue
-        handle = run.transcript.label(str(started.body.get("handle")), f"{plan.name}'s handle")
-        ack = await run.owner.call(job.tools["cancel"], {"handle": handle})
-        f.expect(not ack.error, f"{plan.name}: cancel acknowledged ({ack.status})", ack)
-        ended = await settle(run.owner, job, plan, handle)
-        if f.expect(ended.status in TERMINAL_STATUSES, f"then it ended ({ended.status})", ended):
-            await _stays(
-                f, functools.partial(run.owner.call, job.tools["progress"], {"handle": handle}), ended
-            )
-    for plan, job in run.jobs("plain") if run.manifest.tasks_offered else []:
-        if not plan.cancel or (task_id := await run.create_task(plan, job)) is None:
-            continue
-        ack = await run.owner.task("tasks/cancel", task_id)
-        f.expect(not ack.error, f"{plan.name}: tasks/cancel acknowledged", ack)
-        ended = await settle_task(run.owner, plan, task_id)
-        if f.expect(ended.status in TERMINAL_STATUSES, f"then the task ended ({ended.status})", ended):
-            await _stays(f, functools.partial(run.owner.task, "tasks/get", task_id), ended)
+    async for followed in run.followed(f, "cancel", cancel=True):
+        ack = await followed.cancel()
+        f.expect(not ack.error, f"{followed.plan.name}: cancel acknowledged ({ack.status})", ack)
+        ended = await followed.settle()
+        if f.ended(ended):
+            await _stays(f, followed, ended)
+            if followed.caller.older:
+                _refused_after_end(f, await followed.cancel())
     return f
 
 
 async def duplicate(run: Run) -> Findings:
-    """A start retried with the same idempotency key leaves one job (when the start tool takes a key)."""
+    """A start retried with the same idempotency key leaves one job, on a new connection after the first
+    was dropped before or after the start's reply; the new connection resumes the job without a start."""
     f = Findings()
     for plan, job in run.jobs("start", "progress"):
         properties = run.tools[job.tools["start"]].input_schema.get("properties") or {}
         if "idempotency_key" not in properties:
-            f.note(f"{job.tools['start']} takes no idempotency_key")
+            f.evidence.append(f"{job.tools['start']} takes no idempotency_key")
             continue
-        key = f"handles-check-{secrets.token_hex(8)}"
-        first, second = [await start(run.owner, job, plan, key) for _ in range(2)]
-        handles = {str(reply.body.get("handle")) for reply in (first, second) if not reply.error}
-        f.expect(len(handles) == 1, f"{plan.name} started twice with one key: one job", second)
-        for handle in handles:
-            await run.finish(run.owner, plan, job, handle)
+        for dropped in ("after", "before"):
+            key, known = f"handles-check-{secrets.token_hex(8)}", set()
+            async with run.reconnect() as lost:
+                with anyio.move_on_after(0 if dropped == "before" else REQUEST_SECONDS):
+                    if not (reply := await start(lost, job, plan, key)).error:
+                        known.add(
+                            run.transcript.label(str(reply.body.get("handle")), f"{plan.name}'s handle")
+                        )
+            if dropped == "before":  # whether the cancelled request reached the server is not observable
+                f.evidence.append(f"{plan.name}: a start sent, then its connection closed before the reply")
+            async with run.reconnect() as new:
+                for handle in known:
+                    resumed = await new.call(job.tools["progress"], {"handle": handle})
+                    f.expect(
+                        not resumed.error,
+                        f"{plan.name}: resumed on a new connection, without a start",
+                        resumed,
+                    )
+                retried = [await start(new, job, plan, key) for _ in range(2)]
+                handles = known | {str(reply.body.get("handle")) for reply in retried if not reply.error}
+                claim = f"{plan.name}: dropped {dropped} the start's reply, started twice more with its key: one job"
+                if f.expect(len(handles) == 1, claim, retried[-1]):
+                    handle = run.transcript.label(handles.pop(), f"{plan.name}'s handle")
+                    f.ended(await Followed(new, plan, handle, job).finish(), "and followed to its end")
     return f
 
 
@@ -271,37 +330,27 @@ async def compatibility(run: Run) -> Findings:
     for plan in run.plan.jobs:
         job = plain.job(plan.name)
         if job is not None and {"start", "progress"} <= set(job.tools):
-            started = await start(run.plain, job, plan)
-            if f.expect(not started.error, f"{plan.name} started without the extension", started):
-                handle = run.transcript.label(str(started.body.get("handle")), f"{plan.name}'s handle")
-                ended = await settle(run.plain, job, plan, handle)
-                f.expect(
-                    ended.status in TERMINAL_STATUSES, f"and followed to its end ({ended.status})", ended
-                )
+            if followed := await run.started(f, plan, job, run.plain):
+                f.ended(await followed.settle(), "and followed to its end")
         elif job is not None:
             reply = await run.plain.call(plan.name, plan.arguments)
             inline = not reply.error and reply.body.get("resultType") != "task"
             f.expect(inline, f"{plan.name} answers inline without the extension", reply)
         else:
             f.expect(False, f"{plan.name} is not offered to a client without the Tasks extension")
-    for plan, job in run.jobs("plain") if run.manifest.tasks_offered else []:
-        task_id = await run.create_task(plan, job)
-        f.expect(task_id is not None, f"{plan.name} gives a task to a client that declares the extension")
-        if task_id is not None:
-            await run.finish_task(plan, task_id)
+    for caller, plans in run.task_designs():
+        design = "the 2025-11-25 design" if caller.older else "the Tasks extension"
+        f.expect(bool(plans), f"a planned job takes a task of {design}, which the server advertises")
+        for plan in plans:
+            task = await run.create_task(caller, plan)
+            if f.expect(task is not None, f"{plan.name} gives a task to a client of {design}") and task:
+                await task.finish()
     return f
 
 
 _TRACE = re.compile(r'Traceback \(most recent call last\)|File "[^"]+", line \d+')
 _PATH = re.compile(r"(?<![\w.:/])/(?:home|usr|opt|var|srv|root|app|tmp|etc)/[\w.-]+|site-packages|[A-Z]:\\\w")
 _SHOWN_FIELDS = ("status_message", "statusMessage", "message", "error", "tool_error", "next")
-
-
-def _shown_text(reply: Reply) -> str:
-    """What a person may read of an answer: the whole of an error; the messages of any other answer."""
-    if reply.error:
-        return reply.text
-    return " ".join(str(reply.body[name]) for name in _SHOWN_FIELDS if reply.body.get(name))
 
 
 async def hygiene(run: Run) -> Findings:
@@ -314,10 +363,15 @@ async def hygiene(run: Run) -> Findings:
         started = await start(run.owner, job, plan)
         for reply in (refused, started):
             if not reply.error and "handle" in reply.body:
-                await run.finish(run.owner, plan, job, str(reply.body["handle"]))
+                await Followed(run.owner, plan, str(reply.body["handle"]), job).finish()
     secrets_ = run.plan.secrets()
     for reply in list(run.transcript.replies):
-        text = _shown_text(reply)
+        # What a person may read of an answer: the whole of an error; the messages of any other answer.
+        text = (
+            reply.text
+            if reply.error
+            else " ".join(str(reply.body[key]) for key in _SHOWN_FIELDS if reply.body.get(key))
+        )
         leaks = [f"a sensitive value ({len(value)} characters)" for value in secrets_ if value in text]
         leaks += [f"a stack trace ({m.group(0)!r})" for m in [_TRACE.search(text)] if m]
         leaks += [f"an internal path ({m.group(0)!r})" for m in [_PATH.search(text)] if m]
@@ -337,8 +391,3 @@ GATES: dict[str, Gate] = {
     "hygiene": hygiene,
 }
 """Every gate, in the order they run (hygiene last: it reads every answer the others got)."""
-
-
-def describe(gate: Gate) -> str:
-    """The gate's one-line meaning (its docstring)."""
-    return " ".join((gate.__doc__ or "").split())

@@ -12,8 +12,7 @@ from handles.errors import ConfigurationError
 
 @dataclass(frozen=True)
 class JobPlan:
-    """One job to drive: its arguments, the answer to its question (if it asks one), whether it may be
-    cancelled, the names of its arguments and answer fields that are sensitive, and how long it may run."""
+    """One `[jobs.NAME]` table of a `checks.toml`."""
 
     name: str
     arguments: dict[str, Any]
@@ -21,12 +20,6 @@ class JobPlan:
     cancel: bool = False
     sensitive: tuple[str, ...] = ()
     timeout: float = 60.0
-
-    @property
-    def sensitive_values(self) -> list[str]:
-        """The values of the sensitive arguments and answer fields, as text."""
-        named = {**self.arguments, **(self.answer or {})}
-        return [str(named[name]) for name in self.sensitive if name in named]
 
 
 @dataclass(frozen=True)
@@ -37,14 +30,17 @@ class CheckPlan:
     sensitive_values: tuple[str, ...] = ()
 
     def secrets(self) -> list[str]:
-        """Every sensitive value, from the plan and from each job's sensitive arguments."""
-        values = [*self.sensitive_values, *(value for job in self.jobs for value in job.sensitive_values)]
+        """Every sensitive value: the plan's, and each job's sensitive arguments and answer fields."""
+        named = [({**job.arguments, **(job.answer or {})}, job.sensitive) for job in self.jobs]
+        values = [
+            *self.sensitive_values,
+            *(str(args[name]) for args, names in named for name in names if name in args),
+        ]
         return sorted({value for value in values if value})
 
 
 def load_plan(path: Path) -> CheckPlan:
-    """Read a `checks.toml`: `sensitive_values = [...]`, then one `[jobs.NAME]` table per job with
-    `arguments`, `answer`, `cancel`, `sensitive` and `timeout` (all optional)."""
+    """Read a `checks.toml` (docs/checking.md)."""
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import secrets
+import textwrap
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,39 +14,18 @@ import anyio
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_types import CallToolResult, Result
-from pydantic import ConfigDict
+from mcp.shared.inbound import MCP_NAME_HEADER, encode_header_value
+from mcp_types import CallToolResult, ElicitResult
 
 from handles.check.plan import JobPlan
 from handles.client.faces import caller_error
 from handles.client.follow import connect
 from handles.client.http import http_client
 from handles.client.manifest import JobManifest
-from handles.client.task_messages import (
-    TERMINAL_STATUSES,
-    CancelTaskRequest,
-    CreateTaskResult,
-    GetTaskRequest,
-    TaskIdParams,
-    UpdateTaskParams,
-    UpdateTaskRequest,
-)
+from handles.client.task_messages import TERMINAL_STATUSES, CreateTaskResult
 from handles.results import text_of
 
 REQUEST_SECONDS = 30.0
-
-
-_TASK_REQUESTS: dict[str, Any] = {
-    "tasks/get": GetTaskRequest,
-    "tasks/update": UpdateTaskRequest,
-    "tasks/cancel": CancelTaskRequest,
-}
-
-
-class _AnyAnswer(Result):
-    """Whatever a `tasks/*` request answers, kept whole (its fields as the wire spells them)."""
-
-    model_config = ConfigDict(extra="allow")
 
 
 @dataclass(frozen=True)
@@ -64,8 +44,7 @@ class Reply:
 
     def shown(self, limit: int = 300) -> str:
         """The request and a short form of its answer."""
-        text = " ".join(self.text.split())
-        answer = text if len(text) <= limit else text[:limit] + "..."
+        answer = textwrap.shorten(self.text, limit, placeholder="...")
         return f"{self.request} -> {'error ' if self.error else ''}{answer}"
 
 
@@ -102,6 +81,10 @@ class Caller:
 
     def __init__(self, name: str, client: Client, transcript: Transcript) -> None:
         self.name, self.client, self.transcript = name, client, transcript
+        self.older = client.session.discover_result is None and client.protocol_version == "2025-11-25"
+        """Whether it was connected by an initialize handshake at 2025-11-25 (the older tasks design)."""
+        self.answer: dict[str, Any] | None = None
+        """What this caller accepts a question asked on its stream with (None: it declines)."""
 
     def _keep(self, request: str, error: bool, body: dict[str, Any], text: str) -> Reply:
         reply = Reply(self.transcript.describe(f"{self.name}: {request}"), error, body, text)
@@ -124,19 +107,22 @@ class Caller:
         body = dict(result.structured_content or caller_error(result))
         return self._keep(request, result.is_error, body, text_of(result) or json.dumps(body, default=str))
 
-    async def task(self, method: str, task_id: str, responses: dict[str, Any] | None = None) -> Reply:
-        """`tasks/get`, `tasks/cancel` or `tasks/update` on `task_id`."""
-        request, kind = f"{method} {task_id}", _TASK_REQUESTS[method]
-        params = TaskIdParams(task_id=task_id)
-        if method == "tasks/update":
-            params = UpdateTaskParams(task_id=task_id, input_responses=responses or {})
+    async def task(self, method: str, task_id: str, **params: Any) -> Reply:
+        """A `tasks/*` request on `task_id` (`tasks/update` takes `inputResponses`)."""
+        return await self.send(f"{method} {task_id}", method, {"taskId": task_id, **params})
+
+    async def send(self, request: str, method: str, params: dict[str, Any]) -> Reply:
+        """Any request as this connection stamps it (`Mcp-Name` naming its `taskId`); the answer kept raw."""
+        data: dict[str, Any] = {"method": method, "params": params}
+        options: Any = {"timeout": REQUEST_SECONDS}
+        session: Any = self.client.session
+        session._stamp(data, options)
+        if "taskId" in params:
+            options.setdefault("headers", {})[MCP_NAME_HEADER] = encode_header_value(params["taskId"])
         try:
-            answer = await self.client.session.send_request(
-                kind(params=params), _AnyAnswer, request_read_timeout_seconds=REQUEST_SECONDS
-            )
+            body = await session._dispatcher.send_raw_request(method, data["params"], options)
         except MCPError as exc:
             return self._rpc_error(request, exc)
-        body = answer.model_dump(mode="json", by_alias=True, exclude_none=True)
         return self._keep(request, False, body, json.dumps(body))
 
     def _rpc_error(self, request: str, exc: MCPError) -> Reply:
@@ -150,22 +136,29 @@ Server = str | StdioServerParameters
 
 @asynccontextmanager
 async def open_caller(
-    name: str, server: Server, token: str | None, transcript: Transcript, *, tasks: bool = True
+    name: str, server: Server, token: str | None, transcript: Transcript, mode: str = "tasks"
 ) -> AsyncIterator[Caller]:
-    """A `Caller` on `server` with `token` (a URL's); `tasks=False` connects a client that does not declare
-    the Tasks extension (over stdio, each caller runs its own server process)."""
-    if tasks:
-        async with connect(server, token=token)() as client:
-            yield Caller(name, client, transcript)
-    elif isinstance(server, StdioServerParameters):
-        async with Client(server) as client:
-            yield Caller(name, client, transcript)
-    else:
-        async with (
-            http_client(token=token) as http,
-            Client(streamable_http_client(server, http_client=http)) as client,
-        ):
-            yield Caller(name, client, transcript)
+    """A `Caller` on `server` with `token` (a URL's) that declares the Tasks extension; with `mode`
+    `"auto"` one that does not, `"legacy"` one connected by an initialize handshake (2025-11-25)."""
+
+    async def answer(context: Any, params: Any) -> ElicitResult:
+        if caller.answer is None:
+            return ElicitResult(action="decline")
+        return ElicitResult(action="accept", content=caller.answer)
+
+    async with AsyncExitStack() as stack:
+        target: Any = server
+        if mode != "tasks" and not isinstance(server, StdioServerParameters):
+            http = await stack.enter_async_context(http_client(token=token))
+            target = streamable_http_client(server, http_client=http)
+        elicit = answer if mode == "legacy" else None
+        connected = (
+            connect(server, token=token)()
+            if mode == "tasks"
+            else Client(target, mode=mode, elicitation_callback=elicit)
+        )
+        caller = Caller(name, await stack.enter_async_context(connected), transcript)
+        yield caller
 
 
 async def start(caller: Caller, job: JobManifest, plan: JobPlan, key: str | None = None) -> Reply:
@@ -174,39 +167,54 @@ async def start(caller: Caller, job: JobManifest, plan: JobPlan, key: str | None
     return await caller.call(job.tools["start"], arguments)
 
 
-async def settle(
-    caller: Caller, job: JobManifest, plan: JobPlan, handle: str, seen: list[str | None] | None = None
-) -> Reply:
-    """Poll `progress` until the job ends, answering its questions with the plan's answer (each status read
-    appended to `seen`); the last reply."""
-    deadline = anyio.current_time() + plan.timeout
-    while True:
-        reply = await caller.call(job.tools["progress"], {"handle": handle})
-        if seen is not None:
-            seen.append(reply.status)
-        if reply.error or reply.status in TERMINAL_STATUSES or anyio.current_time() > deadline:
-            return reply
-        questions = reply.body.get("input_requests") or {}
-        if reply.status == "input_required" and questions and "respond" in job.tools:
-            answers = {key: plan.answer or {} for key in questions}
-            await caller.call(job.tools["respond"], {"handle": handle, "responses": answers})
-            continue
-        await anyio.sleep(min(max((reply.body.get("poll_after_ms") or 500) / 1000, 0.2), 1.0))
+@dataclass(frozen=True)
+class Followed:
+    """A job this run started, followed through its handle tools (`job`), or a task (`job` None)."""
 
+    caller: Caller
+    plan: JobPlan
+    id: str
+    job: JobManifest | None = None
 
-async def settle_task(
-    caller: Caller, plan: JobPlan, task_id: str, seen: list[str | None] | None = None
-) -> Reply:
-    """`settle` for a task, through `tasks/get` and `tasks/update`."""
-    deadline = anyio.current_time() + plan.timeout
-    while True:
-        reply = await caller.task("tasks/get", task_id)
-        if seen is not None:
-            seen.append(reply.status)
-        if reply.error or reply.status in TERMINAL_STATUSES or anyio.current_time() > deadline:
-            return reply
-        if reply.status == "input_required" and (questions := reply.body.get("inputRequests")):
-            accept = {"action": "accept", "content": plan.answer or {}}
-            await caller.task("tasks/update", task_id, {key: accept for key in questions})
-            continue
-        await anyio.sleep(min(max((reply.body.get("pollIntervalMs") or 500) / 1000, 0.2), 1.0))
+    async def read(self) -> Reply:
+        if self.job is None:
+            return await self.caller.task("tasks/get", self.id)
+        return await self.caller.call(self.job.tools["progress"], {"handle": self.id})
+
+    async def cancel(self) -> Reply:
+        if self.job is None:
+            return await self.caller.task("tasks/cancel", self.id)
+        return await self.caller.call(self.job.tools["cancel"], {"handle": self.id})
+
+    async def settle(self, seen: list[str | None] | None = None) -> Reply:
+        """Read until the job ends or times out (each status appended to `seen`), answering its questions
+        through `respond`, `tasks/update` or the stream of a 2025-11-25 `tasks/result`."""
+        caller, plan, job = self.caller, self.plan, self.job
+        deadline, caller.answer = anyio.current_time() + plan.timeout, plan.answer
+        while True:
+            reply = await self.read()
+            if seen is not None:
+                seen.append(reply.status)
+            if reply.error or reply.status in TERMINAL_STATUSES or anyio.current_time() > deadline:
+                return reply
+            body = reply.body
+            questions = body.get("input_requests") or body.get("inputRequests") or {}
+            if reply.status == "input_required" and job is not None and questions and "respond" in job.tools:
+                answers = {key: plan.answer or {} for key in questions}
+                await caller.call(job.tools["respond"], {"handle": self.id, "responses": answers})
+                continue
+            if reply.status == "input_required" and job is None and questions:
+                accept = {"action": "accept", "content": plan.answer or {}}
+                await caller.task("tasks/update", self.id, inputResponses=dict.fromkeys(questions, accept))
+                continue
+            if reply.status == "input_required" and job is None and caller.older:
+                await caller.task("tasks/result", self.id)
+                continue
+            poll = body.get("poll_after_ms") or body.get("pollIntervalMs") or body.get("pollInterval") or 500
+            await anyio.sleep(min(max(poll / 1000, 0.2), 1.0))
+
+    async def finish(self) -> Reply:
+        """Cancel it when the plan allows, then wait for its end."""
+        if self.plan.cancel and (self.job is None or "cancel" in self.job.tools):
+            await self.cancel()
+        return await self.settle()

@@ -5,12 +5,17 @@
 - `leak`: answers any principal's handle with its job's status;
 - `duplicate`: starts a second job when a start is retried with the same idempotency key;
 - `revive`: reports a cancelled job `cancelled`, then `completed` a moment later;
-- `chatty`: shows the job's sensitive note in its status, and a stack trace in its errors.
+- `chatty`: shows the job's sensitive note in its status, and a stack trace in its errors;
+- `list-leak`: its 2025-11-25 `tasks/list` lists every principal's tasks.
+
+A client that connects with `initialize` at 2025-11-25 is also served that version's tasks design: the
+`slow_job` tool takes a task, followed with `tasks/get`, `tasks/result`, `tasks/list` and `tasks/cancel`.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import secrets
 import time
@@ -18,10 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.shared.exceptions import MCPError
 
 from example_server.__main__ import FileTokenVerifier
 
@@ -37,6 +44,18 @@ class Job:
     started: float
     cancelled_at: float | None = None
 
+    def task(self, handle: str, fault: str) -> dict[str, Any]:
+        """The job as a task of the 2025-11-25 design."""
+        created = datetime.datetime.now(datetime.UTC).isoformat()
+        return {
+            "taskId": handle,
+            "status": self.status(fault),
+            "createdAt": created,
+            "lastUpdatedAt": created,
+            "ttl": 600000,
+            "pollInterval": 200,
+        }
+
     def status(self, fault: str) -> str:
         if self.cancelled_at is not None:
             revived = fault == "revive" and time.monotonic() - self.cancelled_at > REVIVE_SECONDS
@@ -46,12 +65,61 @@ class Job:
 
 def build(fault: str, tokens: dict[str, str], port: int) -> MCPServer:
     base = f"http://127.0.0.1:{port}"
+    jobs: dict[str, Job] = {}
+
+    async def older_tasks(ctx: Any, call_next: Any) -> Any:
+        """The 2025-11-25 tasks design, for a client connected at that version."""
+        params = ctx.params or {}
+        if ctx.method == "initialize":
+            result = await call_next(ctx)
+            if result.get("protocolVersion") == "2025-11-25":
+                result["capabilities"]["tasks"] = {
+                    "list": {},
+                    "cancel": {},
+                    "requests": {"tools": {"call": {}}},
+                }
+            return result
+        if ctx.protocol_version != "2025-11-25":
+            return await call_next(ctx)
+        if ctx.method == "tools/call" and params.get("name") == "slow_job" and "task" in params:
+            arguments = params.get("arguments") or {}
+            handle = secrets.token_urlsafe(24)
+            jobs[handle] = Job(
+                caller(), arguments.get("note", ""), arguments.get("seconds", 1.0), time.monotonic()
+            )
+            return {"task": jobs[handle].task(handle, fault)}
+        if ctx.method == "tasks/list":
+            mine = {h: job for h, job in jobs.items() if job.owner == caller() or fault == "list-leak"}
+            return {"tasks": [job.task(handle, fault) for handle, job in mine.items()]}
+        if not ctx.method.startswith("tasks/"):
+            result = await call_next(ctx)
+            if ctx.method == "tools/list":
+                for tool in result["tools"]:
+                    if tool["name"] == "slow_job":
+                        tool["execution"] = {"taskSupport": "optional"}
+            return result
+        handle = str(params.get("taskId"))
+        try:
+            job = find(handle)
+        except ToolError as exc:
+            raise MCPError(code=-32602, message=str(exc)) from None
+        if ctx.method == "tasks/cancel" and job.status(fault) != "working":
+            raise MCPError(code=-32602, message="The task already ended.")
+        if ctx.method == "tasks/cancel":
+            job.cancelled_at = time.monotonic()
+        while ctx.method == "tasks/result" and job.status(fault) == "working":
+            await anyio.sleep(0.1)
+        if ctx.method == "tasks/result":
+            done = job.status(fault) == "completed"
+            return {"content": [{"type": "text", "text": job.status(fault)}], "isError": not done}
+        return job.task(handle, fault)
+
     server = MCPServer(
         "broken-jobs",
+        middleware=[older_tasks],
         token_verifier=FileTokenVerifier(tokens),
         auth=AuthSettings(issuer_url=base, resource_server_url=f"{base}/mcp", validate_token_resource=False),
     )
-    jobs: dict[str, Job] = {}
     keys: dict[tuple[str, str], str] = {}
 
     def caller() -> str:
@@ -64,6 +132,12 @@ def build(fault: str, tokens: dict[str, str], port: int) -> MCPServer:
             trace = ' (Traceback (most recent call last): File "/srv/jobs/store.py", line 12)'
             raise ToolError(f"No job has the handle {handle}." + (trace if fault == "chatty" else ""))
         return job
+
+    @server.tool()
+    async def slow_job(seconds: float, note: str) -> dict[str, Any]:
+        """Work for `seconds` and answer (a task of the 2025-11-25 design when asked for one)."""
+        await anyio.sleep(seconds)
+        return {"done": True}
 
     @server.tool()
     def slow_job_start(seconds: float, note: str, idempotency_key: str | None = None) -> dict[str, Any]:
@@ -106,7 +180,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--tokens", type=Path, required=True)
-    parser.add_argument("--fault", choices=["none", "leak", "duplicate", "revive", "chatty"], default="none")
+    parser.add_argument(
+        "--fault", choices=["none", "leak", "duplicate", "revive", "chatty", "list-leak"], default="none"
+    )
     args = parser.parse_args()
     server = build(args.fault, json.loads(args.tokens.read_text()), args.port)
     server.run("streamable-http", host="127.0.0.1", port=args.port, stateless_http=True)

@@ -3,6 +3,9 @@ the gate it should, with evidence naming the request; `--list`, `--only` and `--
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -10,7 +13,8 @@ import pytest
 
 from handles.check import GATES
 from tests.check.support import BROKEN_JOBS, broken_server, check, handles_cli, verdicts
-from tests.harness.process import free_port
+from tests.harness.process import REPO_ROOT, free_port
+from tests.support import token_of
 
 
 @pytest.mark.parametrize(
@@ -18,8 +22,9 @@ from tests.harness.process import free_port
     [
         ("none", None, None),
         ("leak", "isolation", 'bob: tools/call slow_job_progress {"handle": "<the owner\'s handle>"} -> {'),
-        ("duplicate", "duplicate", 'alice: tools/call slow_job_start {"seconds": 1.0'),
+        ("duplicate", "duplicate", 'alice (a new connection): tools/call slow_job_start {"seconds": 1.0'),
         ("revive", "cancellation", "cancelled stays cancelled [alice: tools/call slow_job_progress"),
+        ("list-leak", "isolation", "bob (2025-11-25): tasks/list -> {"),
         ("chatty", "hygiene", "a sensitive value (18 characters) [alice: tools/call slow_job_progress"),
     ],
 )
@@ -57,6 +62,38 @@ def test_list_only_and_skip_select_gates(tmp_path: Path) -> None:
         )
     assert done.returncode == 0, done.stdout + done.stderr
     assert verdicts(report) == {"duplicate": True}
+
+
+def test_progress_is_one_rewritten_line_on_a_terminal_and_a_line_per_gate_otherwise(tmp_path: Path) -> None:
+    (tmp_path / "checks.toml").write_text(BROKEN_JOBS)
+    with broken_server(tmp_path, "none") as server:
+        piped, _ = check(tmp_path, server.url, BROKEN_JOBS, "--only", "duplicate,hygiene")
+        command = [
+            sys.executable,
+            "-m",
+            "handles.cli",
+            "check",
+            server.url,
+            "--jobs",
+            str(tmp_path / "checks.toml"),
+        ]
+        command += [
+            f"--as=alice={token_of('alice')}",
+            f"--as=bob={token_of('bob')}",
+            "--only",
+            "duplicate,hygiene",
+        ]
+        terminal, reader = os.openpty()
+        env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+        done = subprocess.run(
+            command, stdout=subprocess.PIPE, stderr=reader, env=env, timeout=120, check=False
+        )
+        os.close(reader)
+        shown = os.read(terminal, 65536).decode()
+    assert "[1/2] duplicate...\n[2/2] hygiene...\n" in piped.stderr
+    assert done.returncode == 0 and shown == "\r\x1b[K[1/2] duplicate...\r\x1b[K[2/2] hygiene...\r\x1b[K", (
+        shown
+    )
 
 
 def test_a_wrong_checks_file_exits_2_and_an_unreachable_server_exits_3(tmp_path: Path) -> None:

@@ -30,6 +30,8 @@ def test_the_example_server_passes_every_gate(
         'bob: tools/call generate_report_cancel {"handle": "<the owner\'s handle>"}',
         "bob: tasks/update <the owner's task id>",
         "bob: tasks/cancel <an altered task id>",
+        "bob (2025-11-25): tasks/result <the owner's task id>",
+        "ok: another principal's tasks/list shows none of the owner's [bob (2025-11-25): tasks/list]",
     ):
         assert request in evidence["isolation"]
     assert "FAILED" not in evidence["isolation"]
@@ -37,7 +39,14 @@ def test_the_example_server_passes_every_gate(
         "ok: deploy_release moved working -> input_required -> working -> completed"
         in evidence["transitions"]
     )
-    assert "ok: deploy_release started twice with one key: one job" in evidence["duplicate"]
+    # The 2025-11-25 design: the question answered on the tasks/result stream, an ended task's cancel refused.
+    assert "ok: deploy_release's task moved working -> input_required -> completed" in evidence["transitions"]
+    assert "ok: tasks/cancel after the end is -32602 [alice (2025-11-25)" in evidence["transitions"]
+    assert "ok: deploy_release gives a task to a client of the 2025-11-25 design" in evidence["compatibility"]
+    for dropped in ("before", "after"):  # the start retried on a new connection: one job, followed to its end
+        claim = f"ok: deploy_release: dropped {dropped} the start's reply, started twice more with its key: one job"
+        assert claim in evidence["duplicate"]
+    assert "ok: deploy_release: resumed on a new connection, without a start" in evidence["duplicate"]
     assert "alice (no Tasks extension): tools/call deploy_release_start" in evidence["compatibility"]
     suite = ET.parse(tmp_path / "report.xml").getroot()
     assert (suite.get("tests"), suite.get("failures")) == (str(len(GATES)), "0")
