@@ -24,7 +24,7 @@ from handles.check.wire import (
     made_up_id,
     start,
 )
-from handles.client.manifest import JobManifest, Manifest, list_tools
+from handles.client.manifest import JobManifest, Manifest, list_tools, runs_as_older_task
 from handles.client.task_messages import TERMINAL_STATUSES
 from handles.states import Status, can_transition
 from handles.tool_layout import FOLLOW_VERBS
@@ -107,11 +107,7 @@ class Run:
         if self.manifest.tasks_offered:
             designs.append((self.owner, [plan for plan, _ in self.jobs("plain")]))
         if self.older.client.server_capabilities.tasks is not None:
-            marked = {
-                name
-                for name, tool in self.older_tools.items()
-                if tool.execution and tool.execution.task_support in ("optional", "required")
-            }
+            marked = {name for name, tool in self.older_tools.items() if runs_as_older_task(tool)}
             designs.append((self.older, [plan for plan in self.plan.jobs if plan.name in marked]))
         return designs
 

@@ -22,7 +22,7 @@ from handles.client.faces import caller_error
 from handles.client.follow import connect
 from handles.client.http import http_client
 from handles.client.manifest import JobManifest
-from handles.client.task_messages import TERMINAL_STATUSES, CreateTaskResult
+from handles.client.task_messages import TERMINAL_STATUSES, CreateTaskResult, send_unchecked
 from handles.results import text_of
 
 REQUEST_SECONDS = 30.0
@@ -113,14 +113,11 @@ class Caller:
 
     async def send(self, request: str, method: str, params: dict[str, Any]) -> Reply:
         """Any request as this connection stamps it (`Mcp-Name` naming its `taskId`); the answer kept raw."""
-        data: dict[str, Any] = {"method": method, "params": params}
-        options: Any = {"timeout": REQUEST_SECONDS}
-        session: Any = self.client.session
-        session._stamp(data, options)
-        if "taskId" in params:
-            options.setdefault("headers", {})[MCP_NAME_HEADER] = encode_header_value(params["taskId"])
+        named = {MCP_NAME_HEADER: encode_header_value(params["taskId"])} if "taskId" in params else None
         try:
-            body = await session._dispatcher.send_raw_request(method, data["params"], options)
+            body = await send_unchecked(
+                self.client.session, method, params, timeout=REQUEST_SECONDS, headers=named
+            )
         except MCPError as exc:
             return self._rpc_error(request, exc)
         return self._keep(request, False, body, json.dumps(body))

@@ -55,7 +55,7 @@ from handles.client.outcomes import (
     StartRefusedError,
     UnsupportedServerError,
 )
-from handles.client.task_messages import TERMINAL_STATUSES, CreateTaskResult
+from handles.client.task_messages import TERMINAL_STATUSES, CreateTaskResult, send_unchecked
 from handles.client.task_pushes import TaskPushes, pushed_status
 from handles.client.tasks import DEFAULT_POLL_SECONDS, TasksClientExtension
 from handles.client.transient import (
@@ -254,7 +254,7 @@ class Follower:
             raise UnsupportedServerError(error.message, key=self.key) from None
         assert job is not None
         self.names = ToolNames(job.layout) if job.layout is not None else None
-        return mode, "start" if "start" in job.tools else "call"  # type: ignore[return-value]
+        return ("tasks" if mode == "tasks" else "handles"), "start" if "start" in job.tools else "call"
 
     async def _start(self, entry: JournalEntry) -> float:
         """`<job>_start` with the journal's idempotency key; re-sent with the same key after a lost answer."""
@@ -292,12 +292,9 @@ class Follower:
         created: Result
         try:
             if older:
-                # Sent raw: the SDK takes any tools/call answer at 2025-11-25 for a CallToolResult.
-                data: dict[str, Any] = {"method": "tools/call", "params": {"name": self.job, "task": {}}}
-                data["params"]["arguments"] = self.arguments
-                options: Any = {"timeout": self.request_timeout}
-                session._stamp(data, options)
-                raw = await session._dispatcher.send_raw_request("tools/call", data["params"], options)
+                # Unchecked: the SDK takes any tools/call answer at 2025-11-25 for a CallToolResult.
+                params = {"name": self.job, "arguments": self.arguments, "task": {}}
+                raw = await send_unchecked(session, "tools/call", params, timeout=self.request_timeout)
                 created = (OlderCreated if "task" in raw else CallToolResult).model_validate(raw)
             else:
                 created = await session.call_tool(

@@ -116,6 +116,12 @@ class JobManifest(BaseModel):
     """The modes this client can run it in on this connection, in the order tasks, handles, inline."""
 
 
+def runs_as_older_task(tool: Tool) -> bool:
+    """Whether `tool` may run as a task of the 2025-11-25 design (`execution.taskSupport` "optional" or
+    "required")."""
+    return tool.execution is not None and tool.execution.task_support in ("optional", "required")
+
+
 class Manifest(BaseModel):
     """What one connection to a server offers: print it, or log `model_dump_json()`."""
 
@@ -167,6 +173,12 @@ class Manifest(BaseModel):
         info = client.server_info
         discovered = client.session.discover_result
         listed = list(tools)
+        by_name = sorted(listed, key=lambda tool: tool.name)
+        capabilities = client.server_capabilities
+        offered = TASKS_EXTENSION in (capabilities.extensions or {})
+        older = capabilities.tasks
+        older_calls = bool(older and older.requests and older.requests.tools and older.requests.tools.call)
+        designs = {"2026-07-28": offered, "2025-11-25": older is not None}
         bare = cls(
             server=server or server_identity(client),
             server_name=info.name if info is not None and info.name else None,
@@ -174,28 +186,14 @@ class Manifest(BaseModel):
             protocol_version=client.protocol_version,
             negotiated_by="initialize" if discovered is None else "discover",
             supported_versions=() if discovered is None else tuple(discovered.supported_versions),
-            tasks_offered=TASKS_EXTENSION in (client.server_capabilities.extensions or {}),
+            tasks_offered=offered,
             tasks_declared=any(
                 getattr(extension, "identifier", None) == TASKS_EXTENSION
                 for extension in client.extensions or ()
             ),
-            tools=tuple(sorted(tool.name for tool in listed)),
-        )
-        capabilities = client.server_capabilities
-        older = capabilities.tasks
-        older_calls = bool(older and older.requests and older.requests.tools and older.requests.tools.call)
-        designs = {"2026-07-28": bare.tasks_offered, "2025-11-25": older is not None}
-        bare = bare.model_copy(
-            update={
-                "tasks_designs": tuple(name for name, served in designs.items() if served),
-                "older_task_tools": tuple(
-                    tool.name
-                    for tool in sorted(listed, key=lambda tool: tool.name)
-                    if older_calls
-                    and tool.execution
-                    and tool.execution.task_support in ("optional", "required")
-                ),
-            }
+            tasks_designs=tuple(name for name, served in designs.items() if served),
+            older_task_tools=tuple(tool.name for tool in by_name if older_calls and runs_as_older_task(tool)),
+            tools=tuple(tool.name for tool in by_name),
         )
         tasks = bare._tasks_problem()
         jobs = {job.name: _with_modes(job, tasks) for job in _jobs(listed)}

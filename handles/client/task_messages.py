@@ -152,3 +152,25 @@ async def cancel_task(session: ClientSession, task_id: str, *, timeout: float | 
     await session.send_request(
         CancelTaskRequest(params=TaskIdParams(task_id=task_id)), Ack, request_read_timeout_seconds=timeout
     )
+
+
+async def send_unchecked(
+    session: ClientSession,
+    method: str,
+    params: dict[str, Any],
+    *,
+    timeout: float,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """`method` with `params`, stamped as the session stamps every request (plus `headers`), its answer
+    returned as sent: for answers the SDK would check against the wrong shape, such as a 2025-11-25
+    `tools/call` answered with a task. Uses the session's private stamp and dispatcher."""
+    data: dict[str, Any] = {"method": method, "params": params}
+    options: Any = {"timeout": timeout}
+    session._stamp(data, options)  # pyright: ignore[reportPrivateUsage]
+    if headers:
+        options.setdefault("headers", {}).update(headers)
+    answer: dict[str, Any] = await session._dispatcher.send_raw_request(  # pyright: ignore[reportPrivateUsage]
+        method, data["params"], options
+    )
+    return answer
