@@ -6,12 +6,16 @@ Runs in tests/interop/.venv-fastmcp3, never in the project's environment:
 
 `call_tool(..., task=True)` as TOKEN's principal: a report followed to its result, an export cancelled,
 a deployment's question answered by the elicitation handler while `tasks/result` waits, the tasks listed; then OTHER_TOKEN's principal tries the report's task. Prints one JSON object.
+With `--nodes TOKEN URL FROM [--leave]` it reads a deployment's question through `tasks/result` on URL and answers
+it through its elicitation handler (`--leave`: exits once asked, leaving it open); FROM is another node's URL to
+create the deployment on first, or the taskId of one created before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from typing import Any
 
@@ -20,10 +24,14 @@ from fastmcp.client.transports import StreamableHttpTransport
 from mcp.shared.exceptions import McpError
 
 seen: dict[str, Any] = {"asked": []}
+LEAVE = "--leave" in sys.argv
 
 
 async def approve(message: str, response_type: Any, params: Any, context: Any) -> dict[str, Any]:
     seen["asked"].append(params.model_dump(mode="json", by_alias=True, exclude_none=True))
+    if LEAVE:  # exit once asked, leaving the question open
+        print(json.dumps(seen), flush=True)
+        os._exit(0)
     return {"approve": True, "environment": "production"}
 
 
@@ -58,5 +66,21 @@ async def main(url: str, token: str, other_token: str) -> None:
     print(json.dumps(seen))
 
 
+async def across_nodes(token: str, url: str, origin: str) -> None:
+    """A deployment created on the node at `origin` (or `origin`, a taskId), its question read and answered
+    through `tasks/result` on a new session with the node at `url`."""
+    seen["taskId"] = origin
+    if origin.startswith("http"):
+        async with connect(origin, token) as creator:
+            created = await creator.call_tool("deploy_release", {"version": "8.0.0"}, task=True)
+            seen["taskId"] = created.task_id
+    async with connect(url, token) as client:
+        seen["result"] = await client.get_task_result(seen["taskId"])
+    print(json.dumps(seen))
+
+
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:4]))
+    if sys.argv[1] == "--nodes":  # --nodes TOKEN URL FROM [--leave]
+        asyncio.run(across_nodes(*sys.argv[2:5]))
+    else:
+        asyncio.run(main(*sys.argv[1:4]))

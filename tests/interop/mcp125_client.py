@@ -11,12 +11,16 @@ cancels an export (and again, once ended), answers a deployment's question with
 (noting the `notifications/tasks/status` that stream carries), lists its tasks; then, as OTHER_TOKEN's principal, tries
 the first principal's tasks and a made-up id. Prints what it saw as one JSON object on stdout.
 With `--stdio SERVER` (its `StdioServerParameters` as JSON) it answers a deployment's question over stdio.
+With `--nodes TOKEN URL FROM [--leave]` it reads a deployment's question through `tasks/result` on URL and answers
+it through its elicitation handler (`--leave`: exits once asked, leaving it open); FROM is another node's URL to
+create the deployment on first, or the taskId of one created before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from typing import Any
 
@@ -43,13 +47,23 @@ async def attempt(call: Any) -> Any:
     return answer.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-async def as_owner(url: str, token: str) -> dict[str, Any]:
-    seen: dict[str, Any] = {"asked": [], "statuses": []}
+def answering(seen: dict[str, Any], environment: str, leave: bool = False) -> Any:
+    """An elicitation handler noting each question in `seen["asked"]` and approving it for `environment`;
+    with `leave`, it prints `seen` and exits the process instead, leaving the question open."""
 
     async def answer(context: Any, params: ElicitRequestParams) -> ElicitResult:
         asked = params.model_dump(mode="json", by_alias=True, exclude_none=True)
         seen["asked"].append({"id": context.request_id, **asked})
-        return ElicitResult(action="accept", content={"approve": True, "environment": "production"})
+        if leave:
+            print(json.dumps(seen), flush=True)
+            os._exit(0)
+        return ElicitResult(action="accept", content={"approve": True, "environment": environment})
+
+    return answer
+
+
+async def as_owner(url: str, token: str) -> dict[str, Any]:
+    seen: dict[str, Any] = {"asked": [], "statuses": []}
 
     async def note(message: Any) -> None:
         if isinstance(message, ServerNotification) and message.root.method == "notifications/tasks/status":
@@ -57,7 +71,9 @@ async def as_owner(url: str, token: str) -> dict[str, Any]:
 
     async with (
         session(url, token) as (read, write, _),
-        ClientSession(read, write, elicitation_callback=answer, message_handler=note) as client,
+        ClientSession(
+            read, write, elicitation_callback=answering(seen, "production"), message_handler=note
+        ) as client,
     ):
         init = await client.initialize()
         seen["protocol"] = init.protocolVersion
@@ -121,20 +137,34 @@ async def as_other(url: str, token: str, task_id: str) -> dict[str, Any]:
 async def over_stdio(server: dict[str, Any]) -> dict[str, Any]:
     """A deployment's question over stdio, where the answer comes back on the same pipe."""
     seen: dict[str, Any] = {"asked": []}
-
-    async def answer(context: Any, params: ElicitRequestParams) -> ElicitResult:
-        seen["asked"].append(params.model_dump(mode="json", by_alias=True, exclude_none=True))
-        return ElicitResult(action="accept", content={"approve": True, "environment": "staging"})
-
     async with (
         stdio_client(StdioServerParameters(**server)) as (read, write),
-        ClientSession(read, write, elicitation_callback=answer) as client,
+        ClientSession(read, write, elicitation_callback=answering(seen, "staging")) as client,
     ):
         await client.initialize()
         created = await client.experimental.call_tool_as_task("deploy_release", {"version": "7.0.0"})
         seen["task_id"] = created.task.taskId
         result = await client.experimental.get_task_result(created.task.taskId, CallToolResult)
         seen["deployed"] = result.structuredContent
+    return seen
+
+
+async def across_nodes(token: str, url: str, origin: str, leave: bool) -> dict[str, Any]:
+    """A deployment created on the node at `origin` (or `origin`, a taskId), its question read and answered
+    through `tasks/result` on a new session with the node at `url`."""
+    seen: dict[str, Any] = {"asked": [], "taskId": origin}
+    if origin.startswith("http"):
+        async with session(origin, token) as (read, write, _), ClientSession(read, write) as creator:
+            await creator.initialize()
+            created = await creator.experimental.call_tool_as_task("deploy_release", {"version": "8.0.0"})
+            seen["taskId"] = created.task.taskId
+    async with (
+        session(url, token) as (read, write, _),
+        ClientSession(read, write, elicitation_callback=answering(seen, "production", leave)) as client,
+    ):
+        await client.initialize()
+        result = await client.experimental.get_task_result(seen["taskId"], CallToolResult)
+        seen["result"] = result.model_dump(mode="json", by_alias=True, exclude_none=True)
     return seen
 
 
@@ -147,5 +177,7 @@ async def main(url: str, token: str, other_token: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "--stdio":  # --stdio SERVER: StdioServerParameters as JSON
         print(json.dumps(asyncio.run(over_stdio(json.loads(sys.argv[2])))))
+    elif sys.argv[1] == "--nodes":  # --nodes TOKEN URL FROM [--leave]
+        print(json.dumps(asyncio.run(across_nodes(*sys.argv[2:5], leave="--leave" in sys.argv))))
     else:
         asyncio.run(main(*sys.argv[1:4]))

@@ -37,6 +37,8 @@ TS_SDK_DIR = HERE / ".ts-sdk"
 
 FASTMCP_3 = ("fastmcp[tasks]==3.4.11", "import docket, fastmcp.client.tasks")
 """FastMCP 3's environment, as its client and its server (with the background tasks it serves) both need it."""
+MCP_125 = ("mcp==1.25.0", "import mcp.client.experimental.tasks")
+OLDER_CLIENTS = ("mcp125", "fastmcp3", "typescript-sdk")
 
 
 def python_of(venv: str, requirement: str, probe: str) -> str:
@@ -57,9 +59,21 @@ def example(
         yield process
 
 
-def run_client(command: list[str], url: str, **env: str) -> dict[str, Any]:
+def older_client(name: str) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of one of `OLDER_CLIENTS`, its environment prepared first."""
+    if name == "typescript-sdk":
+        ensure_npm_package(TS_SDK_DIR, "@modelcontextprotocol/sdk", "1.32.2")
+        node = shutil.which("node")
+        assert node is not None
+        return [node, str(HERE / "ts_sdk_client.mjs")], {"TS_SDK_DIR": str(TS_SDK_DIR)}
+    if name == "fastmcp3":
+        return [python_of(".venv-fastmcp3", *FASTMCP_3), str(HERE / "fastmcp3_client.py")], {}
+    return [python_of(".venv-mcp125", *MCP_125), str(HERE / "mcp125_client.py")], {}
+
+
+def run_client(command: list[str], *args: str, timeout: float = 240, **env: str) -> dict[str, Any]:
     env |= {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "PYTHONUNBUFFERED": "1"}
-    done = subprocess.run([*command, url, OWNER, OTHER], capture_output=True, text=True, timeout=240, env=env)
+    done = subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout, env=env)
     assert done.returncode == 0, f"{command[-1]} failed:\n{done.stderr[-4000:]}"
     seen: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return seen
@@ -82,8 +96,8 @@ def assert_unknown(error: dict[str, Any]) -> None:
 async def test_the_python_sdk_1_25_creates_follows_answers_cancels_and_lists_its_own_tasks(
     example: HttpExampleServer,
 ) -> None:
-    python = python_of(".venv-mcp125", "mcp==1.25.0", "import mcp.client.experimental.tasks")
-    seen = run_client([python, str(HERE / "mcp125_client.py")], example.url)
+    command, env = older_client("mcp125")
+    seen = run_client(command, example.url, OWNER, OTHER, **env)
     assert seen["protocol"] == "2025-11-25"
     assert seen["capabilities"]["tasks"] == {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
     execution = seen["execution"]
@@ -127,9 +141,8 @@ async def test_the_python_sdk_1_25_creates_follows_answers_cancels_and_lists_its
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_the_python_sdk_1_25_answers_a_question_over_stdio(tmp_path: Path, framework: str) -> None:
-    python = python_of(".venv-mcp125", "mcp==1.25.0", "import mcp.client.experimental.tasks")
     server = stdio_params(example_env(tmp_path, [new_key()]), framework=framework).model_dump(mode="json")
-    command = [python, str(HERE / "mcp125_client.py"), "--stdio", json.dumps(server)]
+    command = [*older_client("mcp125")[0], "--stdio", json.dumps(server)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-4000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
@@ -139,8 +152,8 @@ def test_the_python_sdk_1_25_answers_a_question_over_stdio(tmp_path: Path, frame
 
 
 async def test_fastmcp_3_follows_cancels_and_lists_tasks(example: HttpExampleServer) -> None:
-    python = python_of(".venv-fastmcp3", *FASTMCP_3)
-    seen = run_client([python, str(HERE / "fastmcp3_client.py")], example.url)
+    command, env = older_client("fastmcp3")
+    seen = run_client(command, example.url, OWNER, OTHER, **env)
     assert seen["immediate"] is False
     assert seen["report"]["account"] == "acme" and seen["ended"] == "completed"
     assert seen["cancelled"] == "cancelled"
@@ -154,10 +167,8 @@ async def test_fastmcp_3_follows_cancels_and_lists_tasks(example: HttpExampleSer
 
 
 async def test_the_typescript_sdk_1_32_streams_a_task_and_steers_others(example: HttpExampleServer) -> None:
-    ensure_npm_package(TS_SDK_DIR, "@modelcontextprotocol/sdk", "1.32.2")
-    node = shutil.which("node")
-    assert node is not None
-    seen = run_client([node, str(HERE / "ts_sdk_client.mjs")], example.url, TS_SDK_DIR=str(TS_SDK_DIR))
+    command, env = older_client("typescript-sdk")
+    seen = run_client(command, example.url, OWNER, OTHER, **env)
     assert seen["protocol"] == "2025-11-25"
     assert seen["capabilities"] == {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
     assert seen["execution"]["generate_report"] == "optional" and seen["execution"]["lookup_account"] is None

@@ -4,7 +4,9 @@
 //
 //     node tests/interop/ts_sdk_client.mjs URL TOKEN OTHER_TOKEN
 //
-// Prints what it saw as one JSON object on stdout.
+// Prints what it saw as one JSON object on stdout. With `--nodes TOKEN URL FROM [--leave]` it reads a deployment's
+// question through tasks/result on URL and answers it through its elicitation handler (`--leave`: exits once asked,
+// leaving it open); FROM is another node's URL to create the deployment on first, or the taskId of one created before.
 import path from "node:path";
 
 const sdk = path.join(process.env.TS_SDK_DIR, "node_modules", "@modelcontextprotocol", "sdk", "dist", "esm");
@@ -17,19 +19,24 @@ const { CallToolResultSchema, CreateTaskResultSchema, ElicitRequestSchema, TaskS
 const [url, token, otherToken] = process.argv.slice(2);
 
 const seen = { asked: [], statuses: [] };
+const leave = process.argv.includes("--leave");
 
-async function connect(bearer) {
+async function connect(bearer, at = url) {
   const client = new Client({ name: "ts-sdk-older-tasks", version: "0" }, { capabilities: { elicitation: { form: {} } } });
   // The deployment's question, asked on the tasks/result stream; the answer goes back as a POST of its own.
   client.setRequestHandler(ElicitRequestSchema, async (request) => {
     seen.asked.push(request.params);
+    if (leave) {
+      console.log(JSON.stringify(seen));
+      process.exit(0);
+    }
     return { action: "accept", content: { approve: true, environment: "production" } };
   });
   client.setNotificationHandler(TaskStatusNotificationSchema, (notification) => {
     seen.statuses.push(notification.params.status);
   });
   const headers = { Authorization: `Bearer ${bearer}` };
-  await client.connect(new StreamableHTTPClientTransport(new URL(url), { requestInit: { headers } }));
+  await client.connect(new StreamableHTTPClientTransport(new URL(at), { requestInit: { headers } }));
   return client;
 }
 
@@ -39,6 +46,28 @@ async function attempt(call) {
   } catch (error) {
     return { error: { code: error.code, message: error.message } };
   }
+}
+
+async function startTask(client, name, args) {
+  const call = { name, arguments: args, task: { ttl: 60000 } };
+  return (await client.request({ method: "tools/call", params: call }, CreateTaskResultSchema)).task.taskId;
+}
+
+if (url === "--nodes") {
+  // A deployment created on the node at FROM (or FROM, a taskId), its question read and answered through
+  // tasks/result on a new session with the node at URL.
+  const [bearer, at, origin] = process.argv.slice(3, 6);
+  seen.taskId = origin;
+  if (origin.startsWith("http")) {
+    const creator = await connect(bearer, origin);
+    seen.taskId = await startTask(creator, "deploy_release", { version: "8.0.0" });
+    await creator.close();
+  }
+  const client = await connect(bearer, at);
+  seen.result = await client.experimental.tasks.getTaskResult(seen.taskId, CallToolResultSchema);
+  await client.close();
+  console.log(JSON.stringify(seen));
+  process.exit(0);
 }
 
 const owner = await connect(token);
@@ -68,11 +97,7 @@ for await (const message of tasks.callToolStream({ name: "deploy_release", argum
 }
 
 // The explicit calls.
-const created = await owner.request(
-  { method: "tools/call", params: { name: "export_dataset", arguments: { rows: 1000 }, task: { ttl: 60000 } } },
-  CreateTaskResultSchema,
-);
-seen.exportId = created.task.taskId;
+seen.exportId = await startTask(owner, "export_dataset", { rows: 1000 });
 seen.got = (await tasks.getTask(seen.exportId)).status;
 seen.cancelled = (await tasks.cancelTask(seen.exportId)).status;
 seen.cancelAgain = await attempt(tasks.cancelTask(seen.exportId));

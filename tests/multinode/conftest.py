@@ -79,9 +79,11 @@ class Cluster:
         self.nodes.append(node)
         return node.start()
 
-    def server(self, name: str, **env: str) -> ServerProcess:
+    def server(self, name: str, *args: str, **env: str) -> ServerProcess:
+        """An example server node, with `args` added to its command line."""
         port = free_port()
-        return self._start(name, python_module("example_server", "--http", "--port", str(port)), port, env)
+        command = python_module("example_server", "--http", "--port", str(port), *args)
+        return self._start(name, command, port, env)
 
     def worker(self, name: str, app: str, **env: str) -> ServerProcess:
         """A `handles worker`, returned once it runs jobs (it listens on no port: its log says so). Jobs

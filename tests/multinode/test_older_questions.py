@@ -1,23 +1,27 @@
 """The 2025-11-25 design's questions on two nodes of one PostgreSQL database: a question asked on one
 node's `tasks/result` stream is answered on the other, and one asked before its node restarts is
-answered on the restarted node."""
+answered on the restarted node; on the raw wire, and by the three real clients of that design
+(tests/interop/test_older_task_clients.py), each through its elicitation handler."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx2
 import pytest
 
+from tests.interop.test_older_task_clients import OLDER_CLIENTS, OWNER, older_client, run_client
 from tests.tasks.wire import older_result_frames, post_answer
 
 from .conftest import Cluster
 
 pytestmark = pytest.mark.timeout(180)
 APPROVAL = {"action": "accept", "content": {"approve": True, "environment": "production"}}
+RELATED = "io.modelcontextprotocol/related-task"
 
 
 async def start_deploy(http: httpx2.AsyncClient, url: str, version: str) -> str:
@@ -75,3 +79,47 @@ def test_a_question_asked_on_one_node_is_answered_on_the_other_and_across_a_rest
             assert final["result"]["structuredContent"]["version"] == "5.0.1", final
 
     asyncio.run(main())
+
+
+def assert_answered(seen: dict[str, Any], task_id: str) -> None:
+    """The client was asked the deployment's question, related to `task_id`, once, and its answer is in
+    the task's result."""
+    [asked] = seen["asked"]
+    assert asked["_meta"][RELATED] == {"taskId": task_id}, asked
+    assert asked["message"].startswith("Release 8.0.0 is built"), asked
+    result = seen["result"]
+    assert result["structuredContent"]["environment"] == "production", result
+    assert result["structuredContent"]["version"] == "8.0.0", result
+    assert result["_meta"][RELATED] == {"taskId": task_id}, result
+
+
+@pytest.mark.timeout(600)  # a first run creates the client's environment
+@pytest.mark.parametrize("client", OLDER_CLIENTS)
+def test_a_real_client_answers_on_one_node_a_question_of_a_job_created_on_the_other_and_across_a_restart(
+    cluster: Cluster, tmp_path: Path, client: str
+) -> None:
+    command, env = older_client(client)
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({OWNER: "older-owner"}))
+    # Node a runs the jobs; b runs none and polls the store only every 30 s: it hears of a's changes through NOTIFY.
+    a = cluster.server("a", "--tokens", str(tokens), EXAMPLE_JOB_SECONDS="1")
+    serving = {"HANDLES_RUN_WORKERS": "0", "HANDLES_STORE_POLL_SECONDS": "30", "EXAMPLE_JOB_SECONDS": "1"}
+    b = cluster.server("b", "--tokens", str(tokens), **serving)
+
+    def across(url: str, origin: str, *leave: str) -> dict[str, Any]:
+        return run_client(command, "--nodes", OWNER, url, origin, *leave, timeout=60, **env)
+
+    # Created through a; a new session with b reads the question through tasks/result and answers it.
+    seen = across(b.url, a.url)
+    assert_answered(seen, seen["taskId"])
+
+    # Created through b, asked through a, which restarts (SIGTERM) before the answer: a new session with
+    # the new a reads the same question again and answers it.
+    left = across(a.url, b.url, "--leave")
+    [asked] = left["asked"]
+    assert asked["_meta"][RELATED] == {"taskId": left["taskId"]}, asked
+    assert "result" not in left
+    a.stop()
+    a.start()
+    seen = across(a.url, left["taskId"])
+    assert_answered(seen, left["taskId"])
