@@ -6,16 +6,15 @@ Runs in tests/interop/.venv-fastmcp3, never in the project's environment:
 
 `call_tool(..., task=True)` as TOKEN's principal: a report followed to its result, an export cancelled,
 a deployment's question answered by the elicitation handler while `tasks/result` waits, the tasks listed; then OTHER_TOKEN's principal tries the report's task. Prints one JSON object.
-With `--nodes TOKEN URL FROM [--leave]` it reads a deployment's question through `tasks/result` on URL and answers
-it through its elicitation handler (`--leave`: exits once asked, leaving it open); FROM is another node's URL to
-create the deployment on first, or the taskId of one created before.
+With `--nodes TOKEN URL FROM [--hold]` it reads a deployment's question through `tasks/result` on URL and answers
+it through its elicitation handler (`--hold`: prints what it saw once asked and leaves the question open while it
+lives); FROM is another node's URL to create the deployment on first, or the taskId of one created before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from typing import Any
 
@@ -24,14 +23,14 @@ from fastmcp.client.transports import StreamableHttpTransport
 from mcp.shared.exceptions import McpError
 
 seen: dict[str, Any] = {"asked": []}
-LEAVE = "--leave" in sys.argv
+HOLD = "--hold" in sys.argv
 
 
 async def approve(message: str, response_type: Any, params: Any, context: Any) -> dict[str, Any]:
     seen["asked"].append(params.model_dump(mode="json", by_alias=True, exclude_none=True))
-    if LEAVE:  # exit once asked, leaving the question open
+    if HOLD:  # the question stays open while this process lives
         print(json.dumps(seen), flush=True)
-        os._exit(0)
+        await asyncio.Event().wait()
     return {"approve": True, "environment": "production"}
 
 
@@ -80,7 +79,7 @@ async def across_nodes(token: str, url: str, origin: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--nodes":  # --nodes TOKEN URL FROM [--leave]
+    if sys.argv[1] == "--nodes":  # --nodes TOKEN URL FROM [--hold]
         asyncio.run(across_nodes(*sys.argv[2:5]))
     else:
         asyncio.run(main(*sys.argv[1:4]))

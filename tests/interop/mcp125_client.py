@@ -11,16 +11,15 @@ cancels an export (and again, once ended), answers a deployment's question with
 (noting the `notifications/tasks/status` that stream carries), lists its tasks; then, as OTHER_TOKEN's principal, tries
 the first principal's tasks and a made-up id. Prints what it saw as one JSON object on stdout.
 With `--stdio SERVER` (its `StdioServerParameters` as JSON) it answers a deployment's question over stdio.
-With `--nodes TOKEN URL FROM [--leave]` it reads a deployment's question through `tasks/result` on URL and answers
-it through its elicitation handler (`--leave`: exits once asked, leaving it open); FROM is another node's URL to
-create the deployment on first, or the taskId of one created before.
+With `--nodes TOKEN URL FROM [--hold]` it reads a deployment's question through `tasks/result` on URL and answers
+it through its elicitation handler (`--hold`: prints what it saw once asked and leaves the question open while it
+lives); FROM is another node's URL to create the deployment on first, or the taskId of one created before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from typing import Any
 
@@ -47,16 +46,16 @@ async def attempt(call: Any) -> Any:
     return answer.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-def answering(seen: dict[str, Any], environment: str, leave: bool = False) -> Any:
+def answering(seen: dict[str, Any], environment: str, hold: bool = False) -> Any:
     """An elicitation handler noting each question in `seen["asked"]` and approving it for `environment`;
-    with `leave`, it prints `seen` and exits the process instead, leaving the question open."""
+    with `hold`, it prints `seen` and never answers."""
 
     async def answer(context: Any, params: ElicitRequestParams) -> ElicitResult:
         asked = params.model_dump(mode="json", by_alias=True, exclude_none=True)
         seen["asked"].append({"id": context.request_id, **asked})
-        if leave:
+        if hold:
             print(json.dumps(seen), flush=True)
-            os._exit(0)
+            await asyncio.Event().wait()
         return ElicitResult(action="accept", content={"approve": True, "environment": environment})
 
     return answer
@@ -149,7 +148,7 @@ async def over_stdio(server: dict[str, Any]) -> dict[str, Any]:
     return seen
 
 
-async def across_nodes(token: str, url: str, origin: str, leave: bool) -> dict[str, Any]:
+async def across_nodes(token: str, url: str, origin: str, hold: bool) -> dict[str, Any]:
     """A deployment created on the node at `origin` (or `origin`, a taskId), its question read and answered
     through `tasks/result` on a new session with the node at `url`."""
     seen: dict[str, Any] = {"asked": [], "taskId": origin}
@@ -160,7 +159,7 @@ async def across_nodes(token: str, url: str, origin: str, leave: bool) -> dict[s
             seen["taskId"] = created.task.taskId
     async with (
         session(url, token) as (read, write, _),
-        ClientSession(read, write, elicitation_callback=answering(seen, "production", leave)) as client,
+        ClientSession(read, write, elicitation_callback=answering(seen, "production", hold)) as client,
     ):
         await client.initialize()
         result = await client.experimental.get_task_result(seen["taskId"], CallToolResult)
@@ -177,7 +176,7 @@ async def main(url: str, token: str, other_token: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "--stdio":  # --stdio SERVER: StdioServerParameters as JSON
         print(json.dumps(asyncio.run(over_stdio(json.loads(sys.argv[2])))))
-    elif sys.argv[1] == "--nodes":  # --nodes TOKEN URL FROM [--leave]
-        print(json.dumps(asyncio.run(across_nodes(*sys.argv[2:5], leave="--leave" in sys.argv))))
+    elif sys.argv[1] == "--nodes":  # --nodes TOKEN URL FROM [--hold]
+        print(json.dumps(asyncio.run(across_nodes(*sys.argv[2:5], hold="--hold" in sys.argv))))
     else:
         asyncio.run(main(*sys.argv[1:4]))

@@ -71,9 +71,15 @@ def older_client(name: str) -> tuple[list[str], dict[str, str]]:
     return [python_of(".venv-mcp125", *MCP_125), str(HERE / "mcp125_client.py")], {}
 
 
+def client_env(**env: str) -> dict[str, str]:
+    """A client's environment: `env` and a bare PATH and HOME."""
+    return env | {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "PYTHONUNBUFFERED": "1"}
+
+
 def run_client(command: list[str], *args: str, timeout: float = 240, **env: str) -> dict[str, Any]:
-    env |= {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"), "PYTHONUNBUFFERED": "1"}
-    done = subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    done = subprocess.run(
+        [*command, *args], capture_output=True, text=True, timeout=timeout, env=client_env(**env)
+    )
     assert done.returncode == 0, f"{command[-1]} failed:\n{done.stderr[-4000:]}"
     seen: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return seen

@@ -4,9 +4,10 @@
 //
 //     node tests/interop/ts_sdk_client.mjs URL TOKEN OTHER_TOKEN
 //
-// Prints what it saw as one JSON object on stdout. With `--nodes TOKEN URL FROM [--leave]` it reads a deployment's
-// question through tasks/result on URL and answers it through its elicitation handler (`--leave`: exits once asked,
-// leaving it open); FROM is another node's URL to create the deployment on first, or the taskId of one created before.
+// Prints what it saw as one JSON object on stdout. With `--nodes TOKEN URL FROM [--hold]` it reads a deployment's
+// question through tasks/result on URL and answers it through its elicitation handler (`--hold`: prints what it saw
+// once asked and leaves the question open while it lives); FROM is another node's URL to create the deployment on
+// first, or the taskId of one created before.
 import path from "node:path";
 
 const sdk = path.join(process.env.TS_SDK_DIR, "node_modules", "@modelcontextprotocol", "sdk", "dist", "esm");
@@ -19,16 +20,16 @@ const { CallToolResultSchema, CreateTaskResultSchema, ElicitRequestSchema, TaskS
 const [url, token, otherToken] = process.argv.slice(2);
 
 const seen = { asked: [], statuses: [] };
-const leave = process.argv.includes("--leave");
+const hold = process.argv.includes("--hold");
 
 async function connect(bearer, at = url) {
   const client = new Client({ name: "ts-sdk-older-tasks", version: "0" }, { capabilities: { elicitation: { form: {} } } });
   // The deployment's question, asked on the tasks/result stream; the answer goes back as a POST of its own.
   client.setRequestHandler(ElicitRequestSchema, async (request) => {
     seen.asked.push(request.params);
-    if (leave) {
+    if (hold) {
       console.log(JSON.stringify(seen));
-      process.exit(0);
+      await new Promise(() => {});
     }
     return { action: "accept", content: { approve: true, environment: "production" } };
   });

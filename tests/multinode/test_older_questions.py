@@ -8,13 +8,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import select
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx2
 import pytest
 
-from tests.interop.test_older_task_clients import OLDER_CLIENTS, OWNER, older_client, run_client
+from tests.interop.test_older_task_clients import OLDER_CLIENTS, OWNER, client_env, older_client, run_client
 from tests.tasks.wire import older_result_frames, post_answer
 
 from .conftest import Cluster
@@ -93,6 +96,26 @@ def assert_answered(seen: dict[str, Any], task_id: str) -> None:
     assert result["_meta"][RELATED] == {"taskId": task_id}, result
 
 
+@contextlib.contextmanager
+def holding(command: list[str], env: dict[str, str], log: Path) -> Iterator[dict[str, Any]]:
+    """A client run with `--hold`: what it saw once asked, while it lives with the question open; its
+    errors in `log`."""
+    with (
+        log.open("w") as errors,
+        subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=errors, text=True, env=client_env(**env)
+        ) as client,
+    ):
+        assert client.stdout is not None
+        try:
+            ready, _, _ = select.select([client.stdout], [], [], 60)
+            line = client.stdout.readline() if ready else ""
+            assert line, f"the client was not asked:\n{log.read_text()[-4000:]}"
+            yield json.loads(line)
+        finally:
+            client.kill()
+
+
 @pytest.mark.timeout(600)  # a first run creates the client's environment
 @pytest.mark.parametrize("client", OLDER_CLIENTS)
 def test_a_real_client_answers_on_one_node_a_question_of_a_job_created_on_the_other_and_across_a_restart(
@@ -106,20 +129,20 @@ def test_a_real_client_answers_on_one_node_a_question_of_a_job_created_on_the_ot
     serving = {"HANDLES_RUN_WORKERS": "0", "HANDLES_STORE_POLL_SECONDS": "30", "EXAMPLE_JOB_SECONDS": "1"}
     b = cluster.server("b", "--tokens", str(tokens), **serving)
 
-    def across(url: str, origin: str, *leave: str) -> dict[str, Any]:
-        return run_client(command, "--nodes", OWNER, url, origin, *leave, timeout=60, **env)
+    def across(url: str, origin: str) -> dict[str, Any]:
+        return run_client(command, "--nodes", OWNER, url, origin, timeout=60, **env)
 
     # Created through a; a new session with b reads the question through tasks/result and answers it.
     seen = across(b.url, a.url)
     assert_answered(seen, seen["taskId"])
 
-    # Created through b, asked through a, which restarts (SIGTERM) before the answer: a new session with
-    # the new a reads the same question again and answers it.
-    left = across(a.url, b.url, "--leave")
-    [asked] = left["asked"]
-    assert asked["_meta"][RELATED] == {"taskId": left["taskId"]}, asked
-    assert "result" not in left
-    a.stop()
-    a.start()
-    seen = across(a.url, left["taskId"])
-    assert_answered(seen, left["taskId"])
+    # Created through b, asked through a, which restarts (SIGTERM) while the client holds the question
+    # unanswered: a new session with the new a reads the same question again and answers it.
+    hold = [*command, "--nodes", OWNER, a.url, b.url, "--hold"]
+    with holding(hold, env, tmp_path / "holding.log") as held:
+        [asked] = held["asked"]
+        assert asked["_meta"][RELATED] == {"taskId": held["taskId"]}, asked
+        a.stop()
+        a.start()
+    seen = across(a.url, held["taskId"])
+    assert_answered(seen, held["taskId"])
