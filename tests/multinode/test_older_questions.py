@@ -130,7 +130,8 @@ def test_a_real_client_answers_on_one_node_a_question_of_a_job_created_on_the_ot
     b = cluster.server("b", "--tokens", str(tokens), **serving)
 
     def across(url: str, origin: str) -> dict[str, Any]:
-        return run_client(command, "--nodes", OWNER, url, origin, timeout=60, **env)
+        """Within b's store poll: b's stream learns of a's question and the job's end through NOTIFY."""
+        return run_client(command, "--nodes", OWNER, url, origin, timeout=25, **env)
 
     # Created through a; a new session with b reads the question through tasks/result and answers it.
     seen = across(b.url, a.url)
