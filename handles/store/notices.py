@@ -16,7 +16,10 @@ logger = logging.getLogger("handles.store")
 
 LINGER_SECONDS = 0.005
 """The least time between two sends of one node: a notice goes out at once after a quiet spell, and within
-this long while notices keep coming."""
+this long while notices begin to come."""
+MAX_LINGER_SECONDS = 0.02
+"""While notices keep coming, the time between sends doubles up to this, so a busy node commits fewer
+notifying transactions; a quiet spell longer than the current linger sets it back to `LINGER_SECONDS`."""
 
 
 class NoticeSender:
@@ -51,6 +54,7 @@ class NoticeSender:
 
     def _run(self) -> None:
         sent = 0.0  # when the last send began (`time.monotonic`)
+        linger = LINGER_SECONDS
         while True:
             with self._ready:
                 self._ready.wait_for(lambda: bool(self._pending) or self._closed)
@@ -58,7 +62,9 @@ class NoticeSender:
                     self._thread = None
                     return
                 closed = self._closed
-            if not closed and (wait := sent + LINGER_SECONDS - time.monotonic()) > 0:
+            now = time.monotonic()
+            linger = LINGER_SECONDS if now - sent >= linger else min(linger * 2, MAX_LINGER_SECONDS)
+            if not closed and (wait := sent + linger - now) > 0:
                 time.sleep(wait)
             with self._ready:
                 batch, self._pending = list(self._pending), {}

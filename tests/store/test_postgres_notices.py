@@ -14,7 +14,7 @@ import psycopg
 
 from handles.states import Status
 from handles.store import JobRecord, JobRepository, utc_now
-from handles.store.notices import NoticeSender
+from handles.store.notices import MAX_LINGER_SECONDS, NoticeSender
 from tests.harness.postgres import listening, repository
 from tests.runtime.support import job_row
 
@@ -87,6 +87,26 @@ def test_identical_notices_queued_while_a_send_is_in_flight_go_out_once_in_the_n
     release_first_send.set()
     sender.close()
     assert batches == [["a changed"], ["a changed", "b changed"]]
+
+
+def test_a_steady_stream_of_notices_is_sent_in_fewer_larger_batches_and_a_quiet_spell_resets_it() -> None:
+    sends: list[float] = []
+    sender = NoticeSender(lambda batch: sends.append(time.monotonic()))
+    streaming_until = time.monotonic() + 0.4
+    n = 0
+    while time.monotonic() < streaming_until:
+        sender.add(f"job-{n} changed")
+        n += 1
+        time.sleep(0.0005)
+    time.sleep(MAX_LINGER_SECONDS * 3)
+    busy = len(sends)
+    quiet_before = time.monotonic()
+    sender.add("after the quiet spell")
+    while len(sends) == busy and time.monotonic() < quiet_before + 1:
+        time.sleep(0.001)
+    sender.close()
+    assert busy <= 0.4 / MAX_LINGER_SECONDS + 5, f"{busy} sends in 0.4 s: the linger did not grow"
+    assert len(sends) == busy + 1 and sends[-1] - quiet_before < MAX_LINGER_SECONDS, "not sent at once"
 
 
 def test_closing_the_store_sends_the_notices_still_pending(postgres_url: str) -> None:
