@@ -18,21 +18,13 @@ from mcp_types import (
     CallToolResult,
     InputRequiredResult,
     SubscriptionsListenRequestParams,
-    ToolAnnotations,
 )
 from pydantic import ConfigDict, PrivateAttr, ValidationError
 
 from handles.errors import ConfigurationError
 from handles.principal import PrincipalResolver
 from handles.server.argument_gate import ArgumentGate, ArgumentRules
-from handles.server.bind_mcpserver import (
-    CONTEXT_PARAM,
-    handle_tool_annotations,
-    plain_tool_annotations,
-    plain_tool_function,
-    refusal,
-    tool_function,
-)
+from handles.server.bind_mcpserver import CONTEXT_PARAM, SdkTool, refusal
 from handles.server.older_tasks import serve_tasks
 from handles.server.result_links import ResultLinks
 from handles.server.tasks_extension import TasksExtension
@@ -43,8 +35,6 @@ if TYPE_CHECKING:
     from mcp.server.lowlevel.server import Server as LowLevelServer
 
     from handles.job_operations import JobOperations
-    from handles.server.plain_tool import PlainTool
-    from handles.server.tool_shapes import ToolDefinition
 
 SharedFunction = Callable[..., Awaitable[CallToolResult | InputRequiredResult]]
 
@@ -71,28 +61,19 @@ class JobTool(Tool):
     _rules: ArgumentRules = PrivateAttr()
 
     @classmethod
-    def of(
-        cls,
-        function: SharedFunction,
-        *,
-        name: str,
-        title: str,
-        description: str,
-        annotations: ToolAnnotations,
-        output_schema: dict[str, Any] | None,
-        meta: dict[str, Any] | None = None,
-    ) -> JobTool:
-        rules = ArgumentRules.of(name, function, CONTEXT_PARAM)
+    def of(cls, sdk_tool: SdkTool) -> JobTool:
+        rules = ArgumentRules.of(sdk_tool.name, sdk_tool.function, CONTEXT_PARAM)
+        output = func_metadata(sdk_tool.function, skip_names=[CONTEXT_PARAM], structured_output=True)
         tool = cls(
-            name=name,
-            title=title,
-            description=description,
+            name=sdk_tool.name,
+            title=sdk_tool.title,
+            description=sdk_tool.description,
             parameters=rules.schema,
-            output_schema=output_schema,
-            annotations=annotations,
-            meta=meta,
+            output_schema=output.output_schema,
+            annotations=sdk_tool.annotations,
+            meta=sdk_tool.meta,
         )
-        tool._function = function
+        tool._function = sdk_tool.function
         tool._rules = rules
         return tool
 
@@ -126,32 +107,6 @@ def as_tool_result(result: CallToolResult | InputRequiredResult) -> ToolResult:
         structured_content=result.structured_content,
         meta=result.meta,
         is_error=bool(result.is_error),
-    )
-
-
-def handle_tool(definition: ToolDefinition, resolver: PrincipalResolver) -> JobTool:
-    function = tool_function(definition, resolver)
-    output = func_metadata(function, skip_names=[CONTEXT_PARAM], structured_output=True)
-    return JobTool.of(
-        function,
-        name=definition.name,
-        title=definition.title,
-        description=definition.description,
-        output_schema=output.output_schema,
-        annotations=handle_tool_annotations(definition),
-    )
-
-
-def plain_job_tool(tool: PlainTool, handler: Any, resolver: PrincipalResolver) -> JobTool:
-    function = plain_tool_function(tool.name, tool.spec.metadata.arg_model, resolver, handler)
-    return JobTool.of(
-        function,
-        name=tool.name,
-        title=tool.spec.name,
-        description=tool.description,
-        output_schema=None,
-        meta=tool.meta,
-        annotations=plain_tool_annotations(tool.spec.name),
     )
 
 
@@ -189,9 +144,7 @@ def bind_fastmcp(
     *,
     service: JobOperations,
     resolver: PrincipalResolver,
-    definitions: list[ToolDefinition],
-    plain: list[PlainTool],
-    plain_handler: Callable[[PlainTool], Any],
+    tools: list[SdkTool],
     tasks: TasksExtension | None,
 ) -> None:
     """Add the jobs' tools to a FastMCP server and, given `tasks`, its Tasks face."""
@@ -199,12 +152,8 @@ def bind_fastmcp(
         _refuse_second_tasks_face(server)
     sdk_server = low_level(server)
     gate = ArgumentGate.of(sdk_server, refusal)
-    for definition in definitions:
-        job_tool = handle_tool(definition, resolver)
-        gate.register(job_tool.rules)
-        server.add_tool(job_tool)
-    for tool in plain:
-        job_tool = plain_job_tool(tool, plain_handler(tool), resolver)
+    for sdk_tool in tools:
+        job_tool = JobTool.of(sdk_tool)
         gate.register(job_tool.rules)
         server.add_tool(job_tool)
     ResultLinks.install(sdk_server, service, resolver)

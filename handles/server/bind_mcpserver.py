@@ -6,6 +6,7 @@ import inspect
 import logging
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -54,6 +55,18 @@ async def resolve_principal(resolver: PrincipalResolver, context: Any) -> str:
     return principal
 
 
+@dataclass(frozen=True)
+class SdkTool:
+    """A generated tool as both bindings register it: its SDK function and what `tools/list` shows of it."""
+
+    function: Callable[..., Awaitable[CallToolResult | InputRequiredResult]]
+    name: str
+    title: str
+    description: str
+    annotations: ToolAnnotations
+    meta: dict[str, Any] | None = None
+
+
 def tool_function(
     definition: ToolDefinition, resolver: PrincipalResolver
 ) -> Callable[..., Awaitable[CallToolResult | InputRequiredResult]]:
@@ -63,17 +76,29 @@ def tool_function(
         return to_call_tool_result(await definition.handler(principal, arguments))
 
     returns = Annotated[CallToolResult, definition.output_model]
-    return _sdk_function(definition.name, definition.input_model, resolver, handle, returns)
+    return sdk_function(definition.name, definition.input_model, resolver, handle, returns)
 
 
-def plain_tool_function(
-    name: str, input_model: type[BaseModel], resolver: PrincipalResolver, handler: PlainHandler
-) -> Callable[..., Awaitable[CallToolResult | InputRequiredResult]]:
-    """An SDK tool function that hands the request's `Context` to `handler` and declares no output schema."""
-    return _sdk_function(name, input_model, resolver, handler, CallToolResult)
+def handle_tool(definition: ToolDefinition, resolver: PrincipalResolver) -> SdkTool:
+    """A handle tool as the bindings register it."""
+    annotations = tool_annotations(
+        definition.title, definition.read_only, definition.destructive, definition.idempotent
+    )
+    function = tool_function(definition, resolver)
+    return SdkTool(function, definition.name, definition.title, definition.description, annotations)
 
 
-def _sdk_function(
+def tool_annotations(title: str, read_only: bool, destructive: bool, idempotent: bool) -> ToolAnnotations:
+    return ToolAnnotations(
+        title=title,
+        read_only_hint=read_only,
+        destructive_hint=destructive,
+        idempotent_hint=idempotent,
+        open_world_hint=False,
+    )
+
+
+def sdk_function(
     name: str, model: type[BaseModel], resolver: PrincipalResolver, handler: PlainHandler, returns: Any
 ) -> Callable[..., Awaitable[CallToolResult | InputRequiredResult]]:
     if CONTEXT_PARAM in model.model_fields:
@@ -121,64 +146,17 @@ def refusal(error: CallerError) -> CallToolResult:
     return to_call_tool_result(error_reply(error))
 
 
-def _gated(server: MCPServer[Any], name: str, function: Callable[..., Any]) -> Callable[..., Any]:
-    """`function`, its arguments now checked by the server's argument gate before the SDK's validation."""
-    ArgumentGate.of(server, refusal).register(ArgumentRules.of(name, function, CONTEXT_PARAM))
-    return function
-
-
-def handle_tool_annotations(definition: ToolDefinition) -> ToolAnnotations:
-    """The annotations of a generated handle tool (the same on every framework)."""
-    return ToolAnnotations(
-        title=definition.title,
-        read_only_hint=definition.read_only,
-        destructive_hint=definition.destructive,
-        idempotent_hint=definition.idempotent,
-        open_world_hint=False,
-    )
-
-
-def plain_tool_annotations(title: str) -> ToolAnnotations:
-    """The annotations of a job's plain tool `<job>`: it starts work, never destructive by itself."""
-    return ToolAnnotations(
-        title=title,
-        read_only_hint=False,
-        destructive_hint=False,
-        idempotent_hint=False,
-        open_world_hint=False,
-    )
-
-
-def add_tools(server: MCPServer[Any], definitions: list[ToolDefinition], resolver: PrincipalResolver) -> None:
-    """Register every definition on `server` as an ordinary tool."""
-    for definition in definitions:
+def add_tools(server: MCPServer[Any], tools: list[SdkTool]) -> None:
+    """Register `tools` on `server`, their arguments checked by the server's argument gate first."""
+    gate = ArgumentGate.of(server, refusal)
+    for tool in tools:
+        gate.register(ArgumentRules.of(tool.name, tool.function, CONTEXT_PARAM))
         server.add_tool(
-            _gated(server, definition.name, tool_function(definition, resolver)),
-            name=definition.name,
-            title=definition.title,
-            description=definition.description,
-            annotations=handle_tool_annotations(definition),
+            tool.function,
+            name=tool.name,
+            title=tool.title,
+            description=tool.description,
+            annotations=tool.annotations,
+            meta=tool.meta,
             structured_output=True,
         )
-
-
-def add_plain_tool(
-    server: MCPServer[Any],
-    *,
-    name: str,
-    title: str,
-    description: str,
-    input_model: type[BaseModel],
-    handler: PlainHandler,
-    resolver: PrincipalResolver,
-    meta: dict[str, Any] | None = None,
-) -> None:
-    """Register a tool that answers its own `CallToolResult` (a job's plain tool `<job>`)."""
-    server.add_tool(
-        _gated(server, name, plain_tool_function(name, input_model, resolver, handler)),
-        name=name,
-        title=title,
-        description=description,
-        meta=meta,
-        annotations=plain_tool_annotations(title),
-    )

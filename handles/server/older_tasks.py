@@ -1,13 +1,5 @@
-"""The experimental Tasks design of MCP 2025-11-25, served over the same jobs as the Tasks extension.
-
-Only a client that connected with `initialize` at 2025-11-25 sees it: the `tasks` capability, each
-job's plain tool marked `execution.taskSupport`, a `tools/call <job>` with `params.task` answered
-`{task: {...}}` once the job is stored (its `taskId` is the job's handle, as on every face), and
-`tasks/get`, `tasks/result`, `tasks/list`, `tasks/cancel` on the caller's own jobs. `tasks/result`
-asks the job's questions on its stream (answers come back through `older_answers`) and reports each
-status there. A server middleware, as the SDK's surface for that version knows none of these shapes; the
-work is `TasksExtension`'s and `JobOperations`', only the wire shapes are this module's.
-"""
+"""The experimental Tasks design of MCP 2025-11-25, for clients that connected with `initialize` at that
+version: the same jobs and work as `TasksExtension`, in that design's wire shapes, as server middleware."""
 
 from __future__ import annotations
 
@@ -16,7 +8,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
-from mcp.server.mcpserver import Context
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, Notification, ServerNotification
 from mcp_types.methods import serialize_server_result
@@ -24,7 +15,6 @@ from mcp_types.methods import serialize_server_result
 from handles.console.operations import cursor_of, parse_cursor
 from handles.errors import CallerError
 from handles.jobs import JobSpec
-from handles.server.bind_mcpserver import resolve_principal
 from handles.server.endings import ended_answer
 from handles.server.envelope import SdkServer
 from handles.server.older_answers import ANSWER_METHOD, OLDER_VERSION, RELATED_TASK, ask, asks_questions
@@ -49,13 +39,15 @@ def older_task(fields: Mapping[str, Any]) -> dict[str, Any]:
 
 def serve_tasks(tasks: TasksExtension, server: SdkServer) -> None:
     """Join `server`'s middleware (once each): the extension's pushed status and this design's face."""
-    tasks.status_push.install(server)
+    if tasks.status_push not in server.middleware:
+        server.middleware.append(tasks.status_push)
     if not any(isinstance(middleware, OlderTasks) for middleware in server.middleware):
         server.middleware.append(OlderTasks(tasks))
 
 
 class OlderTasks:
-    """The 2025-11-25 design's capability, tool marks, task creation and `tasks/*` methods."""
+    """The 2025-11-25 design's capability, tool marks (`execution.taskSupport`), task creation and `tasks/*`
+    methods, `tasks/result` asking the job's questions on its stream."""
 
     def __init__(self, tasks: TasksExtension) -> None:
         self.tasks = tasks
@@ -103,11 +95,8 @@ class OlderTasks:
 
     @as_jsonrpc_errors
     async def task_result(self, ctx: Ctx, params: Mapping[str, Any]) -> dict[str, Any]:
-        """Waits for the job's end (within the server's wait limit); answers what its plain call would.
-
-        Meanwhile the stream carries `notifications/tasks/status` for the task's status at the call and
-        each change, and asks each open question as an `elicitation/create` request, where its answer
-        can land (`older_answers.asks_questions`)."""
+        """Wait for the job's end (within the server's wait limit) and answer what its plain call would, sending
+        each status change and asking each open question on the stream meanwhile."""
         spec, job, task_id = await self.tasks.open_task(ctx, params.get("taskId"))
         service = self.tasks.service
         asks = asks_questions(ctx)
@@ -170,7 +159,7 @@ class OlderTasks:
             raise MCPError(
                 code=INVALID_PARAMS, message="params.cursor must be a nextCursor tasks/list returned."
             )
-        principal = await resolve_principal(self.tasks.principal_resolver, Context(request_context=ctx))
+        principal = await self.tasks.principal(ctx)
         service = self.tasks.service
         await service.ensure_running()
         store = service.store

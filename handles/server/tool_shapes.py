@@ -15,6 +15,7 @@ from handles.errors import CallerError
 from handles.results import ResultLink
 from handles.server.output_schema import FlatSchemaModel
 from handles.states import Status
+from handles.store import InputRequestRecord
 
 
 class ProgressView(BaseModel):
@@ -145,6 +146,11 @@ class ToolDefinition:
     read_only: bool
     destructive: bool = False
     idempotent: bool = True
+
+
+def input_views(pending: list[InputRequestRecord]) -> dict[str, InputRequestView]:
+    """The questions waiting for an answer, by key, as a reply shows them."""
+    return {r.key: InputRequestView(message=r.message, requested_schema=r.requested_schema) for r in pending}
 
 
 def error_reply(error: CallerError) -> ToolReply:
