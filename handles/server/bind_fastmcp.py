@@ -24,10 +24,11 @@ from pydantic import ConfigDict, PrivateAttr, ValidationError
 from handles.errors import ConfigurationError
 from handles.principal import PrincipalResolver
 from handles.server.argument_gate import ArgumentGate, ArgumentRules
-from handles.server.bind_mcpserver import CONTEXT_PARAM, SdkTool, refusal
+from handles.server.bind_mcpserver import CONTEXT_PARAM, SdkTool
 from handles.server.older_tasks import serve_tasks
 from handles.server.result_links import ResultLinks
 from handles.server.tasks_extension import TasksExtension
+from handles.server.tool_shapes import refusal
 from handles.tasks_wire import TASKS_EXTENSION
 
 if TYPE_CHECKING:
@@ -151,7 +152,7 @@ def bind_fastmcp(
     if tasks is not None:
         _refuse_second_tasks_face(server)
     sdk_server = low_level(server)
-    gate = ArgumentGate.of(sdk_server, refusal)
+    gate = ArgumentGate.of(sdk_server)
     for sdk_tool in tools:
         job_tool = JobTool.of(sdk_tool)
         gate.register(job_tool.rules)
@@ -159,17 +160,10 @@ def bind_fastmcp(
     ResultLinks.install(sdk_server, service, resolver)
     if tasks is not None:
         server.add_extension(FastMCPTasks(tasks))
-        _serve_listen(sdk_server)
+        if "subscriptions/listen" not in sdk_server._request_handlers:  # what the pushed task status rides on
+            listen = ListenHandler(InMemorySubscriptionBus())
+            sdk_server.add_request_handler("subscriptions/listen", SubscriptionsListenRequestParams, listen)
         serve_tasks(tasks, sdk_server)
-
-
-def _serve_listen(sdk_server: LowLevelServer[Any]) -> None:
-    """`subscriptions/listen`, which the pushed task status rides on, served by the SDK's own handler."""
-    if "subscriptions/listen" in sdk_server._request_handlers:
-        return
-    sdk_server.add_request_handler(
-        "subscriptions/listen", SubscriptionsListenRequestParams, ListenHandler(InMemorySubscriptionBus())
-    )
 
 
 def _refuse_second_tasks_face(server: FastMCP[Any]) -> None:

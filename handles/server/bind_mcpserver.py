@@ -10,15 +10,14 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import CallToolResult, ContentBlock, InputRequiredResult, TextContent, ToolAnnotations
+from mcp_types import CallToolResult, InputRequiredResult, ToolAnnotations
 from pydantic import BaseModel, SecretStr
 from pydantic_core import to_jsonable_python
 
-from handles.errors import CallerError, ConfigurationError, InvalidArguments
+from handles.errors import ConfigurationError, InvalidArguments
 from handles.principal import PrincipalResolver
-from handles.results import resource_link
 from handles.server.argument_gate import ArgumentGate, ArgumentRules
-from handles.server.tool_shapes import ToolDefinition, ToolReply, error_reply
+from handles.server.tool_shapes import ToolDefinition, refusal, to_call_tool_result
 
 logger = logging.getLogger("handles")
 
@@ -34,16 +33,6 @@ def is_fastmcp(server: object) -> bool:
     """Whether `server` is a FastMCP server (told without importing FastMCP where it is not installed)."""
     module = sys.modules.get("fastmcp")
     return module is not None and isinstance(server, module.FastMCP)
-
-
-def to_call_tool_result(reply: ToolReply) -> CallToolResult:
-    """Structured content plus the same JSON as text; caller errors carry text only."""
-    content: list[ContentBlock] = [TextContent(type="text", text=reply.text)]
-    if reply.is_error and "error" in reply.structured and "status" not in reply.structured:
-        return CallToolResult(content=content, is_error=True)
-    if reply.link is not None:
-        content.append(resource_link(reply.link))
-    return CallToolResult(content=content, structured_content=reply.structured, is_error=reply.is_error)
 
 
 async def resolve_principal(resolver: PrincipalResolver, context: Any) -> str:
@@ -141,14 +130,9 @@ def _parameter(name: str, field: Any) -> inspect.Parameter:
     )
 
 
-def refusal(error: CallerError) -> CallToolResult:
-    """A caller error as the tool result every generated tool answers it with."""
-    return to_call_tool_result(error_reply(error))
-
-
 def add_tools(server: MCPServer[Any], tools: list[SdkTool]) -> None:
     """Register `tools` on `server`, their arguments checked by the server's argument gate first."""
-    gate = ArgumentGate.of(server, refusal)
+    gate = ArgumentGate.of(server)
     for tool in tools:
         gate.register(ArgumentRules.of(tool.name, tool.function, CONTEXT_PARAM))
         server.add_tool(

@@ -121,16 +121,7 @@ class JobTools(JobGuidance):
             progress=_progress(job),
             input_requests=input_views(view.pending),
             attempts=job.attempts,
-            steps=[
-                StepView(
-                    name=step.name,
-                    status=step.status,
-                    attempt=step.attempt,
-                    started_at=step.started_at,
-                    finished_at=step.finished_at,
-                )
-                for step in view.steps
-            ],
+            steps=[StepView.model_validate(step, from_attributes=True) for step in view.steps],
             created_at=job.created_at,
             updated_at=job.updated_at,
             expires_at=job.expires_at,
@@ -294,14 +285,11 @@ class SharedTools:
             ),
         )
 
-    def _starts(self) -> str:
-        return ", ".join(tools.tool("start") for tools in self.tools.values())
-
     def unknown_handle(self) -> UnknownHandle:
+        starts = ", ".join(tools.tool("start") for tools in self.tools.values())
         return UnknownHandle(
             UNKNOWN_HANDLE,
-            f"Pass the exact handle string that a start tool ({self._starts()}) returned, or start a new job "
-            "with one of them.",
+            f"Pass the exact handle string that a start tool ({starts}) returned, or start a new job with one of them.",
         )
 
     def _dispatch(self, verb: str) -> ToolHandler:

@@ -19,18 +19,11 @@ from handles.job_operations import JobOperations
 from handles.jobs import JobSpec, describe_duration
 from handles.outcomes import Outcome
 from handles.principal import PrincipalResolver
-from handles.server.bind_mcpserver import (
-    SdkTool,
-    refusal,
-    sdk_function,
-    to_call_tool_result,
-    tool_annotations,
-)
-from handles.server.endings import cancel_orphaned, ended_answer, outcome_answer
-from handles.server.first_round import first_round
+from handles.server.bind_mcpserver import SdkTool, sdk_function, tool_annotations
+from handles.server.endings import cancel_orphaned, ended_answer, first_round, outcome_answer
 from handles.server.handle_tools import JobTools
 from handles.server.tasks_extension import declares_tasks, missing_tasks_capability
-from handles.server.tool_shapes import InputRequestView, ToolReply, input_views
+from handles.server.tool_shapes import InputRequestView, ToolReply, input_views, refusal, to_call_tool_result
 from handles.states import Status
 from handles.store import JobRecord
 from handles.tasks_wire import TASKS_EXTENSION

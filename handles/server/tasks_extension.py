@@ -47,11 +47,9 @@ from handles.errors import (
     WrongJobKind,
 )
 from handles.jobs import JobSpec
-from handles.outcomes import Outcome
-from handles.server.bind_mcpserver import resolve_principal, to_call_tool_result
-from handles.server.endings import cancel_orphaned, outcome_answer
-from handles.server.first_round import first_round
-from handles.server.tool_shapes import error_reply
+from handles.server.bind_mcpserver import resolve_principal
+from handles.server.endings import cancel_orphaned, first_round, outcome_answer
+from handles.server.tool_shapes import refusal
 from handles.states import Status
 from handles.store import InputRequestRecord, JobRecord
 from handles.tasks_wire import PROGRESS_META_KEY, TASKS_EXTENSION
@@ -258,7 +256,7 @@ class TasksExtension(Extension):
                 # The kill switch: no new task; the plain tool answers (existing tasks are still served).
                 return None
         except CallerError as error:
-            return to_call_tool_result(error_reply(error))
+            return refusal(error)
         principal = await self.principal(ctx)
         given = dict(arguments or {})
         try:
@@ -280,25 +278,18 @@ class TasksExtension(Extension):
                 face="tasks_2025_11_25" if older else "tasks_extension",
             )
         except CallerError as error:
-            return to_call_tool_result(error_reply(error))
+            return refusal(error)
         if settled is not None and spec.task_after is not None and started.job.lease_owner is not None:
-            # Only a job claimed at its insert runs here at once: no other can end within the wait.
-            ended = await self._ended_within(settled, spec.task_after.total_seconds(), started.job)
-            if ended is not None:
-                return ended
-        return {"resultType": "task", **task_fields(spec, started.job, started.handle)}  # `CreateTaskResult`
-
-    async def _ended_within(
-        self, settled: asyncio.Future[Outcome], seconds: float, job: JobRecord
-    ) -> CallToolResult | None:
-        """The job's ending as a tool result if its run here stores it within `seconds`, else None (it becomes a task)."""
-        if not settled.done():
+            # Only a job claimed at its insert runs here at once: no other can end within the wait. One that
+            # ends (its run here stores the outcome) within `task_after` is answered inline.
             try:
-                await asyncio.wait({settled}, timeout=seconds)
+                await asyncio.wait({settled}, timeout=spec.task_after.total_seconds())
             except anyio.get_cancelled_exc_class():
-                await cancel_orphaned(self.service, job)
+                await cancel_orphaned(self.service, started.job)
                 raise
-        return outcome_answer(settled.result()) if settled.done() else None
+            if settled.done():
+                return outcome_answer(settled.result())
+        return {"resultType": "task", **task_fields(spec, started.job, started.handle)}  # `CreateTaskResult`
 
     async def _open(
         self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams
@@ -405,13 +396,6 @@ class TaskStatusNotification(Notification[dict[str, Any], Literal["notifications
     params: dict[str, Any]
 
 
-def task_status_params(body: Mapping[str, Any], subscription_id: Any) -> dict[str, Any]:
-    """The `tasks/get` answer as notification params: without `resultType`, stamped with the subscription id."""
-    params = {key: value for key, value in body.items() if key != "resultType"}
-    params["_meta"] = {**(body.get("_meta") or {}), SUBSCRIPTION_ID_META_KEY: subscription_id}
-    return params
-
-
 class _AckTap:
     """The listen request's session as the SDK's `ListenHandler` sees it: adds the honored `taskIds` to the
     acknowledgement and tells the pushers once it is out."""
@@ -512,8 +496,11 @@ class TaskStatusPush:
             async with contextlib.aclosing(service.changes(job)) as changes:
                 async for record in changes:
                     pending = await service.pending_inputs(record)
-                    body = detailed_task(spec, record, task_id, pending)
-                    notification = TaskStatusNotification(params=task_status_params(body, subscription_id))
+                    # The `tasks/get` answer without `resultType`, stamped with the subscription id.
+                    params = detailed_task(spec, record, task_id, pending)
+                    del params["resultType"]
+                    params["_meta"] = {**params.get("_meta", {}), SUBSCRIPTION_ID_META_KEY: subscription_id}
+                    notification = TaskStatusNotification(params=params)
                     await tap.send_notification(cast(ServerNotification, notification), subscription_id)
         except StoreUnavailable:
             logger.warning("stopped pushing a task's status: the store is unavailable")
