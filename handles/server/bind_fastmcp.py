@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from fastmcp import FastMCP
@@ -24,7 +24,7 @@ from pydantic import ConfigDict, PrivateAttr, ValidationError
 from handles.errors import ConfigurationError
 from handles.principal import PrincipalResolver
 from handles.server.argument_gate import ArgumentGate, ArgumentRules
-from handles.server.bind_mcpserver import CONTEXT_PARAM, SdkTool
+from handles.server.bind_mcpserver import CONTEXT_PARAM, SdkFunction, SdkTool
 from handles.server.older_tasks import serve_tasks
 from handles.server.result_links import ResultLinks
 from handles.server.tasks_extension import TasksExtension
@@ -36,8 +36,6 @@ if TYPE_CHECKING:
     from mcp.server.lowlevel.server import Server as LowLevelServer
 
     from handles.job_operations import JobOperations
-
-SharedFunction = Callable[..., Awaitable[CallToolResult | InputRequiredResult]]
 
 
 def sdk_request_context() -> ServerRequestContext[Any, Any]:
@@ -58,12 +56,14 @@ class JobTool(Tool):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    _function: SharedFunction = PrivateAttr()
+    _function: SdkFunction = PrivateAttr()
     _rules: ArgumentRules = PrivateAttr()
 
     @classmethod
-    def of(cls, sdk_tool: SdkTool) -> JobTool:
+    def of(cls, sdk_tool: SdkTool, gate: ArgumentGate) -> JobTool:
+        """The tool, its rules (the same `run` validates with) registered with the server's argument gate."""
         rules = ArgumentRules.of(sdk_tool.name, sdk_tool.function, CONTEXT_PARAM)
+        gate.register(rules)
         output = func_metadata(sdk_tool.function, skip_names=[CONTEXT_PARAM], structured_output=True)
         tool = cls(
             name=sdk_tool.name,
@@ -77,11 +77,6 @@ class JobTool(Tool):
         tool._function = sdk_tool.function
         tool._rules = rules
         return tool
-
-    @property
-    def rules(self) -> ArgumentRules:
-        """What the tool accepts, for the server's argument gate (the same rules `run` validates with)."""
-        return self._rules
 
     async def run(self, arguments: dict[str, Any]) -> ToolResult:
         try:
@@ -154,9 +149,7 @@ def bind_fastmcp(
     sdk_server = low_level(server)
     gate = ArgumentGate.of(sdk_server)
     for sdk_tool in tools:
-        job_tool = JobTool.of(sdk_tool)
-        gate.register(job_tool.rules)
-        server.add_tool(job_tool)
+        server.add_tool(JobTool.of(sdk_tool, gate))
     ResultLinks.install(sdk_server, service, resolver)
     if tasks is not None:
         server.add_extension(FastMCPTasks(tasks))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import logging
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -19,14 +18,14 @@ from handles.principal import PrincipalResolver
 from handles.server.argument_gate import ArgumentGate, ArgumentRules
 from handles.server.tool_shapes import ToolDefinition, refusal, to_call_tool_result
 
-logger = logging.getLogger("handles")
-
 CONTEXT_PARAM = "mcp_context"
 
 PlainHandler = Callable[
     [str, dict[str, Any], "Context[Any, Any]"], Awaitable[CallToolResult | InputRequiredResult]
 ]
 """`(principal, arguments, request context) -> result` of a tool that builds its own result (or asks first)."""
+SdkFunction = Callable[..., Awaitable[CallToolResult | InputRequiredResult]]
+"""A tool function as the SDK registers it: its parameters and `mcp_context`, read from its signature."""
 
 
 def is_fastmcp(server: object) -> bool:
@@ -48,7 +47,7 @@ async def resolve_principal(resolver: PrincipalResolver, context: Any) -> str:
 class SdkTool:
     """A generated tool as both bindings register it: its SDK function and what `tools/list` shows of it."""
 
-    function: Callable[..., Awaitable[CallToolResult | InputRequiredResult]]
+    function: SdkFunction
     name: str
     title: str
     description: str
@@ -56,9 +55,7 @@ class SdkTool:
     meta: dict[str, Any] | None = None
 
 
-def tool_function(
-    definition: ToolDefinition, resolver: PrincipalResolver
-) -> Callable[..., Awaitable[CallToolResult | InputRequiredResult]]:
+def tool_function(definition: ToolDefinition, resolver: PrincipalResolver) -> SdkFunction:
     """An SDK tool function for `definition`, with a signature the SDK can read."""
 
     async def handle(principal: str, arguments: dict[str, Any], _context: Context) -> CallToolResult:
@@ -89,7 +86,7 @@ def tool_annotations(title: str, read_only: bool, destructive: bool, idempotent:
 
 def sdk_function(
     name: str, model: type[BaseModel], resolver: PrincipalResolver, handler: PlainHandler, returns: Any
-) -> Callable[..., Awaitable[CallToolResult | InputRequiredResult]]:
+) -> SdkFunction:
     if CONTEXT_PARAM in model.model_fields:
         raise ConfigurationError(f"{name}: a parameter may not be named {CONTEXT_PARAM!r}")
 

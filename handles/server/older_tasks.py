@@ -171,14 +171,17 @@ class OlderTasks:
         }
 
     async def __call__(self, ctx: Ctx, call_next: CallNext) -> HandlerResult:
-        params = ctx.params or {}
+        # Every other version's request passes on after one comparison.
+        if ctx.protocol_version != OLDER_VERSION and ctx.method != "initialize":
+            return await call_next(ctx)
         if ctx.method == "initialize":
             result = await call_next(ctx)
             if isinstance(result, dict) and result.get("protocolVersion") == OLDER_VERSION:
                 result["capabilities"] = {**result.get("capabilities", {}), "tasks": CAPABILITY}
             return result
-        if ctx.protocol_version != OLDER_VERSION or ctx.request_id is None:
+        if ctx.request_id is None:
             return await call_next(ctx)
+        params = ctx.params or {}
         if ctx.method in self.methods:
             return await self.methods[ctx.method](ctx, params)
         if ctx.method == "tools/call" and isinstance(params.get("task"), Mapping):
