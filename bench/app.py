@@ -45,9 +45,8 @@ from pydantic import BaseModel
 
 from example_server.__main__ import FileTokenVerifier
 from handles import Handles, HandlesConfig, JobContext, serve_stdio, streamable_http_app
-from handles.server.bind_mcpserver import to_call_tool_result
 from handles.server.handle_tools import JobTools
-from handles.server.tool_shapes import ProgressOutput, ProgressView, ToolReply
+from handles.server.tool_shapes import ProgressOutput, ProgressView, ToolReply, to_call_tool_result
 from handles.states import Status
 from handles.store import JobRecord
 

@@ -40,7 +40,7 @@ from bench.common import (
     shuffled_rounds,
     structured,
 )
-from handles.server.bind_mcpserver import add_tools, tool_function
+from handles.server.bind_mcpserver import add_tools, handle_tool, tool_function
 from handles.server.handle_tools import JobTools
 from handles.server.reply_memo import ReplyMemo
 from handles.server.tool_shapes import ProgressOutput, ToolReply
@@ -93,19 +93,16 @@ def add_poll_parts(server: Any, jobs: Any) -> None:
     server.add_tool(
         tool_function(wrapped, jobs.principal_resolver), name=wrapped.name, structured_output=True
     )
-    add_tools(
-        server,
-        [
-            dataclasses.replace(definition, name=name, handler=handler)
-            for name, handler in (
-                ("poll_gated", canned),
-                ("poll_read", read),
-                ("poll_opened", opened),
-                ("poll_built", building.progress),
-            )
-        ],
-        jobs.principal_resolver,
-    )
+    gated = [
+        dataclasses.replace(definition, name=name, handler=handler)
+        for name, handler in (
+            ("poll_gated", canned),
+            ("poll_read", read),
+            ("poll_opened", opened),
+            ("poll_built", building.progress),
+        )
+    ]
+    add_tools(server, [handle_tool(definition, jobs.principal_resolver) for definition in gated])
 
 
 async def measure(rounds: int, warmup: int) -> dict[str, list[float]]:

@@ -9,8 +9,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, cast, overload
 
-from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import CallToolResult, InputRequiredResult
+from mcp.server.mcpserver import MCPServer
 
 from handles.config import HandlesConfig
 from handles.errors import ConfigurationError
@@ -20,7 +19,7 @@ from handles.jobs import JobOptions, JobSpec
 from handles.principal import PrincipalResolver, default_resolver
 from handles.runtime import Runtime
 from handles.sealing import Sealer
-from handles.server.bind_mcpserver import add_plain_tool, add_tools, is_fastmcp
+from handles.server.bind_mcpserver import add_tools, handle_tool, is_fastmcp
 from handles.server.handle_tools import JobTools, SharedTools
 from handles.server.older_tasks import serve_tasks
 from handles.server.plain_tool import PlainCallPolicy, PlainTool
@@ -198,6 +197,9 @@ class Handles:
             raise ConfigurationError(
                 f"Two tools would be named {', '.join(clashes)}; rename the job that causes it."
             )
+        resolver = self.principal_resolver
+        tools = [handle_tool(definition, resolver) for definition in definitions]
+        tools += [tool.sdk_tool(resolver) for tool in plain]
         if is_fastmcp(server):
             from handles.server.bind_fastmcp import bind_fastmcp
 
@@ -205,9 +207,7 @@ class Handles:
                 cast("FastMCP[Any]", server),
                 service=self.service,
                 resolver=self.principal_resolver,
-                definitions=definitions,
-                plain=plain,
-                plain_handler=_plain_handler,
+                tools=tools,
                 tasks=self.tasks_extension() if tasks else None,
             )
             return
@@ -215,22 +215,11 @@ class Handles:
             raise ConfigurationError(
                 f"bind() takes the SDK's MCPServer or a FastMCP 4 server, not {type(server).__name__}."
             )
-        add_tools(server, definitions, self.principal_resolver)
+        add_tools(server, tools)
         ResultLinks.install(server, self.service, self.principal_resolver)
         if self._tasks is not None:
             # The SDK's Extension seam reaches neither subscriptions/listen nor the 2025-11-25 design: middleware.
             serve_tasks(self._tasks, server)
-        for tool in plain:
-            add_plain_tool(
-                server,
-                name=tool.name,
-                title=tool.spec.name,
-                description=tool.description,
-                input_model=tool.spec.metadata.arg_model,
-                handler=_plain_handler(tool),
-                resolver=self.principal_resolver,
-                meta=tool.meta,
-            )
 
     async def prepare(self) -> None:
         """Build the machinery and bring the schema current, without starting the runtime.
@@ -292,20 +281,3 @@ class Handles:
             yield self
         finally:
             await self.aclose()
-
-
-def _plain_handler(
-    tool: PlainTool,
-) -> Callable[[str, dict[str, Any], Context[Any, Any]], Awaitable[CallToolResult | InputRequiredResult]]:
-    async def handle(
-        principal: str, arguments: dict[str, Any], context: Context[Any, Any]
-    ) -> CallToolResult | InputRequiredResult:
-        return await tool.answer(
-            principal,
-            arguments,
-            context.request_context,
-            input_responses=context.input_responses,
-            report=context.report_progress,
-        )
-
-    return handle

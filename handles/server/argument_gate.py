@@ -11,18 +11,15 @@ from typing import Any
 
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata, func_metadata
-from mcp_types import ListToolsResult
 from pydantic import ValidationError
 
 from handles.errors import CallerError, InvalidArguments
 from handles.limits import clean_message
 from handles.server.envelope import SdkServer, enveloped, server_info
+from handles.server.tool_shapes import refusal
 
 MAX_NESTING = 64
 """How deep arguments may nest (objects and arrays); far beyond any job's needs, far below the SDK's limits."""
-
-ToolResultFactory = Callable[[CallerError], Any]
-"""Builds the `CallToolResult` of a caller error (see `handles.server.bind_mcpserver.to_call_tool_result`)."""
 
 
 @dataclass(frozen=True)
@@ -175,18 +172,17 @@ def _expected(prop: Mapping[str, Any], schema: Mapping[str, Any]) -> str:
 class ArgumentGate:
     """Server middleware checking the arguments of the generated tools before the SDK sees them."""
 
-    def __init__(self, refusal: ToolResultFactory, info: dict[str, Any]) -> None:
+    def __init__(self, info: dict[str, Any]) -> None:
         self._rules: dict[str, ArgumentRules] = {}
-        self._refusal = refusal
         self._server_info = info
 
     @classmethod
-    def of(cls, server: SdkServer, refusal: ToolResultFactory) -> ArgumentGate:
+    def of(cls, server: SdkServer) -> ArgumentGate:
         """The gate installed on `server`, installing one (innermost of its middleware) if there is none."""
         for middleware in server.middleware:
             if isinstance(middleware, cls):
                 return middleware
-        gate = cls(refusal, server_info(server))
+        gate = cls(server_info(server))
         server.middleware.append(gate)
         return gate
 
@@ -207,18 +203,12 @@ class ArgumentGate:
 
     def _refuse(self, ctx: ServerRequestContext[Any, Any], error: CallerError) -> dict[str, Any]:
         """The tool error, on the wire, in the envelope the SDK puts on every other result."""
-        result: dict[str, Any] = self._refusal(error).model_dump(
-            by_alias=True, mode="json", exclude_none=True
-        )
+        result: dict[str, Any] = refusal(error).model_dump(by_alias=True, mode="json", exclude_none=True)
         return enveloped(ctx, result, self._server_info)
 
     def _closed_schemas(self, result: HandlerResult) -> HandlerResult:
-        """`additionalProperties: false` on the input schema of every gated tool."""
-        if isinstance(result, ListToolsResult):
-            for tool in result.tools:
-                if tool.name in self._rules:
-                    tool.input_schema = {**tool.input_schema, "additionalProperties": False}
-        elif isinstance(result, dict):
+        """`additionalProperties: false` on the input schema of every gated tool (the result is on the wire already)."""
+        if isinstance(result, dict):
             for tool in result.get("tools") or ():
                 if isinstance(tool, dict) and tool.get("name") in self._rules:
                     tool["inputSchema"] = {**tool.get("inputSchema", {}), "additionalProperties": False}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from fastmcp import FastMCP
@@ -18,24 +18,17 @@ from mcp_types import (
     CallToolResult,
     InputRequiredResult,
     SubscriptionsListenRequestParams,
-    ToolAnnotations,
 )
 from pydantic import ConfigDict, PrivateAttr, ValidationError
 
 from handles.errors import ConfigurationError
 from handles.principal import PrincipalResolver
 from handles.server.argument_gate import ArgumentGate, ArgumentRules
-from handles.server.bind_mcpserver import (
-    CONTEXT_PARAM,
-    handle_tool_annotations,
-    plain_tool_annotations,
-    plain_tool_function,
-    refusal,
-    tool_function,
-)
+from handles.server.bind_mcpserver import CONTEXT_PARAM, SdkFunction, SdkTool
 from handles.server.older_tasks import serve_tasks
 from handles.server.result_links import ResultLinks
 from handles.server.tasks_extension import TasksExtension
+from handles.server.tool_shapes import refusal
 from handles.tasks_wire import TASKS_EXTENSION
 
 if TYPE_CHECKING:
@@ -43,10 +36,6 @@ if TYPE_CHECKING:
     from mcp.server.lowlevel.server import Server as LowLevelServer
 
     from handles.job_operations import JobOperations
-    from handles.server.plain_tool import PlainTool
-    from handles.server.tool_shapes import ToolDefinition
-
-SharedFunction = Callable[..., Awaitable[CallToolResult | InputRequiredResult]]
 
 
 def sdk_request_context() -> ServerRequestContext[Any, Any]:
@@ -67,39 +56,27 @@ class JobTool(Tool):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    _function: SharedFunction = PrivateAttr()
+    _function: SdkFunction = PrivateAttr()
     _rules: ArgumentRules = PrivateAttr()
 
     @classmethod
-    def of(
-        cls,
-        function: SharedFunction,
-        *,
-        name: str,
-        title: str,
-        description: str,
-        annotations: ToolAnnotations,
-        output_schema: dict[str, Any] | None,
-        meta: dict[str, Any] | None = None,
-    ) -> JobTool:
-        rules = ArgumentRules.of(name, function, CONTEXT_PARAM)
+    def of(cls, sdk_tool: SdkTool, gate: ArgumentGate) -> JobTool:
+        """The tool, its rules (the same `run` validates with) registered with the server's argument gate."""
+        rules = ArgumentRules.of(sdk_tool.name, sdk_tool.function, CONTEXT_PARAM)
+        gate.register(rules)
+        output = func_metadata(sdk_tool.function, skip_names=[CONTEXT_PARAM], structured_output=True)
         tool = cls(
-            name=name,
-            title=title,
-            description=description,
+            name=sdk_tool.name,
+            title=sdk_tool.title,
+            description=sdk_tool.description,
             parameters=rules.schema,
-            output_schema=output_schema,
-            annotations=annotations,
-            meta=meta,
+            output_schema=output.output_schema,
+            annotations=sdk_tool.annotations,
+            meta=sdk_tool.meta,
         )
-        tool._function = function
+        tool._function = sdk_tool.function
         tool._rules = rules
         return tool
-
-    @property
-    def rules(self) -> ArgumentRules:
-        """What the tool accepts, for the server's argument gate (the same rules `run` validates with)."""
-        return self._rules
 
     async def run(self, arguments: dict[str, Any]) -> ToolResult:
         try:
@@ -126,32 +103,6 @@ def as_tool_result(result: CallToolResult | InputRequiredResult) -> ToolResult:
         structured_content=result.structured_content,
         meta=result.meta,
         is_error=bool(result.is_error),
-    )
-
-
-def handle_tool(definition: ToolDefinition, resolver: PrincipalResolver) -> JobTool:
-    function = tool_function(definition, resolver)
-    output = func_metadata(function, skip_names=[CONTEXT_PARAM], structured_output=True)
-    return JobTool.of(
-        function,
-        name=definition.name,
-        title=definition.title,
-        description=definition.description,
-        output_schema=output.output_schema,
-        annotations=handle_tool_annotations(definition),
-    )
-
-
-def plain_job_tool(tool: PlainTool, handler: Any, resolver: PrincipalResolver) -> JobTool:
-    function = plain_tool_function(tool.name, tool.spec.metadata.arg_model, resolver, handler)
-    return JobTool.of(
-        function,
-        name=tool.name,
-        title=tool.spec.name,
-        description=tool.description,
-        output_schema=None,
-        meta=tool.meta,
-        annotations=plain_tool_annotations(tool.spec.name),
     )
 
 
@@ -189,38 +140,23 @@ def bind_fastmcp(
     *,
     service: JobOperations,
     resolver: PrincipalResolver,
-    definitions: list[ToolDefinition],
-    plain: list[PlainTool],
-    plain_handler: Callable[[PlainTool], Any],
+    tools: list[SdkTool],
     tasks: TasksExtension | None,
 ) -> None:
     """Add the jobs' tools to a FastMCP server and, given `tasks`, its Tasks face."""
     if tasks is not None:
         _refuse_second_tasks_face(server)
     sdk_server = low_level(server)
-    gate = ArgumentGate.of(sdk_server, refusal)
-    for definition in definitions:
-        job_tool = handle_tool(definition, resolver)
-        gate.register(job_tool.rules)
-        server.add_tool(job_tool)
-    for tool in plain:
-        job_tool = plain_job_tool(tool, plain_handler(tool), resolver)
-        gate.register(job_tool.rules)
-        server.add_tool(job_tool)
+    gate = ArgumentGate.of(sdk_server)
+    for sdk_tool in tools:
+        server.add_tool(JobTool.of(sdk_tool, gate))
     ResultLinks.install(sdk_server, service, resolver)
     if tasks is not None:
         server.add_extension(FastMCPTasks(tasks))
-        _serve_listen(sdk_server)
+        if "subscriptions/listen" not in sdk_server._request_handlers:  # what the pushed task status rides on
+            listen = ListenHandler(InMemorySubscriptionBus())
+            sdk_server.add_request_handler("subscriptions/listen", SubscriptionsListenRequestParams, listen)
         serve_tasks(tasks, sdk_server)
-
-
-def _serve_listen(sdk_server: LowLevelServer[Any]) -> None:
-    """`subscriptions/listen`, which the pushed task status rides on, served by the SDK's own handler."""
-    if "subscriptions/listen" in sdk_server._request_handlers:
-        return
-    sdk_server.add_request_handler(
-        "subscriptions/listen", SubscriptionsListenRequestParams, ListenHandler(InMemorySubscriptionBus())
-    )
 
 
 def _refuse_second_tasks_face(server: FastMCP[Any]) -> None:

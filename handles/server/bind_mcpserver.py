@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 import inspect
-import logging
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import CallToolResult, ContentBlock, InputRequiredResult, TextContent, ToolAnnotations
+from mcp_types import CallToolResult, InputRequiredResult, ToolAnnotations
 from pydantic import BaseModel, SecretStr
 from pydantic_core import to_jsonable_python
 
-from handles.errors import CallerError, ConfigurationError, InvalidArguments
+from handles.errors import ConfigurationError, InvalidArguments
 from handles.principal import PrincipalResolver
-from handles.results import resource_link
 from handles.server.argument_gate import ArgumentGate, ArgumentRules
-from handles.server.tool_shapes import ToolDefinition, ToolReply, error_reply
-
-logger = logging.getLogger("handles")
+from handles.server.tool_shapes import ToolDefinition, refusal, to_call_tool_result
 
 CONTEXT_PARAM = "mcp_context"
 
@@ -27,22 +24,14 @@ PlainHandler = Callable[
     [str, dict[str, Any], "Context[Any, Any]"], Awaitable[CallToolResult | InputRequiredResult]
 ]
 """`(principal, arguments, request context) -> result` of a tool that builds its own result (or asks first)."""
+SdkFunction = Callable[..., Awaitable[CallToolResult | InputRequiredResult]]
+"""A tool function as the SDK registers it: its parameters and `mcp_context`, read from its signature."""
 
 
 def is_fastmcp(server: object) -> bool:
     """Whether `server` is a FastMCP server (told without importing FastMCP where it is not installed)."""
     module = sys.modules.get("fastmcp")
     return module is not None and isinstance(server, module.FastMCP)
-
-
-def to_call_tool_result(reply: ToolReply) -> CallToolResult:
-    """Structured content plus the same JSON as text; caller errors carry text only."""
-    content: list[ContentBlock] = [TextContent(type="text", text=reply.text)]
-    if reply.is_error and "error" in reply.structured and "status" not in reply.structured:
-        return CallToolResult(content=content, is_error=True)
-    if reply.link is not None:
-        content.append(resource_link(reply.link))
-    return CallToolResult(content=content, structured_content=reply.structured, is_error=reply.is_error)
 
 
 async def resolve_principal(resolver: PrincipalResolver, context: Any) -> str:
@@ -54,28 +43,50 @@ async def resolve_principal(resolver: PrincipalResolver, context: Any) -> str:
     return principal
 
 
-def tool_function(
-    definition: ToolDefinition, resolver: PrincipalResolver
-) -> Callable[..., Awaitable[CallToolResult | InputRequiredResult]]:
+@dataclass(frozen=True)
+class SdkTool:
+    """A generated tool as both bindings register it: its SDK function and what `tools/list` shows of it."""
+
+    function: SdkFunction
+    name: str
+    title: str
+    description: str
+    annotations: ToolAnnotations
+    meta: dict[str, Any] | None = None
+
+
+def tool_function(definition: ToolDefinition, resolver: PrincipalResolver) -> SdkFunction:
     """An SDK tool function for `definition`, with a signature the SDK can read."""
 
     async def handle(principal: str, arguments: dict[str, Any], _context: Context) -> CallToolResult:
         return to_call_tool_result(await definition.handler(principal, arguments))
 
     returns = Annotated[CallToolResult, definition.output_model]
-    return _sdk_function(definition.name, definition.input_model, resolver, handle, returns)
+    return sdk_function(definition.name, definition.input_model, resolver, handle, returns)
 
 
-def plain_tool_function(
-    name: str, input_model: type[BaseModel], resolver: PrincipalResolver, handler: PlainHandler
-) -> Callable[..., Awaitable[CallToolResult | InputRequiredResult]]:
-    """An SDK tool function that hands the request's `Context` to `handler` and declares no output schema."""
-    return _sdk_function(name, input_model, resolver, handler, CallToolResult)
+def handle_tool(definition: ToolDefinition, resolver: PrincipalResolver) -> SdkTool:
+    """A handle tool as the bindings register it."""
+    annotations = tool_annotations(
+        definition.title, definition.read_only, definition.destructive, definition.idempotent
+    )
+    function = tool_function(definition, resolver)
+    return SdkTool(function, definition.name, definition.title, definition.description, annotations)
 
 
-def _sdk_function(
+def tool_annotations(title: str, read_only: bool, destructive: bool, idempotent: bool) -> ToolAnnotations:
+    return ToolAnnotations(
+        title=title,
+        read_only_hint=read_only,
+        destructive_hint=destructive,
+        idempotent_hint=idempotent,
+        open_world_hint=False,
+    )
+
+
+def sdk_function(
     name: str, model: type[BaseModel], resolver: PrincipalResolver, handler: PlainHandler, returns: Any
-) -> Callable[..., Awaitable[CallToolResult | InputRequiredResult]]:
+) -> SdkFunction:
     if CONTEXT_PARAM in model.model_fields:
         raise ConfigurationError(f"{name}: a parameter may not be named {CONTEXT_PARAM!r}")
 
@@ -116,69 +127,17 @@ def _parameter(name: str, field: Any) -> inspect.Parameter:
     )
 
 
-def refusal(error: CallerError) -> CallToolResult:
-    """A caller error as the tool result every generated tool answers it with."""
-    return to_call_tool_result(error_reply(error))
-
-
-def _gated(server: MCPServer[Any], name: str, function: Callable[..., Any]) -> Callable[..., Any]:
-    """`function`, its arguments now checked by the server's argument gate before the SDK's validation."""
-    ArgumentGate.of(server, refusal).register(ArgumentRules.of(name, function, CONTEXT_PARAM))
-    return function
-
-
-def handle_tool_annotations(definition: ToolDefinition) -> ToolAnnotations:
-    """The annotations of a generated handle tool (the same on every framework)."""
-    return ToolAnnotations(
-        title=definition.title,
-        read_only_hint=definition.read_only,
-        destructive_hint=definition.destructive,
-        idempotent_hint=definition.idempotent,
-        open_world_hint=False,
-    )
-
-
-def plain_tool_annotations(title: str) -> ToolAnnotations:
-    """The annotations of a job's plain tool `<job>`: it starts work, never destructive by itself."""
-    return ToolAnnotations(
-        title=title,
-        read_only_hint=False,
-        destructive_hint=False,
-        idempotent_hint=False,
-        open_world_hint=False,
-    )
-
-
-def add_tools(server: MCPServer[Any], definitions: list[ToolDefinition], resolver: PrincipalResolver) -> None:
-    """Register every definition on `server` as an ordinary tool."""
-    for definition in definitions:
+def add_tools(server: MCPServer[Any], tools: list[SdkTool]) -> None:
+    """Register `tools` on `server`, their arguments checked by the server's argument gate first."""
+    gate = ArgumentGate.of(server)
+    for tool in tools:
+        gate.register(ArgumentRules.of(tool.name, tool.function, CONTEXT_PARAM))
         server.add_tool(
-            _gated(server, definition.name, tool_function(definition, resolver)),
-            name=definition.name,
-            title=definition.title,
-            description=definition.description,
-            annotations=handle_tool_annotations(definition),
+            tool.function,
+            name=tool.name,
+            title=tool.title,
+            description=tool.description,
+            annotations=tool.annotations,
+            meta=tool.meta,
             structured_output=True,
         )
-
-
-def add_plain_tool(
-    server: MCPServer[Any],
-    *,
-    name: str,
-    title: str,
-    description: str,
-    input_model: type[BaseModel],
-    handler: PlainHandler,
-    resolver: PrincipalResolver,
-    meta: dict[str, Any] | None = None,
-) -> None:
-    """Register a tool that answers its own `CallToolResult` (a job's plain tool `<job>`)."""
-    server.add_tool(
-        _gated(server, name, plain_tool_function(name, input_model, resolver, handler)),
-        name=name,
-        title=title,
-        description=description,
-        meta=meta,
-        annotations=plain_tool_annotations(title),
-    )

@@ -1,20 +1,33 @@
-"""A job's ending answered inline, as an ordinary tool call would answer it, on every face that waits for it."""
+"""What a plain `<job>` call (or a task-creating one) answers before its job exists, and once the job ended."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
+from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
-from mcp_types import INTERNAL_ERROR, CallToolResult, TextContent
+from mcp_types import (
+    INTERNAL_ERROR,
+    CallToolResult,
+    ElicitRequest,
+    ElicitRequestFormParams,
+    InputRequiredResult,
+    TextContent,
+)
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from handles.ask_first import FIRST_KEY
 from handles.outcomes import Outcome
 from handles.states import Status
 from handles.store import JobRecord
 
 if TYPE_CHECKING:
     from handles.job_operations import JobOperations
+    from handles.jobs import JobSpec
 
 logger = logging.getLogger("handles.server.endings")
 
@@ -55,3 +68,58 @@ async def cancel_orphaned(service: JobOperations, job: JobRecord) -> None:
             await service.cancel(job)
         except Exception:
             logger.warning("could not cancel job %s after its caller went away", job.id, exc_info=True)
+
+
+@dataclass(frozen=True)
+class FirstRound:
+    """What a plain `<job>` call does about the question before the job: exactly one field is set, or none."""
+
+    ask: InputRequiredResult | None = None
+    declined: CallToolResult | None = None
+    answer: dict[str, Any] | None = None
+
+    @property
+    def reply(self) -> InputRequiredResult | CallToolResult | None:
+        """What the call answers before any job exists (the question, or the refusal), or None."""
+        return self.ask or self.declined
+
+
+def first_round(
+    spec: JobSpec,
+    arguments: dict[str, Any],
+    ctx: ServerRequestContext[Any, Any],
+    responses: Mapping[str, Any] | None,
+) -> FirstRound:
+    """Decide what a plain `<job>` call does before the job exists (arguments are validated here)."""
+    # The question goes in-band (an `InputRequiredResult`) to a 2026-07-28 request with elicitation only.
+    capabilities = ctx.session.client_capabilities
+    if (
+        spec.ask_first is None
+        or ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
+        or not (capabilities and capabilities.elicitation)
+    ):
+        return FirstRound()
+    response = (responses or {}).get(FIRST_KEY)
+    if response is None:
+        values = spec.validate_arguments(arguments, f"Fix the arguments and call {spec.name} again.")
+        request = ElicitRequest(
+            params=ElicitRequestFormParams(
+                message=spec.ask_first.render(values),
+                requested_schema=spec.ask_first.requested_schema(),
+            )
+        )
+        return FirstRound(ask=InputRequiredResult(input_requests={FIRST_KEY: request}))
+    action = _field(response, "action")
+    if action != "accept":
+        text = f"{spec.name} was not started: the question before it was {action or 'not answered'}."
+        return FirstRound(
+            declined=CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+        )
+    content = _field(response, "content")
+    return FirstRound(answer=dict(content) if isinstance(content, Mapping) else {})
+
+
+def _field(response: Any, name: str) -> Any:
+    if isinstance(response, Mapping):
+        return response.get(name)
+    return getattr(response, name, None)

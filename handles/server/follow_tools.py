@@ -58,76 +58,73 @@ def follow_definitions(
             ),
         ),
     )
-    handle_field = (str, Field(description=HANDLE_DESCRIPTION))
     tool = scope.tool
-    defs = [
-        ToolDefinition(
-            name=tool("progress"),
-            title=f"{scope.label} progress",
-            description=(
-                f"Status and progress of {scope.subject} {scope.started}: "
-                "working, input_required, completed, failed or cancelled, with any questions waiting "
-                f"for an answer. {scope.expiry}"
-            ),
+
+    def define(
+        verb: str, title: str, description: str, output: type[BaseModel], **options: Any
+    ) -> ToolDefinition:
+        fields = options.pop("fields", {"wait_seconds": wait_field})
+        return ToolDefinition(
+            name=tool(verb),
+            title=title,
+            description=description,
             input_model=create_model(
-                f"{tool('progress')}_input", handle=handle_field, wait_seconds=wait_field
+                f"{tool(verb)}_input", handle=(str, Field(description=HANDLE_DESCRIPTION)), **fields
             ),
-            output_model=ProgressOutput,
-            handler=guarded(handlers["progress"]),
+            output_model=output,
+            handler=guarded(handlers[verb]),
+            **options,
+        )
+
+    defs = [
+        define(
+            "progress",
+            f"{scope.label} progress",
+            f"Status and progress of {scope.subject} {scope.started}: "
+            "working, input_required, completed, failed or cancelled, with any questions waiting "
+            f"for an answer. {scope.expiry}",
+            ProgressOutput,
             read_only=True,
         ),
-        ToolDefinition(
-            name=tool("fetch"),
-            title=f"{scope.label} result",
-            description=(
-                f"The result of {scope.subject} {scope.started}, once completed. "
-                "Before that it reports the status and never invents a result; with wait_seconds it "
-                f"waits for the job to finish. {scope.kept}"
-            ),
-            input_model=create_model(f"{tool('fetch')}_input", handle=handle_field, wait_seconds=wait_field),
-            output_model=fetch_model,
-            handler=guarded(handlers["fetch"]),
+        define(
+            "fetch",
+            f"{scope.label} result",
+            f"The result of {scope.subject} {scope.started}, once completed. "
+            "Before that it reports the status and never invents a result; with wait_seconds it "
+            f"waits for the job to finish. {scope.kept}",
+            fetch_model,
             read_only=True,
         ),
-        ToolDefinition(
-            name=tool("cancel"),
-            title=f"Cancel {scope.label}",
-            description=(
-                f"Ask {scope.running} to stop. Safe to repeat; cancelling a finished job changes "
-                "nothing and reports its final status."
-            ),
-            input_model=create_model(f"{tool('cancel')}_input", handle=handle_field),
-            output_model=CancelOutput,
-            handler=guarded(handlers["cancel"]),
+        define(
+            "cancel",
+            f"Cancel {scope.label}",
+            f"Ask {scope.running} to stop. Safe to repeat; cancelling a finished job changes "
+            "nothing and reports its final status.",
+            CancelOutput,
             read_only=False,
             destructive=True,
+            fields={},
         ),
     ]
     if asks_input:
+        responses_field = (
+            dict[str, dict[str, Any]],
+            Field(description='Answers by question key, e.g. {"q1": {"approve": true}}.'),
+        )
         defs.append(
-            ToolDefinition(
-                name=tool("respond"),
-                title=f"Answer {scope.label}",
-                description=(
-                    f"Answer the questions {scope.subject} is waiting on (status input_required). "
-                    "responses maps each question key from input_requests to an object of the requested "
-                    "fields. Keys already answered, and unknown keys beside an answer, are ignored; a reply "
-                    "that answers no question the job asked is refused, naming the open ones. The fields "
-                    f"of each question are its requested_schema, in input_requests of the {tool('progress')} reply; an answer "
-                    "is checked against it, and one of the wrong shape is refused (saying what was "
-                    "expected) with nothing stored."
-                ),
-                input_model=create_model(
-                    f"{tool('respond')}_input",
-                    handle=handle_field,
-                    responses=(
-                        dict[str, dict[str, Any]],
-                        Field(description='Answers by question key, e.g. {"q1": {"approve": true}}.'),
-                    ),
-                ),
-                output_model=RespondOutput,
-                handler=guarded(handlers["respond"]),
+            define(
+                "respond",
+                f"Answer {scope.label}",
+                f"Answer the questions {scope.subject} is waiting on (status input_required). "
+                "responses maps each question key from input_requests to an object of the requested "
+                "fields. Keys already answered, and unknown keys beside an answer, are ignored; a reply "
+                "that answers no question the job asked is refused, naming the open ones. The fields "
+                f"of each question are its requested_schema, in input_requests of the {tool('progress')} reply; an answer "
+                "is checked against it, and one of the wrong shape is refused (saying what was "
+                "expected) with nothing stored.",
+                RespondOutput,
                 read_only=False,
+                fields={"responses": responses_field},
             )
         )
     return defs

@@ -1,15 +1,6 @@
-"""The generator: one job in, its handle tools out (names, descriptions, schemas, handlers).
+"""A job's handle tools: `<job>_start` and its follow tools (or the compact layout's shared `jobs_*` ones).
 
-`JobTools` makes a job's `<job>_start` and, in the per-job layout, its follow tools, and answers
-them; `SharedTools` answers the compact layout's `jobs_*` follow tools by handing each handle to
-the `JobTools` of its job. Both build the follow tools with `follow_definitions`
-(`handles.server.follow_tools`), and name every tool through `handles.tool_layout.ToolNames`.
-
-Framework-neutral: a `ToolDefinition` (`handles.server.tool_shapes`) carries pydantic models for its
-input and output and an async handler `(principal, arguments) -> ToolReply`.
-`handles.server.bind_mcpserver` binds these to the SDK's server. Every reply says what to call next
-(`next`, `handles.server.next_steps`), because the caller is often a language model that would
-otherwise guess.
+Each tool is a framework-neutral `ToolDefinition`, and every reply says what to call next (`next`).
 """
 
 from __future__ import annotations
@@ -31,7 +22,6 @@ from handles.server.tool_shapes import (
     CancelOutput,
     ErrorView,
     FetchOutputBase,
-    InputRequestView,
     ProgressOutput,
     ProgressView,
     RespondOutput,
@@ -41,9 +31,10 @@ from handles.server.tool_shapes import (
     ToolHandler,
     ToolReply,
     guarded,
+    input_views,
 )
 from handles.states import Status
-from handles.store import InputRequestRecord, JobRecord, JobState
+from handles.store import JobRecord, JobState
 from handles.tool_layout import FOLLOW_VERBS, SHARED_PREFIX, ToolNames
 
 
@@ -65,13 +56,6 @@ class JobTools(JobGuidance):
                 Field(None, description=f"The {spec.name} result, once completed."),
             ),
         )
-
-    def _requests(self, pending: list[InputRequestRecord]) -> dict[str, InputRequestView]:
-        return {
-            r.key: InputRequestView(message=r.message, requested_schema=r.requested_schema) for r in pending
-        }
-
-    # -- handlers ----------------------------------------------------------
 
     async def start(self, principal: str, arguments: dict[str, Any]) -> ToolReply:
         arguments = dict(arguments)
@@ -103,7 +87,7 @@ class JobTools(JobGuidance):
             created=started.created,
             poll_after_ms=self.poll_after_ms,
             expires_at=job.expires_at,
-            input_requests=self._requests(pending),
+            input_requests=input_views(pending),
             next=advice,
         )
         return ToolReply(out.model_dump(mode="json"))
@@ -135,18 +119,9 @@ class JobTools(JobGuidance):
             status=Status(job.status),
             status_message=job.status_message if quiet is None else self._quiet_status(job, quiet),
             progress=_progress(job),
-            input_requests=self._requests(view.pending),
+            input_requests=input_views(view.pending),
             attempts=job.attempts,
-            steps=[
-                StepView(
-                    name=step.name,
-                    status=step.status,
-                    attempt=step.attempt,
-                    started_at=step.started_at,
-                    finished_at=step.finished_at,
-                )
-                for step in view.steps
-            ],
+            steps=[StepView.model_validate(step, from_attributes=True) for step in view.steps],
             created_at=job.created_at,
             updated_at=job.updated_at,
             expires_at=job.expires_at,
@@ -231,12 +206,10 @@ class JobTools(JobGuidance):
             status=Status(outcome.job.status),
             accepted=outcome.accepted,
             ignored=outcome.ignored,
-            input_requests=self._requests(pending),
+            input_requests=input_views(pending),
             next=self.next_step(outcome.job, pending),
         )
         return ToolReply(out.model_dump(mode="json"))
-
-    # -- definitions ---------------------------------------------------------
 
     def definitions(self) -> list[ToolDefinition]:
         """`<job>_start`, and this job's own follow tools unless the layout shares them (compact)."""
@@ -294,12 +267,7 @@ class JobTools(JobGuidance):
 
 
 class SharedTools:
-    """The compact layout's `jobs_progress`, `jobs_fetch`, `jobs_cancel` and `jobs_respond`.
-
-    Each call verifies the handle first (signature, principal) and hands it to the tools of the job its
-    signed kind names, so it gets exactly what that job's own tool would answer. A handle that does not
-    verify, another principal's included, and one of a job not declared here are refused alike.
-    """
+    """The compact layout's `jobs_*` follow tools: each verifies the handle, then answers as its job's own tool would."""
 
     def __init__(self, tools: Mapping[str, JobTools], service: JobOperations, names: ToolNames) -> None:
         self.tools = dict(tools)
@@ -317,14 +285,11 @@ class SharedTools:
             ),
         )
 
-    def _starts(self) -> str:
-        return ", ".join(tools.tool("start") for tools in self.tools.values())
-
     def unknown_handle(self) -> UnknownHandle:
+        starts = ", ".join(tools.tool("start") for tools in self.tools.values())
         return UnknownHandle(
             UNKNOWN_HANDLE,
-            f"Pass the exact handle string that a start tool ({self._starts()}) returned, or start a new job "
-            "with one of them.",
+            f"Pass the exact handle string that a start tool ({starts}) returned, or start a new job with one of them.",
         )
 
     def _dispatch(self, verb: str) -> ToolHandler:
@@ -353,14 +318,12 @@ class SharedTools:
 
 
 def _seconds(arguments: dict[str, Any]) -> float:
-    value = arguments.get("wait_seconds") or 0
-    return float(value)
+    return float(arguments.get("wait_seconds") or 0)
 
 
 def _fetchable(job: JobRecord) -> bool:
-    """What a fetch waits for: the job's end, or a question for the caller. A job asked to cancel while a
-    worker still holds it (handing back its lease after asking, say) is on its way to `cancelled`, and its
-    question is no longer the caller's to answer: that is not it yet."""
+    """What a fetch waits for: the job's end, or a question for the caller (not one of a job on its way to
+    `cancelled`: asked to cancel while a worker still holds it)."""
     status = Status(job.status)
     if status is Status.WORKING:
         return False

@@ -18,21 +18,16 @@ IN_FLIGHT_GRACE_SECONDS = 5.0
 """After the drain, how long answers still being written may take before uvicorn stops."""
 
 
-class _StatelessTermination(logging.Filter):
+def _not_session_end(record: logging.LogRecord) -> bool:
     """Drops the SDK's `Terminating session: None`, logged at INFO after every stateless request."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno == logging.INFO and record.getMessage() == "Terminating session: None")
-
-
-_QUIET = _StatelessTermination()
+    return not (record.levelno == logging.INFO and record.getMessage() == "Terminating session: None")
 
 
 def quiet_stateless_sessions() -> None:
     """Keep the SDK's per-request session line out of the logs (idempotent)."""
     sdk = logging.getLogger("mcp.server.streamable_http")
-    if _QUIET not in sdk.filters:
-        sdk.addFilter(_QUIET)
+    if _not_session_end not in sdk.filters:
+        sdk.addFilter(_not_session_end)
 
 
 class DrainingServer(uvicorn.Server):

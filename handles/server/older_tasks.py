@@ -1,37 +1,138 @@
-"""The experimental Tasks design of MCP 2025-11-25, served over the same jobs as the Tasks extension.
+"""The experimental Tasks design of MCP 2025-11-25, for clients that connected with `initialize` at that
+version: the same jobs and work as `TasksExtension`, in that design's wire shapes, as server middleware.
 
-Only a client that connected with `initialize` at 2025-11-25 sees it: the `tasks` capability, each
-job's plain tool marked `execution.taskSupport`, a `tools/call <job>` with `params.task` answered
-`{task: {...}}` once the job is stored (its `taskId` is the job's handle, as on every face), and
-`tasks/get`, `tasks/result`, `tasks/list`, `tasks/cancel` on the caller's own jobs. `tasks/result`
-asks the job's questions on its stream (answers come back through `older_answers`) and reports each
-status there. A server middleware, as the SDK's surface for that version knows none of these shapes; the
-work is `TasksExtension`'s and `JobOperations`', only the wire shapes are this module's.
-"""
+On stateless HTTP a client's answer to a question, a POSTed JSON-RPC response, has no request waiting for
+it: `OlderAnswers` serves it as an `ANSWER_METHOD` request, authenticated and stored like every call."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
-from mcp.server.mcpserver import Context
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS, Notification, ServerNotification
+from mcp.shared.message import ServerMessageMetadata
+from mcp_types import (
+    INVALID_PARAMS,
+    ElicitRequest,
+    ElicitResult,
+    JSONRPCRequest,
+    Notification,
+    ServerNotification,
+)
 from mcp_types.methods import serialize_server_result
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from handles.console.operations import cursor_of, parse_cursor
 from handles.errors import CallerError
 from handles.jobs import JobSpec
-from handles.server.bind_mcpserver import resolve_principal
 from handles.server.endings import ended_answer
 from handles.server.envelope import SdkServer
-from handles.server.older_answers import ANSWER_METHOD, OLDER_VERSION, RELATED_TASK, ask, asks_questions
-from handles.server.tasks_extension import TasksExtension, as_jsonrpc_errors, task_fields
+from handles.server.tasks_extension import TasksExtension, as_jsonrpc_errors, elicitation_request, task_fields
 from handles.states import Status
-from handles.store import JobRecord
+from handles.store import InputRequestRecord, JobRecord
 from handles.tool_layout import JOB_META_KEY
+
+OLDER_VERSION = "2025-11-25"
+RELATED_TASK = "io.modelcontextprotocol/related-task"
+ANSWER_METHOD = "io.github.handles/answer"
+"""The request a POSTed answer becomes: `{taskId, key, result}` (no `result` for a JSON-RPC error)."""
+TAKES_ANSWERS = "io.github.handles/takes-answers"
+"""Set in the ASGI scope of the requests `OlderAnswers` passes on: answers POSTed back will land."""
+_ID_PREFIX = "io.github.handles/question:"
+
+
+def question_id(key: str, task_id: str) -> str:
+    """The JSON-RPC id `ask` gives question `key` of `task_id`: what the client's answer is taken by."""
+    return f"{_ID_PREFIX}{key}:{task_id}"
+
+
+def asks_questions(ctx: ServerRequestContext[Any, Any]) -> bool:
+    """Whether an answer to a question asked on this request's stream can land: the connection carries it
+    back, or `OlderAnswers` takes it from a POST."""
+    return ctx.session.can_send_request or (
+        isinstance(ctx.request, Request) and TAKES_ANSWERS in ctx.request.scope
+    )
+
+
+async def ask(
+    ctx: ServerRequestContext[Any, Any], record: InputRequestRecord, task_id: str, seconds: float
+) -> dict[str, Any] | None:
+    """Ask question `record` on the request's stream: its answer (awaited `seconds` at most) where the connection
+    carries it back, else None (written to the dispatcher's stream itself, its answer to come by POST)."""
+    params = {**elicitation_request(record)["params"], "_meta": {RELATED_TASK: {"taskId": task_id}}}
+    if ctx.session.can_send_request:
+        question = ElicitRequest.model_validate({"method": "elicitation/create", "params": params})
+        metadata = ServerMessageMetadata(related_request_id=ctx.request_id)
+        with contextlib.suppress(MCPError, ValidationError):  # no elicitation there: the handle tools answer
+            result = await ctx.session.send_request(question, ElicitResult, seconds, metadata)
+            return result.model_dump(by_alias=True, mode="json", exclude_none=True)
+        return None
+    request = JSONRPCRequest(
+        jsonrpc="2.0", id=question_id(record.key, task_id), method="elicitation/create", params=params
+    )
+    dispatcher = getattr(getattr(ctx.session, "_request_outbound", None), "_dispatcher", None)
+    if dispatcher is not None:  # else this SDK has no stream to ask on: the handle tools answer
+        await dispatcher._write(request, ServerMessageMetadata(related_request_id=ctx.request_id))
+    return None
+
+
+def answer_request(body: bytes) -> bytes | None:
+    """The `ANSWER_METHOD` request a POSTed response to a question `ask` sent becomes; None for any other body."""
+    if _ID_PREFIX.encode() not in body:
+        return None
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return None
+    answered = message.get("id") if isinstance(message, dict) and "method" not in message else None
+    if not isinstance(answered, str) or not answered.startswith(_ID_PREFIX):
+        return None
+    key, _, task_id = answered.removeprefix(_ID_PREFIX).partition(":")
+    params = {"taskId": task_id, "key": key, "result": message.get("result")}
+    return json.dumps({"jsonrpc": "2.0", "id": answered, "method": ANSWER_METHOD, "params": params}).encode()
+
+
+class OlderAnswers:
+    """ASGI middleware: a 2025-11-25 POST answering a question `ask` sent is served as an `ANSWER_METHOD` request."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        version = dict(scope.get("headers") or ()).get(b"mcp-protocol-version")
+        if scope["type"] != "http" or scope["method"] != "POST" or version != OLDER_VERSION.encode():
+            await self.app(scope, receive, send)
+            return
+        scope = {**scope, TAKES_ANSWERS: True}
+        body = await Request(scope, receive).body()
+        answer = answer_request(body)
+        unread = [{"type": "http.request", "body": answer or body, "more_body": False}]
+
+        async def replay() -> Message:
+            return unread.pop() if unread else await receive()
+
+        if answer is None:
+            await self.app(scope, replay, send)
+            return
+        kept: list[Message] = []
+
+        async def keep(message: Message) -> None:
+            kept.append(message)
+
+        await self.app(scope, replay, keep)
+        if kept and kept[0]["type"] == "http.response.start" and kept[0]["status"] < 300:
+            kept = [
+                {"type": "http.response.start", "status": 202, "headers": []},
+                {"type": "http.response.body"},
+            ]
+        for message in kept:  # a refusal before the app (a missing token) reaches the client as it is
+            await send(message)
+
 
 CAPABILITY: dict[str, Any] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
 PAGE_SIZE = 50
@@ -49,13 +150,15 @@ def older_task(fields: Mapping[str, Any]) -> dict[str, Any]:
 
 def serve_tasks(tasks: TasksExtension, server: SdkServer) -> None:
     """Join `server`'s middleware (once each): the extension's pushed status and this design's face."""
-    tasks.status_push.install(server)
+    if tasks.status_push not in server.middleware:
+        server.middleware.append(tasks.status_push)
     if not any(isinstance(middleware, OlderTasks) for middleware in server.middleware):
         server.middleware.append(OlderTasks(tasks))
 
 
 class OlderTasks:
-    """The 2025-11-25 design's capability, tool marks, task creation and `tasks/*` methods."""
+    """The 2025-11-25 design's capability, tool marks (`execution.taskSupport`), task creation and `tasks/*`
+    methods, `tasks/result` asking the job's questions on its stream."""
 
     def __init__(self, tasks: TasksExtension) -> None:
         self.tasks = tasks
@@ -68,14 +171,17 @@ class OlderTasks:
         }
 
     async def __call__(self, ctx: Ctx, call_next: CallNext) -> HandlerResult:
-        params = ctx.params or {}
+        # Every other version's request passes on after one comparison.
+        if ctx.protocol_version != OLDER_VERSION and ctx.method != "initialize":
+            return await call_next(ctx)
         if ctx.method == "initialize":
             result = await call_next(ctx)
             if isinstance(result, dict) and result.get("protocolVersion") == OLDER_VERSION:
                 result["capabilities"] = {**result.get("capabilities", {}), "tasks": CAPABILITY}
             return result
-        if ctx.protocol_version != OLDER_VERSION or ctx.request_id is None:
+        if ctx.request_id is None:
             return await call_next(ctx)
+        params = ctx.params or {}
         if ctx.method in self.methods:
             return await self.methods[ctx.method](ctx, params)
         if ctx.method == "tools/call" and isinstance(params.get("task"), Mapping):
@@ -103,11 +209,8 @@ class OlderTasks:
 
     @as_jsonrpc_errors
     async def task_result(self, ctx: Ctx, params: Mapping[str, Any]) -> dict[str, Any]:
-        """Waits for the job's end (within the server's wait limit); answers what its plain call would.
-
-        Meanwhile the stream carries `notifications/tasks/status` for the task's status at the call and
-        each change, and asks each open question as an `elicitation/create` request, where its answer
-        can land (`older_answers.asks_questions`)."""
+        """Wait for the job's end (within the server's wait limit) and answer what its plain call would, sending
+        each status change and asking each open question on the stream meanwhile."""
         spec, job, task_id = await self.tasks.open_task(ctx, params.get("taskId"))
         service = self.tasks.service
         asks = asks_questions(ctx)
@@ -170,7 +273,7 @@ class OlderTasks:
             raise MCPError(
                 code=INVALID_PARAMS, message="params.cursor must be a nextCursor tasks/list returned."
             )
-        principal = await resolve_principal(self.tasks.principal_resolver, Context(request_context=ctx))
+        principal = await self.tasks.principal(ctx)
         service = self.tasks.service
         await service.ensure_running()
         store = service.store

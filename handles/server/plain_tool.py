@@ -1,8 +1,4 @@
-"""The plain tool `<job>`: a job as one ordinary tool with the job's own parameters.
-
-"adaptive" answers the job's result when it ends within the inline budget, else its handle;
-"tasks_only" refuses a call that does not declare the Tasks extension (`-32021`).
-"""
+"""The plain tool `<job>`: a job as one ordinary tool with the job's own parameters."""
 
 from __future__ import annotations
 
@@ -14,20 +10,20 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
-from mcp.server.context import ServerRequestContext
+from mcp.server.mcpserver import Context
 from mcp_types import CallToolResult, InputRequiredResult
 from pydantic import BaseModel, Field
 
 from handles.errors import CallerError
-from handles.job_operations import JobOperations, StartedJob
+from handles.job_operations import JobOperations
 from handles.jobs import JobSpec, describe_duration
 from handles.outcomes import Outcome
-from handles.server.bind_mcpserver import to_call_tool_result
-from handles.server.endings import cancel_orphaned, ended_answer, outcome_answer
-from handles.server.first_round import first_round
+from handles.principal import PrincipalResolver
+from handles.server.bind_mcpserver import SdkTool, sdk_function, tool_annotations
+from handles.server.endings import cancel_orphaned, ended_answer, first_round, outcome_answer
 from handles.server.handle_tools import JobTools
 from handles.server.tasks_extension import declares_tasks, missing_tasks_capability
-from handles.server.tool_shapes import InputRequestView, ToolReply, error_reply
+from handles.server.tool_shapes import InputRequestView, ToolReply, input_views, refusal, to_call_tool_result
 from handles.states import Status
 from handles.store import JobRecord
 from handles.tasks_wire import TASKS_EXTENSION
@@ -39,7 +35,8 @@ ProgressReporter = Callable[[float, float | None, str | None], Awaitable[None]]
 
 @dataclass(frozen=True)
 class PlainCallPolicy:
-    """What a call of the plain tool `<job>` does when it does not become a task."""
+    """What a call of `<job>` that is no task does: "adaptive" answers the result if the job ends within the
+    inline budget, else its handle; "tasks_only" refuses it (`-32021`)."""
 
     mode: PlainCall = "adaptive"
     inline_budget: timedelta | None = None
@@ -108,9 +105,20 @@ class PlainTool:
             f"are kept for {retention}."
         )
 
-    async def refusal(self, *, declared_tasks: bool) -> CallToolResult | None:
-        """Why this call must not start the job (checked before any question is asked), or None."""
-        if self.policy.mode == "tasks_only" and not declared_tasks:
+    def sdk_tool(self, resolver: PrincipalResolver) -> SdkTool:
+        """This tool as the bindings register it: it starts work, never destructive by itself."""
+        function = sdk_function(
+            self.name, self.spec.metadata.arg_model, resolver, self.handle, CallToolResult
+        )
+        annotations = tool_annotations(self.spec.name, False, False, False)
+        return SdkTool(function, self.name, self.spec.name, self.description, annotations, self.meta)
+
+    async def handle(
+        self, principal: str, arguments: dict[str, Any], context: Context[Any, Any]
+    ) -> CallToolResult | InputRequiredResult:
+        """The whole plain call, the same on every framework: refusals, a question asked first, then the job."""
+        ctx = context.request_context
+        if self.policy.mode == "tasks_only" and not declares_tasks(ctx):
             raise missing_tasks_capability(
                 f"{self.name} runs only as a task: declare the {TASKS_EXTENSION} extension on this "
                 f"request, or use {self.handle_tools.tool('start')}."
@@ -118,36 +126,10 @@ class PlainTool:
         try:
             await self.service.check_accepting(self.spec)
         except CallerError as error:
-            return to_call_tool_result(error_reply(error))
-        return None
-
-    async def answer(
-        self,
-        principal: str,
-        arguments: dict[str, Any],
-        ctx: ServerRequestContext[Any, Any],
-        *,
-        input_responses: Any,
-        report: ProgressReporter,
-    ) -> CallToolResult | InputRequiredResult:
-        """The whole plain call, the same on every framework: refusals, a question asked first, then `call`."""
-        refused = await self.refusal(declared_tasks=declares_tasks(ctx))
-        if refused is not None:
-            return refused
-        first = first_round(self.spec, arguments, ctx, input_responses)
+            return refusal(error)
+        first = first_round(self.spec, arguments, ctx, context.input_responses)
         if first.reply is not None:
             return first.reply
-        return await self.call(principal, arguments, report, first_answer=first.answer)
-
-    async def call(
-        self,
-        principal: str,
-        arguments: dict[str, Any],
-        report: ProgressReporter,
-        *,
-        first_answer: dict[str, Any] | None = None,
-    ) -> CallToolResult:
-        """Start the job and answer it; call `refusal` first."""
         # An adaptive call waits for the job's result, which a run here hands over once stored.
         settled: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         try:
@@ -156,25 +138,29 @@ class PlainTool:
                 principal,
                 arguments,
                 None,
-                first_answer=first_answer,
+                first_answer=first.answer,
                 settled=settled if self.policy.mode == "adaptive" else None,
                 face="plain_tool",
             )
         except CallerError as error:
-            return to_call_tool_result(error_reply(error))
+            return refusal(error)
         if self.policy.mode == "tasks_only":
             # A declaring call that gets no task: a tasks-only job's handle goes back at once.
             lead = "No task was created for this call (new tasks are switched off), so this answer is the job's handle. "
             return await self._handoff(started.job, started.handle, lead=lead)
         try:
-            job = await self._follow(started.job, report, settled)
+            job = await self._follow(started.job, context.report_progress, settled)
         except anyio.get_cancelled_exc_class():
             # The caller went away and only this call knew the handle: stop the orphaned job.
             await cancel_orphaned(self.service, started.job)
             raise
         except CallerError:
             job = started.job  # the store faltered while we waited; the job itself is stored and running
-        return await self._answer(job, started)
+        if isinstance(job, tuple):  # the outcome its run here stored
+            return outcome_answer(job)
+        ended = ended_answer(Status(job.status), job.result, job.error, job.status_message)
+        # The handle is signed only now: an answer inline never shows one.
+        return ended if ended is not None else await self._handoff(job, started.handle)
 
     async def _follow(
         self, job: JobRecord, report: ProgressReporter, settled: asyncio.Future[Outcome]
@@ -194,13 +180,6 @@ class PlainTool:
                     reported = done
         return settled.result() if settled.done() else job
 
-    async def _answer(self, job: JobRecord | Outcome, started: StartedJob) -> CallToolResult:
-        """The job's ending, or its handle (signed only now: an answer inline never shows one)."""
-        if isinstance(job, tuple):  # the outcome its run here stored
-            return outcome_answer(job)
-        ended = ended_answer(Status(job.status), job.result, job.error, job.status_message)
-        return ended if ended is not None else await self._handoff(job, started.handle)
-
     async def _handoff(self, job: JobRecord, handle: str, *, lead: str | None = None) -> CallToolResult:
         pending = await self.service.pending_inputs(job)
         if lead is None and Status(job.status) is Status.INPUT_REQUIRED:
@@ -214,10 +193,7 @@ class PlainTool:
             job=self.name,
             status=Status(job.status),
             status_message=job.status_message,
-            input_requests={
-                r.key: InputRequestView(message=r.message, requested_schema=r.requested_schema)
-                for r in pending
-            },
+            input_requests=input_views(pending),
             poll_after_ms=self.handle_tools.poll_after_ms,
             expires_at=job.expires_at,
             next=lead

@@ -1,8 +1,5 @@
-"""The last progress reply of each recently polled job, reused while the job's state is unchanged.
-
-Reuse is decided by the state itself, compared field by field, and only after the poll has read the job and
-checked the caller's handle and principal, as every poll does.
-"""
+"""The last progress reply of each recently polled job, reused while its state (compared field by field, after
+the poll has checked the handle and principal) is unchanged."""
 
 from __future__ import annotations
 
@@ -22,8 +19,7 @@ class ReplyMemo(Generic[Reply]):
         self._last: dict[str, tuple[object, Reply]] = {}
 
     def get(self, job_id: str, state: object) -> Reply | None:
-        """The reply built from `state` for `job_id`, if the last one built for it was built from an equal
-        state; None otherwise."""
+        """The last reply built for `job_id` if it was built from a state equal to `state`, else None."""
         last = self._last.get(job_id)
         if last is None or last[0] != state:
             return None
@@ -32,7 +28,7 @@ class ReplyMemo(Generic[Reply]):
         return last[1]
 
     def put(self, job_id: str, state: object, reply: Reply) -> None:
-        """Remember `reply`, built from `state`, as `job_id`'s last (it is then the most recently polled)."""
+        """Remember `reply`, built from `state`, as `job_id`'s last."""
         self._last.pop(job_id, None)
         self._last[job_id] = (state, reply)
         if len(self._last) > self._size:

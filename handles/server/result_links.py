@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -28,23 +27,6 @@ _LINK = re.compile(
 )
 
 
-@dataclass(frozen=True)
-class LinkTarget:
-    """What a result link names: a job's result file, whole (`part` None) or one part."""
-
-    job_id: str
-    file_id: str
-    part: int | None
-
-    @classmethod
-    def parse(cls, uri: str) -> LinkTarget | None:
-        match = _LINK.match(uri)
-        if match is None:
-            return None
-        part = match["part"]
-        return cls(match["job"], match["file"], None if part is None else int(part))
-
-
 def unknown_link(uri: str) -> UnknownResultLink:
     return UnknownResultLink(
         f"No result is readable at {uri}.",
@@ -55,11 +37,12 @@ def unknown_link(uri: str) -> UnknownResultLink:
 
 async def read_part(service: JobOperations, principal: str, uri: str) -> tuple[ResultLink, int, bytes]:
     """The link, the part number and the bytes `uri` names, for `principal`; else `UnknownResultLink`."""
-    target = LinkTarget.parse(uri)
+    target = _LINK.match(uri)
     if target is None:
         raise unknown_link(uri)
+    job_id, file_id = target["job"], target["file"]
     await service.ensure_running()
-    job = await service.store.read(service.store.repo.get, target.job_id)
+    job = await service.store.read(service.store.repo.get, job_id)
     readable = (
         job is not None
         and job.principal == principal
@@ -67,19 +50,19 @@ async def read_part(service: JobOperations, principal: str, uri: str) -> tuple[R
         and job.expires_at > service.clock()
     )
     link = link_of(job.result) if readable and job is not None else None
-    if link is None or not link.uri.endswith(f"/{target.file_id}"):
+    if link is None or not link.uri.endswith(f"/{file_id}"):
         raise unknown_link(uri)
-    if target.part is None and link.parts > 1:
+    if target["part"] is None and link.parts > 1:
         raise UnknownResultLink(
             f"This result is {link.size_bytes} bytes in {link.parts} parts; it is not read whole.",
             link.read_hint,
             data={"parts": link.parts, "first_part": link.part_uri(0)},
         )
-    part = target.part or 0
+    part = int(target["part"] or 0)
     data = (
         None
         if part >= link.parts
-        else await service.store.read(service.store.repo.result_part, target.job_id, target.file_id, part)
+        else await service.store.read(service.store.repo.result_part, job_id, file_id, part)
     )
     if data is None:
         raise unknown_link(uri)

@@ -17,7 +17,7 @@ from starlette.types import Message, Receive, Scope, Send
 from handles.errors import ConfigurationError, DatabaseUnreachable
 from handles.server.bind_mcpserver import is_fastmcp
 from handles.server.health import health_routes
-from handles.server.older_answers import OlderAnswers
+from handles.server.older_tasks import OlderAnswers
 from handles.server.startup import BackgroundStart
 from handles.server.stdio_stdout import LoopStdout, claimed_stdout
 
@@ -40,7 +40,7 @@ async def serve_stdio(server: MCPServer[Any] | FastMCP[Any], handles: Handles) -
     stop = asyncio.Event()
     with shutdown_signals(handles, stop):  # installed until the drain below has ended
         async with handles.running():
-            serving = asyncio.create_task(_stdio_serving(server), name="handles-stdio")
+            serving = asyncio.create_task(_serve_stdio(server), name="handles-stdio")
             stopping = asyncio.create_task(stop.wait())
             try:
                 await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -75,17 +75,13 @@ def shutdown_signals(handles: Handles, stop: asyncio.Event) -> Iterator[None]:
                 loop.remove_signal_handler(signum)
 
 
-def _stdio_serving(server: MCPServer[Any] | FastMCP[Any]) -> Coroutine[Any, Any, None]:
+async def _serve_stdio(server: MCPServer[Any] | FastMCP[Any]) -> None:
     """The server's stdio loop, writing stdout from the event loop (`LoopStdout`) where the SDK allows."""
     if is_fastmcp(server):
-        return cast("FastMCP[Any]", server).run_stdio_async(show_banner=False)
+        return await cast("FastMCP[Any]", server).run_stdio_async(show_banner=False)
     lowlevel = getattr(server, "_lowlevel_server", None)
     if lowlevel is None:
-        return cast("MCPServer[Any]", server).run_stdio_async()
-    return _run_stdio(lowlevel)
-
-
-async def _run_stdio(lowlevel: Any) -> None:
+        return await cast("MCPServer[Any]", server).run_stdio_async()
     with claimed_stdout() as wire:
         stdout = None if wire is None else LoopStdout(wire)
         async with stdio_server(stdout=cast(Any, stdout)) as (read_stream, write_stream):
@@ -147,8 +143,8 @@ LifespanProtocol = Callable[[Scope, Receive, Send], Coroutine[Any, Any, None]]
 def _start_refused_in_one_line(
     protocol: LifespanProtocol, refused: list[ConfigurationError]
 ) -> LifespanProtocol:
-    """The router's lifespan protocol, with a start refused by a `ConfigurationError` reported as its one
-    sentence: the ASGI server (uvicorn run by hand) logs that message instead of Starlette's traceback."""
+    """The router's lifespan protocol, a start refused by a `ConfigurationError` reported as its one sentence
+    (which uvicorn logs instead of Starlette's traceback)."""
 
     async def lifespan_protocol(scope: Scope, receive: Receive, send: Send) -> None:
         async def send_sentence(message: Message) -> None:

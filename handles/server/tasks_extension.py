@@ -47,12 +47,9 @@ from handles.errors import (
     WrongJobKind,
 )
 from handles.jobs import JobSpec
-from handles.outcomes import Outcome
-from handles.server.bind_mcpserver import resolve_principal, to_call_tool_result
-from handles.server.endings import cancel_orphaned, outcome_answer
-from handles.server.envelope import SdkServer
-from handles.server.first_round import first_round
-from handles.server.tool_shapes import error_reply
+from handles.server.bind_mcpserver import resolve_principal
+from handles.server.endings import cancel_orphaned, first_round, outcome_answer
+from handles.server.tool_shapes import refusal
 from handles.states import Status
 from handles.store import InputRequestRecord, JobRecord
 from handles.tasks_wire import PROGRESS_META_KEY, TASKS_EXTENSION
@@ -65,7 +62,6 @@ UNKNOWN_TASK = (
     "Unknown task: no task with this taskId is available to you. It may be mistyped, expired and "
     "deleted after its ttlMs, or issued to someone else."
 )
-_ACK: dict[str, Any] = {"resultType": "complete"}
 MAX_LISTEN_TASK_IDS = 1000
 """The most `taskIds` one `subscriptions/listen` may name (more is refused with -32602)."""
 logger = logging.getLogger("handles.server.tasks_extension")
@@ -73,7 +69,7 @@ _ELICITATION_ACTIONS = ("accept", "decline", "cancel")
 
 
 class TaskIdParams(RequestParams):
-    """`{taskId}`. Typed loosely so a malformed id is refused after the capability gate, as -32602."""
+    """`{taskId}`, typed loosely so a malformed id is refused after the capability gate, as -32602."""
 
     task_id: Any = None
 
@@ -135,11 +131,6 @@ def task_fields(spec: JobSpec, job: JobRecord, task_id: str) -> dict[str, Any]:
     if not status.is_terminal:
         fields["pollIntervalMs"] = max(1, _milliseconds(spec.poll_after))
     return fields
-
-
-def create_task_result(spec: JobSpec, job: JobRecord, task_id: str) -> dict[str, Any]:
-    """The flat `CreateTaskResult`: the task fields and `resultType: "task"`, nothing else."""
-    return {"resultType": "task", **task_fields(spec, job, task_id)}
 
 
 def elicitation_request(record: InputRequestRecord) -> dict[str, Any]:
@@ -220,34 +211,24 @@ class TasksExtension(Extension):
     def __init__(self, handles: ServedJobs) -> None:
         self._handles = handles
         self.status_push = TaskStatusPush(self)
-        """The server middleware that pushes `notifications/tasks` on `subscriptions/listen` streams
-        (`Handles.bind` adds it to the server's middleware)."""
+        """The server middleware pushing `notifications/tasks` on `subscriptions/listen` streams."""
 
     @property
     def service(self) -> JobOperations:
-        """The jobs' operations, which open the store lazily and off the event loop (`JobOperations.ensure_running`)."""
         return self._handles.service
 
-    @property
-    def principal_resolver(self) -> PrincipalResolver:
-        return self._handles.principal_resolver
+    async def principal(self, ctx: ServerRequestContext[Any, Any]) -> str:
+        """Who makes this request, as the jobs' principal resolver says."""
+        return await resolve_principal(self._handles.principal_resolver, Context(request_context=ctx))
 
     def methods(self) -> Sequence[MethodBinding]:
         # Bound at every version so a handshake-era client is told -32021 (it cannot declare the
         # extension), not -32601. tasks/result and tasks/list are not bound: the SDK answers -32601.
         return (
-            MethodBinding("tasks/get", TaskIdParams, self._bound(TasksExtension.get_task)),
-            MethodBinding("tasks/update", UpdateTaskParams, self._bound(TasksExtension.update_task)),
-            MethodBinding("tasks/cancel", TaskIdParams, self._bound(TasksExtension.cancel_task)),
+            MethodBinding("tasks/get", TaskIdParams, self.get_task),
+            MethodBinding("tasks/update", UpdateTaskParams, self.update_task),
+            MethodBinding("tasks/cancel", TaskIdParams, self.cancel_task),
         )
-
-    def _bound(
-        self, handler: TaskHandler
-    ) -> Callable[[ServerRequestContext[Any, Any], Any], Awaitable[HandlerResult]]:
-        async def call(ctx: ServerRequestContext[Any, Any], params: Any) -> HandlerResult:
-            return await handler(self, ctx, params)
-
-        return call
 
     async def intercept_tool_call(
         self, params: CallToolRequestParams, ctx: ServerRequestContext[Any, Any], call_next: CallNext
@@ -265,10 +246,8 @@ class TasksExtension(Extension):
         *,
         older: bool = False,
     ) -> dict[str, Any] | CallToolResult | InputRequiredResult | None:
-        """What a `tools/call` of `name` answers on the Tasks face, or None when the plain tool should answer it.
-
-        `older`: a 2025-11-25 call asking for a task (handles/server/older_tasks.py), never answered inline.
-        """
+        """What a `tools/call` of `name` answers on the Tasks face, or None when the plain tool should answer it;
+        `older`: a 2025-11-25 call asking for a task, never answered inline."""
         spec = self._handles.specs.get(name)
         if spec is None or not (older or declares_tasks(ctx)):
             return None
@@ -277,8 +256,8 @@ class TasksExtension(Extension):
                 # The kill switch: no new task; the plain tool answers (existing tasks are still served).
                 return None
         except CallerError as error:
-            return to_call_tool_result(error_reply(error))
-        principal = await resolve_principal(self._handles.principal_resolver, Context(request_context=ctx))
+            return refusal(error)
+        principal = await self.principal(ctx)
         given = dict(arguments or {})
         try:
             # A paused job kind is refused before any question is asked about it.
@@ -299,25 +278,18 @@ class TasksExtension(Extension):
                 face="tasks_2025_11_25" if older else "tasks_extension",
             )
         except CallerError as error:
-            return to_call_tool_result(error_reply(error))
+            return refusal(error)
         if settled is not None and spec.task_after is not None and started.job.lease_owner is not None:
-            # Only a job claimed at its insert runs here at once: no other can end within the wait.
-            ended = await self._ended_within(settled, spec.task_after.total_seconds(), started.job)
-            if ended is not None:
-                return ended
-        return create_task_result(spec, started.job, started.handle)
-
-    async def _ended_within(
-        self, settled: asyncio.Future[Outcome], seconds: float, job: JobRecord
-    ) -> CallToolResult | None:
-        """The job's ending as a tool result if its run here stores it within `seconds`, else None (it becomes a task)."""
-        if not settled.done():
+            # Only a job claimed at its insert runs here at once: no other can end within the wait. One that
+            # ends (its run here stores the outcome) within `task_after` is answered inline.
             try:
-                await asyncio.wait({settled}, timeout=seconds)
+                await asyncio.wait({settled}, timeout=spec.task_after.total_seconds())
             except anyio.get_cancelled_exc_class():
-                await cancel_orphaned(self.service, job)
+                await cancel_orphaned(self.service, started.job)
                 raise
-        return outcome_answer(settled.result()) if settled.done() else None
+            if settled.done():
+                return outcome_answer(settled.result())
+        return {"resultType": "task", **task_fields(spec, started.job, started.handle)}  # `CreateTaskResult`
 
     async def _open(
         self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams
@@ -341,8 +313,7 @@ class TasksExtension(Extension):
             raise MCPError(
                 code=INVALID_PARAMS, message="params.taskId must be the taskId string the server returned."
             )
-        principal = await resolve_principal(self._handles.principal_resolver, Context(request_context=ctx))
-        spec, job = await self.service.open_any(principal, task_id)
+        spec, job = await self.service.open_any(await self.principal(ctx), task_id)
         return spec, job, task_id
 
     @as_jsonrpc_errors
@@ -364,11 +335,11 @@ class TasksExtension(Extension):
                 message='params.inputResponses must be an object: {"<key>": {"action": "accept", "content": {...}}}.',
             )
         await self.store_responses(spec, job, responses)
-        return dict(_ACK)
+        return {"resultType": "complete"}
 
     async def store_responses(self, spec: JobSpec, job: JobRecord, responses: Mapping[str, Any]) -> None:
-        """Store the accepted elicitation results among `responses` (all or none, through `JobOperations.respond`);
-        a declined or dismissed question cancels the job. Keys of no open question are ignored."""
+        """Store the accepted answers among `responses` (all or none); a declined or dismissed question cancels
+        the job, and keys of no open question are ignored."""
         pending = {record.key for record in await self.service.pending_inputs(job)}
         answers: dict[str, Any] = {}
         refused: list[str] = []
@@ -402,15 +373,12 @@ class TasksExtension(Extension):
         """Cooperative and eventually consistent; the same empty ack for an already finished task."""
         _, job, _ = await self._open(ctx, params)
         await self.service.cancel(job)
-        return dict(_ACK)
+        return {"resultType": "complete"}
 
 
 def _check_routing_header(ctx: ServerRequestContext[Any, Any], task_id: str) -> None:
-    """Over 2026-07-28 Streamable HTTP, an `Mcp-Name` header must carry `params.taskId`.
-
-    Only a header that is present and differs (whitespace aside) is refused (`-32020`): the SDK's
-    client and fastmcp-tasks send none.
-    """
+    """Over 2026-07-28 Streamable HTTP, an `Mcp-Name` header that is present must carry `params.taskId`
+    (whitespace aside), else `-32020`."""
     if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS or not isinstance(ctx.request, Request):
         return
     raw = ctx.request.headers.get(MCP_NAME_HEADER)
@@ -428,16 +396,9 @@ class TaskStatusNotification(Notification[dict[str, Any], Literal["notifications
     params: dict[str, Any]
 
 
-def task_status_params(body: Mapping[str, Any], subscription_id: Any) -> dict[str, Any]:
-    """The `tasks/get` answer as notification params: without `resultType`, stamped with the subscription id."""
-    params = {key: value for key, value in body.items() if key != "resultType"}
-    params["_meta"] = {**(body.get("_meta") or {}), SUBSCRIPTION_ID_META_KEY: subscription_id}
-    return params
-
-
 class _AckTap:
-    """The listen request's session, seen by the SDK's `ListenHandler`: it adds the honored `taskIds`
-    to the acknowledgement that handler sends, and tells the pushers once that first frame is out."""
+    """The listen request's session as the SDK's `ListenHandler` sees it: adds the honored `taskIds` to the
+    acknowledgement and tells the pushers once it is out."""
 
     def __init__(self, session: ServerSession, task_ids: list[str]) -> None:
         self._session = session
@@ -485,19 +446,11 @@ def requested_task_ids(params: Mapping[str, Any] | None) -> list[str] | None:
 
 
 class TaskStatusPush:
-    """Serves the Tasks extension's `notifications.taskIds` on `subscriptions/listen`, as server middleware.
-
-    It pushes `notifications/tasks` for the caller's own tasks among the ids (others are left out of the
-    acknowledgement), at once and on every change on any node, until the task ends or the stream closes.
-    """
+    """Server middleware serving `notifications.taskIds` on `subscriptions/listen`: `notifications/tasks` for
+    the caller's own tasks among them, at once and on every change on any node, until each ends."""
 
     def __init__(self, extension: TasksExtension) -> None:
         self._extension = extension
-
-    def install(self, server: SdkServer) -> None:
-        """Join `server`'s middleware (once): the SDK's `MCPServer`, or FastMCP's low-level server."""
-        if self not in server.middleware:
-            server.middleware.append(self)
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         if ctx.method != "subscriptions/listen" or ctx.request_id is None:
@@ -511,7 +464,7 @@ class TaskStatusPush:
                 "it in this request's _meta clientCapabilities.extensions."
             )
         extension = self._extension
-        principal = await resolve_principal(extension.principal_resolver, Context(request_context=ctx))
+        principal = await extension.principal(ctx)
         opened: list[tuple[JobSpec, JobRecord, str]] = []
         for task_id in requested:
             try:
@@ -543,8 +496,11 @@ class TaskStatusPush:
             async with contextlib.aclosing(service.changes(job)) as changes:
                 async for record in changes:
                     pending = await service.pending_inputs(record)
-                    body = detailed_task(spec, record, task_id, pending)
-                    notification = TaskStatusNotification(params=task_status_params(body, subscription_id))
+                    # The `tasks/get` answer without `resultType`, stamped with the subscription id.
+                    params = detailed_task(spec, record, task_id, pending)
+                    del params["resultType"]
+                    params["_meta"] = {**params.get("_meta", {}), SUBSCRIPTION_ID_META_KEY: subscription_id}
+                    notification = TaskStatusNotification(params=params)
                     await tap.send_notification(cast(ServerNotification, notification), subscription_id)
         except StoreUnavailable:
             logger.warning("stopped pushing a task's status: the store is unavailable")

@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from mcp_types import CallToolResult, ContentBlock, TextContent
 from pydantic import BaseModel, Field
 
 from handles.errors import CallerError
-from handles.results import ResultLink
+from handles.results import ResultLink, resource_link
 from handles.server.output_schema import FlatSchemaModel
 from handles.states import Status
+from handles.store import InputRequestRecord
 
 
 class ProgressView(BaseModel):
@@ -147,6 +149,11 @@ class ToolDefinition:
     idempotent: bool = True
 
 
+def input_views(pending: list[InputRequestRecord]) -> dict[str, InputRequestView]:
+    """The questions waiting for an answer, by key, as a reply shows them."""
+    return {r.key: InputRequestView(message=r.message, requested_schema=r.requested_schema) for r in pending}
+
+
 def error_reply(error: CallerError) -> ToolReply:
     return ToolReply(structured=error.to_dict(), is_error=True)
 
@@ -161,3 +168,18 @@ def guarded(handler: ToolHandler) -> ToolHandler:
             return error_reply(error)
 
     return answer
+
+
+def to_call_tool_result(reply: ToolReply) -> CallToolResult:
+    """Structured content plus the same JSON as text; caller errors carry text only."""
+    content: list[ContentBlock] = [TextContent(type="text", text=reply.text)]
+    if reply.is_error and "error" in reply.structured and "status" not in reply.structured:
+        return CallToolResult(content=content, is_error=True)
+    if reply.link is not None:
+        content.append(resource_link(reply.link))
+    return CallToolResult(content=content, structured_content=reply.structured, is_error=reply.is_error)
+
+
+def refusal(error: CallerError) -> CallToolResult:
+    """A caller error as the tool result every generated tool answers it with."""
+    return to_call_tool_result(error_reply(error))

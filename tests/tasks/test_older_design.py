@@ -18,7 +18,7 @@ import pytest
 
 import handles.server.older_tasks as older_tasks
 from handles import streamable_http_app
-from handles.server.older_answers import question_id
+from handles.server.older_tasks import question_id
 from tests.support import free_port
 from tests.tasks.app import build_test_server, create_test_jobs, tasks_config
 from tests.tasks.conftest import ALICE, BOB
