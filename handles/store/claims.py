@@ -13,7 +13,6 @@ from sqlmodel import Session, col, select
 
 from handles.states import ACTIVE, Status
 from handles.store.engine import Database
-from handles.store.engines import EngineOps
 from handles.store.models import CLAIM_ENTRY_HEAD, Clock, JobRecord, claim_entry_tail
 from handles.store.rules import _after
 
@@ -22,7 +21,6 @@ class Claims(Database):
     """Claims and leases, a part of `JobRepository`."""
 
     clock: Clock  # set by JobRepository
-    _engine: EngineOps  # set by JobRepository
     _lease_now: Callable[[datetime], Any]  # set by JobRepository: `now` by the clock that judges leases
 
     def claim(self, job_id: str, owner: str, lease_seconds: float) -> JobRecord | None:
@@ -98,7 +96,7 @@ class Claims(Database):
         rows = sa_select(col(JobRecord.id), col(JobRecord.principal_key), col(JobRecord.run_after)).where(
             col(JobRecord.id).in_(first), *_claimable(now)
         )
-        rows = self._engine.skip_locked(rows)
+        rows = rows.with_for_update(skip_locked=True)  # concurrent claimers skip each other's rows
         found = session.execute(rows).all()
         if not found:
             return []

@@ -12,10 +12,11 @@ import functools
 import logging
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, ParamSpec, TypeVar
+from datetime import timedelta
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.exc import DBAPIError, StatementError
@@ -25,12 +26,16 @@ from handles.errors import ConfigurationError
 from handles.limits import stored_json
 from handles.store.loop_connections import LoopConnections
 from handles.store.notices import NoticeSender
+from handles.store.sqlite_direct import _Prepared
 
 P = ParamSpec("P")
 T = TypeVar("T")
 logger = logging.getLogger("handles.store")
 _INLINE: ContextVar[bool] = ContextVar("handles_inline_read", default=False)
 _INLINE_WRITE: ContextVar[bool] = ContextVar("handles_inline_write", default=False)
+Change = Literal["changed", "queued", "reported"]
+"""What a write did to a job, as its notice says: `changed` (anything, status included), `queued` (it now
+waits for a worker), `reported` (only a progress report or a durable step's start or outcome)."""
 NOTICE: ContextVar[str | None] = ContextVar("handles_change_notice", default=None)
 """The change notice that write transactions in this context queue once they commit."""
 NOTIFY_CHANNEL = "handles_jobs"
@@ -42,6 +47,8 @@ INLINE_COMMITS_PER_CHECKPOINT = 100
 """How many commits on the event loop's SQLite write connection a passive checkpoint (on a thread of its own)
 follows; that connection never checkpoints itself, since SQLite's automatic checkpoint would sync the file on
 the event loop."""
+_START_DEADLINES = ("run_after", "expires_at", "abandon_at", "input_deadline")
+"""A new job's deadlines, moved to the database's clock at a start (`_by_database_clock`)."""
 
 
 class WriterBusy(Exception):
@@ -191,6 +198,9 @@ class Database:
         self._checkpointer: threading.Thread | None = None
         self.loop_connections: LoopConnections | None = None
         self.notices: NoticeSender | None = None
+        self._prepared: dict[Any, _Prepared] = {}  # the hot paths' statements, compiled (`_prepare`)
+        self._database_leases = False  # whether leases go by the database's clock (`JobRepository`)
+        self._clock_offset = timedelta(0)  # how far the database's clock is ahead of this node's
         self._write_lock: WriterLock | contextlib.nullcontext[None] = contextlib.nullcontext()
         if is_sqlite(url):
             # Queue writers on a lock, not in SQLite's busy handler, which sleeps in coarse steps.
@@ -204,6 +214,25 @@ class Database:
     @property
     def dialect(self) -> str:
         return self._write_engine.dialect.name
+
+    @property
+    def publishes(self) -> bool:
+        """Whether this store tells other nodes of its changes by notices (PostgreSQL's `pg_notify`)."""
+        return self.notices is not None
+
+    def _prepare(self, statement: Any) -> _Prepared:
+        prepared = self._prepared.get(statement)
+        if prepared is None:
+            prepared = self._prepared[statement] = _Prepared(statement, self._write_engine.dialect)
+        return prepared
+
+    def _by_database_clock(self, values: Mapping[str, Any]) -> Mapping[str, Any]:
+        """A new job's row `values` with its deadlines moved from this node's clock to the database's."""
+        offset = self._clock_offset
+        if not offset:
+            return values
+        moved = {name: values[name] + offset for name in _START_DEADLINES if values[name] is not None}
+        return {**values, **moved}
 
     @property
     def engine(self) -> Engine:

@@ -13,7 +13,6 @@ from sqlmodel import Session, col, delete, select
 from handles.states import ACTIVE, TERMINAL, Status
 from handles.store.audit import evidence
 from handles.store.engine import Database
-from handles.store.engines import EngineOps
 from handles.store.models import (
     AuditRecord,
     Clock,
@@ -32,7 +31,6 @@ class Housekeeping(Database):
     """Deadlines, retention and evidence, a part of `JobRepository`."""
 
     clock: Clock  # set by JobRepository
-    _engine: EngineOps  # set by JobRepository
     _lease_now: Callable[[datetime], Any]  # set by JobRepository: `now` by the clock that judges leases
 
     def overdue(self, limit: int) -> dict[str, list[JobRecord]]:
@@ -83,14 +81,18 @@ class Housekeeping(Database):
         with self._writing() as session:
             if keep_evidence_seconds is not None:
                 jobs = list(
-                    session.exec(self._engine.skip_locked(select(JobRecord).where(*expired).limit(limit)))
+                    session.exec(
+                        select(JobRecord).where(*expired).limit(limit).with_for_update(skip_locked=True)
+                    )
                 )
                 ids = [job.id for job in jobs]
                 if jobs:
                     self._archive(session, jobs, now, now + timedelta(seconds=keep_evidence_seconds))
             else:
                 ids = list(
-                    session.exec(self._engine.skip_locked(select(JobRecord.id).where(*expired).limit(limit)))
+                    session.exec(
+                        select(JobRecord.id).where(*expired).limit(limit).with_for_update(skip_locked=True)
+                    )
                 )
             if not ids:
                 return 0

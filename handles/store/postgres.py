@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
 import anyio
@@ -21,9 +21,8 @@ from sqlmodel import select
 
 from handles.errors import LeaseLost
 from handles.states import Status
-from handles.store.engine import NOTICE, as_sqlalchemy_error
-from handles.store.engines import Change, EngineHost
-from handles.store.models import Clock, InputRequestRecord, JobRecord, Snapshot, StepRecord
+from handles.store.engine import NOTICE, Database, as_sqlalchemy_error
+from handles.store.models import InputRequestRecord, JobRecord, Snapshot, StepRecord
 from handles.store.postgres_statements import (
     _BEGIN_STEP_IN_ONE,
     _FINISH_STEP_IN_ONE,
@@ -42,37 +41,23 @@ from handles.store.rows import (
     _detached,
     _from_json,
     _json_document,
+    _one,
 )
 from handles.store.rules import ActiveLimitReached, _own_start, _set_values
 from handles.store.sqlite_direct import _DriverReads, _Prepared
-from handles.store.statements import _STEP_BY_NAME
+from handles.store.statements import _JOB_BY_ID, _STEP_BY_NAME
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
 
 class PostgresOps:
-    """The engine operations of `JobRepository` (`EngineOps`, engines.py) on PostgreSQL."""
+    """The hot paths of `JobRepository` on PostgreSQL."""
 
-    has_clock = True
-    """The database server's clock may judge leases, so that nodes with skewed clocks agree."""
-    locks_rows = True
-    """A write transaction locks the rows it reads to change (`FOR UPDATE`)."""
-    publishes = True
-    """Every committed change is told to every node by a `pg_notify` notice."""
+    has_clock = True  # the database server's clock may judge leases, so that nodes with skewed clocks agree
 
-    def __init__(self, repo: EngineHost) -> None:
+    def __init__(self, repo: Database) -> None:
         self.repo = repo
-
-    def clock_offset(self, clock: Clock) -> timedelta:
-        """How far the database server's clock is ahead of `clock`, read between two readings of `clock` on a
-        connection already checked out."""
-        with self.autocommit() as connection:
-            before = clock()
-            (database_now,) = connection.execute("SELECT clock_timestamp()").fetchone()
-            after = clock()
-        offset: timedelta = database_now - (before + (after - before) / 2)
-        return offset
 
     @contextmanager
     def autocommit(self) -> Iterator[Any]:
@@ -120,40 +105,16 @@ class PostgresOps:
         with self.autocommit() as connection:
             yield _DriverReads(connection, self.repo._prepare)
 
-    def skip_locked(self, query: Any) -> Any:
-        """`query` locking its rows and skipping those another worker holds, so concurrent claimers never wait
-        on each other or take the same job."""
-        return query.with_for_update(skip_locked=True)
-
     def snapshot(self, job_id: str) -> Snapshot:
         """`JobRepository.snapshot` in one statement."""
         with self.hot_reading() as connection:
             return _snapshot_in_one(connection, job_id)
-
-    @property
-    def starts_on_loop(self) -> bool:
-        """Whether a start may be awaited on this event loop (the one its start connections belong to)."""
-        connections = self.repo.loop_connections
-        return connections is not None and connections.usable()
-
-    def publish(self, job_id: str, origin: str, change: Change) -> None:
-        self.repo.committed(self.repo.notice(job_id, origin, change))
 
     def load_notice_scope(self) -> str | None:
         """`current_schema()` on a connection of the store."""
         with self.repo._read_engine.connect() as connection:
             schema = connection.execute(select(func.current_schema())).scalar()
         return None if schema is None else str(schema)
-
-    def publishing(
-        self, job_id: str, origin: str, change: Change, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
-    ) -> T:
-        """`fn` run with the notice that every write transaction it commits queues."""
-        token = NOTICE.set(self.repo.notice(job_id, origin, change))
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            NOTICE.reset(token)
 
     def set_progress(self, values: Mapping[str, Any]) -> bool:
         """One statement in autocommit; its notice is queued only when the row changed."""
@@ -309,7 +270,8 @@ class PostgresOps:
 
     def _own_earlier_try(self, values: Mapping[str, Any]) -> JobRecord | None:
         """The row of this very start (same id, principal, kind, creation time), if a try of it committed."""
-        stored = self.repo.get(values["id"])
+        with self.hot_reading() as connection:
+            stored = _one(connection, JobRecord, _JOB_BY_ID, values["id"])
         if stored is None or (stored.principal_key, stored.kind, stored.created_at) != (
             values["principal_key"],
             values["kind"],

@@ -7,8 +7,7 @@ event loop."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
@@ -21,8 +20,7 @@ from sqlmodel import Session, col
 from handles.errors import LeaseLost
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
 from handles.store.claims import Claims
-from handles.store.engine import is_sqlite
-from handles.store.engines import Change, EngineOps
+from handles.store.engine import NOTICE, Change, is_sqlite
 from handles.store.housekeeping import Housekeeping
 from handles.store.models import Clock, InputRequestRecord, JobRecord, Snapshot, StepRecord, utc_now
 from handles.store.operator_reads import OperatorReads
@@ -42,7 +40,6 @@ from handles.store.rules import (
     _waiting_as,
 )
 from handles.store.sqlite import SqliteOps
-from handles.store.sqlite_direct import _Prepared
 from handles.store.statements import (
     _ANSWERS_OF_JOB,
     _DATABASE_NOW,
@@ -50,7 +47,6 @@ from handles.store.statements import (
     _OPEN_QUESTIONS_OF_JOB,
     _QUESTION_BY_KEY,
     _QUESTIONS_OF_JOB,
-    _START_DEADLINES,
     _STEPS_OF_JOB,
     _pending,
 )
@@ -82,7 +78,7 @@ class AnswerOutcome:
 
 class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows):
     """Synchronous access to the job tables of one database; its other parts are the mixins it inherits, and
-    what each engine does its own way is `EngineOps`."""
+    the hot paths each engine runs its own way are `SqliteOps` and `PostgresOps`."""
 
     def __init__(self, url: str, *, clock: Clock = utc_now, lease_clock: str | None = None) -> None:
         """`lease_clock`: "database" judges and sets leases by the database server's clock (the default on
@@ -90,10 +86,9 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
         whenever a test clock is injected)."""
         super().__init__(url)
         self.clock = clock
-        self._prepared: dict[Any, _Prepared] = {}  # the hot reads' statements, compiled (`_prepare`)
         # Models built from Core rows need their ORM mappers ready.
         configure_mappers()
-        self._engine: EngineOps = SqliteOps(self) if is_sqlite(url) else PostgresOps(self)
+        self._engine: SqliteOps | PostgresOps = SqliteOps(self) if is_sqlite(url) else PostgresOps(self)
         if lease_clock is None:
             lease_clock = "database" if self._engine.has_clock and clock is utc_now else "local"
         if lease_clock not in ("database", "local"):
@@ -104,15 +99,8 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
                 "SQLite runs in this process, so its leases are judged by `clock`: use 'local'"
             )
         self._database_leases = lease_clock == "database"
-        # How far the database's clock is ahead of `clock`, as last measured (`read_database_clock`).
-        self._clock_offset = timedelta(0)
         # Named in every change notice (`load_notice_scope`); None until loaded.
         self.notice_scope: str | None = None
-
-    @property
-    def publishes(self) -> bool:
-        """Whether this store tells other nodes of its changes by notices (PostgreSQL's `pg_notify`)."""
-        return self._engine.publishes
 
     @property
     def database_leases(self) -> bool:
@@ -125,20 +113,15 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
 
     def read_database_clock(self) -> timedelta:
         """Measure and keep how far the database's clock is ahead of `clock` (zero unless leases use the
-        database's clock); a start's deadlines are moved by it, so every node judges them by the database's
-        clock."""
+        database's clock); a start's deadlines are moved by it."""
         if not self._database_leases:
             return timedelta(0)
-        self._clock_offset = self._engine.clock_offset(self.clock)
+        with self._read_engine.connect() as connection:  # checked out before the first reading
+            before = self.clock()
+            database_now = connection.exec_driver_sql("SELECT clock_timestamp()").scalar_one()
+            after = self.clock()
+        self._clock_offset = database_now - (before + (after - before) / 2)
         return self._clock_offset
-
-    def _by_database_clock(self, values: Mapping[str, Any]) -> Mapping[str, Any]:
-        """A new job's row `values` with its deadlines moved from this node's clock to the database's."""
-        offset = self._clock_offset
-        if not offset:
-            return values
-        moved = {name: values[name] + offset for name in _START_DEADLINES if values[name] is not None}
-        return {**values, **moved}
 
     def _lease_now_value(self, session: Session, now: datetime) -> datetime:
         """`now` for lease comparisons made in Python, inside a write transaction."""
@@ -147,20 +130,10 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
         value: datetime = session.execute(sa_select(_DATABASE_NOW)).scalar_one()
         return value
 
-    def _hot_reading(self) -> AbstractContextManager[Any]:
-        """The connection the hot reads by key (`_one`, `_rows`) run on, with their statements compiled once."""
-        return self._engine.hot_reading()
-
-    def _prepare(self, statement: Any) -> _Prepared:
-        prepared = self._prepared.get(statement)
-        if prepared is None:
-            prepared = self._prepared[statement] = _Prepared(statement, self._write_engine.dialect)
-        return prepared
-
     # -- reads -------------------------------------------------------------
 
     def get(self, job_id: str) -> JobRecord | None:
-        with self._hot_reading() as connection:
+        with self._engine.hot_reading() as connection:
             return _one(connection, JobRecord, _JOB_BY_ID, job_id)
 
     def versions(self, job_ids: Sequence[str]) -> dict[str, int]:
@@ -174,12 +147,12 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
         return found
 
     def pending_inputs(self, job_id: str) -> list[InputRequestRecord]:
-        with self._hot_reading() as connection:
+        with self._engine.hot_reading() as connection:
             return _rows(connection, InputRequestRecord, _OPEN_QUESTIONS_OF_JOB, job_id)
 
     def questions(self, job_id: str) -> list[InputRequestRecord]:
         """Every question the job asked, answered or not, in the order asked (the operator's view)."""
-        with self._hot_reading() as connection:
+        with self._engine.hot_reading() as connection:
             return _rows(connection, InputRequestRecord, _QUESTIONS_OF_JOB, job_id)
 
     def snapshot(self, job_id: str) -> Snapshot:
@@ -189,14 +162,14 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
 
     def replay_state(self, job_id: str) -> tuple[dict[str, dict[str, Any]], dict[str, StepRecord]]:
         """What a run replays: the job's recorded answers by key, and its steps by name, read in one go."""
-        with self._hot_reading() as connection:
+        with self._engine.hot_reading() as connection:
             answered = _rows(connection, InputRequestRecord, _ANSWERS_OF_JOB, job_id)
             steps = _rows(connection, StepRecord, _STEPS_OF_JOB, job_id)
         answers = {record.key: record.answer for record in answered if record.answer is not None}
         return answers, {step.name: step for step in steps}
 
     def get_input(self, job_id: str, key: str) -> InputRequestRecord | None:
-        with self._hot_reading() as connection:
+        with self._engine.hot_reading() as connection:
             return _one(connection, InputRequestRecord, _QUESTION_BY_KEY, job_id, key=key)
 
     # -- creation ----------------------------------------------------------
@@ -220,7 +193,7 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
     def starts_on_loop(self) -> bool:
         """Whether `start_on_loop` may be awaited on this event loop (PostgreSQL, on the loop its start
         connections belong to)."""
-        return self._engine.starts_on_loop
+        return self.loop_connections is not None and self.loop_connections.usable()
 
     async def start_on_loop(
         self,
@@ -240,7 +213,7 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
     def publish(self, job_id: str, origin: str, *, queued: bool = False) -> None:
         """Tell every node listening on PostgreSQL that `job_id` changed, or is queued for a worker; sent
         shortly after by a thread of its own, at the latest on dispose. A no-op elsewhere."""
-        self._engine.publish(job_id, origin, "queued" if queued else "changed")
+        self.committed(self.notice(job_id, origin, "queued" if queued else "changed"))
 
     def notice(self, job_id: str, origin: str, change: Change) -> str:
         """The change notice payload `"<job_id> <origin> <change> <schema>"`, the schema (`notice_scope`) left
@@ -260,7 +233,11 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
         """Run the write method `fn`, publishing that `job_id` changed after each write transaction it
         commits, never from inside it (PostgreSQL serialises the commits of notifying transactions). Elsewhere
         it just runs `fn`."""
-        return self._engine.publishing(job_id, origin, change, fn, *args, **kwargs)
+        token = NOTICE.set(self.notice(job_id, origin, change))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            NOTICE.reset(token)
 
     # -- progress and status -----------------------------------------------
 
@@ -301,7 +278,7 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
 
     def _locked(self, session: Session, job_id: str) -> JobRecord | None:
         """The job row, locked for this write transaction (SQLite: BEGIN IMMEDIATE holds the lock)."""
-        return session.get(JobRecord, job_id, with_for_update=self._engine.locks_rows)
+        return session.get(JobRecord, job_id, with_for_update=True)
 
     def settle_interrupted(
         self, job_id: str, owner: str, *, shutdown: bool, lease_expired: bool = False
@@ -499,7 +476,7 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
         return True
 
     def steps(self, job_id: str) -> list[StepRecord]:
-        with self._hot_reading() as connection:
+        with self._engine.hot_reading() as connection:
             return _rows(connection, StepRecord, _STEPS_OF_JOB, job_id)
 
     # -- the abandonment deadline ----------------------------------------------

@@ -5,9 +5,9 @@ one SQLite file share it through the file alone."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import datetime
 from types import SimpleNamespace
 from typing import Any, ParamSpec, TypeVar
 
@@ -17,9 +17,8 @@ from sqlalchemy.exc import IntegrityError
 
 from handles.errors import LeaseLost
 from handles.states import ACTIVE, Status
-from handles.store.engines import Change, EngineHost
+from handles.store.engine import Database
 from handles.store.models import (
-    Clock,
     InputRequestRecord,
     JobRecord,
     JobState,
@@ -66,18 +65,11 @@ T = TypeVar("T")
 
 
 class SqliteOps:
-    """`EngineOps` on an SQLite file."""
+    """The hot paths of `JobRepository` on an SQLite file."""
 
-    has_clock = False
-    """SQLite runs in this process: leases are judged by the repository's `clock`."""
-    locks_rows = False
-    """No row locks: `BEGIN IMMEDIATE` holds the database's write lock from the start."""
-    publishes = False
-    """No change notices: other processes notice changes by polling."""
-    starts_on_loop = False
-    """A start runs on SQLite's own connection, never awaited."""
+    has_clock = False  # SQLite runs in this process: leases are judged by the repository's `clock`
 
-    def __init__(self, repo: EngineHost) -> None:
+    def __init__(self, repo: Database) -> None:
         self.repo = repo
         dialect = repo.engine.dialect
         missing = sqlite_json_missing()
@@ -104,13 +96,6 @@ class SqliteOps:
                 return
         with repo._fast_reading() as connection:
             yield connection
-
-    def clock_offset(self, clock: Clock) -> timedelta:
-        return timedelta(0)
-
-    def skip_locked(self, query: Any) -> Any:
-        """`query` as it is: the write lock keeps other writers out."""
-        return query
 
     def snapshot(self, job_id: str) -> Snapshot:
         """One statement, and a second only while the job waits for answers."""
@@ -192,17 +177,8 @@ class SqliteOps:
         """Never called: `starts_on_loop` is False."""
         raise RuntimeError("an SQLite store starts jobs with `insert`, not on the event loop")
 
-    def publish(self, job_id: str, origin: str, change: Change) -> None:
-        """No notice to send."""
-
     def load_notice_scope(self) -> str | None:
         return None
-
-    def publishing(
-        self, job_id: str, origin: str, change: Change, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
-    ) -> T:
-        """Run `fn`: no notice to send."""
-        return fn(*args, **kwargs)
 
     def set_progress(self, values: Mapping[str, Any]) -> bool:
         """`_PROGRESS` in its own write transaction."""

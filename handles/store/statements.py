@@ -119,8 +119,6 @@ _PROGRESS = (
     )
 )
 _JOB_COLUMNS = tuple(c.name for c in _JOBS.columns)
-# A new job's deadlines, moved to the database's clock at a start (`_by_database_clock`).
-_START_DEADLINES = ("run_after", "expires_at", "abandon_at", "input_deadline")
 
 
 def _pending_clause(job_id: str) -> tuple[Any, Any]:
