@@ -13,8 +13,7 @@ from sqlmodel import col, select
 
 from handles.states import ACTIVE, Status
 from handles.store.engine import Database
-from handles.store.models import JobRecord, principal_key
-from handles.store.rows import _JOBS
+from handles.store.models import _JOBS, JobRecord, principal_key
 
 if TYPE_CHECKING:
     from handles.principal import PrincipalMatch

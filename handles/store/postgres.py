@@ -22,21 +22,14 @@ from sqlmodel import select
 from handles.errors import LeaseLost
 from handles.states import Status
 from handles.store.engine import NOTICE, Database, as_sqlalchemy_error
-from handles.store.models import InputRequestRecord, JobRecord, Snapshot, StepRecord
-from handles.store.postgres_statements import (
-    _BEGIN_STEP_IN_ONE,
-    _FINISH_STEP_IN_ONE,
-    _INPUT_JSON,
-    _JOB_JSON,
-    _PROGRESS_CHANGED,
-    _START,
-    _snapshot_in_one,
-    _transition_statement,
-)
-from handles.store.rows import (
+from handles.store.models import (
     _INPUTS,
     _JOBS,
     _STEPS,
+    InputRequestRecord,
+    JobRecord,
+    Snapshot,
+    StepRecord,
     _column_values,
     _detached,
     _from_json,
@@ -45,7 +38,18 @@ from handles.store.rows import (
 )
 from handles.store.rules import ActiveLimitReached, _own_start, _set_values
 from handles.store.sqlite_direct import _DriverReads, _Prepared
-from handles.store.statements import _JOB_BY_ID, _STEP_BY_NAME
+from handles.store.statements import (
+    _BEGIN_STEP_IN_ONE,
+    _FINISH_STEP_IN_ONE,
+    _INPUT_JSON,
+    _JOB_BY_ID,
+    _JOB_JSON,
+    _PROGRESS_CHANGED,
+    _START,
+    _STEP_BY_NAME,
+    _snapshot_in_one,
+    _transition_statement,
+)
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -22,11 +22,20 @@ from handles.states import ACTIVE, TERMINAL, Status, can_transition
 from handles.store.claims import Claims
 from handles.store.engine import NOTICE, Change, is_sqlite
 from handles.store.housekeeping import Housekeeping
-from handles.store.models import Clock, InputRequestRecord, JobRecord, Snapshot, StepRecord, utc_now
+from handles.store.models import (
+    _JOBS,
+    Clock,
+    InputRequestRecord,
+    JobRecord,
+    Snapshot,
+    StepRecord,
+    _one,
+    _rows,
+    utc_now,
+)
 from handles.store.operator_reads import OperatorReads
 from handles.store.postgres import PostgresOps
 from handles.store.result_files import ResultFiles
-from handles.store.rows import _JOBS, _one, _rows
 from handles.store.rules import (
     _LEASE,
     ActiveLimitReached,

@@ -11,8 +11,7 @@ from typing import Any
 from handles.backoff import backoff_seconds
 from handles.outcomes import cancelled_message, failed
 from handles.states import TERMINAL, Status, can_transition
-from handles.store.models import JobRecord, StepRecord, principal_key
-from handles.store.rows import _JOBS, _column_values
+from handles.store.models import _JOBS, JobRecord, StepRecord, _column_values, principal_key
 
 
 class ActiveLimitReached(Exception):

@@ -19,14 +19,18 @@ from handles.errors import LeaseLost
 from handles.states import ACTIVE, Status
 from handles.store.engine import Database
 from handles.store.models import (
+    _INPUTS,
+    _JOBS,
     InputRequestRecord,
     JobRecord,
     JobState,
     Snapshot,
     StepRecord,
     UTCDateTime,
+    _column_values,
+    _detached,
+    _rows,
 )
-from handles.store.rows import _INPUTS, _JOBS, _column_values, _detached, _rows
 from handles.store.rules import (
     ActiveLimitReached,
     _may_transition,
