@@ -1,9 +1,5 @@
-"""The store: the repository behind an async facade that keeps the event loop free.
-
-`Store` runs repository methods off the event loop (inline on an SQLite file when the writer lock is free) and
-wakes the waiters of the job a write changed; waiters in other processes notice within `store_poll_seconds`
-(`Store.poll_watched`), or at once by PostgreSQL's notices. A write of what a running job knows waits out a
-database outage while its lease may still be this node's (`Store.writable_until`)."""
+"""The store: the repository behind an async facade that keeps the event loop free and wakes the waiters of
+the job a write changed, here at once and elsewhere by notice or poll."""
 
 from __future__ import annotations
 
@@ -192,14 +188,8 @@ class Store:
     async def write(
         self, job_id: str, meaning: Write, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
     ) -> T:
-        """Run a repository method that may change `job_id`, and wake its waiters here and, once it has
-        committed, on other nodes; `meaning` (see `Write`) says what the change is.
-
-        A `changed` or `queued` write runs on a worker thread. An `outcome` or `reported` one, a short write
-        of what this process knows, runs on the event loop of an SQLite file whose writer lock is free (else
-        waits there for this process's writer), and is tried again with backoff through a database outage
-        while the lease may still be this node's (`writable_until`): it must be a compare-and-set that
-        changes nothing after the lease was lost or an earlier try committed."""
+        """Run a repository method that may change `job_id` and wake its waiters; `meaning` (see `Write`) says
+        how. An `outcome` or `reported` write must be a compare-and-set: it is retried through an outage."""
         call = functools.partial(fn, *args, **kwargs)
         if meaning == "changed" or meaning == "queued":
             return await self._write(job_id, meaning, call)
@@ -224,13 +214,8 @@ class Store:
     def start(
         self, job: JobRecord, *, queued: bool, **options: Any
     ) -> Started | Coroutine[Any, Any, Started]:
-        """Store a new job (`JobRepository.insert` with `options`): (job, created) when the insert ran at
-        once, with no await, on an SQLite file's free writer lock; else the coroutine that makes it.
-
-        That coroutine, on an SQLite file, waits for this process's writer on the event loop (a failed
-        inline try stored nothing), or goes to a worker thread while another process writes; on PostgreSQL
-        it is awaited on the loop's own connection. Only a `queued` job is published: nobody can wait for a
-        job before its start commits."""
+        """Store a new job: (job, created) when the insert ran at once on an SQLite file's free writer lock,
+        else the coroutine that makes it; only a `queued` job is published."""
         done = self._write_now(job.id, functools.partial(self.repo.insert, job, **options), "changed")
         return done[0] if done is not None else self._start_later(job, queued, options)
 
@@ -273,11 +258,8 @@ class Store:
     async def _write_later(
         self, job_id: str, call: Callable[[], T], change: Change, *, publish: bool = True
     ) -> T:
-        """A short write whose inline try found a writer at work (off SQLite: `_write` on a worker thread).
-
-        On an SQLite file it waits on the event loop for this process's writer lock rather than queueing on a
-        thread, whose hop would hold the lock longer. Shielded: once offered, the write is made even if the
-        caller is cancelled."""
+        """A short write whose inline try found a writer at work, waited for on the event loop (SQLite) or run
+        on a worker thread; shielded, so once offered it is made even if the caller is cancelled."""
         if not self.repo.writes_inline:
             return await self._write(job_id, change, call, publish=publish)
         return await run_shielded(self._write_when_free(job_id, call, change, publish))

@@ -54,14 +54,8 @@ class Claims(Database):
         share_limit: int | None = None,
         served: Mapping[str, int] | None = None,
     ) -> list[JobRecord]:
-        """Claim up to `limit` queued jobs of `kinds` for `owner`, taking turns between principals.
-
-        Candidates rank by how many jobs their principal already runs (on every node) plus their place in that
-        principal's queue, then by age, so one backlog never keeps another principal's first job waiting.
-        `held` (this node's jobs by principal key) and `share_limit` keep a principal within its share of this
-        node's slots while others wait; alone it may use them all. Ties go to the principal least recently
-        `served`. PostgreSQL skips rows other workers have locked, so concurrent workers never take the same
-        job."""
+        """Claim up to `limit` queued jobs of `kinds` for `owner`, taking turns between principals (ranked by
+        what each already runs and its place in its queue, each within `share_limit` of this node's slots)."""
         if not kinds or limit <= 0:
             return []
         now = self.clock()
@@ -171,10 +165,8 @@ class Claims(Database):
         lease_expired: bool = False,
         resuming: bool = False,
     ) -> bool:
-        """Give a job back to the queue (a kind this node does not run, or a hand-over).
-
-        `resuming`: the next claim does not count a new attempt. `run_after` (default: now, by the lease
-        clock) is when it may be claimed again."""
+        """Give a job back to the queue, claimable again at `run_after` (default: now, by the lease clock);
+        `resuming`: the next claim does not count a new attempt."""
         now = self.clock()
         conditions = [
             col(JobRecord.id) == job_id,

@@ -1,9 +1,5 @@
-"""The database behind the store: its engines, connections and transactions (no queries here).
-
-On PostgreSQL reads and writes have engines of their own. On SQLite every connection runs in WAL mode with
-synchronous=NORMAL, writes begin with BEGIN IMMEDIATE behind one writer lock per process, and an SQLite file
-gets long-lived connections for reads and short writes made on the event loop (`read_inline`, `write_inline`).
-"""
+"""The database behind the store: its engines, connections and transactions (no queries here); on SQLite, WAL
+mode, one writer lock per process and long-lived connections for the event loop's own reads and writes."""
 
 from __future__ import annotations
 
@@ -123,11 +119,8 @@ def is_memory_sqlite(url: str) -> bool:
 
 
 def make_engines(url: str) -> tuple[Engine, Engine, Engine | None, Engine | None]:
-    """(read engine, write engine, inline-read engine or None, inline-write engine or None).
-
-    An SQLite file gets the two inline engines, for the event loop: inline reads wait only briefly on a lock
-    and inline writes not at all (busy timeout 0), so a caller that meets a lock falls back to a worker
-    thread."""
+    """(read engine, write engine, inline-read engine or None, inline-write engine or None); the inline ones,
+    an SQLite file's, barely wait on a lock, so a caller that meets one falls back to a worker thread."""
     if not is_sqlite(url):
         # libpq waits forever for a host that drops packets; one set in the URL wins.
         shared: dict[str, Any] = {"json_serializer": stored_json}
@@ -293,11 +286,8 @@ class Database:
         return self._inline_write_engine is not None
 
     def write_inline(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run the short write method `fn` here, if it can have the writer lock without waiting.
-
-        Raises `WriterBusy` when this process's writer lock is held (wait with `wake_when_writer_free`), or
-        `OperationalError` when another process writes (run `fn` on a worker thread); nothing is written
-        either way."""
+        """Run the short write method `fn` here if the writer lock is free; `WriterBusy` (this process writes)
+        or `OperationalError` (another does) mean nothing was written."""
         tokens = (_INLINE_WRITE.set(True), _INLINE.set(True))
         try:
             return fn(*args, **kwargs)
@@ -312,9 +302,8 @@ class Database:
         return isinstance(lock, WriterLock) and lock.wake_when_free(wake)
 
     def checkpoint(self) -> None:
-        """Copy the WAL's committed pages into an SQLite file (a passive checkpoint) behind this process's
-        writer lock, so the WAL is wholly copied and the next writer starts it over instead of growing it.
-        Nothing to do elsewhere."""
+        """A passive WAL checkpoint of an SQLite file behind this process's writer lock, so the next writer
+        starts the WAL over instead of growing it; nothing elsewhere."""
         if self._inline_write_engine is None:
             return
         with self._write_lock:
@@ -358,12 +347,8 @@ class Database:
 
     @contextmanager
     def _sqlite_writing(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction (`BEGIN IMMEDIATE` ... `COMMIT`) on SQLite's own DB-API connection, past
-        SQLAlchemy, for the hottest writes.
-
-        Inline (`write_inline`) it takes the writer lock and SQLite's lock without waiting, raising
-        `WriterBusy` or `OperationalError` with nothing written; elsewhere a pooled write connection behind
-        the writer lock. A database error rolls back and comes out as SQLAlchemy's exception."""
+        """A `BEGIN IMMEDIATE` transaction on SQLite's own connection for the hottest writes, inline without
+        waiting; a database error rolls back and comes out as SQLAlchemy's."""
         inline = _INLINE_WRITE.get() and self._inline_write_engine is not None
         lock = self._write_lock
         if inline:

@@ -57,9 +57,8 @@ class Housekeeping(Database):
             }
 
     def delete_expired(self, limit: int, keep_evidence_seconds: float = 0) -> int:
-        """Delete up to `limit` ended jobs past their retention, with their questions, steps and result files;
-        with `keep_evidence_seconds`, archive each job's evidence in the same transaction, `ARCHIVE_BATCH`
-        jobs at a time."""
+        """Delete up to `limit` ended jobs past their retention with all their rows, archiving their evidence
+        first (`ARCHIVE_BATCH` at a time) when `keep_evidence_seconds` is set."""
         if keep_evidence_seconds <= 0:
             return self._delete_expired_batch(limit, None)
         deleted = 0

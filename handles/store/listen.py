@@ -1,9 +1,5 @@
-"""Cross-node wake-ups on PostgreSQL: LISTEN for the job changes other nodes NOTIFY.
-
-A notice is `"<job_id> <origin> <change> <schema>"` on `NOTIFY_CHANNEL` (`JobRepository.notice`). Each node
-keeps one listening connection and falls back to polling the store while it is down. A node ignores notices
-naming another schema (another deployment sharing the database); one naming none, from an older node, is
-taken."""
+"""Cross-node wake-ups on PostgreSQL: LISTEN for the `"<job_id> <origin> <change> <schema>"` notices other
+nodes NOTIFY, ignoring another schema's; polling stands in while the connection is down."""
 
 from __future__ import annotations
 

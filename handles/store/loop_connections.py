@@ -1,9 +1,5 @@
-"""PostgreSQL on the event loop itself: a few of psycopg's asynchronous connections for a job's start, sent
-and answered by the loop's own selector instead of a worker thread.
-
-The connections belong to the first event loop that uses them (`usable`); a start on another loop, or on
-Windows' `ProactorEventLoop`, goes to a worker thread. They open as needed, up to `size`, in autocommit; a
-connection left in doubt (dropped, or a statement interrupted) is closed, never reused."""
+"""PostgreSQL on the event loop itself: a few of psycopg's asynchronous connections for a job's start,
+belonging to the first loop that uses them; a connection left in doubt is closed, never reused."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Schema migrations (Alembic): bring a database to the shape this version of handles expects.
-
-SQLite databases are upgraded on first use (unless `HANDLES_AUTO_MIGRATE=0`); shared databases such as
-PostgreSQL are upgraded by an operator with `handles db upgrade`, and a server refuses to start on an outdated
-schema."""
+"""Schema migrations (Alembic): bring a database to the shape this version of handles expects, refusing a
+schema a newer version made."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The stored shape: SQLModel tables for jobs, their input requests, durable steps, result files, audit
-evidence and the operator's switches, and those rows as models and back past the ORM session. Times are stored
-as aware UTC (`UTCDateTime`), JSON as the portable `JSON` type."""
+"""The stored shape (SQLModel tables, times as aware UTC), and those rows as models and back past the ORM
+session."""
 
 from __future__ import annotations
 
@@ -280,10 +279,8 @@ Snapshot = tuple[JobState | None, list[InputRequestRecord], list[StepState]]
 
 
 class ResultPartRecord(SQLModel, table=True):
-    """One part of a job's result file (a result too large to travel inline).
-
-    `file_id` names the attempt that wrote the file, so parts a stale attempt left behind never mix with the
-    file the stored result links to."""
+    """One part of a job's result file; `file_id` names the attempt that wrote it, so a stale attempt's parts
+    never mix with the file the stored result links to."""
 
     __tablename__ = "handles_result_parts"
 
@@ -339,8 +336,7 @@ def _column_values(table: Any, model: Any) -> dict[str, Any]:
 
 def _detached(model: type[M], row: Mapping[Any, Any]) -> M:
     """A detached model of a stored row, built as SQLAlchemy builds a loaded instance (past the attribute
-    events `model_construct` fires); never added to a session. A row missing columns gets `model_construct`'s
-    defaults."""
+    events `model_construct` fires)."""
     if len(row) != len(model.model_fields):
         return model.model_construct(**row)
     instance: M = _MANAGERS[model].new_instance()

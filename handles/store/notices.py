@@ -1,9 +1,5 @@
-"""Change notices sent once their writes have committed, many in one small transaction (`NoticeSender`).
-
-PostgreSQL takes one cluster-wide lock at the commit of every transaction that notifies, so writes that
-notified themselves would commit one at a time across every node. Instead each write queues its notice once
-committed and one thread per node sends those pending together (identical ones once). A node that dies loses
-only unsent notices; other nodes find the stored changes at their next poll."""
+"""Change notices sent after their writes commit, those pending in one small transaction per node, since
+PostgreSQL serialises the commits of notifying transactions."""
 
 from __future__ import annotations
 

@@ -55,11 +55,8 @@ class OperatorReads(Database):
         before: tuple[datetime, str] | None = None,
         limit: int = 50,
     ) -> list[JobRecord]:
-        """Jobs matching every given filter, newest first.
-
-        `principal` is one stored principal; `principal_matching` what an operator's `--principal` means.
-        `before` is a keyset cursor, the `(created_at, id)` of the previous page's last job, so any page costs
-        the same."""
+        """Jobs matching every given filter, newest first; `before` is the keyset cursor `(created_at, id)` of
+        the previous page's last job."""
         query = select(JobRecord)
         if statuses:
             query = query.where(col(JobRecord.status).in_(list(statuses)))

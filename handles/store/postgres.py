@@ -1,9 +1,5 @@
-"""PostgreSQL's way of running the store's hot paths (`PostgresOps`).
-
-Each write that can be is one statement, and so its own transaction, run in autocommit on psycopg's own
-connection with its SQL compiled once; each queues its change notice only once it has committed and changed
-something. PostgreSQL also has a clock of its own (leases may be judged by it), row locks (a claim skips rows
-another worker holds) and change notices, which every node listens to."""
+"""PostgreSQL's way of running the store's hot paths (`PostgresOps`): each write one statement in autocommit
+on psycopg's own connection, queuing its change notice only once it committed a change."""
 
 from __future__ import annotations
 
@@ -85,10 +81,8 @@ class PostgresOps:
     @staticmethod
     @contextmanager
     def _connection(engine: Engine) -> Iterator[Any]:
-        """psycopg's own connection from `engine`'s pool, returned to the pool after.
-
-        Errors come out as SQLAlchemy's: a dropped connection is a `DBAPIError` with `connection_invalidated`
-        set, and the pool is invalidated so a second try gets a fresh connection."""
+        """psycopg's own connection from `engine`'s pool; a dropped one invalidates the pool and comes out as
+        a `DBAPIError` with `connection_invalidated` set."""
         dialect = engine.dialect
         pooled: Any = None
         try:
@@ -153,13 +147,8 @@ class PostgresOps:
         questions: Sequence[InputRequestRecord],
         lease_seconds: float | None,
     ) -> tuple[JobRecord, bool]:
-        """One call of the SQL function `handles_start`, in autocommit: it takes the principal's advisory
-        lock, checks the idempotency key and active count, and inserts the job and its questions in one
-        transaction.
-
-        A call on a dropped connection is made once more on a fresh one. That is safe even if the first call
-        committed: the job's id is fresh and random, so a row with this id, principal, kind and creation time
-        can only be this start's own, and is answered as created without storing anything twice."""
+        """One call of the SQL function `handles_start` in autocommit, retried once on a dropped connection: a
+        row with this fresh id, principal, kind and creation time can only be this start's own."""
         notice = NOTICE.get()
         params = self._start_parameters(values, active_limit, questions, lease_seconds)
         start = self.repo._prepare(_START)
@@ -293,9 +282,7 @@ class PostgresOps:
         now: datetime,
         values: Mapping[str, Any],
     ) -> bool:
-        """One compare-and-set UPDATE in autocommit on the write pool. PostgreSQL re-checks the UPDATE's
-        conditions on the newest version of a row changed meanwhile, so of two racing transitions exactly one
-        wins."""
+        """One compare-and-set UPDATE in autocommit, so of two racing transitions exactly one wins."""
         shape = (
             target,
             owner is not None,

@@ -1,9 +1,5 @@
-"""Turning a database that cannot be opened into one clear sentence for the operator.
-
-`database_errors(url)` wraps every start-up step that touches the database: a bad URL, a missing driver or an
-unreachable database becomes a `ConfigurationError` saying what to do, password hidden. An unreachable server
-is a `DatabaseUnreachable`, which an HTTP node may wait out; an SQLite file that cannot be opened is named
-with its folder."""
+"""A database that cannot be opened, told the operator in one sentence (`database_errors`), password
+hidden."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""A job's lifecycle, every read and write from its start to its end, as short transactions.
-
-Each status change is a compare-and-set `UPDATE ... WHERE status IN (sources)` guarded by the transition
-table, so a cancel racing a completion has exactly one winner. Read-then-write work takes the write lock first
-(`BEGIN IMMEDIATE` on SQLite, row locks on PostgreSQL). The methods are synchronous; `Store` runs them off the
-event loop."""
+"""A job's lifecycle, every read and write from its start to its end, as short synchronous transactions;
+each status change is a compare-and-set guarded by the transition table."""
 
 from __future__ import annotations
 
@@ -90,9 +86,8 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
     the hot paths each engine runs its own way are `SqliteOps` and `PostgresOps`."""
 
     def __init__(self, url: str, *, clock: Clock = utc_now, lease_clock: str | None = None) -> None:
-        """`lease_clock`: "database" judges and sets leases by the database server's clock (the default on
-        PostgreSQL, so nodes with skewed clocks agree), "local" by `clock` (the default elsewhere, and
-        whenever a test clock is injected)."""
+        """`lease_clock`: "database" judges leases by the database server's clock (PostgreSQL's default),
+        "local" by `clock` (the default elsewhere, and with a test clock)."""
         super().__init__(url)
         self.clock = clock
         # Models built from Core rows need their ORM mappers ready.
@@ -191,11 +186,8 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
         questions: Sequence[InputRequestRecord] = (),
         lease_seconds: float | None = None,
     ) -> tuple[JobRecord, bool]:
-        """Store a new job, or return the job its idempotency key already names: (job, created).
-
-        With `active_limit`, raise `ActiveLimitReached` when the principal already has that many active jobs;
-        the count, the insert and `questions` share one transaction. A job stored claimed (`lease_owner` set)
-        with `lease_seconds` holds its lease for that long by the lease clock."""
+        """Store a new job, or return the one its idempotency key names: (job, created); `ActiveLimitReached`
+        when the principal already has `active_limit` active jobs."""
         return self._engine.insert(_job_values(job), active_limit, questions, lease_seconds)
 
     @property
@@ -239,9 +231,8 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
     def publishing(
         self, job_id: str, origin: str, change: Change, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
     ) -> T:
-        """Run the write method `fn`, publishing that `job_id` changed after each write transaction it
-        commits, never from inside it (PostgreSQL serialises the commits of notifying transactions). Elsewhere
-        it just runs `fn`."""
+        """Run the write method `fn`, queuing the notice that `job_id` changed after each write transaction it
+        commits (a no-op off PostgreSQL)."""
         token = NOTICE.set(self.notice(job_id, origin, change))
         try:
             return fn(*args, **kwargs)
@@ -277,11 +268,8 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
         lease_expired: bool = False,
         **values: Any,
     ) -> bool:
-        """Move a job to `target` if the transition table allows it; True when this call made the change.
-
-        `owner` requires that lease holder; `lease_expired` requires the lease to have run out (recovery must
-        not race a renewal). Terminal targets release the lease, stamp `finished_at` and shorten retention to
-        `keep_result_seconds`."""
+        """Move a job to `target` if the transition table allows it (held by `owner`, its lease run out with
+        `lease_expired`); True when this call made the change."""
         now = self.clock()
         return self._engine.transition(job_id, target, owner, lease_expired, now, values)
 
@@ -292,11 +280,8 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
     def settle_interrupted(
         self, job_id: str, owner: str, *, shutdown: bool, lease_expired: bool = False
     ) -> Status | None:
-        """Settle a job whose run stopped before it ended (shutdown or expired lease); its new status, or None
-        when not ours to settle.
-
-        A cancel request ends it `cancelled`; a shutdown requeues a `retry` job without counting an attempt; a
-        crashed `retry` job is requeued after a backoff while attempts remain; anything else ends `failed`."""
+        """Settle a job whose run stopped before it ended (`_interrupted_outcome`); its new status, or None
+        when not ours to settle."""
         now = self.clock()
         with self._writing() as session:
             job = self._locked(session, job_id)
@@ -433,11 +418,8 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
         started_at: datetime | None = None,
         repeatable: bool = False,
     ) -> tuple[StepRecord, bool]:
-        """Record that step `name` starts unless already known: (record, fresh).
-
-        Not fresh: it completed before (replay its result) or started without an outcome (unknown); a failed
-        or a `repeatable` unknown step starts afresh. Given `started_at`, a retry that finds its own earlier,
-        committed try answers fresh. Raises `LeaseLost` when `owner` no longer holds the job."""
+        """Record that step `name` starts unless already known: (record, fresh); `started_at` lets a retry
+        recognise its own committed try. Raises `LeaseLost` when `owner` no longer holds the job."""
         now = self.clock() if started_at is None else started_at
         values: dict[str, Any] = {"job_id": job_id, "name": name, "status": "started", "attempt": attempt}
         values |= {"started_at": now, "finished_at": None, "result": None, "error": None}
@@ -454,11 +436,8 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
         error: str | None = None,
         attempt: int | None = None,
     ) -> None:
-        """Record a started step's outcome (its JSON result, or its error).
-
-        Raises `LeaseLost` when `owner` no longer holds the job, so a stale worker never rewrites the ledger;
-        but the outcome of the step its own run started (`attempt`) is still written first while that step is
-        `started`, since only that run knows what happened. A step that is not started is left as it is."""
+        """Record a started step's outcome; raises `LeaseLost` when `owner` no longer holds the job, after
+        writing the outcome of its own run's step (`attempt`) if still started."""
         now = self.clock()
         status = "failed" if error is not None else "completed"
         values = {"job_id": job_id, "owner": owner, "name": name, "now": now, "set_status": status}

@@ -1,6 +1,5 @@
-"""The rules of a job's lifecycle, the same on every engine: which status a job may move to and what moving
-there changes (`_transitioned`, from `_CLEARED_ON_ENTERING`), how an interrupted run settles, and when a
-durable step starts again. Applied to ORM models, to a row's values, or in SQL."""
+"""The rules of a job's lifecycle, the same on every engine: what moving to a status changes, how an
+interrupted run settles, and when a durable step starts again."""
 
 from __future__ import annotations
 
@@ -113,9 +112,8 @@ no answer. Both `_transitioned` and `_transition_statement` are built from it.""
 
 
 def _transitioned(job: Any, target: Status, now: datetime, values: Mapping[str, Any]) -> None:
-    """Move a job (a model or a row's values) to `target` with what entering it changes and `values`; a
-    terminal status also stamps `finished_at` and shortens retention to `keep_result_seconds`. The caller has
-    checked the job may move."""
+    """Move a job (a model or a row's values) to `target` with what entering it changes, `values`, and for an
+    end `finished_at` and its shortened retention."""
     source = Status(job.status)
     if not can_transition(source, target):
         raise ValueError(f"a job may not move from {source} to {target}")

@@ -1,6 +1,4 @@
-"""Bringing the database's schema to what this version of handles needs, once per process (`SchemaGate`):
-upgraded when auto-migrate is on, else checked current. An unreachable database raises `DatabaseUnreachable`
-and leaves the gate shut for a later call to retry; an outdated schema raises `ConfigurationError`."""
+"""Bringing the database's schema to what this version of handles needs, once per process (`SchemaGate`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""SQLite's way of running the store's hot paths (`SqliteOps`): statements compiled once and run on SQLite's
-own DB-API connection, past SQLAlchemy, each write in one `BEGIN IMMEDIATE` transaction. SQLite has no server
-clock, no row locks (`BEGIN IMMEDIATE` takes the whole database's write lock) and no change notices: nodes on
-one SQLite file share it through the file alone."""
+"""SQLite's way of running the store's hot paths (`SqliteOps`): statements compiled once on SQLite's own
+connection, each write in one `BEGIN IMMEDIATE` transaction."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Core statements compiled once and run on the DB-API connection itself (sqlite3's or psycopg's), past
-SQLAlchemy's statement execution, for the hot paths. Values are bound and rows read through the type
-processors SQLAlchemy uses, so what is stored and read back is the same either way."""
+"""Core statements compiled once and run on the DB-API connection itself, with SQLAlchemy's type processors,
+for the hot paths."""
 
 from __future__ import annotations
 

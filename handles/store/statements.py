@@ -282,12 +282,8 @@ _START = text(
 def _transition_statement(
     target: Status, owned: bool, lease_by_database: bool | None, columns: tuple[str, ...]
 ) -> Any:
-    """`transition`'s compare-and-set UPDATE, built once per shape of call.
-
-    The job moves to `target` from a status the table allows (`sources_of`), only while `owner` holds it when
-    `owned`, and only once its lease ran out when `lease_by_database` is not None (True: by the database's
-    clock; False: by `now`). It changes what `_transitioned` changes, from the same table, plus `columns`
-    (`set_<column>`); its one row says how many jobs changed."""
+    """`transition`'s compare-and-set UPDATE, built once per shape of call, changing what `_transitioned`
+    changes; its one row says how many jobs changed."""
     now = bindparam("now", type_=UTCDateTime())
     where = [
         _JOBS.c.id == bindparam("job_id"),
