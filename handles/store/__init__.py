@@ -56,10 +56,8 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 Write = Literal["changed", "queued", "outcome", "reported"]
-"""What a write means: a change its waiters wake for (`changed`); one that leaves the job waiting for a worker,
-which idle workers on other nodes look for at once (`queued`); a job's outcome this process knows
-(`outcome`); what a running job reports on its way, which wakes progress long-polls but not waiters past
-reports (`reported`)."""
+"""What a write means: a change (`changed`), one that leaves the job waiting for a worker (`queued`), a job's
+outcome this process knows (`outcome`), or a report that wakes only progress long-polls (`reported`)."""
 Started = tuple[JobRecord, bool]
 
 
@@ -88,11 +86,6 @@ def _raise_if_unavailable(exc: DBAPIError) -> None:
     if isinstance(exc, OperationalError) or exc.connection_invalidated:
         logger.warning("database unavailable: %s", exc.__class__.__name__)
         raise StoreUnavailable.now() from exc
-
-
-def _no_lease(job_id: str) -> float | None:
-    """`Store.writable_until` of a store no runtime holds leases through: no lease on any job."""
-    return None
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:
@@ -171,7 +164,7 @@ class Store:
         self._publishes = repository.publishes
         self._limiter = anyio.CapacityLimiter(threads)
         # Loop time until which a write of what this node knows outlasts an outage (None: no lease).
-        self.writable_until: Callable[[str], float | None] = _no_lease
+        self.writable_until: Callable[[str], float | None] = lambda job_id: None
 
     async def read(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a read-only repository method: on the event loop for an SQLite file (retried on a worker thread

@@ -184,7 +184,6 @@ class Database:
         )
         self._inline_connection: Connection | None = None
         self._inline_write_raw: Any = None  # the inline-write engine's DB-API connection (`_sqlite_writing`)
-        self._inline_read_raw: Any = None  # the inline-read engine's DB-API connection (`_sqlite_reading`)
         self._inline_lock = threading.Lock()
         self._notifying: Any = None  # the connection notices go out on
         self._inline_commits = 0  # since the last checkpoint (see INLINE_COMMITS_PER_CHECKPOINT)
@@ -234,18 +233,13 @@ class Database:
 
     def create_schema(self) -> None:
         """Create or upgrade the handles tables to the newest schema revision (Alembic migrations)."""
-        from handles.store import migrate
-
-        migrate.upgrade(self.engine)
+        self.prepare(auto_migrate=True)
 
     def prepare(self, *, auto_migrate: bool) -> None:
         """Make sure the schema is current: upgrade it, or refuse to go on when upgrades are the operator's."""
         from handles.store import migrate
 
-        if auto_migrate:
-            migrate.upgrade(self._write_engine)
-        else:
-            migrate.check_current(self._write_engine)
+        (migrate.upgrade if auto_migrate else migrate.check_current)(self.engine)
 
     def ping(self) -> None:
         """A trivial query: raises when the database does not answer (the readiness probe)."""
@@ -259,10 +253,10 @@ class Database:
             self._close_notifying()
         if self.loop_connections is not None:
             self.loop_connections.close()
-        for connection in (self._inline_connection, self._inline_write_raw, self._inline_read_raw):
+        for connection in (self._inline_connection, self._inline_write_raw):
             if connection is not None:
                 connection.close()
-        self._inline_connection = self._inline_write_raw = self._inline_read_raw = None
+        self._inline_connection = self._inline_write_raw = None
         for engine in (self._inline_write_engine, self._read_engine, self._inline_engine, self._write_engine):
             if engine is not None:
                 engine.dispose()
@@ -398,18 +392,11 @@ class Database:
         if not (_INLINE.get() and self._inline_engine is not None):
             yield None
             return
-        with self._inline_lock:
-            if self._inline_read_raw is None:
-                self._inline_read_raw = self._inline_engine.raw_connection()
-            pooled = self._inline_read_raw
+        with self._fast_reading() as connection:
             try:
-                yield pooled.driver_connection
-            except BaseException as exc:
-                pooled.invalidate()  # a fresh connection next time, in a known state
-                self._inline_read_raw = None
-                if isinstance(exc, sqlite3.Error):
-                    raise DBAPIError.instance(None, None, exc, sqlite3.Error) from exc
-                raise
+                yield connection.connection.driver_connection
+            except sqlite3.Error as exc:
+                raise DBAPIError.instance(None, None, exc, sqlite3.Error) from exc
 
     @contextmanager
     def _reading(self) -> Iterator[Session]:

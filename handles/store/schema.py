@@ -7,6 +7,7 @@ import threading
 
 import anyio.to_thread
 
+from handles.store import _retrieve
 from handles.store.reach import database_errors
 from handles.store.repository import JobRepository
 
@@ -47,9 +48,3 @@ class SchemaGate:
             with database_errors(self._repository.url):
                 self._repository.prepare(auto_migrate=self._auto_migrate)
             self._open = True
-
-
-def _retrieve(attempt: asyncio.Task[None]) -> None:
-    """Mark an attempt's failure as seen: its callers raise it, and one may have gone away."""
-    if not attempt.cancelled():
-        attempt.exception()
