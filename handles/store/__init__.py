@@ -73,16 +73,14 @@ def _resolve(free: asyncio.Future[None]) -> None:
 
 
 async def run_shielded(work: Coroutine[Any, Any, T]) -> T:
-    """Await `work` in a task no cancellation of the caller stops: the caller is cancelled at once, and a
-    write once offered is still made."""
+    """Await `work` in a task no cancellation of the caller stops, so a write once offered is made."""
     task = asyncio.ensure_future(work)
     task.add_done_callback(_retrieve)
     return await asyncio.shield(task)
 
 
 def _raise_if_unavailable(exc: DBAPIError) -> None:
-    """Raise `StoreUnavailable` for an error the database could not serve (down, connection dropped); return
-    for one about the statement, which the caller re-raises."""
+    """Raise `StoreUnavailable` for an error the database could not serve (down, dropped)."""
     if isinstance(exc, OperationalError) or exc.connection_invalidated:
         logger.warning("database unavailable: %s", exc.__class__.__name__)
         raise StoreUnavailable.now() from exc
@@ -95,8 +93,7 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
 
 
 class ChangeNotifier:
-    """Wakes coroutines of this process that wait for a job to change: every change, or with
-    `watch(past_reports=True)` only those that are not progress reports or step records."""
+    """Wakes this process's coroutines that wait for a job to change (or change past reports)."""
 
     def __init__(self) -> None:
         # Weak: an event lives only while a waiter holds it.
@@ -105,8 +102,7 @@ class ChangeNotifier:
         self._seen: dict[str, int] = {}  # job id -> the oldest version its current waiters have read
 
     def notify(self, job_id: str, change: Change = "changed") -> None:
-        """`job_id` changed: wake its waiters; a `reported` change leaves those waiting past reports asleep
-        (`poll_watched` still wakes them once an interval)."""
+        """`job_id` changed: wake its waiters (those past reports only for a non-`reported` change)."""
         if change != "reported":
             self._seen.pop(job_id, None)
             _set(self._past_reports.pop(job_id, None))
@@ -167,8 +163,7 @@ class Store:
         self.writable_until: Callable[[str], float | None] = lambda job_id: None
 
     async def read(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run a read-only repository method: on the event loop for an SQLite file (retried on a worker thread
-        if it meets a lock), else on a worker thread."""
+        """Run a read-only repository method: inline on an SQLite file when it can, else on a thread."""
         if self.repo.reads_inline:
             with contextlib.suppress(OperationalError):
                 return self.repo.read_inline(fn, *args, **kwargs)
@@ -227,8 +222,7 @@ class Store:
             self.notifier.notify(job.id, change)
 
     def _write_now(self, job_id: str, call: Callable[[], T], change: Change) -> tuple[T] | None:
-        """Run `call` on the event loop if the writer lock is free (SQLite files only) and wake `job_id`'s
-        waiters: its result in a 1-tuple, or None when nothing was written."""
+        """Try `call` inline on a free SQLite writer lock: its result in a 1-tuple, or None."""
         if not self.repo.writes_inline:
             return None
         with contextlib.suppress(WriterBusy, OperationalError):
@@ -236,8 +230,7 @@ class Store:
         return None
 
     def _write_here(self, job_id: str, call: Callable[[], T], change: Change) -> tuple[T]:
-        """`_write_now`'s try: `WriterBusy` or `OperationalError` mean nothing was written; any other error
-        may follow a commit, so waiters are woken then too."""
+        """`_write_now`'s try; an error other than a busy lock may follow a commit, so it wakes too."""
         try:
             result = self.repo.write_inline(call)
         except (WriterBusy, OperationalError):
@@ -258,8 +251,7 @@ class Store:
         return await run_shielded(self._write_when_free(job_id, call, change, publish))
 
     async def _write_when_free(self, job_id: str, call: Callable[[], T], change: Change, publish: bool) -> T:
-        """Write on the event loop once this process's writer lock is free; on a worker thread when another
-        process holds SQLite's lock."""
+        """Write inline once this process's writer lock is free; on a thread if another process writes."""
         loop = asyncio.get_running_loop()
         while True:
             free: asyncio.Future[None] = loop.create_future()
@@ -284,16 +276,14 @@ class Store:
             self.notifier.notify(job_id, change)
 
     async def announce(self, job_id: str, *, queued: bool = False) -> None:
-        """`job_id` changed: wake its waiters here and, on PostgreSQL, on every other node (`queued`: idle
-        workers elsewhere look for it at once)."""
+        """`job_id` changed: wake its waiters here and, on PostgreSQL, on every other node."""
         self.notifier.notify(job_id)
         self.repo.publish(job_id, self.origin, queued=queued)  # queued, sent by a thread of its own
 
     async def change_listener(
         self, on_change: Callable[[str, Change], None]
     ) -> Coroutine[Any, Any, None] | None:
-        """The coroutine that hears other nodes' changes (PostgreSQL's `LISTEN`), calling `on_change(job_id,
-        change)`; None where the store has no notices."""
+        """The coroutine that hears other nodes' changes; None where the store has no notices."""
         if not self._publishes:
             return None
         from handles.store.listen import ChangeListener
@@ -305,8 +295,7 @@ class Store:
         return ChangeListener(self.repo.url, self.origin, on_change).run()
 
     async def poll_watched(self) -> None:
-        """Wake the waiters of every job another process changed since they read it: one read of the watched
-        versions per interval for the whole process."""
+        """Wake the waiters of every watched job another process changed since they read it."""
         watched = self.notifier.watched()
         if not watched:
             return
@@ -316,8 +305,7 @@ class Store:
                 self.notifier.notify(job_id)
 
     async def _run(self, call: Callable[[], T], *, repeatable: bool = False) -> T:
-        """Run `call` on a worker thread; a `repeatable` call (a read) that met a dropped connection runs once
-        more on a fresh one."""
+        """Run `call` on a worker thread; a `repeatable` one that met a dropped connection runs again."""
         try:
             return await anyio.to_thread.run_sync(call, limiter=self._limiter)
         except (OperationalError, DBAPIError) as exc:

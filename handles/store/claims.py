@@ -35,8 +35,7 @@ class Claims(Database):
             return session.get(JobRecord, job_id) if claimed == 1 else None
 
     def has_claimable(self, kinds: Sequence[str]) -> bool:
-        """Whether a queued job of `kinds` is due now: one indexed read, no write lock, so a dispatcher pass
-        that finds nothing reserves no slots."""
+        """Whether a queued job of `kinds` is due now: one indexed read, no write lock."""
         if not kinds:
             return False
         query = sa_select(col(JobRecord.id)).where(*_claimable_of(self._lease_now(self.clock()), kinds))
@@ -240,8 +239,7 @@ _CLAIM_LOG_HEAD = (
 
 
 def _claim_values(owner: str, now: datetime, lease_now: Any, lease_seconds: float) -> dict[str, Any]:
-    """What a claim writes: the lease, one more attempt (unless it resumes), the first start time, and a claim
-    log entry."""
+    """What a claim writes: the lease, the attempt, the first start time and a claim log entry."""
     return {
         "lease_owner": owner,
         "lease_expires_at": _after(lease_now, lease_seconds),

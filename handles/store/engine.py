@@ -52,8 +52,7 @@ class WriterBusy(Exception):
 
 
 class WriterLock:
-    """This process's reentrant SQLite writer lock, which can tell a waiter (`wake_when_free`) when it is next
-    released, from the releasing thread."""
+    """This process's reentrant SQLite writer lock, which can wake a waiter when it is released."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -77,8 +76,7 @@ class WriterLock:
         self.release()
 
     def wake_when_free(self, wake: Callable[[], None]) -> bool:
-        """Call `wake` (on the releasing thread) once the lock is next released and return True; return False,
-        never calling it, when the lock is free now (or held by this thread)."""
+        """Call `wake` on the lock's next release and return True; False when the lock is free now."""
         with self._guard:
             if self._lock.acquire(blocking=False):
                 self._lock.release()
@@ -88,8 +86,7 @@ class WriterLock:
 
 
 def as_sqlalchemy_error(engine: Engine, exc: Exception, *, disconnect: bool) -> StatementError:
-    """The driver's error `exc` as SQLAlchemy raises it, with `connection_invalidated` set when the server
-    dropped the connection."""
+    """The driver's error `exc` as SQLAlchemy raises it (`connection_invalidated` on a drop)."""
     dialect = engine.dialect
     return DBAPIError.instance(
         None, None, exc, dialect.loaded_dbapi.Error, connection_invalidated=disconnect, dialect=dialect
@@ -97,8 +94,7 @@ def as_sqlalchemy_error(engine: Engine, exc: Exception, *, disconnect: bool) -> 
 
 
 async def _connect_on_loop(engine: Engine) -> Any:
-    """A psycopg `AsyncConnection` in autocommit, connected as `engine` connects (URL parameters, the
-    dialect's adapters, the connect timeout)."""
+    """A psycopg `AsyncConnection` in autocommit, connected as `engine` connects."""
     import psycopg
 
     cargs, cparams = engine.dialect.create_connect_args(engine.url)
@@ -290,8 +286,7 @@ class Database:
             _INLINE_WRITE.reset(tokens[0])
 
     def wake_when_writer_free(self, wake: Callable[[], None]) -> bool:
-        """Call `wake` once this process's writer lock is next released (True), or return False at once when
-        it is free or there is no such lock."""
+        """Call `wake` on the writer lock's next release (True); False when it is free or absent."""
         lock = self._write_lock
         return isinstance(lock, WriterLock) and lock.wake_when_free(wake)
 
@@ -315,8 +310,7 @@ class Database:
             checkpointer.join(timeout)
 
     def _after_inline_commit(self) -> None:
-        """Count a commit of the event loop's write connection, starting a checkpoint thread every
-        `INLINE_COMMITS_PER_CHECKPOINT` (one at a time)."""
+        """Count an inline commit, starting a checkpoint thread every `INLINE_COMMITS_PER_CHECKPOINT`."""
         self._inline_commits += 1
         if self._inline_commits < INLINE_COMMITS_PER_CHECKPOINT:
             return
@@ -387,8 +381,7 @@ class Database:
 
     @contextmanager
     def _sqlite_reading(self) -> Iterator[sqlite3.Connection | None]:
-        """SQLite's own long-lived inline-read connection for a hot read on the event loop, in autocommit;
-        None elsewhere (read through SQLAlchemy). Errors come out as SQLAlchemy's."""
+        """SQLite's own inline connection for a hot read on the event loop; None elsewhere."""
         if not (_INLINE.get() and self._inline_engine is not None):
             yield None
             return
@@ -405,8 +398,7 @@ class Database:
 
     @contextmanager
     def _fast_reading(self) -> Iterator[Connection]:
-        """A connection for the hot reads, skipping the ORM: inline, one long-lived connection whose read
-        transaction ends after each use; otherwise a pooled read connection."""
+        """A Core connection for the hot reads: the long-lived inline one, or a pooled one."""
         if not (_INLINE.get() and self._inline_engine is not None):
             with self._read_engine.connect() as connection:
                 yield connection
@@ -442,8 +434,7 @@ class Database:
             self.notices.add(notice)
 
     def _send_notices(self, notices: list[str]) -> None:
-        """Send `notices` in one transaction, one `pg_notify` each, on a connection kept for `NoticeSender`'s
-        thread; one that fails is closed and the next batch opens another."""
+        """Send `notices` in one transaction on a connection kept for `NoticeSender`'s thread."""
         import psycopg
 
         try:

@@ -34,8 +34,7 @@ class Housekeeping(Database):
     _lease_now: Callable[[datetime], Any]  # set by JobRepository: `now` by the clock that judges leases
 
     def overdue(self, limit: int) -> dict[str, list[JobRecord]]:
-        """Active jobs past a deadline, by the lease clock: `ttl` (past expires_at), `input` (no answer in
-        time), `abandoned`."""
+        """Active jobs past a deadline by the lease clock: `ttl`, `input` and `abandoned`."""
         now = self._lease_now(self.clock())
         active = col(JobRecord.status).in_(list(ACTIVE))
         past = {
@@ -70,8 +69,7 @@ class Housekeeping(Database):
         return deleted
 
     def _delete_expired_batch(self, limit: int, keep_evidence_seconds: float | None) -> int:
-        """One transaction of `delete_expired`; on PostgreSQL two sweeping nodes skip each other's locked
-        rows, so every job is archived once."""
+        """One transaction of `delete_expired`, skipping rows another sweeper holds."""
         now = self.clock()
         expired = (
             col(JobRecord.expires_at) < self._lease_now(now),

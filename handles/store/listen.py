@@ -25,8 +25,7 @@ def libpq_url(sqlalchemy_url: str) -> str:
 
 
 class ChangeListener:
-    """Calls `on_change(job_id, change)` for each change other nodes publish (`changed` for a word it does not
-    know)."""
+    """Calls `on_change(job_id, change)` for each change other nodes publish."""
 
     def __init__(self, url: str, origin: str, on_change: Callable[[str, Change], None]) -> None:
         self._url = libpq_url(url)

@@ -96,8 +96,7 @@ def check_current(engine: Engine) -> None:
 
 
 def _refuse_newer(current: str | None, scripts: ScriptDirectory) -> None:
-    """Raise `ConfigurationError` when the database is at a revision a newer handles made (a rolling deploy or
-    a code rollback); nothing is changed."""
+    """Raise `ConfigurationError` when a newer handles made the database's revision."""
     if current is None:
         return
     if current not in {script.revision for script in scripts.walk_revisions()}:

@@ -81,8 +81,7 @@ def utc_now() -> datetime:
 
 @functools.lru_cache(maxsize=4096)
 def principal_key(principal: str) -> str:
-    """The fixed-length key a principal is indexed by (SHA-256, hex), so any principal length fits; cached for
-    the principals seen last."""
+    """The fixed-length key (SHA-256, hex) a principal is indexed by, so any length fits."""
     return hashlib.sha256(principal.encode()).hexdigest()
 
 
@@ -91,8 +90,7 @@ CLAIM_ENTRY_HEAD = "["
 
 
 def claim_entry_tail(claimed_at: datetime, node: str) -> str:
-    """The rest of a claim log entry after its attempt number, so a whole entry is the JSON array
-    `[ATTEMPT,"CLAIMED_AT","NODE"]` on a line of its own."""
+    """A claim log entry's rest after its attempt: the line `[ATTEMPT,"CLAIMED_AT","NODE"]`."""
     return f',"{claimed_at.astimezone(UTC).isoformat()}",{_json_string(node)}]\n'
 
 
@@ -256,8 +254,7 @@ class StepRecord(SQLModel, table=True):
 
 @dataclass(frozen=True, slots=True)
 class StepState:
-    """A durable step as the caller following its job sees it: its name, status, attempt and times, without
-    its (possibly large) result or error."""
+    """A durable step as a follower sees it, without its (possibly large) result or error."""
 
     name: str
     status: str
@@ -291,8 +288,7 @@ class ResultPartRecord(SQLModel, table=True):
 
 
 class AuditRecord(SQLModel, table=True):
-    """The evidence of one job, kept after the job is deleted: written in the transaction that deletes the
-    job, and deleted in turn when `keep_until` passes."""
+    """The evidence of one deleted job, kept until `keep_until`."""
 
     __tablename__ = "handles_audit"
 
@@ -328,8 +324,7 @@ M = TypeVar("M", JobRecord, InputRequestRecord, StepRecord)
 
 
 def _column_values(table: Any, model: Any) -> dict[str, Any]:
-    """A model's values by column name for a Core insert, read from the instance's dict where present (past
-    the ORM's descriptors), else through them."""
+    """A model's values by column name for a Core insert, past the ORM's descriptors."""
     held = model.__dict__
     return {name: held[name] if name in held else getattr(model, name) for name in _COLUMN_NAMES[table.name]}
 

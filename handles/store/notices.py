@@ -16,8 +16,7 @@ this long while notices keep coming."""
 
 
 class NoticeSender:
-    """Sends the notices queued with `add` by `send`, all pending at once, on a thread started by the first
-    notice; `close` sends what is pending and ends it."""
+    """Sends the notices queued with `add`, all pending at once, on a thread of its own."""
 
     def __init__(self, send: Callable[[list[str]], None]) -> None:
         self._send = send

@@ -1,5 +1,5 @@
-"""The operator's reads: job listings by filter, a page at a time, and counts of jobs by kind and status for
-the console, the CLI and the telemetry gauges."""
+"""The operator's part of the store: job listings by filter, a page at a time, counts of jobs by kind and
+status, and the switches' rows (what they mean is handles/switches.py's)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, bindparam, func, or_
 from sqlalchemy import select as sa_select
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 
 from handles.states import ACTIVE, Status
 from handles.store.engine import Database
-from handles.store.models import _JOBS, JobRecord, principal_key
+from handles.store.models import _JOBS, Clock, JobRecord, SwitchRecord, principal_key
 
 if TYPE_CHECKING:
     from handles.principal import PrincipalMatch
@@ -39,9 +40,13 @@ _FAILED_COUNTS = (
     .group_by(_JOBS.c.kind)
 )
 
+_ALL_SWITCHES = sa_select(SwitchRecord.__table__)  # type: ignore[attr-defined]
+
 
 class OperatorReads(Database):
-    """Listings and counts of stored jobs, a part of `JobRepository`."""
+    """Listings and counts of stored jobs, and the switches' rows, a part of `JobRepository`."""
+
+    clock: Clock  # set by JobRepository
 
     def list_jobs(
         self,
@@ -83,8 +88,7 @@ class OperatorReads(Database):
             return list(session.exec(query.order_by(*newest_first).limit(limit)))
 
     def _principal_matches(self, match: PrincipalMatch) -> Any:
-        """SQL for `match`: exact forms by key, patterns whole and case-sensitive (GLOB on SQLite, whose LIKE
-        ignores case), literal pieces escaped."""
+        """SQL for `match`: exact forms by key, patterns case-sensitive (GLOB on SQLite)."""
         principal = col(JobRecord.principal)
         clauses = [col(JobRecord.principal_key).in_([principal_key(p) for p in match.exact])]
         for pattern in match.patterns:
@@ -113,8 +117,7 @@ class OperatorReads(Database):
         }
 
     def active_counts(self) -> list[tuple[str, str, str | None, int, datetime]]:
-        """Every unfinished job counted by `(kind, status, lease owner)`, with the oldest one's creation time
-        (queued is `working` with no lease owner)."""
+        """Unfinished jobs by `(kind, status, lease owner)`, with the oldest one's creation time."""
         with self._fast_reading() as connection:
             rows = connection.execute(_ACTIVE_COUNTS).all()
         return [(kind, status, owner, n, oldest) for kind, status, owner, n, oldest in rows]
@@ -124,6 +127,48 @@ class OperatorReads(Database):
         with self._fast_reading() as connection:
             rows = connection.execute(_FAILED_COUNTS, {"since": since}).all()
         return {kind: n for kind, n in rows}
+
+    def switches(self) -> list[SwitchRecord]:
+        """Every switch as last set, engaged or not."""
+        with self._fast_reading() as connection:
+            return [
+                SwitchRecord.model_construct(**row) for row in connection.execute(_ALL_SWITCHES).mappings()
+            ]
+
+    def set_switch(
+        self,
+        name: str,
+        *,
+        engaged: bool,
+        by: str,
+        reason: str | None = None,
+        retry_after_seconds: float | None = None,
+    ) -> tuple[SwitchRecord, SwitchRecord | None]:
+        """Engage or release the switch `name`, recording who did it and when: (as now set, as it was)."""
+        values = {
+            "engaged": engaged,
+            "reason": reason,
+            "retry_after_seconds": retry_after_seconds,
+            "changed_by": by,
+        }
+        try:
+            return self._set_switch(name, values)
+        except IntegrityError:
+            # Another operator created the same switch at the same moment: this try updates it.
+            return self._set_switch(name, values)
+
+    def _set_switch(self, name: str, values: dict[str, Any]) -> tuple[SwitchRecord, SwitchRecord | None]:
+        with self._writing() as session:
+            row = session.get(SwitchRecord, name, with_for_update=True)
+            before = None if row is None else SwitchRecord.model_construct(**row.model_dump())
+            if row is None:
+                row = SwitchRecord(name=name, **values, changed_at=self.clock())
+                session.add(row)
+            else:
+                for field, value in {**values, "changed_at": self.clock()}.items():
+                    setattr(row, field, value)
+            session.flush()
+            return SwitchRecord.model_construct(**row.model_dump()), before
 
 
 def _glob_literal(text: str) -> str:

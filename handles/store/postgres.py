@@ -61,15 +61,13 @@ class PostgresOps:
 
     @contextmanager
     def autocommit(self) -> Iterator[Any]:
-        """psycopg's own connection from the read pool (autocommit, no ping), for a statement that is its own
-        transaction; errors come out as SQLAlchemy's."""
+        """psycopg's own connection from the read pool, in autocommit."""
         with self._connection(self.repo._read_engine) as connection:
             yield connection
 
     @contextmanager
     def writing_at_once(self) -> Iterator[Any]:
-        """psycopg's own connection from the write pool (pinged at checkout, so a write after a failover
-        succeeds at its first try), in autocommit for the block."""
+        """psycopg's own connection from the (pinged) write pool, in autocommit for the block."""
         with self._connection(self.repo.engine) as connection:
             connection.autocommit = True
             try:
@@ -130,13 +128,11 @@ class PostgresOps:
         now: datetime,
         own: tuple[int, datetime] | None,
     ) -> tuple[StepRecord, bool]:
-        """One statement (`_BEGIN_STEP_IN_ONE`) in autocommit; its notice is queued only when it started the
-        step."""
+        """One statement in autocommit, queuing its notice only when it started the step."""
         return self._begin_step(values | {"repeatable": repeatable}, owner, now, own)
 
     def finish_step(self, values: Mapping[str, Any]) -> None:
-        """One statement (`_FINISH_STEP_IN_ONE`) in autocommit; raises `LeaseLost` when `owner` no longer
-        holds the job."""
+        """One statement in autocommit; `LeaseLost` when `owner` no longer holds the job."""
         if not self._in_one(_FINISH_STEP_IN_ONE, values)["held"]:
             raise LeaseLost(values["job_id"])
 
@@ -175,8 +171,7 @@ class PostgresOps:
         questions: Sequence[InputRequestRecord],
         lease_seconds: float | None,
     ) -> tuple[JobRecord, bool]:
-        """`insert` awaited on one of the event loop's own connections, queuing `notice` (None: none) once the
-        job is stored; retried and raising as `insert` does."""
+        """`insert` awaited on one of the event loop's own connections, queuing `notice`."""
         import psycopg
 
         assert self.repo.loop_connections is not None
@@ -219,8 +214,7 @@ class PostgresOps:
         lease: float | None,
         notice: str | None,
     ) -> tuple[JobRecord, bool]:
-        """(job, created) from `handles_start`'s row, queuing `notice` when this start (or an earlier try of
-        it) stored the job."""
+        """(job, created) from `handles_start`'s row, queuing `notice` when the job was stored."""
         outcome, stored = row["outcome"], row["stored"]
         if outcome == "limit":
             raise ActiveLimitReached(int(row["active"]), int(active_limit or 0))
@@ -310,8 +304,7 @@ class PostgresOps:
         return known, _own_start(known, own)
 
     def _in_one(self, statement: Any, values: Mapping[str, Any]) -> dict[str, Any]:
-        """Run a one-statement write in autocommit on the write pool and return its one row, queuing the
-        notice when it changed the job (`touched`)."""
+        """Run a one-statement write in autocommit: its one row, its notice queued when `touched`."""
         with self.writing_at_once() as connection:
             (outcome,) = self.repo._prepare(statement).rows(connection, values)
         if outcome["touched"]:

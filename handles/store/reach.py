@@ -58,8 +58,7 @@ def sqlite_file(url: str) -> Path | None:
 
 
 def make_sqlite_folder(url: str) -> None:
-    """Make the folder of an SQLite file URL so the file can be created in it; a one-sentence
-    `ConfigurationError` when it cannot be made. Nothing for another database."""
+    """Make the folder of an SQLite file URL, or say in one sentence why it cannot be made."""
     path = sqlite_file(url)
     if path is None:
         return
@@ -75,8 +74,7 @@ def make_sqlite_folder(url: str) -> None:
 
 @contextmanager
 def database_errors(url: str) -> Iterator[None]:
-    """Raise a one-sentence `ConfigurationError` for a database URL that cannot be used; other errors (and
-    `ConfigurationError`s raised inside) pass unchanged."""
+    """Raise a one-sentence `ConfigurationError` for a database URL that cannot be used."""
     try:
         yield
     except ConfigurationError:

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import func, update
+from sqlalchemy import bindparam, func, update
+from sqlalchemy import insert as sa_insert
 from sqlalchemy import select as sa_select
 from sqlalchemy.orm import configure_mappers
-from sqlmodel import Session, col
+from sqlmodel import Session, col, delete
 
 from handles.errors import LeaseLost
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
@@ -23,6 +24,7 @@ from handles.store.models import (
     Clock,
     InputRequestRecord,
     JobRecord,
+    ResultPartRecord,
     Snapshot,
     StepRecord,
     _one,
@@ -31,7 +33,6 @@ from handles.store.models import (
 )
 from handles.store.operator_reads import OperatorReads
 from handles.store.postgres import PostgresOps
-from handles.store.result_files import ResultFiles
 from handles.store.rules import (
     _LEASE,
     ActiveLimitReached,
@@ -55,13 +56,18 @@ from handles.store.statements import (
     _STEPS_OF_JOB,
     _pending,
 )
-from handles.store.switch_rows import SwitchRows
 
 __all__ = ["ActiveLimitReached", "AnswerOutcome", "CancelOutcome", "Change", "JobRepository"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
 _VERSIONS_BATCH = 500  # ids per query when reading the versions of watched jobs
+_PARTS = ResultPartRecord.__table__  # type: ignore[attr-defined]
+_PART_BY_KEY = sa_select(_PARTS.c.data).where(
+    _PARTS.c.job_id == bindparam("job_id"),
+    _PARTS.c.file_id == bindparam("file_id"),
+    _PARTS.c.part == bindparam("part"),
+)
 
 
 @dataclass(frozen=True)
@@ -81,9 +87,8 @@ class AnswerOutcome:
     ignored: list[str]
 
 
-class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows):
-    """Synchronous access to the job tables of one database; its other parts are the mixins it inherits, and
-    the hot paths each engine runs its own way are `SqliteOps` and `PostgresOps`."""
+class JobRepository(Claims, Housekeeping, OperatorReads):
+    """Synchronous access to the job tables of one database, with the mixins it inherits."""
 
     def __init__(self, url: str, *, clock: Clock = utc_now, lease_clock: str | None = None) -> None:
         """`lease_clock`: "database" judges leases by the database server's clock (PostgreSQL's default),
@@ -160,8 +165,7 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
             return _rows(connection, InputRequestRecord, _QUESTIONS_OF_JOB, job_id)
 
     def snapshot(self, job_id: str) -> Snapshot:
-        """The job's state, its steps' and its open questions (the columns a follower is shown), read in one
-        go."""
+        """The job's state, its steps' and its open questions, read in one go."""
         return self._engine.snapshot(job_id)
 
     def replay_state(self, job_id: str) -> tuple[dict[str, dict[str, Any]], dict[str, StepRecord]]:
@@ -192,8 +196,7 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
 
     @property
     def starts_on_loop(self) -> bool:
-        """Whether `start_on_loop` may be awaited on this event loop (PostgreSQL, on the loop its start
-        connections belong to)."""
+        """Whether `start_on_loop` may be awaited on this event loop (PostgreSQL)."""
         return self.loop_connections is not None and self.loop_connections.usable()
 
     async def start_on_loop(
@@ -205,26 +208,22 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
         questions: Sequence[InputRequestRecord] = (),
         lease_seconds: float | None = None,
     ) -> tuple[JobRecord, bool]:
-        """`insert` awaited on the event loop's own PostgreSQL connection, queuing `notice` (None: none) once
-        the job is stored; errors are SQLAlchemy's, as on a worker thread."""
+        """`insert` awaited on the event loop's own PostgreSQL connection, queuing `notice`."""
         return await self._engine.start_on_loop(
             _job_values(job), notice, active_limit, questions, lease_seconds
         )
 
     def publish(self, job_id: str, origin: str, *, queued: bool = False) -> None:
-        """Tell every node listening on PostgreSQL that `job_id` changed, or is queued for a worker; sent
-        shortly after by a thread of its own, at the latest on dispose. A no-op elsewhere."""
+        """Tell every node listening on PostgreSQL that `job_id` changed, or is queued."""
         self.committed(self.notice(job_id, origin, "queued" if queued else "changed"))
 
     def notice(self, job_id: str, origin: str, change: Change) -> str:
-        """The change notice payload `"<job_id> <origin> <change> <schema>"`, the schema (`notice_scope`) left
-        out until loaded; listeners ignore notices naming another schema."""
+        """The change notice payload `"<job_id> <origin> <change> <schema>"`."""
         notice = f"{job_id} {origin} {change}"
         return notice if self.notice_scope is None else f"{notice} {self.notice_scope}"
 
     def load_notice_scope(self) -> str | None:
-        """Read the schema of this store's tables into `notice_scope` and return it (None off PostgreSQL);
-        whoever publishes calls it once first."""
+        """Read the schema of this store's tables into `notice_scope` (None off PostgreSQL)."""
         self.notice_scope = self._engine.load_notice_scope()
         return self.notice_scope
 
@@ -244,8 +243,7 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
     def set_progress(
         self, job_id: str, owner: str, done: float | None, total: float | None, message: str | None
     ) -> bool:
-        """Store a running job's progress if `owner` still holds its active lease; True when stored. One
-        statement; its change notice is queued only when the row changed."""
+        """Store a running job's progress if `owner` still holds it; True when stored."""
         values: dict[str, Any] = {"job_id": job_id, "owner": owner, "done": done, "total": total}
         values |= {"message": message, "now": self.clock()}
         return self._engine.set_progress(values)
@@ -317,8 +315,7 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
             return Status(job.status)
 
     def request_cancel(self, job_id: str, by: str | None = None) -> CancelOutcome | None:
-        """Record a cancel request (keeping the first `by`). A job no worker holds ends `cancelled` at once; a
-        running one is signalled."""
+        """Record a cancel request: a job no worker holds ends at once, a running one is signalled."""
         now = self.clock()
         with self._writing() as session:
             job = self._locked(session, job_id)
@@ -343,8 +340,7 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
     def open_input(
         self, job_id: str, owner: str, key: str, message: str, schema: dict[str, Any]
     ) -> InputRequestRecord | None:
-        """Ask a question, moving the job to `input_required` in the same transaction; returns the stored
-        request if it was already answered (a replay), else None."""
+        """Ask a question and park the job; the stored request when already answered (a replay)."""
         now = self.clock()
         with self._writing() as session:
             existing = session.get(InputRequestRecord, (job_id, key))
@@ -373,8 +369,7 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
     def answer_inputs(
         self, job_id: str, answers: dict[str, dict[str, Any]], by: str | None = None
     ) -> AnswerOutcome | None:
-        """Record answers for pending keys, ignoring unknown or answered ones; the job returns to `working`
-        when none is left pending."""
+        """Record answers for pending keys; the job works again once none is left pending."""
         now = self.clock()
         with self._writing() as session:
             # Locked: a cancel committing between this read and the write must not be undone.
@@ -480,3 +475,33 @@ class JobRepository(Claims, Housekeeping, OperatorReads, ResultFiles, SwitchRows
                 seconds=job.abandon_after_seconds
             )
             session.add(job)
+
+    # -- result files, too large to return inline, stored in parts ----------------
+
+    def put_result_part(self, job_id: str, file_id: str, part: int, data: bytes) -> None:
+        """Store one part of a result file; its first part clears earlier attempts' files."""
+        with self._writing() as session:
+            if part == 0:
+                session.exec(
+                    delete(ResultPartRecord).where(
+                        col(ResultPartRecord.job_id) == job_id, col(ResultPartRecord.file_id) != file_id
+                    )
+                )
+            session.execute(sa_insert(_PARTS).values(job_id=job_id, file_id=file_id, part=part, data=data))
+
+    def drop_result_file(self, job_id: str, file_id: str) -> None:
+        """Delete every part of one result file (a file that could not be finished)."""
+        with self._writing() as session:
+            session.exec(
+                delete(ResultPartRecord).where(
+                    col(ResultPartRecord.job_id) == job_id, col(ResultPartRecord.file_id) == file_id
+                )
+            )
+
+    def result_part(self, job_id: str, file_id: str, part: int) -> bytes | None:
+        """One part of a result file, or None when there is no such part."""
+        with self._fast_reading() as connection:
+            row = connection.execute(
+                _PART_BY_KEY, {"job_id": job_id, "file_id": file_id, "part": part}
+            ).first()
+        return None if row is None else bytes(row[0])

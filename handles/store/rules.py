@@ -23,20 +23,17 @@ class ActiveLimitReached(Exception):
 
 
 def _own_start(step: StepRecord, own: tuple[int, datetime] | None) -> bool:
-    """Whether the stored `step` is the start `own` (attempt, start time) itself, committed by an earlier try
-    of `begin_step`."""
+    """Whether the stored `step` is the start `own` itself, committed by an earlier try."""
     return own is not None and (step.status, step.attempt, step.started_at) == ("started", *own)
 
 
 def _starts_again(status: str, repeatable: bool) -> bool:
-    """Whether `begin_step` starts a known step of `status` afresh: it failed, or it is repeatable and did not
-    complete."""
+    """Whether a known step starts afresh: it failed, or it is repeatable and did not complete."""
     return status == "failed" or (repeatable and status != "completed")
 
 
 def _interrupted_outcome(job: JobRecord, now: datetime, *, shutdown: bool) -> tuple[Status, dict[str, Any]]:
-    """The status and fields that settle an interrupted job (`JobRepository.settle_interrupted`); `now` by the
-    lease clock."""
+    """The status and fields that settle an interrupted job; `now` by the lease clock."""
     attempts = job.attempts
     if job.cancel_requested_at is not None:
         return Status.CANCELLED, {

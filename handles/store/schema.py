@@ -28,8 +28,7 @@ class SchemaGate:
         return self._open
 
     async def open(self) -> None:
-        """Upgrade or check the schema on a worker thread, so the event loop keeps serving; a call arriving
-        during an attempt shares it and raises as it did."""
+        """Upgrade or check the schema on a worker thread; a call during an attempt shares it."""
         if self._open:
             return
         loop = asyncio.get_running_loop()

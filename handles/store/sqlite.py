@@ -89,8 +89,7 @@ class SqliteOps:
 
     @contextmanager
     def hot_reading(self) -> Iterator[Any]:
-        """On the event loop, SQLite's own connection with statements compiled once; elsewhere a connection of
-        `_fast_reading`."""
+        """SQLite's own connection on the event loop, else a connection of `_fast_reading`."""
         repo = self.repo
         with repo._sqlite_reading() as raw:
             if raw is not None:
@@ -119,8 +118,7 @@ class SqliteOps:
             )
 
     def _snapshot_of(self, row: Sequence[Any] | None, connection: Any, job_id: str) -> Snapshot:
-        """The snapshot from its statement's `row` (none without a row), the open questions read on
-        `connection` while the job waits for answers."""
+        """The snapshot from its statement's `row`, the open questions read while the job waits."""
         if row is None:
             return None, [], []
         job = JobState(*row[:_STATE_WIDTH])
@@ -136,8 +134,7 @@ class SqliteOps:
         questions: Sequence[InputRequestRecord],
         lease_seconds: float | None,
     ) -> tuple[JobRecord, bool]:
-        """The job its idempotency key names, if any; else the active count and the insert in one `BEGIN
-        IMMEDIATE` transaction, bound with SQLAlchemy's type processors so the row is the same."""
+        """The job its idempotency key names, else the count and the insert in one transaction."""
         if values["idempotency_key"] is not None:
             existing = self._find_idempotent(values)
             if existing is not None:
@@ -196,8 +193,7 @@ class SqliteOps:
         now: datetime,
         values: Mapping[str, Any],
     ) -> bool:
-        """Read the row, apply the rules (`_may_transition`, `_transitioned`) and write the changed columns,
-        in one `BEGIN IMMEDIATE` transaction, past the ORM's unit of work."""
+        """Read the row, apply the rules and write the changed columns, in one transaction."""
         repo = self.repo
         with repo._sqlite_writing() as connection:
             rows = repo._prepare(_TRANSITION_READ).rows(connection, {"job_id": job_id})

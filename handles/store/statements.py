@@ -116,15 +116,13 @@ _STEP_STATE = tuple(_S.c[name] for name in STEP_STATE_COLUMNS)
 
 
 def _steps_as_json(array: Any, aggregate: Any) -> Any:
-    """The job's steps as `aggregate(array(...))`, typed JSON so the type's result processor reads it back as
-    a list."""
+    """The job's steps as `aggregate(array(...))`, typed JSON so they read back as a list."""
     steps = aggregate(array(*_STEP_STATE), type_=JSON)
     return sa_select(steps).where(_S.c.job_id == _JOBS.c.id).scalar_subquery()
 
 
 def _step_states(arrays: Sequence[Sequence[Any]] | None, time: Callable[[Any], Any]) -> list[StepState]:
-    """The steps as `_steps_as_json` gives them, in the order they started (by name on a tie), each time read
-    by `time`."""
+    """The steps `_steps_as_json` gives, in the order they started, each time read by `time`."""
     steps = [
         StepState(name, status, attempt, time(started_at), None if finished_at is None else time(finished_at))
         for name, status, attempt, started_at, finished_at in arrays or ()
@@ -161,8 +159,7 @@ def _pending(session: Session, job_id: str) -> list[InputRequestRecord]:
 
 @functools.cache
 def _update_job(columns: tuple[str, ...]) -> Any:
-    """UPDATE of a job's `columns` by id, built once per set of columns; SET parameters are named
-    `set_<column>`, since a bound parameter may not take a column's own name there."""
+    """UPDATE of a job's `columns` by id (parameters `set_<column>`), built once per set."""
     return (
         update(_JOBS)
         .where(_JOBS.c.id == bindparam("job_id"))
