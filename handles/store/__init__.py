@@ -128,8 +128,7 @@ class ChangeNotifier:
         return dict(self._seen)
 
     def watch(self, job_id: str, *, past_reports: bool = False) -> asyncio.Event:
-        """The event the next change of `job_id` sets (with `past_reports`, the next that is not only a
-        report). Take it *before* reading the job, so a change committed in between is not missed."""
+        """The event the next change of `job_id` sets; take it *before* reading the job."""
         events = self._past_reports if past_reports else self._events
         event = events.get(job_id)
         if event is None:
@@ -244,8 +243,7 @@ class Store:
     async def _write_later(
         self, job_id: str, call: Callable[[], T], change: Change, *, publish: bool = True
     ) -> T:
-        """A short write whose inline try found a writer at work, waited for on the event loop (SQLite) or run
-        on a worker thread; shielded, so once offered it is made even if the caller is cancelled."""
+        """A short write whose inline try met a busy writer, made even if the caller is cancelled."""
         if not self.repo.writes_inline:
             return await self._write(job_id, change, call, publish=publish)
         return await run_shielded(self._write_when_free(job_id, call, change, publish))

@@ -1,5 +1,4 @@
-"""The database behind the store: its engines, connections and transactions (no queries here); on SQLite, WAL
-mode, one writer lock per process and long-lived connections for the event loop's own reads and writes."""
+"""The database behind the store: its engines, connections and transactions (no queries here)."""
 
 from __future__ import annotations
 
@@ -35,16 +34,13 @@ waits for a worker), `reported` (only a progress report or a durable step's star
 NOTICE: ContextVar[str | None] = ContextVar("handles_change_notice", default=None)
 """The change notice that write transactions in this context queue once they commit."""
 NOTIFY_CHANNEL = "handles_jobs"
-CONNECT_TIMEOUT_SECONDS = 10
-"""How long a new PostgreSQL connection may take before the attempt fails."""
-LOOP_CONNECTIONS = 8
-"""How many PostgreSQL connections one process's event loop shares for its starts."""
+CONNECT_TIMEOUT_SECONDS = 10  # how long a new PostgreSQL connection may take before the attempt fails
+LOOP_CONNECTIONS = 8  # how many PostgreSQL connections one process's event loop shares for its starts
 INLINE_COMMITS_PER_CHECKPOINT = 100
-"""How many commits on the event loop's SQLite write connection a passive checkpoint (on a thread of its own)
-follows; that connection never checkpoints itself, since SQLite's automatic checkpoint would sync the file on
-the event loop."""
+"""How many commits on the event loop's SQLite write connection a checkpoint on a thread of its own follows;
+that connection never checkpoints itself, which would sync the file on the event loop."""
+# A new job's deadlines, moved to the database's clock at a start (`_by_database_clock`).
 _START_DEADLINES = ("run_after", "expires_at", "abandon_at", "input_deadline")
-"""A new job's deadlines, moved to the database's clock at a start (`_by_database_clock`)."""
 
 
 class WriterBusy(Exception):
@@ -109,14 +105,8 @@ def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
 
-def is_memory_sqlite(url: str) -> bool:
-    path = url.split("?", 1)[0]
-    return is_sqlite(url) and (path.endswith("://") or path.endswith(":memory:") or "mode=memory" in url)
-
-
 def make_engines(url: str) -> tuple[Engine, Engine, Engine | None, Engine | None]:
-    """(read engine, write engine, inline-read engine or None, inline-write engine or None); the inline ones,
-    an SQLite file's, barely wait on a lock, so a caller that meets one falls back to a worker thread."""
+    """(read, write, inline-read or None, inline-write or None): an SQLite file's inline two."""
     if not is_sqlite(url):
         # libpq waits forever for a host that drops packets; one set in the URL wins.
         shared: dict[str, Any] = {"json_serializer": stored_json}
@@ -127,7 +117,8 @@ def make_engines(url: str) -> tuple[Engine, Engine, Engine | None, Engine | None
         read = create_engine(url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=10, **shared)
         return read, write, None, None
 
-    if is_memory_sqlite(url):
+    path = url.split("?", 1)[0]
+    if path.endswith("://") or path.endswith(":memory:") or "mode=memory" in url:
         raise ConfigurationError(
             f"HANDLES_DATABASE_URL={url!r} is an in-memory SQLite database, which cannot be shared by the "
             "threads that serve requests and run jobs, and loses every job when the process ends. Use an "
@@ -276,8 +267,7 @@ class Database:
         return self._inline_write_engine is not None
 
     def write_inline(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run the short write method `fn` here if the writer lock is free; `WriterBusy` (this process writes)
-        or `OperationalError` (another does) mean nothing was written."""
+        """Run the short write `fn` here if the writer lock is free, else raise with nothing written."""
         tokens = (_INLINE_WRITE.set(True), _INLINE.set(True))
         try:
             return fn(*args, **kwargs)
@@ -291,8 +281,7 @@ class Database:
         return isinstance(lock, WriterLock) and lock.wake_when_free(wake)
 
     def checkpoint(self) -> None:
-        """A passive WAL checkpoint of an SQLite file behind this process's writer lock, so the next writer
-        starts the WAL over instead of growing it; nothing elsewhere."""
+        """A passive WAL checkpoint of an SQLite file behind the writer lock; nothing elsewhere."""
         if self._inline_write_engine is None:
             return
         with self._write_lock:

@@ -1,5 +1,4 @@
-"""Cross-node wake-ups on PostgreSQL: LISTEN for the `"<job_id> <origin> <change> <schema>"` notices other
-nodes NOTIFY, ignoring another schema's; polling stands in while the connection is down."""
+"""Cross-node wake-ups on PostgreSQL: LISTEN for the change notices other nodes NOTIFY."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""PostgreSQL on the event loop itself: a few of psycopg's asynchronous connections for a job's start,
-belonging to the first loop that uses them; a connection left in doubt is closed, never reused."""
+"""PostgreSQL on the event loop itself: psycopg's asynchronous connections for a job's start."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The stored shape (SQLModel tables, times as aware UTC), and those rows as models and back past the ORM
-session."""
+"""The stored shape (SQLModel tables, times as aware UTC), and rows as models and back past the ORM."""
 
 from __future__ import annotations
 
@@ -106,8 +105,7 @@ def claim_entry(attempt: int, claimed_at: datetime, node: str) -> str:
 
 @dataclass(frozen=True)
 class Claim:
-    """One claim of a job: the attempt it ran, the node that ran it, when; `resumed` when it continued
-    the attempt before it (after an answer, or a hand-over at a shutdown) instead of starting one."""
+    """One claim of a job; `resumed` when it continued the attempt before it."""
 
     attempt: int
     node: str
@@ -276,8 +274,7 @@ Snapshot = tuple[JobState | None, list[InputRequestRecord], list[StepState]]
 
 
 class ResultPartRecord(SQLModel, table=True):
-    """One part of a job's result file; `file_id` names the attempt that wrote it, so a stale attempt's parts
-    never mix with the file the stored result links to."""
+    """One part of a job's result file; `file_id` names the attempt that wrote it."""
 
     __tablename__ = "handles_result_parts"
 
@@ -302,8 +299,7 @@ class AuditRecord(SQLModel, table=True):
 
 
 class SwitchRecord(SQLModel, table=True):
-    """An operator switch as last set: the Tasks kill switch (`tasks`) or the pause of one job kind
-    (`paused:<job>`). Turning one off keeps its row, so the last change stays on record."""
+    """An operator switch as last set (`tasks`, or `paused:<job>`); turned off, its row stays."""
 
     __tablename__ = "handles_switches"
 
@@ -330,8 +326,7 @@ def _column_values(table: Any, model: Any) -> dict[str, Any]:
 
 
 def _detached(model: type[M], row: Mapping[Any, Any]) -> M:
-    """A detached model of a stored row, built as SQLAlchemy builds a loaded instance (past the attribute
-    events `model_construct` fires)."""
+    """A detached model of a stored row, built as SQLAlchemy builds a loaded instance."""
     if len(row) != len(model.model_fields):
         return model.model_construct(**row)
     instance: M = _MANAGERS[model].new_instance()

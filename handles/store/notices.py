@@ -1,5 +1,4 @@
-"""Change notices sent after their writes commit, those pending in one small transaction per node, since
-PostgreSQL serialises the commits of notifying transactions."""
+"""Change notices sent after their writes commit, many at once: PostgreSQL serialises notifying commits."""
 
 from __future__ import annotations
 

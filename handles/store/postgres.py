@@ -1,14 +1,13 @@
-"""PostgreSQL's way of running the store's hot paths (`PostgresOps`): each write one statement in autocommit
-on psycopg's own connection, queuing its change notice only once it committed a change."""
+"""PostgreSQL's hot paths (`PostgresOps`): each write one statement in autocommit on psycopg's connection."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 import anyio
 from sqlalchemy import Engine, func
@@ -33,7 +32,7 @@ from handles.store.models import (
     _one,
 )
 from handles.store.rules import ActiveLimitReached, _own_start, _set_values
-from handles.store.sqlite_direct import _DriverReads, _Prepared
+from handles.store.sqlite_direct import _DriverReads
 from handles.store.statements import (
     _BEGIN_STEP_IN_ONE,
     _FINISH_STEP_IN_ONE,
@@ -47,9 +46,6 @@ from handles.store.statements import (
     _transition_statement,
 )
 
-P = ParamSpec("P")
-T = TypeVar("T")
-
 
 class PostgresOps:
     """The hot paths of `JobRepository` on PostgreSQL."""
@@ -59,11 +55,9 @@ class PostgresOps:
     def __init__(self, repo: Database) -> None:
         self.repo = repo
 
-    @contextmanager
-    def autocommit(self) -> Iterator[Any]:
+    def autocommit(self) -> AbstractContextManager[Any]:
         """psycopg's own connection from the read pool, in autocommit."""
-        with self._connection(self.repo._read_engine) as connection:
-            yield connection
+        return self._connection(self.repo._read_engine)
 
     @contextmanager
     def writing_at_once(self) -> Iterator[Any]:
@@ -79,8 +73,7 @@ class PostgresOps:
     @staticmethod
     @contextmanager
     def _connection(engine: Engine) -> Iterator[Any]:
-        """psycopg's own connection from `engine`'s pool; a dropped one invalidates the pool and comes out as
-        a `DBAPIError` with `connection_invalidated` set."""
+        """psycopg's own connection from `engine`'s pool; errors come out as SQLAlchemy's."""
         dialect = engine.dialect
         pooled: Any = None
         try:
@@ -129,7 +122,20 @@ class PostgresOps:
         own: tuple[int, datetime] | None,
     ) -> tuple[StepRecord, bool]:
         """One statement in autocommit, queuing its notice only when it started the step."""
-        return self._begin_step(values | {"repeatable": repeatable}, owner, now, own)
+        values = values | {"repeatable": repeatable}
+        outcome = self._in_one(_BEGIN_STEP_IN_ONE, values | {"owner": owner, "now": now})
+        if not outcome["held"]:
+            raise LeaseLost(values["job_id"])
+        if outcome["touched"]:
+            return _detached(StepRecord, values), True
+        if outcome["known"] is not None:
+            known = _from_json(_STEPS, StepRecord, outcome["known"])
+            return known, _own_start(known, own)
+        # Started by a concurrent writer we waited for: our snapshot predates it, a read shows it.
+        with self.autocommit() as connection:
+            (stored,) = self.repo._prepare(_STEP_BY_NAME).rows(connection, values)
+        known = _detached(StepRecord, stored)
+        return known, _own_start(known, own)
 
     def finish_step(self, values: Mapping[str, Any]) -> None:
         """One statement in autocommit; `LeaseLost` when `owner` no longer holds the job."""
@@ -181,7 +187,8 @@ class PostgresOps:
             try:
                 async with self.repo.loop_connections.connection() as connection:
                     try:
-                        row = await self._start_statement(connection, start, params)
+                        cursor = await connection.execute(start.sql, start.parameters(params))
+                        (row,) = start.decode(await cursor.fetchall(), cursor.description)
                     except psycopg.Error as exc:
                         raise as_sqlalchemy_error(
                             self.repo.engine, exc, disconnect=connection.closed
@@ -196,15 +203,6 @@ class PostgresOps:
                             return earlier, True
                     raise
         return self._started(row, values, active_limit, params["lease"], notice)
-
-    @staticmethod
-    async def _start_statement(
-        connection: Any, start: _Prepared, params: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        """`start_on_loop`'s call of `handles_start` on the loop's `connection`: its one row."""
-        cursor = await connection.execute(start.sql, start.parameters(params))
-        (row,) = start.decode(await cursor.fetchall(), cursor.description)
-        return row
 
     def _started(
         self,
@@ -285,23 +283,6 @@ class PostgresOps:
         )
         parameters = {"job_id": job_id, "owner": owner, "now": now} | _set_values(values, tuple(values))
         return bool(self._in_one(_transition_statement(*shape), parameters)["touched"])
-
-    def _begin_step(
-        self, values: dict[str, Any], owner: str, now: datetime, own: tuple[int, datetime] | None
-    ) -> tuple[StepRecord, bool]:
-        outcome = self._in_one(_BEGIN_STEP_IN_ONE, values | {"owner": owner, "now": now})
-        if not outcome["held"]:
-            raise LeaseLost(values["job_id"])
-        if outcome["touched"]:
-            return _detached(StepRecord, values), True
-        if outcome["known"] is not None:
-            known = _from_json(_STEPS, StepRecord, outcome["known"])
-            return known, _own_start(known, own)
-        # Started by a concurrent writer we waited for: our snapshot predates it, a read shows it.
-        with self.autocommit() as connection:
-            (stored,) = self.repo._prepare(_STEP_BY_NAME).rows(connection, values)
-        known = _detached(StepRecord, stored)
-        return known, _own_start(known, own)
 
     def _in_one(self, statement: Any, values: Mapping[str, Any]) -> dict[str, Any]:
         """Run a one-statement write in autocommit: its one row, its notice queued when `touched`."""

@@ -1,5 +1,4 @@
-"""A database that cannot be opened, told the operator in one sentence (`database_errors`), password
-hidden."""
+"""A database that cannot be opened, told the operator in one sentence, password hidden."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The rules of a job's lifecycle, the same on every engine: what moving to a status changes, how an
-interrupted run settles, and when a durable step starts again."""
+"""The rules of a job's lifecycle on every engine: what a move changes, how an interrupted run settles."""
 
 from __future__ import annotations
 
@@ -87,8 +86,7 @@ def _job_values(job: JobRecord) -> dict[str, Any]:
 
 
 def _may_transition(job: Any, target: Status, owner: str | None, lease_expired_by: datetime | None) -> bool:
-    """Whether `transition` may move this job (a model or a row's values) to `target`: the edge is allowed,
-    `owner` (if given) holds the lease, and with `lease_expired_by` the lease ran out before it."""
+    """Whether `transition` may move this job to `target` (edge, owner, lease run out)."""
     if not can_transition(Status(job.status), target):
         return False
     if owner is not None and job.lease_owner != owner:
@@ -109,8 +107,7 @@ no answer. Both `_transitioned` and `_transition_statement` are built from it.""
 
 
 def _transitioned(job: Any, target: Status, now: datetime, values: Mapping[str, Any]) -> None:
-    """Move a job (a model or a row's values) to `target` with what entering it changes, `values`, and for an
-    end `finished_at` and its shortened retention."""
+    """Move a job (a model or a row's values) to `target` with what entering it changes."""
     source = Status(job.status)
     if not can_transition(source, target):
         raise ValueError(f"a job may not move from {source} to {target}")
@@ -122,11 +119,6 @@ def _transitioned(job: Any, target: Status, now: datetime, values: Mapping[str, 
         if job.keep_result_seconds is not None:
             job.expires_at = min(job.expires_at, now + timedelta(seconds=job.keep_result_seconds))
     _changed(job, now, values)
-
-
-def _released(job: Any, now: datetime, values: Mapping[str, Any]) -> None:
-    """Give a job's lease back, its status unchanged (queued, or parked until an answer)."""
-    _changed(job, now, dict.fromkeys(_LEASE) | dict(values))
 
 
 def _changed(job: Any, now: datetime, values: Mapping[str, Any]) -> None:
@@ -143,8 +135,3 @@ def _set_values(values: Mapping[str, Any], columns: Sequence[str]) -> dict[str, 
 def _touch(job: Any, now: datetime) -> None:
     job.updated_at = now
     job.version += 1
-
-
-def _after(now: Any, seconds: float) -> Any:
-    """`now` (a datetime, or the database's `now()`) plus `seconds`."""
-    return now + timedelta(seconds=seconds)

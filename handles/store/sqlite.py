@@ -1,5 +1,4 @@
-"""SQLite's way of running the store's hot paths (`SqliteOps`): statements compiled once on SQLite's own
-connection, each write in one `BEGIN IMMEDIATE` transaction."""
+"""SQLite's way of running the store's hot paths (`SqliteOps`), on SQLite's own connection."""
 
 from __future__ import annotations
 
@@ -7,7 +6,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from types import SimpleNamespace
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 from sqlalchemy import bindparam, func, literal_column
 from sqlalchemy import select as sa_select
@@ -61,9 +60,6 @@ from handles.store.statements import (
     _steps_as_json,
     _update_job,
 )
-
-P = ParamSpec("P")
-T = TypeVar("T")
 
 
 class SqliteOps:
@@ -226,7 +222,8 @@ class SqliteOps:
         repo = self.repo
         job_id, name = values["job_id"], values["name"]
         with repo._sqlite_writing() as connection:
-            self._hold_lease(connection, job_id, owner)
+            if not self._holds_lease(connection, job_id, owner):
+                raise LeaseLost(job_id)
             found = repo._prepare(_STEP_BY_NAME).rows(connection, {"job_id": job_id, "name": name})
             if found and not _starts_again(found[0]["status"], repeatable):
                 known = _detached(StepRecord, found[0])
@@ -246,11 +243,6 @@ class SqliteOps:
             if (held or attempt is not None) and self._execute(connection, finish, values) == 1:
                 self._execute(connection, _TOUCH_JOB, values)
         if not held:
-            raise LeaseLost(job_id)
-
-    def _hold_lease(self, connection: Any, job_id: str, owner: str) -> None:
-        """Raise `LeaseLost` unless `owner` holds the active job `job_id` (inside a write transaction)."""
-        if not self._holds_lease(connection, job_id, owner):
             raise LeaseLost(job_id)
 
     def _holds_lease(self, connection: Any, job_id: str, owner: str) -> bool:

@@ -1,5 +1,4 @@
-"""Core statements compiled once and run on the DB-API connection itself, with SQLAlchemy's type processors,
-for the hot paths."""
+"""Core statements compiled once and run on the DB-API connection itself, for the hot paths."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ from typing import Any
 
 
 class _Prepared:
-    """A Core statement compiled once for one dialect: its SQL, and its parameters from a dict of values
-    through each column type's bind processor (positional for SQLite's `?`, by name for psycopg's)."""
+    """A Core statement compiled once for one dialect, bound through SQLAlchemy's processors."""
 
     def __init__(self, statement: Any, dialect: Any, column_keys: Sequence[str] | None = None) -> None:
         compiled = statement.compile(dialect=dialect, column_keys=list(column_keys or ()) or None)

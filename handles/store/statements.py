@@ -145,16 +145,11 @@ _PROGRESS = (
 _JOB_COLUMNS = tuple(c.name for c in _JOBS.columns)
 
 
-def _pending_clause(job_id: str) -> tuple[Any, Any]:
-    """(where, order by) of a job's unanswered questions, in the order asked."""
-    where = and_(col(InputRequestRecord.job_id) == job_id, col(InputRequestRecord.answered_at).is_(None))
-    return where, (col(InputRequestRecord.created_at), col(InputRequestRecord.key))
-
-
 def _pending(session: Session, job_id: str) -> list[InputRequestRecord]:
-    """A job's unanswered questions as session objects (for writes that change them)."""
-    where, order = _pending_clause(job_id)
-    return list(session.exec(select(InputRequestRecord).where(where).order_by(*order)))
+    """A job's unanswered questions as session objects (for writes that change them), in the order asked."""
+    record = InputRequestRecord
+    query = select(record).where(col(record.job_id) == job_id, col(record.answered_at).is_(None))
+    return list(session.exec(query.order_by(col(record.created_at), col(record.key))))
 
 
 @functools.cache
@@ -167,9 +162,7 @@ def _update_job(columns: tuple[str, ...]) -> Any:
     )
 
 
-# PostgreSQL's own statements: a start (the SQL function `handles_start`), and a job's outcome, a step's start
-# and outcome, a progress report and the snapshot, one statement each, each saying whether it changed something
-# (`_touched`) so its change notice is queued only then.
+# PostgreSQL's own statements, one each, each saying whether it changed something (`_touched`).
 # A step's outcome, written while started if the job is `held`; the job touched when it was.
 _HELD = sa_select(_JOBS.c.id).where(*_HELD_BY_OWNER).with_for_update().cte("held")
 _FINISHED = (
@@ -279,8 +272,7 @@ _START = text(
 def _transition_statement(
     target: Status, owned: bool, lease_by_database: bool | None, columns: tuple[str, ...]
 ) -> Any:
-    """`transition`'s compare-and-set UPDATE, built once per shape of call, changing what `_transitioned`
-    changes; its one row says how many jobs changed."""
+    """`transition`'s compare-and-set UPDATE, built once per shape of call."""
     now = bindparam("now", type_=UTCDateTime())
     where = [
         _JOBS.c.id == bindparam("job_id"),
