@@ -175,8 +175,8 @@ def _timers(jobs: Any, samples: dict[str, list[float]]) -> Iterator[None]:
     from handles.job_operations import JobOperations
     from handles.server.handle_tools import JobTools
     from handles.store import Store
-    from handles.store.postgres_statements import _START
     from handles.store.repository import JobRepository
+    from handles.store.statements import _START
 
     service = jobs.service
     repo = service.store.repo

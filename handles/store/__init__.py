@@ -1,9 +1,5 @@
-"""The store: the repository behind an async facade that keeps the event loop free.
-
-`Store` runs repository methods off the event loop (inline on an SQLite file when the writer lock is free) and
-wakes the waiters of the job a write changed; waiters in other processes notice within `store_poll_seconds`
-(`Store.poll_watched`), or at once by PostgreSQL's notices. A write of what a running job knows waits out a
-database outage while its lease may still be this node's (`Store.writable_until`)."""
+"""The store: the repository behind an async facade that keeps the event loop free and wakes the waiters of
+the job a write changed, here at once and elsewhere by notice or poll."""
 
 from __future__ import annotations
 
@@ -60,10 +56,8 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 Write = Literal["changed", "queued", "outcome", "reported"]
-"""What a write means: a change its waiters wake for (`changed`); one that leaves the job waiting for a worker,
-which idle workers on other nodes look for at once (`queued`); a job's outcome this process knows
-(`outcome`); what a running job reports on its way, which wakes progress long-polls but not waiters past
-reports (`reported`)."""
+"""What a write means: a change (`changed`), one that leaves the job waiting for a worker (`queued`), a job's
+outcome this process knows (`outcome`), or a report that wakes only progress long-polls (`reported`)."""
 Started = tuple[JobRecord, bool]
 
 
@@ -79,24 +73,17 @@ def _resolve(free: asyncio.Future[None]) -> None:
 
 
 async def run_shielded(work: Coroutine[Any, Any, T]) -> T:
-    """Await `work` in a task no cancellation of the caller stops: the caller is cancelled at once, and a
-    write once offered is still made."""
+    """Await `work` in a task no cancellation of the caller stops, so a write once offered is made."""
     task = asyncio.ensure_future(work)
     task.add_done_callback(_retrieve)
     return await asyncio.shield(task)
 
 
 def _raise_if_unavailable(exc: DBAPIError) -> None:
-    """Raise `StoreUnavailable` for an error the database could not serve (down, connection dropped); return
-    for one about the statement, which the caller re-raises."""
+    """Raise `StoreUnavailable` for an error the database could not serve (down, dropped)."""
     if isinstance(exc, OperationalError) or exc.connection_invalidated:
         logger.warning("database unavailable: %s", exc.__class__.__name__)
         raise StoreUnavailable.now() from exc
-
-
-def _no_lease(job_id: str) -> float | None:
-    """`Store.writable_until` of a store no runtime holds leases through: no lease on any job."""
-    return None
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:
@@ -106,8 +93,7 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
 
 
 class ChangeNotifier:
-    """Wakes coroutines of this process that wait for a job to change: every change, or with
-    `watch(past_reports=True)` only those that are not progress reports or step records."""
+    """Wakes this process's coroutines that wait for a job to change (or change past reports)."""
 
     def __init__(self) -> None:
         # Weak: an event lives only while a waiter holds it.
@@ -116,8 +102,7 @@ class ChangeNotifier:
         self._seen: dict[str, int] = {}  # job id -> the oldest version its current waiters have read
 
     def notify(self, job_id: str, change: Change = "changed") -> None:
-        """`job_id` changed: wake its waiters; a `reported` change leaves those waiting past reports asleep
-        (`poll_watched` still wakes them once an interval)."""
+        """`job_id` changed: wake its waiters (those past reports only for a non-`reported` change)."""
         if change != "reported":
             self._seen.pop(job_id, None)
             _set(self._past_reports.pop(job_id, None))
@@ -143,8 +128,7 @@ class ChangeNotifier:
         return dict(self._seen)
 
     def watch(self, job_id: str, *, past_reports: bool = False) -> asyncio.Event:
-        """The event the next change of `job_id` sets (with `past_reports`, the next that is not only a
-        report). Take it *before* reading the job, so a change committed in between is not missed."""
+        """The event the next change of `job_id` sets; take it *before* reading the job."""
         events = self._past_reports if past_reports else self._events
         event = events.get(job_id)
         if event is None:
@@ -175,11 +159,10 @@ class Store:
         self._publishes = repository.publishes
         self._limiter = anyio.CapacityLimiter(threads)
         # Loop time until which a write of what this node knows outlasts an outage (None: no lease).
-        self.writable_until: Callable[[str], float | None] = _no_lease
+        self.writable_until: Callable[[str], float | None] = lambda job_id: None
 
     async def read(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run a read-only repository method: on the event loop for an SQLite file (retried on a worker thread
-        if it meets a lock), else on a worker thread."""
+        """Run a read-only repository method: inline on an SQLite file when it can, else on a thread."""
         if self.repo.reads_inline:
             with contextlib.suppress(OperationalError):
                 return self.repo.read_inline(fn, *args, **kwargs)
@@ -192,14 +175,8 @@ class Store:
     async def write(
         self, job_id: str, meaning: Write, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
     ) -> T:
-        """Run a repository method that may change `job_id`, and wake its waiters here and, once it has
-        committed, on other nodes; `meaning` (see `Write`) says what the change is.
-
-        A `changed` or `queued` write runs on a worker thread. An `outcome` or `reported` one, a short write
-        of what this process knows, runs on the event loop of an SQLite file whose writer lock is free (else
-        waits there for this process's writer), and is tried again with backoff through a database outage
-        while the lease may still be this node's (`writable_until`): it must be a compare-and-set that
-        changes nothing after the lease was lost or an earlier try committed."""
+        """Run a repository method that may change `job_id` and wake its waiters; `meaning` (see `Write`) says
+        how. An `outcome` or `reported` write must be a compare-and-set: it is retried through an outage."""
         call = functools.partial(fn, *args, **kwargs)
         if meaning == "changed" or meaning == "queued":
             return await self._write(job_id, meaning, call)
@@ -224,13 +201,8 @@ class Store:
     def start(
         self, job: JobRecord, *, queued: bool, **options: Any
     ) -> Started | Coroutine[Any, Any, Started]:
-        """Store a new job (`JobRepository.insert` with `options`): (job, created) when the insert ran at
-        once, with no await, on an SQLite file's free writer lock; else the coroutine that makes it.
-
-        That coroutine, on an SQLite file, waits for this process's writer on the event loop (a failed
-        inline try stored nothing), or goes to a worker thread while another process writes; on PostgreSQL
-        it is awaited on the loop's own connection. Only a `queued` job is published: nobody can wait for a
-        job before its start commits."""
+        """Store a new job: (job, created) when the insert ran at once on an SQLite file's free writer lock,
+        else the coroutine that makes it; only a `queued` job is published."""
         done = self._write_now(job.id, functools.partial(self.repo.insert, job, **options), "changed")
         return done[0] if done is not None else self._start_later(job, queued, options)
 
@@ -249,8 +221,7 @@ class Store:
             self.notifier.notify(job.id, change)
 
     def _write_now(self, job_id: str, call: Callable[[], T], change: Change) -> tuple[T] | None:
-        """Run `call` on the event loop if the writer lock is free (SQLite files only) and wake `job_id`'s
-        waiters: its result in a 1-tuple, or None when nothing was written."""
+        """Try `call` inline on a free SQLite writer lock: its result in a 1-tuple, or None."""
         if not self.repo.writes_inline:
             return None
         with contextlib.suppress(WriterBusy, OperationalError):
@@ -258,8 +229,7 @@ class Store:
         return None
 
     def _write_here(self, job_id: str, call: Callable[[], T], change: Change) -> tuple[T]:
-        """`_write_now`'s try: `WriterBusy` or `OperationalError` mean nothing was written; any other error
-        may follow a commit, so waiters are woken then too."""
+        """`_write_now`'s try; an error other than a busy lock may follow a commit, so it wakes too."""
         try:
             result = self.repo.write_inline(call)
         except (WriterBusy, OperationalError):
@@ -273,18 +243,13 @@ class Store:
     async def _write_later(
         self, job_id: str, call: Callable[[], T], change: Change, *, publish: bool = True
     ) -> T:
-        """A short write whose inline try found a writer at work (off SQLite: `_write` on a worker thread).
-
-        On an SQLite file it waits on the event loop for this process's writer lock rather than queueing on a
-        thread, whose hop would hold the lock longer. Shielded: once offered, the write is made even if the
-        caller is cancelled."""
+        """A short write whose inline try met a busy writer, made even if the caller is cancelled."""
         if not self.repo.writes_inline:
             return await self._write(job_id, change, call, publish=publish)
         return await run_shielded(self._write_when_free(job_id, call, change, publish))
 
     async def _write_when_free(self, job_id: str, call: Callable[[], T], change: Change, publish: bool) -> T:
-        """Write on the event loop once this process's writer lock is free; on a worker thread when another
-        process holds SQLite's lock."""
+        """Write inline once this process's writer lock is free; on a thread if another process writes."""
         loop = asyncio.get_running_loop()
         while True:
             free: asyncio.Future[None] = loop.create_future()
@@ -309,16 +274,14 @@ class Store:
             self.notifier.notify(job_id, change)
 
     async def announce(self, job_id: str, *, queued: bool = False) -> None:
-        """`job_id` changed: wake its waiters here and, on PostgreSQL, on every other node (`queued`: idle
-        workers elsewhere look for it at once)."""
+        """`job_id` changed: wake its waiters here and, on PostgreSQL, on every other node."""
         self.notifier.notify(job_id)
         self.repo.publish(job_id, self.origin, queued=queued)  # queued, sent by a thread of its own
 
     async def change_listener(
         self, on_change: Callable[[str, Change], None]
     ) -> Coroutine[Any, Any, None] | None:
-        """The coroutine that hears other nodes' changes (PostgreSQL's `LISTEN`), calling `on_change(job_id,
-        change)`; None where the store has no notices."""
+        """The coroutine that hears other nodes' changes; None where the store has no notices."""
         if not self._publishes:
             return None
         from handles.store.listen import ChangeListener
@@ -330,8 +293,7 @@ class Store:
         return ChangeListener(self.repo.url, self.origin, on_change).run()
 
     async def poll_watched(self) -> None:
-        """Wake the waiters of every job another process changed since they read it: one read of the watched
-        versions per interval for the whole process."""
+        """Wake the waiters of every watched job another process changed since they read it."""
         watched = self.notifier.watched()
         if not watched:
             return
@@ -341,8 +303,7 @@ class Store:
                 self.notifier.notify(job_id)
 
     async def _run(self, call: Callable[[], T], *, repeatable: bool = False) -> T:
-        """Run `call` on a worker thread; a `repeatable` call (a read) that met a dropped connection runs once
-        more on a fresh one."""
+        """Run `call` on a worker thread; a `repeatable` one that met a dropped connection runs again."""
         try:
             return await anyio.to_thread.run_sync(call, limiter=self._limiter)
         except (OperationalError, DBAPIError) as exc:

@@ -1,10 +1,5 @@
-"""The audit evidence of a job: who did what to it and how it ended, without any of its data.
-
-Archived (the `handles_audit` table) in the transaction that deletes the job and kept for
-`HANDLES_AUDIT_RETENTION_SECONDS`. It holds who started the job and when, each question with who answered it
-and when (field names, never values), each durable step with its attempt, times and a receipt (the SHA-256 of
-its stored result), every claim, who asked for a cancel, and the outcome. Arguments, answers and results are
-data, not evidence: only `arguments_sha256` stands for the arguments."""
+"""The audit evidence of a job, archived when the job is deleted: who did what to it and how it ended, with
+receipts (SHA-256) standing for its arguments and results, never their data."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""The database behind the store: its engines, connections and transactions (no queries here).
-
-On PostgreSQL reads and writes have engines of their own. On SQLite every connection runs in WAL mode with
-synchronous=NORMAL, writes begin with BEGIN IMMEDIATE behind one writer lock per process, and an SQLite file
-gets long-lived connections for reads and short writes made on the event loop (`read_inline`, `write_inline`).
-"""
+"""The database behind the store: its engines, connections and transactions (no queries here)."""
 
 from __future__ import annotations
 
@@ -12,10 +7,11 @@ import functools
 import logging
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, ParamSpec, TypeVar
+from datetime import timedelta
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.exc import DBAPIError, StatementError
@@ -25,23 +21,26 @@ from handles.errors import ConfigurationError
 from handles.limits import stored_json
 from handles.store.loop_connections import LoopConnections
 from handles.store.notices import NoticeSender
+from handles.store.sqlite_direct import _Prepared
 
 P = ParamSpec("P")
 T = TypeVar("T")
 logger = logging.getLogger("handles.store")
 _INLINE: ContextVar[bool] = ContextVar("handles_inline_read", default=False)
 _INLINE_WRITE: ContextVar[bool] = ContextVar("handles_inline_write", default=False)
+Change = Literal["changed", "queued", "reported"]
+"""What a write did to a job, as its notice says: `changed` (anything, status included), `queued` (it now
+waits for a worker), `reported` (only a progress report or a durable step's start or outcome)."""
 NOTICE: ContextVar[str | None] = ContextVar("handles_change_notice", default=None)
 """The change notice that write transactions in this context queue once they commit."""
 NOTIFY_CHANNEL = "handles_jobs"
-CONNECT_TIMEOUT_SECONDS = 10
-"""How long a new PostgreSQL connection may take before the attempt fails."""
-LOOP_CONNECTIONS = 8
-"""How many PostgreSQL connections one process's event loop shares for its starts."""
+CONNECT_TIMEOUT_SECONDS = 10  # how long a new PostgreSQL connection may take before the attempt fails
+LOOP_CONNECTIONS = 8  # how many PostgreSQL connections one process's event loop shares for its starts
 INLINE_COMMITS_PER_CHECKPOINT = 100
-"""How many commits on the event loop's SQLite write connection a passive checkpoint (on a thread of its own)
-follows; that connection never checkpoints itself, since SQLite's automatic checkpoint would sync the file on
-the event loop."""
+"""How many commits on the event loop's SQLite write connection a checkpoint on a thread of its own follows;
+that connection never checkpoints itself, which would sync the file on the event loop."""
+# A new job's deadlines, moved to the database's clock at a start (`_by_database_clock`).
+_START_DEADLINES = ("run_after", "expires_at", "abandon_at", "input_deadline")
 
 
 class WriterBusy(Exception):
@@ -49,8 +48,7 @@ class WriterBusy(Exception):
 
 
 class WriterLock:
-    """This process's reentrant SQLite writer lock, which can tell a waiter (`wake_when_free`) when it is next
-    released, from the releasing thread."""
+    """This process's reentrant SQLite writer lock, which can wake a waiter when it is released."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
@@ -74,8 +72,7 @@ class WriterLock:
         self.release()
 
     def wake_when_free(self, wake: Callable[[], None]) -> bool:
-        """Call `wake` (on the releasing thread) once the lock is next released and return True; return False,
-        never calling it, when the lock is free now (or held by this thread)."""
+        """Call `wake` on the lock's next release and return True; False when the lock is free now."""
         with self._guard:
             if self._lock.acquire(blocking=False):
                 self._lock.release()
@@ -85,8 +82,7 @@ class WriterLock:
 
 
 def as_sqlalchemy_error(engine: Engine, exc: Exception, *, disconnect: bool) -> StatementError:
-    """The driver's error `exc` as SQLAlchemy raises it, with `connection_invalidated` set when the server
-    dropped the connection."""
+    """The driver's error `exc` as SQLAlchemy raises it (`connection_invalidated` on a drop)."""
     dialect = engine.dialect
     return DBAPIError.instance(
         None, None, exc, dialect.loaded_dbapi.Error, connection_invalidated=disconnect, dialect=dialect
@@ -94,8 +90,7 @@ def as_sqlalchemy_error(engine: Engine, exc: Exception, *, disconnect: bool) -> 
 
 
 async def _connect_on_loop(engine: Engine) -> Any:
-    """A psycopg `AsyncConnection` in autocommit, connected as `engine` connects (URL parameters, the
-    dialect's adapters, the connect timeout)."""
+    """A psycopg `AsyncConnection` in autocommit, connected as `engine` connects."""
     import psycopg
 
     cargs, cparams = engine.dialect.create_connect_args(engine.url)
@@ -110,17 +105,8 @@ def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
 
-def is_memory_sqlite(url: str) -> bool:
-    path = url.split("?", 1)[0]
-    return is_sqlite(url) and (path.endswith("://") or path.endswith(":memory:") or "mode=memory" in url)
-
-
 def make_engines(url: str) -> tuple[Engine, Engine, Engine | None, Engine | None]:
-    """(read engine, write engine, inline-read engine or None, inline-write engine or None).
-
-    An SQLite file gets the two inline engines, for the event loop: inline reads wait only briefly on a lock
-    and inline writes not at all (busy timeout 0), so a caller that meets a lock falls back to a worker
-    thread."""
+    """(read, write, inline-read or None, inline-write or None): an SQLite file's inline two."""
     if not is_sqlite(url):
         # libpq waits forever for a host that drops packets; one set in the URL wins.
         shared: dict[str, Any] = {"json_serializer": stored_json}
@@ -131,7 +117,8 @@ def make_engines(url: str) -> tuple[Engine, Engine, Engine | None, Engine | None
         read = create_engine(url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=10, **shared)
         return read, write, None, None
 
-    if is_memory_sqlite(url):
+    path = url.split("?", 1)[0]
+    if path.endswith("://") or path.endswith(":memory:") or "mode=memory" in url:
         raise ConfigurationError(
             f"HANDLES_DATABASE_URL={url!r} is an in-memory SQLite database, which cannot be shared by the "
             "threads that serve requests and run jobs, and loses every job when the process ends. Use an "
@@ -184,13 +171,15 @@ class Database:
         )
         self._inline_connection: Connection | None = None
         self._inline_write_raw: Any = None  # the inline-write engine's DB-API connection (`_sqlite_writing`)
-        self._inline_read_raw: Any = None  # the inline-read engine's DB-API connection (`_sqlite_reading`)
         self._inline_lock = threading.Lock()
         self._notifying: Any = None  # the connection notices go out on
         self._inline_commits = 0  # since the last checkpoint (see INLINE_COMMITS_PER_CHECKPOINT)
         self._checkpointer: threading.Thread | None = None
         self.loop_connections: LoopConnections | None = None
         self.notices: NoticeSender | None = None
+        self._prepared: dict[Any, _Prepared] = {}  # the hot paths' statements, compiled (`_prepare`)
+        self._database_leases = False  # whether leases go by the database's clock (`JobRepository`)
+        self._clock_offset = timedelta(0)  # how far the database's clock is ahead of this node's
         self._write_lock: WriterLock | contextlib.nullcontext[None] = contextlib.nullcontext()
         if is_sqlite(url):
             # Queue writers on a lock, not in SQLite's busy handler, which sleeps in coarse steps.
@@ -206,24 +195,38 @@ class Database:
         return self._write_engine.dialect.name
 
     @property
+    def publishes(self) -> bool:
+        """Whether this store tells other nodes of its changes by notices (PostgreSQL's `pg_notify`)."""
+        return self.notices is not None
+
+    def _prepare(self, statement: Any) -> _Prepared:
+        prepared = self._prepared.get(statement)
+        if prepared is None:
+            prepared = self._prepared[statement] = _Prepared(statement, self._write_engine.dialect)
+        return prepared
+
+    def _by_database_clock(self, values: Mapping[str, Any]) -> Mapping[str, Any]:
+        """A new job's row `values` with its deadlines moved from this node's clock to the database's."""
+        offset = self._clock_offset
+        if not offset:
+            return values
+        moved = {name: values[name] + offset for name in _START_DEADLINES if values[name] is not None}
+        return {**values, **moved}
+
+    @property
     def engine(self) -> Engine:
         """The engine writes go through (migrations, bulk maintenance)."""
         return self._write_engine
 
     def create_schema(self) -> None:
         """Create or upgrade the handles tables to the newest schema revision (Alembic migrations)."""
-        from handles.store import migrate
-
-        migrate.upgrade(self.engine)
+        self.prepare(auto_migrate=True)
 
     def prepare(self, *, auto_migrate: bool) -> None:
         """Make sure the schema is current: upgrade it, or refuse to go on when upgrades are the operator's."""
         from handles.store import migrate
 
-        if auto_migrate:
-            migrate.upgrade(self._write_engine)
-        else:
-            migrate.check_current(self._write_engine)
+        (migrate.upgrade if auto_migrate else migrate.check_current)(self.engine)
 
     def ping(self) -> None:
         """A trivial query: raises when the database does not answer (the readiness probe)."""
@@ -237,10 +240,10 @@ class Database:
             self._close_notifying()
         if self.loop_connections is not None:
             self.loop_connections.close()
-        for connection in (self._inline_connection, self._inline_write_raw, self._inline_read_raw):
+        for connection in (self._inline_connection, self._inline_write_raw):
             if connection is not None:
                 connection.close()
-        self._inline_connection = self._inline_write_raw = self._inline_read_raw = None
+        self._inline_connection = self._inline_write_raw = None
         for engine in (self._inline_write_engine, self._read_engine, self._inline_engine, self._write_engine):
             if engine is not None:
                 engine.dispose()
@@ -264,11 +267,7 @@ class Database:
         return self._inline_write_engine is not None
 
     def write_inline(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run the short write method `fn` here, if it can have the writer lock without waiting.
-
-        Raises `WriterBusy` when this process's writer lock is held (wait with `wake_when_writer_free`), or
-        `OperationalError` when another process writes (run `fn` on a worker thread); nothing is written
-        either way."""
+        """Run the short write `fn` here if the writer lock is free, else raise with nothing written."""
         tokens = (_INLINE_WRITE.set(True), _INLINE.set(True))
         try:
             return fn(*args, **kwargs)
@@ -277,15 +276,12 @@ class Database:
             _INLINE_WRITE.reset(tokens[0])
 
     def wake_when_writer_free(self, wake: Callable[[], None]) -> bool:
-        """Call `wake` once this process's writer lock is next released (True), or return False at once when
-        it is free or there is no such lock."""
+        """Call `wake` on the writer lock's next release (True); False when it is free or absent."""
         lock = self._write_lock
         return isinstance(lock, WriterLock) and lock.wake_when_free(wake)
 
     def checkpoint(self) -> None:
-        """Copy the WAL's committed pages into an SQLite file (a passive checkpoint) behind this process's
-        writer lock, so the WAL is wholly copied and the next writer starts it over instead of growing it.
-        Nothing to do elsewhere."""
+        """A passive WAL checkpoint of an SQLite file behind the writer lock; nothing elsewhere."""
         if self._inline_write_engine is None:
             return
         with self._write_lock:
@@ -303,8 +299,7 @@ class Database:
             checkpointer.join(timeout)
 
     def _after_inline_commit(self) -> None:
-        """Count a commit of the event loop's write connection, starting a checkpoint thread every
-        `INLINE_COMMITS_PER_CHECKPOINT` (one at a time)."""
+        """Count an inline commit, starting a checkpoint thread every `INLINE_COMMITS_PER_CHECKPOINT`."""
         self._inline_commits += 1
         if self._inline_commits < INLINE_COMMITS_PER_CHECKPOINT:
             return
@@ -329,12 +324,8 @@ class Database:
 
     @contextmanager
     def _sqlite_writing(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction (`BEGIN IMMEDIATE` ... `COMMIT`) on SQLite's own DB-API connection, past
-        SQLAlchemy, for the hottest writes.
-
-        Inline (`write_inline`) it takes the writer lock and SQLite's lock without waiting, raising
-        `WriterBusy` or `OperationalError` with nothing written; elsewhere a pooled write connection behind
-        the writer lock. A database error rolls back and comes out as SQLAlchemy's exception."""
+        """A `BEGIN IMMEDIATE` transaction on SQLite's own connection for the hottest writes, inline without
+        waiting; a database error rolls back and comes out as SQLAlchemy's."""
         inline = _INLINE_WRITE.get() and self._inline_write_engine is not None
         lock = self._write_lock
         if inline:
@@ -379,23 +370,15 @@ class Database:
 
     @contextmanager
     def _sqlite_reading(self) -> Iterator[sqlite3.Connection | None]:
-        """SQLite's own long-lived inline-read connection for a hot read on the event loop, in autocommit;
-        None elsewhere (read through SQLAlchemy). Errors come out as SQLAlchemy's."""
+        """SQLite's own inline connection for a hot read on the event loop; None elsewhere."""
         if not (_INLINE.get() and self._inline_engine is not None):
             yield None
             return
-        with self._inline_lock:
-            if self._inline_read_raw is None:
-                self._inline_read_raw = self._inline_engine.raw_connection()
-            pooled = self._inline_read_raw
+        with self._fast_reading() as connection:
             try:
-                yield pooled.driver_connection
-            except BaseException as exc:
-                pooled.invalidate()  # a fresh connection next time, in a known state
-                self._inline_read_raw = None
-                if isinstance(exc, sqlite3.Error):
-                    raise DBAPIError.instance(None, None, exc, sqlite3.Error) from exc
-                raise
+                yield connection.connection.driver_connection
+            except sqlite3.Error as exc:
+                raise DBAPIError.instance(None, None, exc, sqlite3.Error) from exc
 
     @contextmanager
     def _reading(self) -> Iterator[Session]:
@@ -404,8 +387,7 @@ class Database:
 
     @contextmanager
     def _fast_reading(self) -> Iterator[Connection]:
-        """A connection for the hot reads, skipping the ORM: inline, one long-lived connection whose read
-        transaction ends after each use; otherwise a pooled read connection."""
+        """A Core connection for the hot reads: the long-lived inline one, or a pooled one."""
         if not (_INLINE.get() and self._inline_engine is not None):
             with self._read_engine.connect() as connection:
                 yield connection
@@ -441,8 +423,7 @@ class Database:
             self.notices.add(notice)
 
     def _send_notices(self, notices: list[str]) -> None:
-        """Send `notices` in one transaction, one `pg_notify` each, on a connection kept for `NoticeSender`'s
-        thread; one that fails is closed and the next batch opens another."""
+        """Send `notices` in one transaction on a connection kept for `NoticeSender`'s thread."""
         import psycopg
 
         try:

@@ -1,9 +1,4 @@
-"""Cross-node wake-ups on PostgreSQL: LISTEN for the job changes other nodes NOTIFY.
-
-A notice is `"<job_id> <origin> <change> <schema>"` on `NOTIFY_CHANNEL` (`JobRepository.notice`). Each node
-keeps one listening connection and falls back to polling the store while it is down. A node ignores notices
-naming another schema (another deployment sharing the database); one naming none, from an older node, is
-taken."""
+"""Cross-node wake-ups on PostgreSQL: LISTEN for the change notices other nodes NOTIFY."""
 
 from __future__ import annotations
 
@@ -29,8 +24,7 @@ def libpq_url(sqlalchemy_url: str) -> str:
 
 
 class ChangeListener:
-    """Calls `on_change(job_id, change)` for each change other nodes publish (`changed` for a word it does not
-    know)."""
+    """Calls `on_change(job_id, change)` for each change other nodes publish."""
 
     def __init__(self, url: str, origin: str, on_change: Callable[[str, Change], None]) -> None:
         self._url = libpq_url(url)

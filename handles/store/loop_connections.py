@@ -1,9 +1,4 @@
-"""PostgreSQL on the event loop itself: a few of psycopg's asynchronous connections for a job's start, sent
-and answered by the loop's own selector instead of a worker thread.
-
-The connections belong to the first event loop that uses them (`usable`); a start on another loop, or on
-Windows' `ProactorEventLoop`, goes to a worker thread. They open as needed, up to `size`, in autocommit; a
-connection left in doubt (dropped, or a statement interrupted) is closed, never reused."""
+"""PostgreSQL on the event loop itself: psycopg's asynchronous connections for a job's start."""
 
 from __future__ import annotations
 
@@ -19,8 +14,7 @@ IDLE = 0
 
 
 class LoopConnections:
-    """Up to `size` connections made by `connect` (an awaitable psycopg `AsyncConnection`), lent out one at a
-    time on one event loop (`connection`)."""
+    """Up to `size` connections made by `connect`, lent out one at a time on one event loop."""
 
     def __init__(self, connect: Callable[[], Awaitable[Any]], size: int) -> None:
         self.connect = connect
@@ -33,8 +27,7 @@ class LoopConnections:
         self._binding = threading.Lock()
 
     def usable(self) -> bool:
-        """Whether `connection` may be used here: on the loop the connections belong to (the first that asked,
-        or any once that one has closed), and not after `close`."""
+        """Whether `connection` may be used on this loop (the connections' own) before `close`."""
         if self._closed:
             return False
         try:
@@ -54,8 +47,7 @@ class LoopConnections:
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[Any]:
-        """A connection of this loop's, given back after the block; closed instead when the block leaves it
-        in doubt (closed, or with a statement still under way)."""
+        """A connection of this loop's, given back after the block, or closed when left in doubt."""
         connection = await self._take()
         try:
             yield connection

@@ -1,8 +1,4 @@
-"""Schema migrations (Alembic): bring a database to the shape this version of handles expects.
-
-SQLite databases are upgraded on first use (unless `HANDLES_AUTO_MIGRATE=0`); shared databases such as
-PostgreSQL are upgraded by an operator with `handles db upgrade`, and a server refuses to start on an outdated
-schema."""
+"""Schema migrations (Alembic): bring a database to the shape this version of handles expects."""
 
 from __future__ import annotations
 
@@ -49,12 +45,8 @@ def _config() -> Config:
     return config
 
 
-def head_revision() -> str:
-    return _head(ScriptDirectory.from_config(_config()))
-
-
-def _head(scripts: ScriptDirectory) -> str:
-    head = scripts.get_current_head()
+def head_revision(scripts: ScriptDirectory | None = None) -> str:
+    head = (scripts or ScriptDirectory.from_config(_config())).get_current_head()
     assert head is not None
     return head
 
@@ -88,7 +80,7 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 def check_current(engine: Engine) -> None:
     """Raise `ConfigurationError` unless the database is at the newest revision."""
     scripts = ScriptDirectory.from_config(_config())
-    current, head = current_revision(engine), _head(scripts)
+    current, head = current_revision(engine), head_revision(scripts)
     _refuse_newer(current, scripts)
     if current != head:
         raise ConfigurationError(
@@ -99,14 +91,13 @@ def check_current(engine: Engine) -> None:
 
 
 def _refuse_newer(current: str | None, scripts: ScriptDirectory) -> None:
-    """Raise `ConfigurationError` when the database is at a revision a newer handles made (a rolling deploy or
-    a code rollback); nothing is changed."""
+    """Raise `ConfigurationError` when a newer handles made the database's revision."""
     if current is None:
         return
     if current not in {script.revision for script in scripts.walk_revisions()}:
         raise ConfigurationError(
             f"The handles tables in this database are at schema revision {current}, which a newer version of "
-            f"handles made; this version knows revisions up to {_head(scripts)} and does not run on a newer "
+            f"handles made; this version knows revisions up to {head_revision(scripts)} and does not run on a newer "
             "schema. Run the newer version of handles here too (roll the code forward), or point this server at "
             "a database of its own version."
         )

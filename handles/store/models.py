@@ -1,19 +1,18 @@
-"""The stored shape: SQLModel tables for jobs, their input requests, durable steps, result files, audit
-evidence and the operator's switches. Times are stored as aware UTC (`UTCDateTime`), JSON as the portable
-`JSON` type."""
+"""The stored shape (SQLModel tables, times as aware UTC), and rows as models and back past the ORM."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import JSON, Column, DateTime, Index, LargeBinary, Text, UniqueConstraint
+from sqlalchemy import JSON, Column, Connection, DateTime, Float, Index, LargeBinary, Text, UniqueConstraint
 from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import instrumentation
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
@@ -81,8 +80,7 @@ def utc_now() -> datetime:
 
 @functools.lru_cache(maxsize=4096)
 def principal_key(principal: str) -> str:
-    """The fixed-length key a principal is indexed by (SHA-256, hex), so any principal length fits; cached for
-    the principals seen last."""
+    """The fixed-length key (SHA-256, hex) a principal is indexed by, so any length fits."""
     return hashlib.sha256(principal.encode()).hexdigest()
 
 
@@ -91,8 +89,7 @@ CLAIM_ENTRY_HEAD = "["
 
 
 def claim_entry_tail(claimed_at: datetime, node: str) -> str:
-    """The rest of a claim log entry after its attempt number, so a whole entry is the JSON array
-    `[ATTEMPT,"CLAIMED_AT","NODE"]` on a line of its own."""
+    """A claim log entry's rest after its attempt: the line `[ATTEMPT,"CLAIMED_AT","NODE"]`."""
     return f',"{claimed_at.astimezone(UTC).isoformat()}",{_json_string(node)}]\n'
 
 
@@ -108,8 +105,7 @@ def claim_entry(attempt: int, claimed_at: datetime, node: str) -> str:
 
 @dataclass(frozen=True)
 class Claim:
-    """One claim of a job: the attempt it ran, the node that ran it, when; `resumed` when it continued
-    the attempt before it (after an answer, or a hand-over at a shutdown) instead of starting one."""
+    """One claim of a job; `resumed` when it continued the attempt before it."""
 
     attempt: int
     node: str
@@ -256,8 +252,7 @@ class StepRecord(SQLModel, table=True):
 
 @dataclass(frozen=True, slots=True)
 class StepState:
-    """A durable step as the caller following its job sees it: its name, status, attempt and times, without
-    its (possibly large) result or error."""
+    """A durable step as a follower sees it, without its (possibly large) result or error."""
 
     name: str
     status: str
@@ -279,10 +274,7 @@ Snapshot = tuple[JobState | None, list[InputRequestRecord], list[StepState]]
 
 
 class ResultPartRecord(SQLModel, table=True):
-    """One part of a job's result file (a result too large to travel inline).
-
-    `file_id` names the attempt that wrote the file, so parts a stale attempt left behind never mix with the
-    file the stored result links to."""
+    """One part of a job's result file; `file_id` names the attempt that wrote it."""
 
     __tablename__ = "handles_result_parts"
 
@@ -293,8 +285,7 @@ class ResultPartRecord(SQLModel, table=True):
 
 
 class AuditRecord(SQLModel, table=True):
-    """The evidence of one job, kept after the job is deleted: written in the transaction that deletes the
-    job, and deleted in turn when `keep_until` passes."""
+    """The evidence of one deleted job, kept until `keep_until`."""
 
     __tablename__ = "handles_audit"
 
@@ -308,8 +299,7 @@ class AuditRecord(SQLModel, table=True):
 
 
 class SwitchRecord(SQLModel, table=True):
-    """An operator switch as last set: the Tasks kill switch (`tasks`) or the pause of one job kind
-    (`paused:<job>`). Turning one off keeps its row, so the last change stays on record."""
+    """An operator switch as last set (`tasks`, or `paused:<job>`); turned off, its row stays."""
 
     __tablename__ = "handles_switches"
 
@@ -320,3 +310,85 @@ class SwitchRecord(SQLModel, table=True):
     retry_after_seconds: float | None = None
     changed_by: str = Field(sa_column=Column(Text, nullable=False))
     changed_at: datetime = _time()
+
+
+# Stored rows as models and back, past the ORM session (PostgreSQL's JSON rows too).
+_JOBS = JobRecord.__table__  # type: ignore[attr-defined]
+_INPUTS = InputRequestRecord.__table__  # type: ignore[attr-defined]
+_STEPS = StepRecord.__table__  # type: ignore[attr-defined]
+M = TypeVar("M", JobRecord, InputRequestRecord, StepRecord)
+
+
+def _column_values(table: Any, model: Any) -> dict[str, Any]:
+    """A model's values by column name for a Core insert, past the ORM's descriptors."""
+    held = model.__dict__
+    return {name: held[name] if name in held else getattr(model, name) for name in _COLUMN_NAMES[table.name]}
+
+
+def _detached(model: type[M], row: Mapping[Any, Any]) -> M:
+    """A detached model of a stored row, built as SQLAlchemy builds a loaded instance."""
+    if len(row) != len(model.model_fields):
+        return model.model_construct(**row)
+    instance: M = _MANAGERS[model].new_instance()
+    instance.__dict__.update(row)
+    object.__setattr__(instance, "__pydantic_fields_set__", set(row))
+    return instance
+
+
+def _rows(connection: Connection, model: type[M], statement: Any, job_id: str, **params: Any) -> list[M]:
+    """The rows a prebuilt hot-read `statement` finds for `job_id`, as detached models."""
+    result = connection.execute(statement, {"job_id": job_id, **params})
+    return [_detached(model, row) for row in result.mappings()]
+
+
+def _one(connection: Connection, model: type[M], statement: Any, job_id: str, **params: Any) -> M | None:
+    row = connection.execute(statement, {"job_id": job_id, **params}).mappings().first()
+    return None if row is None else _detached(model, row)
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; use aware UTC datetimes")
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not stored as JSON")
+
+
+def _json_document(value: Any) -> str:
+    """Column values as the JSON text a PostgreSQL function reads with `json_populate_record`."""
+    return json.dumps(value, default=_json_value)
+
+
+def _converters(table: Any) -> dict[str, Callable[[Any], Any]]:
+    """How each column of `table` comes back from `row_to_json`: times as ISO 8601, floats as numbers."""
+    found: dict[str, Callable[[Any], Any]] = {}
+    for column_ in table.columns:
+        if isinstance(column_.type, UTCDateTime):
+            found[column_.name] = _utc_time
+        elif isinstance(column_.type, Float):
+            found[column_.name] = float
+    return found
+
+
+def _utc_time(value: str) -> datetime:
+    return datetime.fromisoformat(value).astimezone(UTC)
+
+
+def _from_json(table: Any, model: type[M], row: Mapping[str, Any]) -> M:
+    """A detached model from a row PostgreSQL gave as JSON (`row_to_json`)."""
+    convert = _CONVERTERS[table.name]
+    values: dict[str, Any] = {}
+    for column_ in table.columns:
+        value = row.get(column_.name)
+        if value is not None and column_.name in convert:
+            value = convert[column_.name](value)
+        values[column_.name] = value
+    return _detached(model, values)
+
+
+_CONVERTERS = {table.name: _converters(table) for table in (_JOBS, _INPUTS, _STEPS)}
+_MODELS = (JobRecord, InputRequestRecord, StepRecord)
+_MANAGERS: dict[type[Any], Any] = {model: instrumentation.manager_of_class(model) for model in _MODELS}
+_COLUMN_NAMES = {
+    table.name: tuple(column.name for column in table.columns) for table in (_JOBS, _INPUTS, _STEPS)
+}

@@ -1,9 +1,4 @@
-"""Change notices sent once their writes have committed, many in one small transaction (`NoticeSender`).
-
-PostgreSQL takes one cluster-wide lock at the commit of every transaction that notifies, so writes that
-notified themselves would commit one at a time across every node. Instead each write queues its notice once
-committed and one thread per node sends those pending together (identical ones once). A node that dies loses
-only unsent notices; other nodes find the stored changes at their next poll."""
+"""Change notices sent after their writes commit, many at once: PostgreSQL serialises notifying commits."""
 
 from __future__ import annotations
 
@@ -23,8 +18,7 @@ notifying transactions; a quiet spell longer than the current linger sets it bac
 
 
 class NoticeSender:
-    """Sends the notices queued with `add` by `send`, all pending at once, on a thread started by the first
-    notice; `close` sends what is pending and ends it."""
+    """Sends the notices queued with `add`, all pending at once, on a thread of its own."""
 
     def __init__(self, send: Callable[[list[str]], None]) -> None:
         self._send = send

@@ -1,18 +1,13 @@
-"""PostgreSQL's way of running the store's hot paths (`PostgresOps`).
-
-Each write that can be is one statement, and so its own transaction, run in autocommit on psycopg's own
-connection with its SQL compiled once; each queues its change notice only once it has committed and changed
-something. PostgreSQL also has a clock of its own (leases may be judged by it), row locks (a claim skips rows
-another worker holds) and change notices, which every node listens to."""
+"""PostgreSQL's hot paths (`PostgresOps`): each write one statement in autocommit on psycopg's connection."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from datetime import datetime, timedelta
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from datetime import datetime
+from typing import Any
 
 import anyio
 from sqlalchemy import Engine, func
@@ -21,70 +16,52 @@ from sqlmodel import select
 
 from handles.errors import LeaseLost
 from handles.states import Status
-from handles.store.engine import NOTICE, as_sqlalchemy_error
-from handles.store.engines import Change, EngineHost
-from handles.store.models import Clock, InputRequestRecord, JobRecord, Snapshot, StepRecord
-from handles.store.postgres_statements import (
-    _BEGIN_STEP_IN_ONE,
-    _FINISH_STEP_IN_ONE,
-    _INPUT_JSON,
-    _JOB_JSON,
-    _PROGRESS_CHANGED,
-    _START,
-    _snapshot_in_one,
-    _transition_statement,
-)
-from handles.store.rows import (
+from handles.store.engine import NOTICE, Database, as_sqlalchemy_error
+from handles.store.models import (
     _INPUTS,
     _JOBS,
     _STEPS,
+    InputRequestRecord,
+    JobRecord,
+    Snapshot,
+    StepRecord,
     _column_values,
     _detached,
     _from_json,
     _json_document,
+    _one,
 )
 from handles.store.rules import ActiveLimitReached, _own_start, _set_values
-from handles.store.sqlite_direct import _DriverReads, _Prepared
-from handles.store.statements import _STEP_BY_NAME
-
-P = ParamSpec("P")
-T = TypeVar("T")
+from handles.store.sqlite_direct import _DriverReads
+from handles.store.statements import (
+    _BEGIN_STEP_IN_ONE,
+    _FINISH_STEP_IN_ONE,
+    _INPUT_JSON,
+    _JOB_BY_ID,
+    _JOB_JSON,
+    _PROGRESS_CHANGED,
+    _START,
+    _STEP_BY_NAME,
+    _snapshot_in_one,
+    _transition_statement,
+)
 
 
 class PostgresOps:
-    """The engine operations of `JobRepository` (`EngineOps`, engines.py) on PostgreSQL."""
+    """The hot paths of `JobRepository` on PostgreSQL."""
 
-    has_clock = True
-    """The database server's clock may judge leases, so that nodes with skewed clocks agree."""
-    locks_rows = True
-    """A write transaction locks the rows it reads to change (`FOR UPDATE`)."""
-    publishes = True
-    """Every committed change is told to every node by a `pg_notify` notice."""
+    has_clock = True  # the database server's clock may judge leases, so that nodes with skewed clocks agree
 
-    def __init__(self, repo: EngineHost) -> None:
+    def __init__(self, repo: Database) -> None:
         self.repo = repo
 
-    def clock_offset(self, clock: Clock) -> timedelta:
-        """How far the database server's clock is ahead of `clock`, read between two readings of `clock` on a
-        connection already checked out."""
-        with self.autocommit() as connection:
-            before = clock()
-            (database_now,) = connection.execute("SELECT clock_timestamp()").fetchone()
-            after = clock()
-        offset: timedelta = database_now - (before + (after - before) / 2)
-        return offset
-
-    @contextmanager
-    def autocommit(self) -> Iterator[Any]:
-        """psycopg's own connection from the read pool (autocommit, no ping), for a statement that is its own
-        transaction; errors come out as SQLAlchemy's."""
-        with self._connection(self.repo._read_engine) as connection:
-            yield connection
+    def autocommit(self) -> AbstractContextManager[Any]:
+        """psycopg's own connection from the read pool, in autocommit."""
+        return self._connection(self.repo._read_engine)
 
     @contextmanager
     def writing_at_once(self) -> Iterator[Any]:
-        """psycopg's own connection from the write pool (pinged at checkout, so a write after a failover
-        succeeds at its first try), in autocommit for the block."""
+        """psycopg's own connection from the (pinged) write pool, in autocommit for the block."""
         with self._connection(self.repo.engine) as connection:
             connection.autocommit = True
             try:
@@ -96,10 +73,7 @@ class PostgresOps:
     @staticmethod
     @contextmanager
     def _connection(engine: Engine) -> Iterator[Any]:
-        """psycopg's own connection from `engine`'s pool, returned to the pool after.
-
-        Errors come out as SQLAlchemy's: a dropped connection is a `DBAPIError` with `connection_invalidated`
-        set, and the pool is invalidated so a second try gets a fresh connection."""
+        """psycopg's own connection from `engine`'s pool; errors come out as SQLAlchemy's."""
         dialect = engine.dialect
         pooled: Any = None
         try:
@@ -120,40 +94,16 @@ class PostgresOps:
         with self.autocommit() as connection:
             yield _DriverReads(connection, self.repo._prepare)
 
-    def skip_locked(self, query: Any) -> Any:
-        """`query` locking its rows and skipping those another worker holds, so concurrent claimers never wait
-        on each other or take the same job."""
-        return query.with_for_update(skip_locked=True)
-
     def snapshot(self, job_id: str) -> Snapshot:
         """`JobRepository.snapshot` in one statement."""
         with self.hot_reading() as connection:
             return _snapshot_in_one(connection, job_id)
-
-    @property
-    def starts_on_loop(self) -> bool:
-        """Whether a start may be awaited on this event loop (the one its start connections belong to)."""
-        connections = self.repo.loop_connections
-        return connections is not None and connections.usable()
-
-    def publish(self, job_id: str, origin: str, change: Change) -> None:
-        self.repo.committed(self.repo.notice(job_id, origin, change))
 
     def load_notice_scope(self) -> str | None:
         """`current_schema()` on a connection of the store."""
         with self.repo._read_engine.connect() as connection:
             schema = connection.execute(select(func.current_schema())).scalar()
         return None if schema is None else str(schema)
-
-    def publishing(
-        self, job_id: str, origin: str, change: Change, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
-    ) -> T:
-        """`fn` run with the notice that every write transaction it commits queues."""
-        token = NOTICE.set(self.repo.notice(job_id, origin, change))
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            NOTICE.reset(token)
 
     def set_progress(self, values: Mapping[str, Any]) -> bool:
         """One statement in autocommit; its notice is queued only when the row changed."""
@@ -171,13 +121,24 @@ class PostgresOps:
         now: datetime,
         own: tuple[int, datetime] | None,
     ) -> tuple[StepRecord, bool]:
-        """One statement (`_BEGIN_STEP_IN_ONE`) in autocommit; its notice is queued only when it started the
-        step."""
-        return self._begin_step(values | {"repeatable": repeatable}, owner, now, own)
+        """One statement in autocommit, queuing its notice only when it started the step."""
+        values = values | {"repeatable": repeatable}
+        outcome = self._in_one(_BEGIN_STEP_IN_ONE, values | {"owner": owner, "now": now})
+        if not outcome["held"]:
+            raise LeaseLost(values["job_id"])
+        if outcome["touched"]:
+            return _detached(StepRecord, values), True
+        if outcome["known"] is not None:
+            known = _from_json(_STEPS, StepRecord, outcome["known"])
+            return known, _own_start(known, own)
+        # Started by a concurrent writer we waited for: our snapshot predates it, a read shows it.
+        with self.autocommit() as connection:
+            (stored,) = self.repo._prepare(_STEP_BY_NAME).rows(connection, values)
+        known = _detached(StepRecord, stored)
+        return known, _own_start(known, own)
 
     def finish_step(self, values: Mapping[str, Any]) -> None:
-        """One statement (`_FINISH_STEP_IN_ONE`) in autocommit; raises `LeaseLost` when `owner` no longer
-        holds the job."""
+        """One statement in autocommit; `LeaseLost` when `owner` no longer holds the job."""
         if not self._in_one(_FINISH_STEP_IN_ONE, values)["held"]:
             raise LeaseLost(values["job_id"])
 
@@ -188,13 +149,8 @@ class PostgresOps:
         questions: Sequence[InputRequestRecord],
         lease_seconds: float | None,
     ) -> tuple[JobRecord, bool]:
-        """One call of the SQL function `handles_start`, in autocommit: it takes the principal's advisory
-        lock, checks the idempotency key and active count, and inserts the job and its questions in one
-        transaction.
-
-        A call on a dropped connection is made once more on a fresh one. That is safe even if the first call
-        committed: the job's id is fresh and random, so a row with this id, principal, kind and creation time
-        can only be this start's own, and is answered as created without storing anything twice."""
+        """One call of the SQL function `handles_start` in autocommit, retried once on a dropped connection: a
+        row with this fresh id, principal, kind and creation time can only be this start's own."""
         notice = NOTICE.get()
         params = self._start_parameters(values, active_limit, questions, lease_seconds)
         start = self.repo._prepare(_START)
@@ -221,8 +177,7 @@ class PostgresOps:
         questions: Sequence[InputRequestRecord],
         lease_seconds: float | None,
     ) -> tuple[JobRecord, bool]:
-        """`insert` awaited on one of the event loop's own connections, queuing `notice` (None: none) once the
-        job is stored; retried and raising as `insert` does."""
+        """`insert` awaited on one of the event loop's own connections, queuing `notice`."""
         import psycopg
 
         assert self.repo.loop_connections is not None
@@ -232,7 +187,8 @@ class PostgresOps:
             try:
                 async with self.repo.loop_connections.connection() as connection:
                     try:
-                        row = await self._start_statement(connection, start, params)
+                        cursor = await connection.execute(start.sql, start.parameters(params))
+                        (row,) = start.decode(await cursor.fetchall(), cursor.description)
                     except psycopg.Error as exc:
                         raise as_sqlalchemy_error(
                             self.repo.engine, exc, disconnect=connection.closed
@@ -248,15 +204,6 @@ class PostgresOps:
                     raise
         return self._started(row, values, active_limit, params["lease"], notice)
 
-    @staticmethod
-    async def _start_statement(
-        connection: Any, start: _Prepared, params: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        """`start_on_loop`'s call of `handles_start` on the loop's `connection`: its one row."""
-        cursor = await connection.execute(start.sql, start.parameters(params))
-        (row,) = start.decode(await cursor.fetchall(), cursor.description)
-        return row
-
     def _started(
         self,
         row: Mapping[str, Any],
@@ -265,8 +212,7 @@ class PostgresOps:
         lease: float | None,
         notice: str | None,
     ) -> tuple[JobRecord, bool]:
-        """(job, created) from `handles_start`'s row, queuing `notice` when this start (or an earlier try of
-        it) stored the job."""
+        """(job, created) from `handles_start`'s row, queuing `notice` when the job was stored."""
         outcome, stored = row["outcome"], row["stored"]
         if outcome == "limit":
             raise ActiveLimitReached(int(row["active"]), int(active_limit or 0))
@@ -309,7 +255,8 @@ class PostgresOps:
 
     def _own_earlier_try(self, values: Mapping[str, Any]) -> JobRecord | None:
         """The row of this very start (same id, principal, kind, creation time), if a try of it committed."""
-        stored = self.repo.get(values["id"])
+        with self.hot_reading() as connection:
+            stored = _one(connection, JobRecord, _JOB_BY_ID, values["id"])
         if stored is None or (stored.principal_key, stored.kind, stored.created_at) != (
             values["principal_key"],
             values["kind"],
@@ -327,9 +274,7 @@ class PostgresOps:
         now: datetime,
         values: Mapping[str, Any],
     ) -> bool:
-        """One compare-and-set UPDATE in autocommit on the write pool. PostgreSQL re-checks the UPDATE's
-        conditions on the newest version of a row changed meanwhile, so of two racing transitions exactly one
-        wins."""
+        """One compare-and-set UPDATE in autocommit, so of two racing transitions exactly one wins."""
         shape = (
             target,
             owner is not None,
@@ -339,26 +284,8 @@ class PostgresOps:
         parameters = {"job_id": job_id, "owner": owner, "now": now} | _set_values(values, tuple(values))
         return bool(self._in_one(_transition_statement(*shape), parameters)["touched"])
 
-    def _begin_step(
-        self, values: dict[str, Any], owner: str, now: datetime, own: tuple[int, datetime] | None
-    ) -> tuple[StepRecord, bool]:
-        outcome = self._in_one(_BEGIN_STEP_IN_ONE, values | {"owner": owner, "now": now})
-        if not outcome["held"]:
-            raise LeaseLost(values["job_id"])
-        if outcome["touched"]:
-            return _detached(StepRecord, values), True
-        if outcome["known"] is not None:
-            known = _from_json(_STEPS, StepRecord, outcome["known"])
-            return known, _own_start(known, own)
-        # Started by a concurrent writer we waited for: our snapshot predates it, a read shows it.
-        with self.autocommit() as connection:
-            (stored,) = self.repo._prepare(_STEP_BY_NAME).rows(connection, values)
-        known = _detached(StepRecord, stored)
-        return known, _own_start(known, own)
-
     def _in_one(self, statement: Any, values: Mapping[str, Any]) -> dict[str, Any]:
-        """Run a one-statement write in autocommit on the write pool and return its one row, queuing the
-        notice when it changed the job (`touched`)."""
+        """Run a one-statement write in autocommit: its one row, its notice queued when `touched`."""
         with self.writing_at_once() as connection:
             (outcome,) = self.repo._prepare(statement).rows(connection, values)
         if outcome["touched"]:

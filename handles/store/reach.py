@@ -1,9 +1,4 @@
-"""Turning a database that cannot be opened into one clear sentence for the operator.
-
-`database_errors(url)` wraps every start-up step that touches the database: a bad URL, a missing driver or an
-unreachable database becomes a `ConfigurationError` saying what to do, password hidden. An unreachable server
-is a `DatabaseUnreachable`, which an HTTP node may wait out; an SQLite file that cannot be opened is named
-with its folder."""
+"""A database that cannot be opened, told the operator in one sentence, password hidden."""
 
 from __future__ import annotations
 
@@ -62,8 +57,7 @@ def sqlite_file(url: str) -> Path | None:
 
 
 def make_sqlite_folder(url: str) -> None:
-    """Make the folder of an SQLite file URL so the file can be created in it; a one-sentence
-    `ConfigurationError` when it cannot be made. Nothing for another database."""
+    """Make the folder of an SQLite file URL, or say in one sentence why it cannot be made."""
     path = sqlite_file(url)
     if path is None:
         return
@@ -79,8 +73,7 @@ def make_sqlite_folder(url: str) -> None:
 
 @contextmanager
 def database_errors(url: str) -> Iterator[None]:
-    """Raise a one-sentence `ConfigurationError` for a database URL that cannot be used; other errors (and
-    `ConfigurationError`s raised inside) pass unchanged."""
+    """Raise a one-sentence `ConfigurationError` for a database URL that cannot be used."""
     try:
         yield
     except ConfigurationError:

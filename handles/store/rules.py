@@ -1,6 +1,4 @@
-"""The rules of a job's lifecycle, the same on every engine: which status a job may move to and what moving
-there changes (`_transitioned`, from `_CLEARED_ON_ENTERING`), how an interrupted run settles, and when a
-durable step starts again. Applied to ORM models, to a row's values, or in SQL."""
+"""The rules of a job's lifecycle on every engine: what a move changes, how an interrupted run settles."""
 
 from __future__ import annotations
 
@@ -11,8 +9,7 @@ from typing import Any
 from handles.backoff import backoff_seconds
 from handles.outcomes import cancelled_message, failed
 from handles.states import TERMINAL, Status, can_transition
-from handles.store.models import JobRecord, StepRecord, principal_key
-from handles.store.rows import _JOBS, _column_values
+from handles.store.models import _JOBS, JobRecord, StepRecord, _column_values, principal_key
 
 
 class ActiveLimitReached(Exception):
@@ -25,20 +22,17 @@ class ActiveLimitReached(Exception):
 
 
 def _own_start(step: StepRecord, own: tuple[int, datetime] | None) -> bool:
-    """Whether the stored `step` is the start `own` (attempt, start time) itself, committed by an earlier try
-    of `begin_step`."""
+    """Whether the stored `step` is the start `own` itself, committed by an earlier try."""
     return own is not None and (step.status, step.attempt, step.started_at) == ("started", *own)
 
 
 def _starts_again(status: str, repeatable: bool) -> bool:
-    """Whether `begin_step` starts a known step of `status` afresh: it failed, or it is repeatable and did not
-    complete."""
+    """Whether a known step starts afresh: it failed, or it is repeatable and did not complete."""
     return status == "failed" or (repeatable and status != "completed")
 
 
 def _interrupted_outcome(job: JobRecord, now: datetime, *, shutdown: bool) -> tuple[Status, dict[str, Any]]:
-    """The status and fields that settle an interrupted job (`JobRepository.settle_interrupted`); `now` by the
-    lease clock."""
+    """The status and fields that settle an interrupted job; `now` by the lease clock."""
     attempts = job.attempts
     if job.cancel_requested_at is not None:
         return Status.CANCELLED, {
@@ -92,8 +86,7 @@ def _job_values(job: JobRecord) -> dict[str, Any]:
 
 
 def _may_transition(job: Any, target: Status, owner: str | None, lease_expired_by: datetime | None) -> bool:
-    """Whether `transition` may move this job (a model or a row's values) to `target`: the edge is allowed,
-    `owner` (if given) holds the lease, and with `lease_expired_by` the lease ran out before it."""
+    """Whether `transition` may move this job to `target` (edge, owner, lease run out)."""
     if not can_transition(Status(job.status), target):
         return False
     if owner is not None and job.lease_owner != owner:
@@ -114,9 +107,7 @@ no answer. Both `_transitioned` and `_transition_statement` are built from it.""
 
 
 def _transitioned(job: Any, target: Status, now: datetime, values: Mapping[str, Any]) -> None:
-    """Move a job (a model or a row's values) to `target` with what entering it changes and `values`; a
-    terminal status also stamps `finished_at` and shortens retention to `keep_result_seconds`. The caller has
-    checked the job may move."""
+    """Move a job (a model or a row's values) to `target` with what entering it changes."""
     source = Status(job.status)
     if not can_transition(source, target):
         raise ValueError(f"a job may not move from {source} to {target}")
@@ -128,11 +119,6 @@ def _transitioned(job: Any, target: Status, now: datetime, values: Mapping[str, 
         if job.keep_result_seconds is not None:
             job.expires_at = min(job.expires_at, now + timedelta(seconds=job.keep_result_seconds))
     _changed(job, now, values)
-
-
-def _released(job: Any, now: datetime, values: Mapping[str, Any]) -> None:
-    """Give a job's lease back, its status unchanged (queued, or parked until an answer)."""
-    _changed(job, now, dict.fromkeys(_LEASE) | dict(values))
 
 
 def _changed(job: Any, now: datetime, values: Mapping[str, Any]) -> None:
@@ -149,8 +135,3 @@ def _set_values(values: Mapping[str, Any], columns: Sequence[str]) -> dict[str, 
 def _touch(job: Any, now: datetime) -> None:
     job.updated_at = now
     job.version += 1
-
-
-def _after(now: Any, seconds: float) -> Any:
-    """`now` (a datetime, or the database's `now()`) plus `seconds`."""
-    return now + timedelta(seconds=seconds)

@@ -1,6 +1,4 @@
-"""Bringing the database's schema to what this version of handles needs, once per process (`SchemaGate`):
-upgraded when auto-migrate is on, else checked current. An unreachable database raises `DatabaseUnreachable`
-and leaves the gate shut for a later call to retry; an outdated schema raises `ConfigurationError`."""
+"""Bringing the database's schema to what this version of handles needs, once per process (`SchemaGate`)."""
 
 from __future__ import annotations
 
@@ -9,6 +7,7 @@ import threading
 
 import anyio.to_thread
 
+from handles.store import _retrieve
 from handles.store.reach import database_errors
 from handles.store.repository import JobRepository
 
@@ -29,8 +28,7 @@ class SchemaGate:
         return self._open
 
     async def open(self) -> None:
-        """Upgrade or check the schema on a worker thread, so the event loop keeps serving; a call arriving
-        during an attempt shares it and raises as it did."""
+        """Upgrade or check the schema on a worker thread; a call during an attempt shares it."""
         if self._open:
             return
         loop = asyncio.get_running_loop()
@@ -49,9 +47,3 @@ class SchemaGate:
             with database_errors(self._repository.url):
                 self._repository.prepare(auto_migrate=self._auto_migrate)
             self._open = True
-
-
-def _retrieve(attempt: asyncio.Task[None]) -> None:
-    """Mark an attempt's failure as seen: its callers raise it, and one may have gone away."""
-    if not attempt.cancelled():
-        attempt.exception()

@@ -1,15 +1,12 @@
-"""SQLite's way of running the store's hot paths (`SqliteOps`): statements compiled once and run on SQLite's
-own DB-API connection, past SQLAlchemy, each write in one `BEGIN IMMEDIATE` transaction. SQLite has no server
-clock, no row locks (`BEGIN IMMEDIATE` takes the whole database's write lock) and no change notices: nodes on
-one SQLite file share it through the file alone."""
+"""SQLite's way of running the store's hot paths (`SqliteOps`), on SQLite's own connection."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import datetime
 from types import SimpleNamespace
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 from sqlalchemy import bindparam, func, literal_column
 from sqlalchemy import select as sa_select
@@ -17,17 +14,20 @@ from sqlalchemy.exc import IntegrityError
 
 from handles.errors import LeaseLost
 from handles.states import ACTIVE, Status
-from handles.store.engines import Change, EngineHost
+from handles.store.engine import Database
 from handles.store.models import (
-    Clock,
+    _INPUTS,
+    _JOBS,
     InputRequestRecord,
     JobRecord,
     JobState,
     Snapshot,
     StepRecord,
     UTCDateTime,
+    _column_values,
+    _detached,
+    _rows,
 )
-from handles.store.rows import _INPUTS, _JOBS, _column_values, _detached, _rows
 from handles.store.rules import (
     ActiveLimitReached,
     _may_transition,
@@ -61,23 +61,13 @@ from handles.store.statements import (
     _update_job,
 )
 
-P = ParamSpec("P")
-T = TypeVar("T")
-
 
 class SqliteOps:
-    """`EngineOps` on an SQLite file."""
+    """The hot paths of `JobRepository` on an SQLite file."""
 
-    has_clock = False
-    """SQLite runs in this process: leases are judged by the repository's `clock`."""
-    locks_rows = False
-    """No row locks: `BEGIN IMMEDIATE` holds the database's write lock from the start."""
-    publishes = False
-    """No change notices: other processes notice changes by polling."""
-    starts_on_loop = False
-    """A start runs on SQLite's own connection, never awaited."""
+    has_clock = False  # SQLite runs in this process: leases are judged by the repository's `clock`
 
-    def __init__(self, repo: EngineHost) -> None:
+    def __init__(self, repo: Database) -> None:
         self.repo = repo
         dialect = repo.engine.dialect
         missing = sqlite_json_missing()
@@ -95,8 +85,7 @@ class SqliteOps:
 
     @contextmanager
     def hot_reading(self) -> Iterator[Any]:
-        """On the event loop, SQLite's own connection with statements compiled once; elsewhere a connection of
-        `_fast_reading`."""
+        """SQLite's own connection on the event loop, else a connection of `_fast_reading`."""
         repo = self.repo
         with repo._sqlite_reading() as raw:
             if raw is not None:
@@ -104,13 +93,6 @@ class SqliteOps:
                 return
         with repo._fast_reading() as connection:
             yield connection
-
-    def clock_offset(self, clock: Clock) -> timedelta:
-        return timedelta(0)
-
-    def skip_locked(self, query: Any) -> Any:
-        """`query` as it is: the write lock keeps other writers out."""
-        return query
 
     def snapshot(self, job_id: str) -> Snapshot:
         """One statement, and a second only while the job waits for answers."""
@@ -132,8 +114,7 @@ class SqliteOps:
             )
 
     def _snapshot_of(self, row: Sequence[Any] | None, connection: Any, job_id: str) -> Snapshot:
-        """The snapshot from its statement's `row` (none without a row), the open questions read on
-        `connection` while the job waits for answers."""
+        """The snapshot from its statement's `row`, the open questions read while the job waits."""
         if row is None:
             return None, [], []
         job = JobState(*row[:_STATE_WIDTH])
@@ -149,8 +130,7 @@ class SqliteOps:
         questions: Sequence[InputRequestRecord],
         lease_seconds: float | None,
     ) -> tuple[JobRecord, bool]:
-        """The job its idempotency key names, if any; else the active count and the insert in one `BEGIN
-        IMMEDIATE` transaction, bound with SQLAlchemy's type processors so the row is the same."""
+        """The job its idempotency key names, else the count and the insert in one transaction."""
         if values["idempotency_key"] is not None:
             existing = self._find_idempotent(values)
             if existing is not None:
@@ -192,17 +172,8 @@ class SqliteOps:
         """Never called: `starts_on_loop` is False."""
         raise RuntimeError("an SQLite store starts jobs with `insert`, not on the event loop")
 
-    def publish(self, job_id: str, origin: str, change: Change) -> None:
-        """No notice to send."""
-
     def load_notice_scope(self) -> str | None:
         return None
-
-    def publishing(
-        self, job_id: str, origin: str, change: Change, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs
-    ) -> T:
-        """Run `fn`: no notice to send."""
-        return fn(*args, **kwargs)
 
     def set_progress(self, values: Mapping[str, Any]) -> bool:
         """`_PROGRESS` in its own write transaction."""
@@ -218,8 +189,7 @@ class SqliteOps:
         now: datetime,
         values: Mapping[str, Any],
     ) -> bool:
-        """Read the row, apply the rules (`_may_transition`, `_transitioned`) and write the changed columns,
-        in one `BEGIN IMMEDIATE` transaction, past the ORM's unit of work."""
+        """Read the row, apply the rules and write the changed columns, in one transaction."""
         repo = self.repo
         with repo._sqlite_writing() as connection:
             rows = repo._prepare(_TRANSITION_READ).rows(connection, {"job_id": job_id})
@@ -252,7 +222,8 @@ class SqliteOps:
         repo = self.repo
         job_id, name = values["job_id"], values["name"]
         with repo._sqlite_writing() as connection:
-            self._hold_lease(connection, job_id, owner)
+            if not self._holds_lease(connection, job_id, owner):
+                raise LeaseLost(job_id)
             found = repo._prepare(_STEP_BY_NAME).rows(connection, {"job_id": job_id, "name": name})
             if found and not _starts_again(found[0]["status"], repeatable):
                 known = _detached(StepRecord, found[0])
@@ -272,11 +243,6 @@ class SqliteOps:
             if (held or attempt is not None) and self._execute(connection, finish, values) == 1:
                 self._execute(connection, _TOUCH_JOB, values)
         if not held:
-            raise LeaseLost(job_id)
-
-    def _hold_lease(self, connection: Any, job_id: str, owner: str) -> None:
-        """Raise `LeaseLost` unless `owner` holds the active job `job_id` (inside a write transaction)."""
-        if not self._holds_lease(connection, job_id, owner):
             raise LeaseLost(job_id)
 
     def _holds_lease(self, connection: Any, job_id: str, owner: str) -> bool:

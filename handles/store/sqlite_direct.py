@@ -1,6 +1,4 @@
-"""Core statements compiled once and run on the DB-API connection itself (sqlite3's or psycopg's), past
-SQLAlchemy's statement execution, for the hot paths. Values are bound and rows read through the type
-processors SQLAlchemy uses, so what is stored and read back is the same either way."""
+"""Core statements compiled once and run on the DB-API connection itself, for the hot paths."""
 
 from __future__ import annotations
 
@@ -11,8 +9,7 @@ from typing import Any
 
 
 class _Prepared:
-    """A Core statement compiled once for one dialect: its SQL, and its parameters from a dict of values
-    through each column type's bind processor (positional for SQLite's `?`, by name for psycopg's)."""
+    """A Core statement compiled once for one dialect, bound through SQLAlchemy's processors."""
 
     def __init__(self, statement: Any, dialect: Any, column_keys: Sequence[str] | None = None) -> None:
         compiled = statement.compile(dialect=dialect, column_keys=list(column_keys or ()) or None)
@@ -40,8 +37,7 @@ class _Prepared:
         self._nulls_pass = False
 
     def parameters(self, values: Mapping[str, Any]) -> Any:
-        """The statement's parameters from `values`: a tuple (positional paramstyle) or a dict (by name); a
-        value given for several parameters of one type is processed once."""
+        """The statement's parameters from `values`, each value processed once per type."""
         bound: dict[tuple[int, int], Any] = {}
         processed = []
         for name, process, unset in self._binds:
@@ -95,8 +91,7 @@ class _Prepared:
         ]
 
     def _result_columns(self, description: Sequence[Any]) -> list[Callable[[Any], Any] | None]:
-        """Each column's result processor for the type the driver reports (psycopg's type OID; None on
-        SQLite), as SQLAlchemy makes them; made once."""
+        """Each column's result processor for the type the driver reports, made once."""
         processors = [
             impl.result_processor(self._dialect, reported[1])
             for (_, impl), reported in zip(self._types, description, strict=True)
@@ -114,8 +109,7 @@ def _reads_null_as_none(process: Callable[[Any], Any]) -> bool:
 
 
 def _parameters_in_order(compiled: Any) -> list[tuple[str, Any]]:
-    """(name in the SQL, `BindParameter`) of each parameter: in order for a positional paramstyle, each once
-    for a named one."""
+    """(name in the SQL, `BindParameter`) of each parameter, in order when positional."""
     if compiled.positiontup is not None:
         return [(name, compiled.binds[name]) for name in compiled.positiontup]
     return [(name, bind) for bind, name in compiled.bind_names.items()]
@@ -126,8 +120,7 @@ _PER_BIND: Any = object()
 
 
 def _bound_none(process: Callable[[Any], Any] | None) -> Any:
-    """What `process` binds None as, worked out once; `_PER_BIND` when that is not a plain immutable value,
-    None without a processor."""
+    """What `process` binds None as; `_PER_BIND` when not a plain immutable value."""
     if process is None:
         return None
     unset = process(None)
@@ -135,8 +128,7 @@ def _bound_none(process: Callable[[Any], Any] | None) -> Any:
 
 
 class _DriverReads:
-    """The hot reads' side of SQLAlchemy's `Connection` (`execute(...).mappings()`, `.first()`) on the DB-API
-    connection itself."""
+    """The hot reads' side of SQLAlchemy's `Connection` on the DB-API connection itself."""
 
     def __init__(self, connection: Any, prepare: Callable[[Any], _Prepared]) -> None:
         self._connection = connection
@@ -156,8 +148,7 @@ class _Mappings(list[dict[str, Any]]):
 
 @functools.cache
 def sqlite_json_missing() -> str | None:
-    """Why this process's SQLite cannot run the store's JSON functions (SQLite 3.38+, or JSON1 before), or
-    None when it can."""
+    """Why this process's SQLite has no JSON functions, or None when it has."""
     connection = sqlite3.connect(":memory:")
     try:
         connection.execute("SELECT json_group_array(json_array(1, 'a', NULL))").fetchone()

@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import configure_mappers
 
-from handles.store.models import InputRequestRecord, JobRecord, StepRecord
-from handles.store.rows import _column_values, _detached
+from handles.store.models import InputRequestRecord, JobRecord, StepRecord, _column_values, _detached
 
 NOW = datetime(2026, 12, 1, 20, 0, tzinfo=UTC)
 

@@ -45,26 +45,26 @@ def test_a_failed_inline_read_drops_its_connection_releases_the_lock_and_the_nex
     repo.insert(job)
     whole = repo.get(job.id)
     assert whole is not None and repo.read_inline(repo.snapshot, job.id)[0] == JobState.of(whole)
-    before = repo._inline_read_raw
+    before = repo._inline_connection
     assert before is not None
 
     with pytest.raises(comes_out_as) as caught:
         repo.read_inline(_failing_read(repo, error))
     if comes_out_as is OperationalError:
         assert caught.value.orig is error
-    assert repo._inline_read_raw is None, "the failed read's connection is dropped"
+    assert repo._inline_connection is None, "the failed read's connection is dropped"
     assert repo._inline_lock.acquire(blocking=False), "the inline lock is released"
     repo._inline_lock.release()
 
     job_after, pending, steps = repo.read_inline(repo.snapshot, job.id)
     assert job_after == JobState.of(whole) and pending == [] and steps == []
-    assert repo._inline_read_raw is not None and repo._inline_read_raw is not before
+    assert repo._inline_connection is not None and repo._inline_connection is not before
 
 
 def test_off_the_event_loop_there_is_no_inline_connection(repo: JobRepository) -> None:
     with repo._sqlite_reading() as raw:
         assert raw is None
-    assert repo._inline_read_raw is None
+    assert repo._inline_connection is None
 
 
 def test_a_snapshot_reads_the_same_on_the_event_loop_and_off_it(repo: JobRepository) -> None:
@@ -97,7 +97,8 @@ def test_a_poll_on_the_event_loop_is_one_statement_and_two_while_the_job_waits_f
     for name in ("fetch", "send"):
         repo.begin_step(job.id, None, name, 1)
     repo.read_inline(repo.snapshot, job.id)  # opens the inline connection
-    raw = repo._inline_read_raw
+    assert repo._inline_connection is not None
+    raw = repo._inline_connection.connection.driver_connection
     assert raw is not None
     statements: list[str] = []
     raw.set_trace_callback(statements.append)

@@ -21,9 +21,9 @@ from handles.errors import StoreUnavailable
 from handles.states import Status
 from handles.store import InputRequestRecord, JobRepository, JobState, StepState, Store, utc_now
 from handles.store.listen import libpq_url
-from handles.store.postgres_statements import _START
 from handles.store.repository import ActiveLimitReached
 from handles.store.rules import _job_values
+from handles.store.statements import _START
 from tests.harness.database import own_connection
 from tests.harness.postgres import (
     fresh_schema,
@@ -326,8 +326,8 @@ def test_json_values_with_nul_travel_apart_from_the_row(repo: JobRepository) -> 
     hold NUL, so they travel as `json` parameters of their own, and come back through the snapshot."""
     from sqlalchemy import JSON
 
-    from handles.store.postgres_statements import _INPUT_JSON, _JOB_JSON
-    from handles.store.rows import _INPUTS, _JOBS
+    from handles.store.models import _INPUTS, _JOBS
+    from handles.store.statements import _INPUT_JSON, _JOB_JSON
 
     assert set(_JOB_JSON) == {c.name for c in _JOBS.columns if isinstance(c.type, JSON)}
     assert set(_INPUT_JSON) == {c.name for c in _INPUTS.columns if isinstance(c.type, JSON)}
@@ -370,10 +370,8 @@ def test_the_hot_reads_on_psycopgs_own_connection_read_what_sqlalchemy_reads_wit
     """The reads by key run past SQLAlchemy's statement execution on PostgreSQL: each gives the models
     SQLAlchemy's own execution of the same statement gives, value for value and type for type (floats
     as the server reports them, aware times, JSON), for a job with every kind of column set."""
-    from handles.store.models import JobRecord, StepRecord
-    from handles.store.postgres_statements import _snapshot_in_one
-    from handles.store.rows import _one, _rows
-    from handles.store.statements import _JOB_BY_ID, _OPEN_QUESTIONS_OF_JOB, _STEPS_OF_JOB
+    from handles.store.models import JobRecord, StepRecord, _one, _rows
+    from handles.store.statements import _JOB_BY_ID, _OPEN_QUESTIONS_OF_JOB, _STEPS_OF_JOB, _snapshot_in_one
 
     job = job_row(
         _id(),

@@ -63,7 +63,7 @@ def test_a_constant_written_into_a_statement_is_bound_with_its_value(dialect: st
     from sqlalchemy import bindparam
     from sqlalchemy import select as sa_select
 
-    from handles.store.rows import _JOBS
+    from handles.store.models import _JOBS
 
     statement = sa_select(_JOBS.c.id).where(
         _JOBS.c.status == "input_required", _JOBS.c.id == bindparam("job_id"), _JOBS.c.attempts > 2
