@@ -34,8 +34,14 @@ from handles.client.outcomes import (
     Question,
     Retryable,
 )
-from handles.client.task_messages import TERMINAL_STATUSES, DetailedTask, cancel_task, get_task, update_task
-from handles.client.task_pushes import PUSHED_RECHECK_SECONDS, PushedStatus
+from handles.client.tasks import (
+    TERMINAL_STATUSES,
+    DetailedTask,
+    PushedStatus,
+    cancel_task,
+    get_task,
+    update_task,
+)
 from handles.client.transient import AUTHENTICATION_FAILED, TRANSIENT_MCP_CODES
 from handles.results import link_of, text_of, tool_error_text
 from handles.tool_layout import ToolNames
@@ -45,7 +51,7 @@ _RAISED_AS_IS = TRANSIENT_MCP_CODES | {AUTHENTICATION_FAILED}  # retried, or an 
 
 
 class Following(Protocol):
-    """What a face reads of the `Follower` that drives it (handles/client/follower.py)."""
+    """What a face reads of the `Follower` that drives it (handles/client/follow.py)."""
 
     key: str
     job: str
@@ -172,7 +178,6 @@ class TaskFace:
         self.f = follower
         self.handle = handle
         self.status: PushedStatus | None = None
-        self._waited = False
 
     @property
     def pushed(self) -> bool:
@@ -187,11 +192,7 @@ class TaskFace:
         return FollowError(error.error.message, key=self.f.key, handle=self.handle)
 
     async def observe(self, client: Client, wait: float) -> View:
-        task = None
-        if self.status is not None and self.status.pushed:
-            # The first push (the state at the acknowledgement) comes at once from a handles server.
-            task = await self.status.wait_push(PUSHED_RECHECK_SECONDS if self._waited else self.f.interval)
-            self._waited = True
+        task = None if self.status is None else await self.status.wait_push(self.f.interval)
         if task is None:
             try:
                 task = await get_task(client.session, self.handle, timeout=self.f.request_timeout)
@@ -330,20 +331,14 @@ class OlderTaskFace(TaskFace):
 
 
 def completed(result: dict[str, Any]) -> dict[str, Any]:
-    """The outcome of a job that ended `completed` with `result`, a `CallToolResult` dict."""
+    """The outcome of a job that ended `completed` with `result`, a `CallToolResult` dict: its structured
+    content, else its link when it is a large result (read it with `read_link`), else the whole result."""
     if result.get("isError"):
         return {"status": "completed", "tool_error": tool_error_text(result)}
-    return {"status": "completed", "result": structured_result(result)}
-
-
-def structured_result(result: dict[str, Any]) -> Any:
-    """The structured content of a `CallToolResult` dict, else its link when it is a large result
-    (read it with `read_link`), else the whole result."""
     structured = result.get("structuredContent")
-    if structured is not None:
-        return structured
-    link = link_of(result)
-    return result if link is None else link.model_dump(mode="json")
+    if structured is None and (link := link_of(result)) is not None:
+        structured = link.model_dump(mode="json")
+    return {"status": "completed", "result": result if structured is None else structured}
 
 
 Face = HandleFace | TaskFace
