@@ -1,10 +1,11 @@
 """`follow`: one call follows one job to its end, resuming from the journal after any interruption; and
-`Follower`, the loop behind it, from connecting to a settled outcome."""
+`Follower`, the loop behind it, with the faces it follows through (handle tools, Tasks, 2025-11-25)."""
 
 from __future__ import annotations
 
 import functools
 import inspect
+import json
 import logging
 import random
 import uuid
@@ -17,21 +18,29 @@ from typing import Any, Literal, TypeVar
 
 import anyio
 from mcp import Client
+from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_types import CallToolResult, Result
+from mcp_types import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    CallToolResult,
+    CancelTaskRequest,
+    CancelTaskRequestParams,
+    CancelTaskResult,
+    ElicitRequestParams,
+    ElicitResult,
+    ErrorData,
+    GetTaskPayloadRequest,
+    GetTaskPayloadRequestParams,
+    GetTaskRequest,
+    GetTaskRequestParams,
+    GetTaskResult,
+    Result,
+)
 from mcp_types import CreateTaskResult as OlderCreated
 
 from handles.backoff import backoff_seconds
-from handles.client.faces import (
-    Face,
-    HandleFace,
-    OlderTaskFace,
-    TaskFace,
-    View,
-    caller_error,
-    completed,
-)
 from handles.client.http import http_client
 from handles.client.journal import Journal, JournalEntry, arguments_digest, check_same_work
 from handles.client.manifest import (
@@ -43,6 +52,7 @@ from handles.client.manifest import (
     server_identity,
 )
 from handles.client.outcomes import (
+    AnswerRejectedError,
     AuthenticationRefusedError,
     ConnectionLostError,
     DeadlineExceeded,
@@ -65,19 +75,27 @@ from handles.client.tasks import (
     DEFAULT_POLL_SECONDS,
     TERMINAL_STATUSES,
     CreateTaskResult,
+    DetailedTask,
+    PushedStatus,
     TaskPushes,
     TasksClientExtension,
+    cancel_task,
+    get_task,
     pushed_status,
     send_unchecked,
+    update_task,
 )
 from handles.client.transient import (
+    AUTHENTICATION_FAILED,
     CANCEL_TIMEOUT_SECONDS,
+    TRANSIENT_MCP_CODES,
     AuthenticationError,
     authentication_error,
     is_connection_failure,
     is_transient,
     leaves,
 )
+from handles.results import link_of, text_of, tool_error_text
 from handles.tasks_wire import TASKS_EXTENSION
 from handles.tool_layout import ToolNames
 
@@ -94,11 +112,8 @@ MIN_POLL_SECONDS = 0.05
 def connect(
     server: Any, *, token: str | None = None, headers: dict[str, str] | None = None, **options: Any
 ) -> Connect:
-    """A factory of `mcp.Client(server, **options)` that also declare the Tasks extension.
-
-    `server` is anything `mcp.Client` connects more than once to (a URL, `StdioServerParameters`, an
-    in-process server). A URL's client sends `token` as a bearer token and keeps 401/403 recognisable.
-    """
+    """A factory of `mcp.Client(server, **options)` that declare the Tasks extension; a URL's clients send
+    `token` as a bearer token and keep 401/403 recognisable."""
     extensions = list(options.pop("extensions", None) or ())
     if not any(getattr(e, "identifier", None) == TASKS_EXTENSION for e in extensions):
         extensions.append(TasksClientExtension())
@@ -154,9 +169,7 @@ async def follow(
     """
     if prefer not in ("auto", "tasks", "handles"):
         raise ValueError("prefer must be 'auto', 'tasks' or 'handles'")
-    book = (
-        journal if isinstance(journal, Journal) else Journal(journal if journal is not None else ":memory:")
-    )
+    book = journal if isinstance(journal, Journal) else Journal(journal or ":memory:")
     follower = Follower(
         connection=client,
         job=job,
@@ -187,6 +200,289 @@ def _seconds_until(deadline: float | timedelta | datetime | None) -> float | Non
     if isinstance(deadline, timedelta):
         return deadline.total_seconds()
     return float(deadline)
+
+
+_LOST_CODES = frozenset({"unknown_handle", "expired_handle", "wrong_job"})
+_RAISED_AS_IS = TRANSIENT_MCP_CODES | {AUTHENTICATION_FAILED}  # retried, or an authentication error
+
+
+@dataclass
+class View:
+    """One observation of the job, whichever face it came from."""
+
+    status: str
+    message: str | None = None
+    done: float | None = None
+    total: float | None = None
+    questions: dict[str, Question] = field(default_factory=dict)
+    poll_seconds: float | None = None
+    task: DetailedTask | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+def caller_error(result: CallToolResult) -> dict[str, Any]:
+    """The JSON body of a handle tool's caller error (or its text as the message)."""
+    text = text_of(result)
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError:
+        body = None
+    return body if isinstance(body, dict) else {"error": "tool_error", "message": text or "The call failed."}
+
+
+class HandleFace:
+    """The handle tools: `<job>_progress` (long-poll), `<job>_respond`, `<job>_cancel`, `<job>_fetch`,
+    or the shared `jobs_*` ones of a compact server (the follower read the layout from tools/list)."""
+
+    pushed = False  # the handle tools long-poll instead
+
+    def __init__(self, follower: Follower, handle: str) -> None:
+        self.f = follower
+        self.handle = handle
+
+    async def _call(
+        self,
+        client: Client,
+        verb: str,
+        arguments: dict[str, Any],
+        wait: float = 0.0,
+        refused: type[FollowError] = FollowError,
+    ) -> CallToolResult:
+        """Call `<job>_<verb>` on the handle; a caller error becomes `JobLostError`, a retry, or `refused`."""
+        names = self.f.names or ToolNames()
+        result = await client.call_tool(
+            names.name(self.f.job, verb),
+            {"handle": self.handle, **arguments},
+            read_timeout_seconds=wait + self.f.request_timeout,
+        )
+        if result.is_error and result.structured_content is None:
+            body = caller_error(result)
+            if body.get("error") in _LOST_CODES:
+                raise JobLostError(str(body.get("message")), key=self.f.key, handle=self.handle)
+            if body.get("retryable"):
+                raise Retryable(str(body.get("message")))
+            raise refused(str(body.get("message")), key=self.f.key, handle=self.handle)
+        return result
+
+    async def observe(self, client: Client, wait: float) -> View:
+        result = await self._call(client, "progress", {"wait_seconds": round(wait, 3)}, wait)
+        data = result.structured_content or {}
+        progress = data.get("progress") or {}
+        questions = {
+            key: Question(key, str(request.get("message", "")), dict(request.get("requested_schema") or {}))
+            for key, request in (data.get("input_requests") or {}).items()
+        }
+        poll = data.get("poll_after_ms")
+        return View(
+            status=str(data.get("status")),
+            message=data.get("status_message"),
+            done=progress.get("done"),
+            total=progress.get("total"),
+            questions=questions,
+            poll_seconds=None if poll is None else poll / 1000,
+        )
+
+    async def answer(self, client: Client, answers: dict[str, dict[str, Any]]) -> None:
+        await self._call(client, "respond", {"responses": answers}, refused=AnswerRejectedError)
+
+    async def decline(self, client: Client, keys: list[str]) -> None:
+        # The handle tools have no "declined" answer: a job cannot go on without it, so it is cancelled.
+        await self.cancel(client)
+
+    async def cancel(self, client: Client) -> None:
+        await self._call(client, "cancel", {})
+
+    async def outcome(self, client: Client, view: View) -> dict[str, Any]:
+        result = await self._call(client, "fetch", {"wait_seconds": 0})
+        data = result.structured_content or {}
+        status = str(data.get("status"))
+        if status == "completed":
+            if data.get("tool_error") is not None:
+                return {"status": status, "tool_error": data["tool_error"]}
+            # A result too large to travel inline is its link (read it with `read_link`).
+            return {"status": status, "result": data.get("result") or data.get("result_link")}
+        if status == "failed":
+            return {
+                "status": status,
+                "error": data.get("error") or {"code": INTERNAL_ERROR, "message": "failed"},
+            }
+        return {"status": status, "message": data.get("status_message")}
+
+
+class TaskFace:
+    """The Tasks extension: `tasks/get`, `tasks/update`, `tasks/cancel` on the handle as `taskId`, and the
+    task's `notifications/tasks` while `status` says the server pushes them."""
+
+    def __init__(self, follower: Follower, handle: str) -> None:
+        self.f = follower
+        self.handle = handle
+        self.status: PushedStatus | None = None
+
+    @property
+    def pushed(self) -> bool:
+        return self.status is not None and self.status.pushed
+
+    def _lost(self, error: MCPError) -> Exception:
+        """What a failed task request raises: the error itself when it is retried or refused, else the job lost."""
+        if error.error.code in _RAISED_AS_IS:
+            return error
+        if error.error.code == INVALID_PARAMS:
+            return JobLostError(error.error.message, key=self.f.key, handle=self.handle)
+        return FollowError(error.error.message, key=self.f.key, handle=self.handle)
+
+    async def observe(self, client: Client, wait: float) -> View:
+        task = None if self.status is None else await self.status.wait_push(self.f.interval)
+        if task is None:
+            try:
+                task = await get_task(client.session, self.handle, timeout=self.f.request_timeout)
+            except MCPError as error:
+                raise self._lost(error) from None
+        # A handles server only asks form elicitations (`elicitation/create`, message + requestedSchema).
+        questions = {
+            key: Question(
+                key,
+                str((request.get("params") or {}).get("message", "")),
+                dict((request.get("params") or {}).get("requestedSchema") or {}),
+            )
+            for key, request in (task.input_requests or {}).items()
+        }
+        return View(
+            status=task.status,
+            message=task.status_message,
+            done=task.done,
+            total=task.total,
+            questions=questions,
+            poll_seconds=None if task.poll_interval_ms is None else task.poll_interval_ms / 1000,
+            task=task,
+        )
+
+    async def _update(self, client: Client, responses: dict[str, Any]) -> None:
+        try:
+            await update_task(client.session, self.handle, responses, timeout=self.f.request_timeout)
+        except MCPError as error:
+            if error.error.code == INVALID_PARAMS:
+                await self.observe(client, 0.0)  # the same code for a vanished task: this raises JobLostError
+                raise AnswerRejectedError(error.error.message, key=self.f.key, handle=self.handle) from None
+            raise self._lost(error) from None
+
+    async def answer(self, client: Client, answers: dict[str, dict[str, Any]]) -> None:
+        await self._update(client, {k: {"action": "accept", "content": v} for k, v in answers.items()})
+
+    async def decline(self, client: Client, keys: list[str]) -> None:
+        await self._update(client, {k: {"action": "decline"} for k in keys})
+
+    async def cancel(self, client: Client) -> None:
+        try:
+            await cancel_task(client.session, self.handle, timeout=self.f.request_timeout)
+        except MCPError as error:
+            raise self._lost(error) from None
+
+    async def outcome(self, client: Client, view: View) -> dict[str, Any]:
+        task = view.task
+        assert task is not None
+        if task.status == "completed":
+            return completed(task.result or {})
+        if task.status == "failed":
+            error = task.error or {
+                "code": INTERNAL_ERROR,
+                "message": task.status_message or "The task failed.",
+            }
+            return {"status": "failed", "error": error}
+        return {"status": "cancelled", "message": task.status_message}
+
+
+class OlderTaskFace(TaskFace):
+    """The experimental Tasks design of MCP 2025-11-25: `tasks/get`, `tasks/cancel`, and `tasks/result`,
+    whose stream asks the job's questions, answered through the follower's `ask` while it waits."""
+
+    _ended: CallToolResult | MCPError | None = None  # what tasks/result answered, once the job ended
+
+    async def _send(self, client: Client, request: Any, answer: type[Any]) -> Any:
+        try:
+            return await client.session.send_request(request, answer, self.f.request_timeout)
+        except MCPError as error:
+            raise self._lost(error) from None
+
+    async def observe(self, client: Client, wait: float) -> View:
+        get = GetTaskRequest(params=GetTaskRequestParams(task_id=self.handle))
+        task: GetTaskResult = await self._send(client, get, GetTaskResult)
+        if task.status == "input_required":
+            self._ended = await self._result(client)  # answers the questions, then waits for the end
+            task = await self._send(client, get, GetTaskResult)
+        if task.status not in TERMINAL_STATUSES:
+            self._ended = None  # the server's wait ran out first
+        poll = task.poll_interval
+        return View(task.status, task.status_message, poll_seconds=None if poll is None else poll / 1000)
+
+    async def _result(self, client: Client) -> CallToolResult | MCPError:
+        """`tasks/result`, each question on its stream answered through the follower's `ask` (what it
+        raises, such as `InputRequiredError`, ends the request and is raised)."""
+        session = client.session
+        stopped: list[FollowError] = []
+
+        async def answer(
+            context: ClientRequestContext, params: ElicitRequestParams
+        ) -> ElicitResult | ErrorData:
+            schema = dict(getattr(params, "requested_schema", None) or {})
+            try:
+                reply = await self.f.ask(Question(str(context.request_id), params.message, schema))
+            except FollowError as error:
+                stopped.append(error)
+                scope.cancel()
+                return ErrorData(code=INVALID_PARAMS, message=str(error))
+            return (
+                ElicitResult(action="decline")
+                if reply is None
+                else ElicitResult(action="accept", content=reply)
+            )
+
+        request = GetTaskPayloadRequest(params=GetTaskPayloadRequestParams(task_id=self.handle))
+        previous, session._elicitation_callback = session._elicitation_callback, answer
+        try:
+            with anyio.CancelScope() as scope:
+                result: CallToolResult = await session.send_request(
+                    request, CallToolResult, self.f.long_poll + self.f.request_timeout
+                )
+                return result
+        except MCPError as error:
+            if error.error.code == AUTHENTICATION_FAILED:
+                raise
+            return error  # the job's own error, or a lost wait: the next tasks/get tells
+        finally:
+            session._elicitation_callback = previous
+        raise stopped[0]
+
+    async def cancel(self, client: Client) -> None:
+        cancel = CancelTaskRequest(params=CancelTaskRequestParams(task_id=self.handle))
+        await self._send(client, cancel, CancelTaskResult)
+
+    async def outcome(self, client: Client, view: View) -> dict[str, Any]:
+        if view.status == "cancelled":
+            return {"status": "cancelled", "message": view.message}
+        # A stored error may be a wait that ran out just before the end: only a result is kept.
+        ended = self._ended if isinstance(self._ended, CallToolResult) else await self._result(client)
+        if isinstance(ended, CallToolResult):
+            return completed(ended.model_dump(by_alias=True, mode="json", exclude_none=True))
+        if view.status == "failed":
+            return {"status": "failed", "error": ended.error.model_dump(mode="json", exclude_none=True)}
+        raise self._lost(ended)
+
+
+def completed(result: dict[str, Any]) -> dict[str, Any]:
+    """The outcome of a job that ended `completed` with `result`, a `CallToolResult` dict: its structured
+    content, else its link when it is a large result (read it with `read_link`), else the whole result."""
+    if result.get("isError"):
+        return {"status": "completed", "tool_error": tool_error_text(result)}
+    structured = result.get("structuredContent")
+    if structured is None and (link := link_of(result)) is not None:
+        structured = link.model_dump(mode="json")
+    return {"status": "completed", "result": result if structured is None else structured}
+
+
+Face = HandleFace | TaskFace
 
 
 @dataclass(eq=False, kw_only=True)
@@ -341,9 +637,8 @@ class Follower:
         )
 
     def _choose(self, manifest: Manifest) -> tuple[Way, Literal["start", "call"]]:
-        """The face to follow the job through, and how to create it: through `<job>_start` (idempotent)
-        when listed, else a task-creating `tools/call <job>`. The 2025-11-25 design serves only a job
-        where the Tasks extension is not usable, and the handle tools unless `prefer` is "tasks"."""
+        """The face to follow the job through, and how to create it: `<job>_start` when listed, else a
+        task-creating `tools/call <job>` (the 2025-11-25 design only where no other face serves)."""
         needs = Requirements(
             modes=("tasks", "handles") if self.prefer == "auto" else self.prefer, jobs=[self.job]
         )

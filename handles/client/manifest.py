@@ -1,11 +1,4 @@
-"""What a server offers, read before the first call, and what a workflow needs of it.
-
-```python
-manifest = await read_manifest(client)
-plan = manifest.check(Requirements(modes=("tasks", "handles"), jobs={"deploy_release": {"respond"}}))
-plan["deploy_release"]  # "tasks" or "handles", or RequirementsNotMet was raised
-```
-"""
+"""What a server offers, read before the first call, and what a workflow needs of it (docs/client.md)."""
 
 from __future__ import annotations
 
@@ -116,8 +109,7 @@ class JobManifest(_Frozen):
 
 
 def runs_as_older_task(tool: Tool) -> bool:
-    """Whether `tool` may run as a task of the 2025-11-25 design (`execution.taskSupport` "optional" or
-    "required")."""
+    """Whether `tool` may run as a task of the 2025-11-25 design (`execution.taskSupport`)."""
     return tool.execution is not None and tool.execution.task_support in ("optional", "required")
 
 
@@ -203,10 +195,8 @@ class Manifest(_Frozen):
         return _with_modes(JobManifest(name=name, tools={"plain": name}), self._tasks_problem())
 
     def check(self, requirements: Requirements) -> Plan:
-        """The mode each required job runs in: the first of its modes this connection offers.
-
-        Raises `RequirementsNotMet` listing every unmet requirement; each fallback taken is in `fallbacks`.
-        """
+        """The mode each required job runs in: the first of its modes this connection offers; raises
+        `RequirementsNotMet` listing every unmet requirement."""
         unmet: list[str] = []
         if requirements.protocol_versions and self.protocol_version not in requirements.protocol_versions:
             wanted = " or ".join(sorted(requirements.protocol_versions))
@@ -312,8 +302,7 @@ class Need(_Frozen):
     """What a workflow needs of one job: `Need("respond")`, `Need(modes=("tasks",))`."""
 
     tools: frozenset[Verb] = frozenset()
-    """What it must be able to do besides running the job: `"respond"` (answer its questions),
-    `"cancel"`, ... An inline call can do none of these."""
+    """What it must be able to do besides running the job (`"respond"`, `"cancel"`, ...)."""
     modes: Modes | None = None
     """The modes this job may run in, most wanted first; None: the workflow's `modes`."""
 
@@ -337,11 +326,8 @@ def _by_name(value: Any) -> Any:
 
 
 class Requirements(_Frozen):
-    """What a workflow needs of a server, checked with `Manifest.check` before the first call.
-
-    `modes` lists how its jobs may run, most wanted first (later ones are accepted fallbacks); `jobs`
-    names the jobs it calls, each with verbs it needs or a `Need`; `protocol_versions` limits versions.
-    """
+    """What a workflow needs of a server: `modes` its jobs may run in, most wanted first; `jobs` it calls,
+    each with the verbs it needs or a `Need`; `protocol_versions` it speaks."""
 
     modes: Modes
     jobs: Annotated[FrozenMap[str, Annotated[Need, BeforeValidator(_as_need)]], BeforeValidator(_by_name)] = (

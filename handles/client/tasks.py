@@ -31,40 +31,9 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from handles.backoff import backoff_seconds
-from handles.client.transient import (
-    CANCEL_TIMEOUT_SECONDS,
-    AuthenticationError,
-    authentication_error,
-    is_transient,
-)
+from handles.client.transient import CANCEL_TIMEOUT_SECONDS, authentication_error, is_transient
+from handles.client.transient import AuthenticationError as AuthenticationError  # raised here, re-exported
 from handles.tasks_wire import PROGRESS_META_KEY, TASKS_EXTENSION
-
-__all__ = [
-    "DEFAULT_POLL_SECONDS",
-    "DEFAULT_RETRIES",
-    "PUSHED_RECHECK_SECONDS",
-    "TERMINAL_STATUSES",
-    "AuthenticationError",
-    "CreateTaskResult",
-    "DetailedTask",
-    "InputHandler",
-    "PushedStatus",
-    "TaskCancelled",
-    "TaskFailed",
-    "TaskObserver",
-    "TaskPushes",
-    "TaskStatus",
-    "TaskStatusParams",
-    "TaskSubscription",
-    "TasksClientExtension",
-    "cancel_task",
-    "follow_task",
-    "get_task",
-    "listen_tasks",
-    "pushed_status",
-    "session_input_handler",
-    "update_task",
-]
 
 logger = logging.getLogger("handles.client.tasks")
 T = TypeVar("T")
@@ -232,15 +201,13 @@ async def send_unchecked(
     session: ClientSession,
     method: str,
     params: dict[str, Any],
-    *,
-    timeout: float,
     headers: dict[str, str] | None = None,
+    **call: Any,
 ) -> dict[str, Any]:
-    """`method` with `params`, stamped as the session stamps every request (plus `headers`), its answer
-    returned as sent: for answers the SDK would check against the wrong shape, such as a 2025-11-25
-    `tools/call` answered with a task. Uses the session's private stamp and dispatcher."""
+    """`method` stamped as the session stamps every request (plus `headers`), its answer returned unchecked
+    (such as a 2025-11-25 `tools/call` answered with a task); `call` holds the dispatcher's options."""
     data: dict[str, Any] = {"method": method, "params": params}
-    options: Any = {"timeout": timeout}
+    options: Any = call
     session._stamp(data, options)  # pyright: ignore[reportPrivateUsage]
     if headers:
         options.setdefault("headers", {}).update(headers)
@@ -329,11 +296,8 @@ class TaskSubscription:
 async def listen_tasks(
     session: ClientSession, task_ids: Collection[str], *, ack_timeout: float = ACK_TIMEOUT_SECONDS
 ) -> AsyncIterator[TaskSubscription]:
-    """Open a `subscriptions/listen` stream for `task_ids` (2026-07-28 only) while inside.
-
-    Never raises for a server that does not push: a task it does not acknowledge is left out of
-    `honored`, and its follower polls.
-    """
+    """Open a `subscriptions/listen` stream for `task_ids` (2026-07-28 only) while inside; a task the server
+    does not acknowledge is left out of `honored` (its follower polls)."""
     if session.protocol_version not in MODERN_PROTOCOL_VERSIONS or not task_ids:
         yield TaskSubscription(frozenset())
         return
@@ -345,21 +309,14 @@ async def listen_tasks(
     if task_group is None:
         raise RuntimeError("listen_tasks() requires an entered session")
     request_id = f"tasks-listen-{next(_listen_ids)}"
-    data: dict[str, Any] = {
-        "method": "subscriptions/listen",
-        "params": {"notifications": {"taskIds": list(task_ids)}},
-    }
-    opts: Any = {"request_id": request_id}
-    session._stamp(data, opts)  # pyright: ignore[reportPrivateUsage]
+    params = {"notifications": {"taskIds": list(task_ids)}}
     driver_scope = anyio.CancelScope()
     route = session._register_listen_route(request_id)  # pyright: ignore[reportPrivateUsage]
 
     async def drive() -> None:
         with driver_scope:
             try:
-                await session._dispatcher.send_raw_request(  # pyright: ignore[reportPrivateUsage]
-                    data["method"], data.get("params"), opts
-                )
+                await send_unchecked(session, "subscriptions/listen", params, request_id=request_id)
             except Exception as error:
                 route.settle("lost", error=error if isinstance(error, MCPError) else None)
                 return
@@ -459,12 +416,8 @@ async def follow_task(
     pushes: TaskPushes | None = None,
     recheck_seconds: float = PUSHED_RECHECK_SECONDS,
 ) -> CallToolResult:
-    """Follow a task to its end and return its `CallToolResult`.
-
-    States come from pushes when `pushes` is given and the server offers them, else from `tasks/get`.
-    Transient failures are retried up to `retries` in a row; the task is cancelled only when the
-    caller gives up (its cancellation or deadline, or an input handler that refuses or fails).
-    """
+    """Follow a task to its end and return its `CallToolResult`, from pushed states or `tasks/get`, retrying
+    transient failures; the task is cancelled only when the caller gives up (or its input handler fails)."""
     task_id = task if isinstance(task, str) else task.task_id
     hint = None if isinstance(task, str) else task.poll_interval_ms
     answer = on_input or session_input_handler(session)
