@@ -215,7 +215,7 @@ class View:
     done: float | None = None
     total: float | None = None
     questions: dict[str, Question] = field(default_factory=dict)
-    poll_seconds: float | None = None
+    poll_ms: float | None = None
     task: DetailedTask | None = None
 
     @property
@@ -275,14 +275,13 @@ class HandleFace:
             key: Question(key, str(request.get("message", "")), dict(request.get("requested_schema") or {}))
             for key, request in (data.get("input_requests") or {}).items()
         }
-        poll = data.get("poll_after_ms")
         return View(
             status=str(data.get("status")),
             message=data.get("status_message"),
             done=progress.get("done"),
             total=progress.get("total"),
             questions=questions,
-            poll_seconds=None if poll is None else poll / 1000,
+            poll_ms=data.get("poll_after_ms"),
         )
 
     async def answer(self, client: Client, answers: dict[str, dict[str, Any]]) -> None:
@@ -355,7 +354,7 @@ class TaskFace:
             done=task.done,
             total=task.total,
             questions=questions,
-            poll_seconds=None if task.poll_interval_ms is None else task.poll_interval_ms / 1000,
+            poll_ms=task.poll_interval_ms,
             task=task,
         )
 
@@ -414,8 +413,7 @@ class OlderTaskFace(TaskFace):
             task = await self._send(client, get, GetTaskResult)
         if task.status not in TERMINAL_STATUSES:
             self._ended = None  # the server's wait ran out first
-        poll = task.poll_interval
-        return View(task.status, task.status_message, poll_seconds=None if poll is None else poll / 1000)
+        return View(task.status, task.status_message, poll_ms=task.poll_interval)
 
     async def _result(self, client: Client) -> CallToolResult | MCPError:
         """`tasks/result`, each question on its stream answered through the follower's `ask` (what it
@@ -754,8 +752,8 @@ class Follower:
             if self.deadline_at is not None:
                 wait = max(0.0, min(wait, self.deadline_at - anyio.current_time()))
             view = await self._with_retries(functools.partial(face.observe, wait=wait))
-            if view.poll_seconds is not None:
-                self.interval = max(MIN_POLL_SECONDS, view.poll_seconds)
+            if view.poll_ms is not None:
+                self.interval = max(MIN_POLL_SECONDS, view.poll_ms / 1000)
             if view.status != self.status:
                 self.status = view.status
                 if not view.ended:
