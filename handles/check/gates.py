@@ -25,7 +25,7 @@ from handles.check.wire import (
     start,
 )
 from handles.client.manifest import JobManifest, Manifest, list_tools, runs_as_older_task
-from handles.client.task_messages import TERMINAL_STATUSES
+from handles.client.tasks import TERMINAL_STATUSES
 from handles.states import Status, can_transition
 from handles.tool_layout import FOLLOW_VERBS
 

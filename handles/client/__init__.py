@@ -1,12 +1,4 @@
-"""Follow a job of a `handles` server to its end, from the official `mcp` client (see docs/client.md).
-
-```python
-report = await follow(
-    connect("http://127.0.0.1:8000/mcp"), "generate_report", {"account": "acme"},
-    key="acme-report-2026-07", journal=Journal("jobs.db"), deadline=600,
-)
-```
-"""
+"""Follow a job of a `handles` server to its end, from the official `mcp` client (see docs/client.md)."""
 
 from handles.client import outcomes
 from handles.client.follow import connect, follow

@@ -9,7 +9,7 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -31,10 +31,6 @@ create table if not exists handles_client_follows (
     updated_at real not null
 )
 """
-_COLUMNS = (
-    "key, server, job, arguments_digest, idempotency_key, created_via, handle, state, outcome, "
-    "created_at, updated_at"
-)
 
 
 @dataclass(frozen=True)
@@ -56,6 +52,10 @@ class JournalEntry:
     @property
     def ended(self) -> bool:
         return self.outcome is not None
+
+
+_COLUMNS = ", ".join(field.name for field in fields(JournalEntry))
+_SELECT = f"select {_COLUMNS} from handles_client_follows"
 
 
 class Journal:
@@ -85,14 +85,12 @@ class Journal:
 
     def get(self, key: str) -> JournalEntry | None:
         with self._connection() as db:
-            row = db.execute(
-                f"select {_COLUMNS} from handles_client_follows where key = ?", (key,)
-            ).fetchone()
+            row = db.execute(f"{_SELECT} where key = ?", (key,)).fetchone()
         return None if row is None else _entry(row)
 
     def entries(self) -> list[JournalEntry]:
         with self._connection() as db:
-            rows = db.execute(f"select {_COLUMNS} from handles_client_follows order by created_at").fetchall()
+            rows = db.execute(f"{_SELECT} order by created_at").fetchall()
         return [_entry(row) for row in rows]
 
     def forget(self, key: str) -> None:
@@ -103,14 +101,12 @@ class Journal:
     def reserve(
         self, key: str, *, server: str, job: str, arguments_digest: str, created_via: str, state: str
     ) -> tuple[JournalEntry, bool]:
-        """The entry for `key` and whether this call created it (with a fresh idempotency key).
-
-        Committed before it returns; raises `JournalConflict` when the key names another server, job or arguments.
-        """
+        """The entry for `key` and whether this call created it (committed); raises `JournalConflict` when
+        the key names another server, job or arguments."""
         now = time.time()
         with self._connection() as db:
             db.execute("begin immediate")
-            try:
+            with db:  # commits, or rolls back on an exception
                 inserted = (
                     db.execute(
                         f"insert or ignore into handles_client_follows ({_COLUMNS}) "
@@ -119,13 +115,7 @@ class Journal:
                     ).rowcount
                     == 1
                 )
-                row = db.execute(
-                    f"select {_COLUMNS} from handles_client_follows where key = ?", (key,)
-                ).fetchone()
-                db.execute("commit")
-            except BaseException:
-                db.execute("rollback")
-                raise
+                row = db.execute(f"{_SELECT} where key = ?", (key,)).fetchone()
         entry = _entry(row)
         check_same_work(entry, server=server, job=job, arguments_digest=arguments_digest)
         return entry, inserted

@@ -18,10 +18,8 @@ class LinkReadError(Exception):
 
 
 async def read_link(client: Client, link: ResultLink | Mapping[str, Any]) -> AsyncIterator[bytes]:
-    """Yield a linked result's bytes part by part (one `resources/read` each), then check them whole.
-
-    Raises `LinkReadError` at the end when the joined bytes do not match the link's size and SHA-256.
-    """
+    """Yield a linked result's bytes part by part (one `resources/read` each); raises `LinkReadError` at
+    the end when they do not match the link's size and SHA-256."""
     link = link if isinstance(link, ResultLink) else ResultLink.model_validate(dict(link))
     uris = [link.uri] if link.parts == 1 else [link.part_uri(part) for part in range(link.parts)]
     digest = hashlib.sha256()

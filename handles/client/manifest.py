@@ -1,16 +1,9 @@
-"""What a server offers, read before the first call, and what a workflow needs of it.
-
-```python
-manifest = await read_manifest(client)
-plan = manifest.check(Requirements(modes=("tasks", "handles"), jobs={"deploy_release": {"respond"}}))
-plan["deploy_release"]  # "tasks" or "handles", or RequirementsNotMet was raised
-```
-"""
+"""What a server offers, read before the first call, and what a workflow needs of it (docs/client.md)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import MappingProxyType
 from typing import Annotated, Any, Literal, TypeVar
@@ -44,9 +37,8 @@ from handles.tool_layout import (
 logger = logging.getLogger("handles.client")
 
 Mode = Literal["tasks", "handles", "inline"]
-"""How a job is run: `"tasks"` through the Tasks extension (`tasks/get`, `tasks/update`, `tasks/cancel`),
-`"handles"` through the handle tools (`<job>_start`, then progress/fetch/cancel/respond), `"inline"` as
-one call of the plain tool `<job>` that answers the result (or its handle, past its budget or when it asks)."""
+"""How a job is run: through the Tasks extension, the handle tools (`<job>_start`, then progress, fetch,
+cancel, respond), or one call of its plain tool `<job>` (answering its result, or its handle)."""
 MODES: tuple[Mode, ...] = ("tasks", "handles", "inline")
 
 Verb = Literal["start", "progress", "fetch", "cancel", "respond"]
@@ -67,6 +59,10 @@ FrozenMap = Annotated[Mapping[K, V], AfterValidator(MappingProxyType), PlainSeri
 
 def _nothing() -> Mapping[Any, Any]:
     return MappingProxyType({})  # a default pydantic need not copy (it cannot deep-copy a mappingproxy)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True)
 
 
 def server_identity(client: Client) -> str:
@@ -95,37 +91,30 @@ async def list_tools(client: Client) -> list[Tool]:
     return tools
 
 
-class JobManifest(BaseModel):
+class JobManifest(_Frozen):
     """One job as the server lists it, and the modes this client can run it in."""
-
-    model_config = ConfigDict(frozen=True)
 
     name: str
     tools: FrozenMap[str, str]
-    """The tool of each role the server lists for this job: `plain` (`<job>`), `start`, `progress`,
-    `fetch`, `cancel`, `respond` (the shared `jobs_*` tools in the compact layout)."""
+    """The tool of each role listed for this job: `plain`, `start`, `progress`, `fetch`, `cancel`, `respond`."""
     layout: ToolLayout | None = None
     """The layout of its handle tools; None when it has none."""
     asks_input: bool = False
     """Whether it can ask questions (its answers go through `respond`, or `tasks/update`)."""
     plain_call: PlainCall | None = None
-    """What its plain tool does for a caller without the Tasks extension, as the server states it:
-    `"adaptive"` (answers inline, or a handle past its budget) or `"tasks_only"` (refuses); None when
-    there is no plain tool or the server does not say."""
+    """What its plain tool does for a caller without the Tasks extension: `"adaptive"` (answers inline, or
+    a handle past its budget) or `"tasks_only"` (refuses); None when unsaid."""
     modes: tuple[Mode, ...] = ()
-    """The modes this client can run it in on this connection, in the order tasks, handles, inline."""
+    """The modes this client can run it in on this connection."""
 
 
 def runs_as_older_task(tool: Tool) -> bool:
-    """Whether `tool` may run as a task of the 2025-11-25 design (`execution.taskSupport` "optional" or
-    "required")."""
+    """Whether `tool` may run as a task of the 2025-11-25 design (`execution.taskSupport`)."""
     return tool.execution is not None and tool.execution.task_support in ("optional", "required")
 
 
-class Manifest(BaseModel):
+class Manifest(_Frozen):
     """What one connection to a server offers: print it, or log `model_dump_json()`."""
-
-    model_config = ConfigDict(frozen=True)
 
     server: str
     """Where the server is: its URL, its command line, or `inprocess:<name>`."""
@@ -135,8 +124,7 @@ class Manifest(BaseModel):
     protocol_version: str
     """The negotiated MCP protocol version."""
     negotiated_by: Literal["discover", "initialize"]
-    """`"discover"`: `server/discover` (2026-07-28): no session, capabilities sent with every request.
-    `"initialize"`: a handshake-era session (2025-11-25 and earlier), which has no Tasks extension."""
+    """`"discover"` (2026-07-28, no session) or `"initialize"` (a handshake, which has no Tasks extension)."""
     supported_versions: tuple[str, ...] = ()
     """The versions the server's discover answer lists (empty after an initialize handshake)."""
     tasks_offered: bool = False
@@ -144,12 +132,10 @@ class Manifest(BaseModel):
     tasks_declared: bool = False
     """Whether this client declares it on its requests."""
     tasks_designs: tuple[str, ...] = ()
-    """The tasks designs the server serves on this connection: `"2026-07-28"` (the Tasks extension it
-    advertises) and `"2025-11-25"` (the experimental design, `capabilities.tasks` of an initialize
-    handshake at that version, which a `handles` server serves beside the extension)."""
+    """The tasks designs the server serves on this connection: `"2026-07-28"` (the Tasks extension) and
+    `"2025-11-25"` (the experimental design's `capabilities.tasks`)."""
     older_task_tools: tuple[str, ...] = ()
-    """The tools a task of the 2025-11-25 design can run (`execution.taskSupport` "optional" or
-    "required", on a server declaring `capabilities.tasks.requests.tools.call`), sorted."""
+    """The tools a task of the 2025-11-25 design can run, sorted."""
     tools: tuple[str, ...] = ()
     """Every tool the server lists, sorted."""
     jobs: FrozenMap[str, JobManifest] = Field(default_factory=_nothing)
@@ -209,10 +195,8 @@ class Manifest(BaseModel):
         return _with_modes(JobManifest(name=name, tools={"plain": name}), self._tasks_problem())
 
     def check(self, requirements: Requirements) -> Plan:
-        """The mode each required job runs in: the first of its modes this connection offers.
-
-        Raises `RequirementsNotMet` listing every unmet requirement; each fallback taken is in `fallbacks`.
-        """
+        """The mode each required job runs in: the first of its modes this connection offers; raises
+        `RequirementsNotMet` listing every unmet requirement."""
         unmet: list[str] = []
         if requirements.protocol_versions and self.protocol_version not in requirements.protocol_versions:
             wanted = " or ".join(sorted(requirements.protocol_versions))
@@ -224,7 +208,7 @@ class Manifest(BaseModel):
             offered = {mode: self._offers(mode) for mode in requirements.modes}
             if all(offered.values()):
                 unmet.append(
-                    f"This workflow needs {_either(requirements.modes)}. "
+                    f"This workflow needs {_and(requirements.modes, 'or')}. "
                     + " ".join(f"Not {mode}: {problem}." for mode, problem in offered.items())
                 )
         chosen: dict[str, Mode] = {}
@@ -257,15 +241,18 @@ class Manifest(BaseModel):
                 f"{name}: the job asks no questions here (the server lists no respond tool for it), but this "
                 "workflow expects to answer some. Check which version of the server this is."
             )
-        problems = {mode: self._problem(job, mode, need.tools) for mode in MODES}
+        tasks = self._tasks_problem()
+        problems = {
+            mode: _mode_problem(job, mode, tasks) or _need_problem(job, mode, need.tools) for mode in MODES
+        }
         usable = [mode for mode in modes if problems[mode] is None]
         passed = modes[: modes.index(usable[0])] if usable else modes
         why = " ".join(f"Not {mode}: {problems[mode]}." for mode in passed)
         if usable:
             return usable[0], f"{name} runs {usable[0]}, a declared fallback. {why}" if passed else ""
         others = tuple(mode for mode in MODES if problems[mode] is None)
-        return None, f"{name} needs {_either(modes)}{_with(need.tools)}. {why} " + (
-            f"It could run {_either(others)} here, if the workflow declares that as a fallback."
+        return None, f"{name} needs {_and(modes, 'or')}{_with(need.tools)}. {why} " + (
+            f"It could run {_and(others, 'or')} here, if the workflow declares that as a fallback."
             if others
             else "No mode serves it on this connection."
         )
@@ -289,10 +276,6 @@ class Manifest(BaseModel):
             )
         return None
 
-    def _problem(self, job: JobManifest, mode: Mode, verbs: Collection[str]) -> str | None:
-        """Why `job` cannot run in `mode` here, doing `verbs` besides (None: it can)."""
-        return _mode_problem(job, mode, self._tasks_problem()) or _need_problem(job, mode, verbs)
-
     def _offers(self, mode: Mode) -> str | None:
         """Why this connection offers `mode` for no job at all (None: it offers it)."""
         if mode == "tasks":
@@ -315,19 +298,16 @@ def _each_once(modes: tuple[Mode, ...] | None) -> tuple[Mode, ...] | None:
 Modes = Annotated[tuple[Mode, ...], BeforeValidator(_one_or_many), AfterValidator(_each_once)]
 
 
-class Need(BaseModel):
+class Need(_Frozen):
     """What a workflow needs of one job: `Need("respond")`, `Need(modes=("tasks",))`."""
 
-    model_config = ConfigDict(frozen=True)
-
     tools: frozenset[Verb] = frozenset()
-    """What it must be able to do besides running the job: `"respond"` (answer its questions),
-    `"cancel"`, ... An inline call can do none of these."""
+    """What it must be able to do besides running the job (`"respond"`, `"cancel"`, ...)."""
     modes: Modes | None = None
     """The modes this job may run in, most wanted first; None: the workflow's `modes`."""
 
     def __init__(self, *tools: Verb, modes: Mode | Iterable[Mode] | None = None) -> None:
-        super().__init__(tools=frozenset(tools), modes=modes)
+        BaseModel.__init__(self, tools=frozenset(tools), modes=modes)
 
 
 def _as_need(value: Any) -> Any:
@@ -345,14 +325,9 @@ def _by_name(value: Any) -> Any:
     return value if isinstance(value, Mapping) else dict.fromkeys(value, Need())
 
 
-class Requirements(BaseModel):
-    """What a workflow needs of a server, checked with `Manifest.check` before the first call.
-
-    `modes` lists how its jobs may run, most wanted first (later ones are accepted fallbacks); `jobs`
-    names the jobs it calls, each with verbs it needs or a `Need`; `protocol_versions` limits versions.
-    """
-
-    model_config = ConfigDict(frozen=True)
+class Requirements(_Frozen):
+    """What a workflow needs of a server: `modes` its jobs may run in, most wanted first; `jobs` it calls,
+    each with the verbs it needs or a `Need`; `protocol_versions` it speaks."""
 
     modes: Modes
     jobs: Annotated[FrozenMap[str, Annotated[Need, BeforeValidator(_as_need)]], BeforeValidator(_by_name)] = (
@@ -367,13 +342,11 @@ class Requirements(BaseModel):
         jobs: Mapping[str, Need | Iterable[Verb]] | Iterable[str] = (),
         protocol_versions: str | Iterable[str] = (),
     ) -> None:
-        super().__init__(modes=modes, jobs=jobs, protocol_versions=protocol_versions)
+        BaseModel.__init__(self, modes=modes, jobs=jobs, protocol_versions=protocol_versions)
 
 
-class Plan(BaseModel):
+class Plan(_Frozen):
     """The mode chosen for each required job; `plan["deploy_release"]`."""
-
-    model_config = ConfigDict(frozen=True)
 
     modes: FrozenMap[str, Mode] = Field(default_factory=_nothing)
     fallbacks: FrozenMap[str, str] = Field(default_factory=_nothing)
@@ -487,12 +460,8 @@ def _with_modes(job: JobManifest, tasks: str | None) -> JobManifest:
     return job.model_copy(update={"modes": tuple(m for m in MODES if _mode_problem(job, m, tasks) is None)})
 
 
-def _and(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
-def _either(modes: tuple[Mode, ...]) -> str:
-    return modes[0] if len(modes) == 1 else ", ".join(modes[:-1]) + " or " + modes[-1]
+def _and(items: Sequence[str], last: str = "and") -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} {last} {items[-1]}"
 
 
 def _with(verbs: Collection[str]) -> str:

@@ -12,9 +12,8 @@ TRANSIENT_MCP_CODES = frozenset({CONNECTION_CLOSED, REQUEST_TIMEOUT, INTERNAL_ER
 """JSON-RPC errors after which the same request may simply be sent again."""
 
 AUTHENTICATION_FAILED = -32030
-"""Client-side only: the JSON-RPC error a 401/403 answer becomes (see `handles.client.http_client`).
-
-Outside the codes MCP uses (-32000 connection closed, -32001 request timeout, -32020..-32022, -32042)."""
+"""Client-side only: the JSON-RPC error a 401/403 answer becomes (see `handles.client.http_client`), outside
+the codes MCP uses."""
 
 CANCEL_TIMEOUT_SECONDS = 5.0
 """How long a client tries to cancel a job or task it abandons (shielded, best effort) before giving up."""
@@ -29,17 +28,16 @@ class AuthenticationError(Exception):
         super().__init__(authentication_message(status, detail))
 
 
+_WHY_REFUSED = {
+    401: "HTTP 401: the server requires a valid bearer token and this request had none, or one it does not "
+    "accept (unknown or expired). Pass a valid token, e.g. connect(url, token=...).",
+    403: "HTTP 403: the server accepted the credential but refuses this request with it (a missing scope "
+    "or permission). Use a token that grants access.",
+}
+
+
 def authentication_message(status: int, detail: str | None = None) -> str:
-    if status == 403:
-        why = (
-            "HTTP 403: the server accepted the credential but refuses this request with it "
-            "(a missing scope or permission). Use a token that grants access."
-        )
-    else:
-        why = (
-            "HTTP 401: the server requires a valid bearer token and this request had none, or one it "
-            "does not accept (unknown or expired). Pass a valid token, e.g. connect(url, token=...)."
-        )
+    why = _WHY_REFUSED[403 if status == 403 else 401]
     return f"Authentication failed ({why})" + (f" Server said: {detail}" if detail else "")
 
 
@@ -77,14 +75,11 @@ def unreadable_cause(exc: BaseException) -> BaseException | None:
     """Why a server could not be read at all, to report: its refusal of the credentials, or the failed
     connection; None when `exc` is neither (a fault to raise)."""
     refused = authentication_error(exc)
-    if refused is None and not is_connection_failure(exc):
-        return None
-    return refused if refused is not None else leaves(exc)[0]
+    return refused or (leaves(exc)[0] if is_connection_failure(exc) else None)
 
 
 def is_connection_failure(exc: BaseException) -> bool:
-    """A transient error, or a transport's crash (e.g. `httpx2.ConnectError` out of a client's task group),
-    anywhere inside `exc`."""
+    """A transient error, or a transport's crash (e.g. `httpx2.ConnectError`), anywhere inside `exc`."""
     return any(
         is_transient(leaf)
         or type(leaf).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "httpcore2")

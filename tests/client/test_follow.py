@@ -3,6 +3,7 @@ abandonment, and the journal's promise that one key starts at most one job."""
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import time
 from collections.abc import AsyncIterator
@@ -442,7 +443,8 @@ async def test_a_connection_that_stays_lost_is_reported_and_the_job_kept(
 ) -> None:
     failing_get = AsyncMock(side_effect=MCPError(code=REQUEST_TIMEOUT, message="Request timed out"))
     async with FailsToObserve(counted.server, extensions=[TasksClientExtension(push=False)]) as client:
-        monkeypatch.setattr("handles.client.faces.get_task", failing_get)
+        # handles.client.follow names the function: patch the module's get_task.
+        monkeypatch.setattr(importlib.import_module("handles.client.follow"), "get_task", failing_get)
         with pytest.raises(ConnectionLostError, match="after 2 attempts") as lost:
             await follow(client, "quick", {"text": "q"}, key="k", journal=journal, prefer=face, retries=1)  # type: ignore[arg-type]
         monkeypatch.undo()
