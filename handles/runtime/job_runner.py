@@ -18,11 +18,7 @@ from handles.ask_first import FIRST_KEY
 from handles.errors import JobFailed, LeaseLost, StepOutcomeUnknown, StoreUnavailable
 from handles.jobs import JobParked, JobSpec, UndeclaredAsk
 from handles.limits import clean_message, json_size, sized_json
-from handles.outcomes import (
-    Outcome,
-    failed,
-    result_to_json,
-)
+from handles.outcomes import Outcome, failed, result_to_json
 from handles.results import ResultFile, ResultLink, linked_result
 from handles.runtime.cancellation import RunCancellation
 from handles.runtime.result_files import ResultTooLarge, write_result_file
@@ -155,10 +151,7 @@ class JobRunner(RunCancellation):
 
     async def _write_file(self, record: JobRecord, file: ResultFile) -> ResultLink:
         return await write_result_file(
-            self.store,
-            record.id,
-            file,
-            max_bytes=self.config.max_result_file_bytes,
+            self.store, record.id, file, max_bytes=self.config.max_result_file_bytes
         )
 
     async def _run_job(self, entry: RunningJob, record: JobRecord) -> Outcome | None:

@@ -540,7 +540,9 @@ class TaskStatusPush:
         await tap.acked.wait()
         service = self._extension.service
         try:
-            async with contextlib.aclosing(service.changes(job)) as changes:
+            async with contextlib.aclosing(
+                service.versions(job, outage_pause=service.config.store_poll_seconds)
+            ) as changes:
                 async for record in changes:
                     pending = await service.pending_inputs(record)
                     body = detailed_task(spec, record, task_id, pending)
