@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from handles.store import StepRecord, run_shielded
 
 if TYPE_CHECKING:
-    from handles.store import InputRequestRecord, Store
+    from handles.store import Change, InputRequestRecord, Store
 
 __all__ = ["JobWrites", "StepRecord"]
 
@@ -24,36 +24,26 @@ class JobWrites:
         self.job_id = job_id
         self.owner = owner
 
+    async def _write(self, change: Change, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`method(job_id, owner, *args, **kwargs)` on the store, as this run."""
+        return await self._store.write(self.job_id, change, method, self.job_id, self.owner, *args, **kwargs)
+
     async def progress(self, done: float | None, total: float | None, message: str | None) -> None:
         """Store the job's latest progress report."""
-        repo = self._store.repo
-        await self._store.write(
-            self.job_id, "reported", repo.set_progress, self.job_id, self.owner, done, total, message
-        )
+        await self._write("reported", self._store.repo.set_progress, done, total, message)
 
     async def open_question(
         self, key: str, text: str, requested: dict[str, Any]
     ) -> InputRequestRecord | None:
         """Store the question `key`; the stored request if it was answered already (a replay), else None."""
-        repo = self._store.repo
-        return await self._store.write(
-            self.job_id, "changed", repo.open_input, self.job_id, self.owner, key, text, requested
-        )
+        return await self._write("changed", self._store.repo.open_input, key, text, requested)
 
     async def begin_step(self, name: str, attempt: int, *, repeatable: bool) -> tuple[StepRecord, bool]:
         """Record that step `name` starts, unless it is already known: (record, fresh)."""
         repo = self._store.repo
         # Its start time fixed here: a try again after an outage knows its own committed start by it.
-        return await self._store.write(
-            self.job_id,
-            "reported",
-            repo.begin_step,
-            self.job_id,
-            self.owner,
-            name,
-            attempt,
-            started_at=repo.clock(),
-            repeatable=repeatable,
+        return await self._write(
+            "reported", repo.begin_step, name, attempt, started_at=repo.clock(), repeatable=repeatable
         )
 
     async def finish_step(
@@ -61,17 +51,7 @@ class JobWrites:
     ) -> None:
         """Record the outcome of step `name`, started in `attempt`: its JSON result, or the error it raised."""
         repo = self._store.repo
-        await self._store.write(
-            self.job_id,
-            "reported",
-            repo.finish_step,
-            self.job_id,
-            self.owner,
-            name,
-            result=result,
-            error=error,
-            attempt=attempt,
-        )
+        await self._write("reported", repo.finish_step, name, result=result, error=error, attempt=attempt)
 
     @staticmethod
     async def to_the_end(work: Coroutine[Any, Any, T]) -> T:
