@@ -104,28 +104,20 @@ def _seconds(delta: timedelta | None) -> float | None:
     return None if delta is None else delta.total_seconds()
 
 
+@dataclass(kw_only=True, eq=False)
 class JobOperations:
     """Start, find and steer stored jobs on behalf of a principal."""
 
-    def __init__(
-        self,
-        *,
-        specs: Mapping[str, JobSpec],
-        store: Store,
-        codec: HandleCodec,
-        sealer: Sealer,
-        runtime: Runtime,
-        config: HandlesConfig,
-        schema: SchemaGate | None = None,
-    ) -> None:
-        self.specs = specs
-        self.sealer = sealer
-        self.schema = schema
-        self.store = store
-        self.codec = codec
-        self.runtime = runtime
-        self.config = config
-        self.switches = SwitchBoard(store, config)
+    specs: Mapping[str, JobSpec]
+    store: Store
+    codec: HandleCodec
+    sealer: Sealer
+    runtime: Runtime
+    config: HandlesConfig
+    schema: SchemaGate | None = None
+
+    def __post_init__(self) -> None:
+        self.switches = SwitchBoard(self.store, self.config)
 
     @property
     def clock(self) -> Callable[[], Any]:

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from handles.cli.common import open_repository, operator_name
-from handles.cli.formatting import _clip, _one_line_table, _when
+from handles.cli.formatting import _clip, _one_line, _table, _when
 from handles.config import HandlesConfig
 from handles.errors import ConfigurationError
 from handles.store import JobRepository, SwitchRecord
@@ -46,9 +46,8 @@ def switches_show(args: argparse.Namespace) -> int:
         ]
         for row in rows
     ]
-    print(
-        _one_line_table(table, ["SWITCH", "STATE", "CHANGED BY", "CHANGED AT (UTC)", "RETRY AFTER", "REASON"])
-    )
+    headers = ["SWITCH", "STATE", "CHANGED BY", "CHANGED AT (UTC)", "RETRY AFTER", "REASON"]
+    print(_table([[_one_line(cell) for cell in row] for row in table], headers))
     return 0
 
 
