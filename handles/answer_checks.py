@@ -18,10 +18,8 @@ SHOWN_KEYS = 5
 def checked_answers(
     sealer: Sealer, pending: Mapping[str, InputRequestRecord], responses: dict[str, Any], retry: str
 ) -> dict[str, Any]:
-    """`responses` checked against the schemas of the `pending` questions they answer, sensitive fields sealed.
-
-    Raises `InvalidArguments` naming every misfit; the one check of an answer, whoever sends it.
-    """
+    """`responses` checked against the schemas of the `pending` questions they answer, sensitive fields
+    sealed; raises `InvalidArguments` naming every misfit."""
     problems: list[str] = []
     expected: list[str] = []
     for key, answer in responses.items():

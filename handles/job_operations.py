@@ -1,5 +1,4 @@
-"""The operations on stored jobs that every face shares (start, open a handle, wait, cancel, respond); the
-faces translate them into their own wire shapes and touch neither the store nor the codec."""
+"""The operations on stored jobs that every face shares: start, open a handle, wait, cancel, respond."""
 
 from __future__ import annotations
 
@@ -69,38 +68,33 @@ class StartedJob:
     job: JobRecord
     created: bool
     mint: Callable[[], str]
-    """Signs the job's handle, when first read: a plain call answered inline never needs one."""
 
     @cached_property
     def handle(self) -> str:
-        """The signed handle of `job`, minted on first use."""
+        """The signed handle of `job`, minted on first read: a plain call answered inline never needs one."""
         return self.mint()
 
 
 @dataclass(frozen=True)
 class _NewJob:
-    """A start's job row, ready to insert, and what becomes of it once stored (`JobOperations._hand_over`)."""
+    """A start's job row, ready to insert: `claimed` runs it here (in the slot `Runtime.reserve` held),
+    `queued` leaves it to any node's dispatcher."""
 
     record: JobRecord
     question: InputRequestRecord | None
     claimed: bool
-    """Stored leased to this node, in the slot `Runtime.reserve` held: it runs here."""
     queued: bool
-    """Stored waiting for a worker: any node's dispatcher takes it."""
     settled: asyncio.Future[Outcome] | None
-    """The caller waits for the job's result (see `JobOperations.start`)."""
 
 
 UNKNOWN_HANDLE = (
     "This handle is not valid here: it may be mistyped, truncated, made up, signed by a retired key, "
     "or issued to someone else."
 )
-"""What every handle that does not open a job of the caller's gets told, whatever it really is."""
 
 
 def arguments_digest(arguments: dict[str, Any], sensitive: frozenset[str] = frozenset()) -> str:
-    """What an idempotent start compares: the arguments, less the sensitive ones (a hash of a short
-    secret would be guessable, and a keyed one would change with every key rotation)."""
+    """What an idempotent start compares: the arguments less the sensitive ones (a short secret's hash is guessable)."""
     compared = {key: value for key, value in arguments.items() if key not in sensitive}
     canonical = json.dumps(compared, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
@@ -110,40 +104,28 @@ def _seconds(delta: timedelta | None) -> float | None:
     return None if delta is None else delta.total_seconds()
 
 
+@dataclass(kw_only=True, eq=False)
 class JobOperations:
     """Start, find and steer stored jobs on behalf of a principal."""
 
-    def __init__(
-        self,
-        *,
-        specs: Mapping[str, JobSpec],
-        store: Store,
-        codec: HandleCodec,
-        sealer: Sealer,
-        runtime: Runtime,
-        config: HandlesConfig,
-        schema: SchemaGate | None = None,
-    ) -> None:
-        self.specs = specs
-        self.sealer = sealer
-        self.schema = schema
-        self.store = store
-        self.codec = codec
-        self.runtime = runtime
-        self.config = config
-        self.switches = SwitchBoard(store, config)
+    specs: Mapping[str, JobSpec]
+    store: Store
+    codec: HandleCodec
+    sealer: Sealer
+    runtime: Runtime
+    config: HandlesConfig
+    schema: SchemaGate | None = None
+
+    def __post_init__(self) -> None:
+        self.switches = SwitchBoard(self.store, self.config)
 
     @property
     def clock(self) -> Callable[[], Any]:
         return self.store.repo.clock
 
     async def ensure_running(self) -> None:
-        """Make the service ready, lazily: the one way every face reaches the store, awaited first by each
-        operation a request begins with (a start, opening a handle or a task, reading a result link).
-
-        On first use it brings the schema current on a worker thread (a database that does not answer is
-        the retryable `StoreUnavailable`, and the next call tries again) and starts the runtime; once the
-        runtime is draining or stopped it refuses (retryably), never restarts."""
+        """Bring the schema current and start the runtime on first use, awaited first by every operation a
+        request begins with; refuses (retryably) once the runtime drains, and never restarts it."""
         if self.runtime.closed:
             raise ShuttingDown(
                 "This server is shutting down and takes no new calls; nothing was changed.",
@@ -185,15 +167,10 @@ class JobOperations:
         settled: asyncio.Future[Outcome] | None = None,
         face: str | None = None,
     ) -> StartedJob:
-        """Validate, store durably and hand the job to the runtime; its handle is minted when first read.
+        """Validate, store durably and hand the job to the runtime (refused while its kind is paused).
 
-        A job with an `ask_first` question starts only once it is answered: with
-        `first_answer` it runs at once; without, it is stored waiting in `input_required`.
-        Refused, before anything is read or stored, while the job kind is paused.
-        `settled`: the caller waits for the job's result in this request (a plain call). No reply of the
-        start goes out before the job, so a job run here begins at once (no reply-first turns), and the
-        outcome that run stores is set on `settled` once committed (see `Runtime.adopt`).
-        `face`: which face starts it, for the started counter (`telemetry.FACE`).
+        An `ask_first` job runs at once given `first_answer`, else waits in `input_required`; `settled` (a
+        plain call's) gets the stored outcome (`Runtime.adopt`); `face` labels the started counter.
         """
         await self.check_accepting(spec)
         retry_hint = f"Fix the arguments and call {spec.name}_start again."
@@ -285,21 +262,15 @@ class JobOperations:
             )
         if created:
             self.runtime.telemetry.started(spec.name, face)
-        return StartedJob(
-            job=stored,
-            created=created,
-            mint=partial(self.handle_of, stored),
-        )
+        return StartedJob(job=stored, created=created, mint=partial(self.handle_of, stored))
 
     def handle_of(self, job: JobRecord) -> str:
-        """The job's handle, as every face gives it: signed with its first expiry (its kind's retention
-        from its creation), so a job ended since, whose deletion came sooner, keeps the same handle."""
+        """The job's handle, signed with its first expiry (creation plus retention), so it never changes."""
         expires_at = job.created_at + self.specs[job.kind].retention
         return self.codec.mint(job_id=job.id, kind=job.kind, principal=job.principal, expires_at=expires_at)
 
     def _store(self, new: _NewJob) -> Started | Coroutine[Any, Any, Started]:
-        """Insert the job (`Store.start`) and hand it over (`_hand_over`): here, with no await, when the insert
-        ran at once; else the coroutine that awaits the insert, then hands the job over."""
+        """Insert the job and hand it over: at once when the insert ran without an await, else as a coroutine."""
         with self._reservation(new):
             done = self.store.start(
                 new.record,
@@ -428,10 +399,7 @@ class JobOperations:
         return spec, await self.open(spec, principal, handle)
 
     async def spec_of(self, principal: str, handle: object, unknown: UnknownHandle) -> JobSpec:
-        """The declared job a genuine handle of `principal` belongs to (its signed kind); else raises `unknown`.
-
-        A made-up handle, another principal's and one of a job not declared here are refused alike.
-        """
+        """The declared job a genuine handle of `principal` belongs to; else raises `unknown`, whatever it is."""
         await self.ensure_running()
         claims = self.codec.verify(handle, principal=principal)
         spec = self.specs.get(claims.kind) if claims is not None else None
@@ -471,8 +439,8 @@ class JobOperations:
         reread_seconds: float = 60.0,
         outage_pause: float | None = None,
     ) -> AsyncGenerator[Opened | JobRecord]:
-        """`record`, then each newer version of its job, for `seconds` at most (None: until it ends), ending at
-        once when the node drains: the one way a face waits for a job (see `handles.waiting.job_versions`)."""
+        """`record`, then each newer version, for `seconds` at most (None: until it ends) or until the node
+        drains: the one way a face waits for a job (`handles.waiting.job_versions`)."""
         return job_versions(
             self.store,
             record,
@@ -492,9 +460,7 @@ class JobOperations:
         past_reports: bool = False,
     ) -> Opened | JobRecord:
         """Re-read the job until `until(job)` holds or `wait_seconds` (capped) pass; returns the latest state.
-
-        `past_reports`: `until` reads nothing a running job reports on its way (its progress, its steps),
-        so the wait is not woken, nor the job read again, for those reports (`ChangeNotifier`)."""
+        `past_reports`: not woken by progress and step reports, which `until` does not read."""
         if wait_seconds <= 0 or until(record):
             return record
         latest: Opened | JobRecord = record
@@ -504,17 +470,6 @@ class JobOperations:
                 if until(latest):
                     break
         return latest
-
-    def changes(self, record: JobRecord, *, reread_seconds: float = 60.0) -> AsyncGenerator[JobRecord]:
-        """Each new version of an opened job, as it is stored here or on any other node, until it ends.
-
-        Yields `record` itself first, then every version read after it (`versions`); ends after a terminal
-        version, when the job is gone, or when the node drains; `reread_seconds` re-reads anyway. A store
-        outage pauses it, not ends it.
-        """
-        return self.versions(
-            record, reread_seconds=reread_seconds, outage_pause=self.config.store_poll_seconds
-        )
 
     async def pending_inputs(self, record: JobRecord) -> list[InputRequestRecord]:
         if Status(record.status) is not Status.INPUT_REQUIRED:
@@ -545,13 +500,8 @@ class JobOperations:
         again: str | None = None,
         follow: str | None = None,
     ) -> AnswerOutcome:
-        """Check every answer against its question's schema, then store them all or none.
-
-        A reply none of whose keys is a question the job asked (an empty one included) answers nothing
-        and is refused; keys of questions already answered are not unknown (a retry is ignored, as any
-        answer to them is). `again` is the tool to call again after a refused answer (default
-        `<job>_respond`), `follow` the one to follow the job with (default `<job>_progress`).
-        """
+        """Check every answer against its question's schema, then store them all or none; a reply naming no
+        question the job asked is refused. `again` and `follow` name the tools a refusal points to."""
         check_size(
             responses,
             MAX_RESPONSE_BYTES,

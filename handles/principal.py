@@ -76,11 +76,8 @@ def _shown(value: str) -> str:
 
 
 def readable(principal: str) -> str:
-    """A stored principal as an operator reads it: `SUBJECT (client CLIENT_ID)` or `local NAME`.
-
-    A value with spaces, brackets, commas, quotes or unprintable characters is JSON-quoted, so two
-    principals never read the same.
-    """
+    """A stored principal as an operator reads it: `SUBJECT (client CLIENT_ID)` or `local NAME`, quoted
+    where needed so that two principals never read the same."""
     components = _token_components(principal)
     if components is not None:
         issuer, client_id, subject = components
@@ -99,10 +96,7 @@ ANY = None
 
 @dataclass(frozen=True)
 class PrincipalMatch:
-    """The stored principals an operator's `--principal VALUE` means, for the store to find in SQL.
-
-    `patterns` are built from the JSON encoding `token_form` writes, so each pins one component.
-    """
+    """The stored principals an operator's `--principal VALUE` means, for the store to find in SQL."""
 
     exact: tuple[str, ...]
     patterns: tuple[tuple[str | None, ...], ...]

@@ -119,10 +119,7 @@ def linked_result(link: ResultLink, *, structured: bool) -> dict[str, Any]:
         f" Summary: {link.summary}" if link.summary else ""
     )
     result = CallToolResult(
-        content=[
-            TextContent(type="text", text=sentence),
-            resource_link(link),
-        ],
+        content=[TextContent(type="text", text=sentence), resource_link(link)],
         structured_content=dumped if structured else None,
         _meta={LINK_META: dumped},
     )

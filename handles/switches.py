@@ -1,7 +1,5 @@
-"""The operator's switches: stop the Tasks face from creating tasks, or pause new starts of a job kind.
-
-They live in the store; each node rereads them at most `switch_cache_seconds` after a change.
-"""
+"""The operator's switches, kept in the store: stop the Tasks face from creating tasks, or pause new
+starts of a job kind."""
 
 from __future__ import annotations
 
@@ -9,7 +7,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import datetime
 
 from handles.config import HandlesConfig
@@ -98,21 +96,20 @@ class Switches:
         return lines
 
 
+@dataclass(eq=False)
 class SwitchBoard:
     """One node's copy of the switches, read from the store at most once per `switch_cache_seconds`."""
 
-    def __init__(
-        self, store: Store, config: HandlesConfig, *, monotonic: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.store = store
-        self.config = config
-        self._monotonic = monotonic
-        self._current: Switches | None = None
-        self._read_at = 0.0
-        self._lock: asyncio.Lock | None = None
+    store: Store
+    config: HandlesConfig
+    _: KW_ONLY
+    monotonic: Callable[[], float] = time.monotonic
+    _current: Switches | None = field(default=None, init=False)
+    _read_at: float = field(default=0.0, init=False)
+    _lock: asyncio.Lock | None = field(default=None, init=False)
 
     def _fresh(self) -> Switches | None:
-        if self._current is None or self._monotonic() - self._read_at >= self.config.switch_cache_seconds:
+        if self._current is None or self.monotonic() - self._read_at >= self.config.switch_cache_seconds:
             return None
         return self._current
 
@@ -127,7 +124,7 @@ class SwitchBoard:
             fresh = self._fresh()
             if fresh is not None:
                 return fresh
-            read_at = self._monotonic()
+            read_at = self.monotonic()
             switches = Switches.of(await self.store.read(self.store.repo.switches), self.config)
             self._log_changes(self._current, switches)
             self._current, self._read_at = switches, read_at

@@ -1,7 +1,5 @@
-"""Metrics and traces through the OpenTelemetry API: no-ops until the application installs the SDK.
-
-No attribute carries a principal, an argument, an answer or a result.
-"""
+"""Metrics and traces through the OpenTelemetry API (no-ops until the application installs the SDK); no
+attribute carries a principal, an argument, an answer or a result."""
 
 from __future__ import annotations
 
@@ -20,6 +18,7 @@ KIND = "handles.job.kind"
 REASON = "handles.job.reason"
 FACE = "handles.job.face"
 """Which face started a job: `handle_tools`, `plain_tool`, `tasks_extension` or `tasks_2025_11_25`."""
+ENDED = ("completed", "failed", "cancelled")
 _PROPAGATOR = TraceContextTextMapPropagator()  # trace context only: baggage may carry anything
 
 
@@ -96,7 +95,7 @@ def _instruments() -> tuple[dict[str, Any], _Sources]:
         "started": meter.create_counter("handles.jobs.started", description="Jobs started."),
         **{
             status: meter.create_counter(f"handles.jobs.{status}", description=f"Jobs {status}.")
-            for status in ("completed", "failed", "cancelled")
+            for status in ENDED
         },
         "recovered": meter.create_counter(
             "handles.jobs.recovered", description="Jobs whose node died, settled or retried by another."
@@ -121,13 +120,7 @@ class Telemetry:
 
     def __init__(self) -> None:
         self.tracer = trace.get_tracer(SCOPE)
-        instruments, self._sources = _instruments()
-        self._started = instruments["started"]
-        self._ended = {status: instruments[status] for status in ("completed", "failed", "cancelled")}
-        self._recovered = instruments["recovered"]
-        self._queue_wait = instruments["queue_wait"]
-        self._run_time = instruments["run_time"]
-        self._parked_time = instruments["parked_time"]
+        self._instruments, self._sources = _instruments()
 
     def observe(self, runtime: Any) -> None:
         """Count `runtime` in the gauges for as long as it lives."""
@@ -138,24 +131,23 @@ class Telemetry:
         self._sources.running.discard(runtime)
 
     def started(self, kind: str, face: str | None = None) -> None:
-        self._started.add(1, {KIND: kind} if face is None else {KIND: kind, FACE: face})
+        self._instruments["started"].add(1, {KIND: kind} if face is None else {KIND: kind, FACE: face})
 
     def ended(self, kind: str, status: str, reason: str | None = None) -> None:
-        counter = self._ended.get(status)
-        if counter is not None:
-            counter.add(1, {KIND: kind, REASON: reason} if reason else {KIND: kind})
+        if status in ENDED:
+            self._instruments[status].add(1, {KIND: kind, REASON: reason} if reason else {KIND: kind})
 
     def recovered(self, kind: str) -> None:
-        self._recovered.add(1, {KIND: kind})
+        self._instruments["recovered"].add(1, {KIND: kind})
 
     def queue_wait(self, kind: str, seconds: float) -> None:
-        self._queue_wait.record(max(seconds, 0.0), {KIND: kind})
+        self._instruments["queue_wait"].record(max(seconds, 0.0), {KIND: kind})
 
     def run_time(self, kind: str, seconds: float) -> None:
-        self._run_time.record(max(seconds, 0.0), {KIND: kind})
+        self._instruments["run_time"].record(max(seconds, 0.0), {KIND: kind})
 
     def parked_time(self, kind: str, seconds: float) -> None:
-        self._parked_time.record(max(seconds, 0.0), {KIND: kind})
+        self._instruments["parked_time"].record(max(seconds, 0.0), {KIND: kind})
 
     @contextlib.contextmanager
     def attempt(

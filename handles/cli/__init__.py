@@ -1,7 +1,4 @@
-"""The `handles` command for operators: see and steer every stored job from a terminal (`handles --help`).
-
-It reads the same `HANDLES_*` environment as the servers; `main` is the console script's entry point.
-"""
+"""The `handles` command for operators (`handles --help`); `main` is the console script's entry point."""
 
 from __future__ import annotations
 

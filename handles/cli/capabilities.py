@@ -1,7 +1,5 @@
-"""`handles manifest URL`: what a server offers a client, and whether it meets a workflow's requirements.
-
-The only command that speaks MCP, so only it imports the MCP client.
-"""
+"""`handles manifest URL`: what a server offers a client, and whether it meets a workflow's requirements
+(the only command that speaks MCP, so only it imports the MCP client)."""
 
 from __future__ import annotations
 

@@ -28,9 +28,5 @@ def _one_line(text: str) -> str:
     return "".join(c if c.isprintable() else " " for c in text)
 
 
-def _one_line_table(rows: list[list[str]], headers: list[str]) -> str:
-    return _table([[_one_line(cell) for cell in row] for row in rows], headers)
-
-
 def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()

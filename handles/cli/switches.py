@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from handles.cli.common import open_repository, operator_name
-from handles.cli.formatting import _clip, _one_line_table, _when
+from handles.cli.formatting import _clip, _one_line, _table, _when
 from handles.config import HandlesConfig
 from handles.errors import ConfigurationError
 from handles.store import JobRepository, SwitchRecord
@@ -46,9 +46,8 @@ def switches_show(args: argparse.Namespace) -> int:
         ]
         for row in rows
     ]
-    print(
-        _one_line_table(table, ["SWITCH", "STATE", "CHANGED BY", "CHANGED AT (UTC)", "RETRY AFTER", "REASON"])
-    )
+    headers = ["SWITCH", "STATE", "CHANGED BY", "CHANGED AT (UTC)", "RETRY AFTER", "REASON"]
+    print(_table([[_one_line(cell) for cell in row] for row in table], headers))
     return 0
 
 
@@ -69,11 +68,6 @@ def _set_switch(
     )
 
 
-def _takes_effect() -> str:
-    seconds = HandlesConfig.from_env().switch_cache_seconds
-    return f"every node applies it within {seconds:g} s (HANDLES_SWITCH_CACHE_SECONDS), without a restart"
-
-
 def _changed(row: SwitchRecord, before: SwitchRecord | None, what: str, state: str) -> str:
     """`what` the switch now does, who set it and when, a note when it was already so (`state` names the
     engaged state: "on", "paused"), and when every node applies it."""
@@ -82,7 +76,11 @@ def _changed(row: SwitchRecord, before: SwitchRecord | None, what: str, state: s
         was = f" (it was already {state}; now recorded as yours)" if already else ""
     else:
         was = "" if already else f" (it was not {state})"
-    return f"{what}, by {row.changed_by} at {_when(row.changed_at)} UTC{was}: {_takes_effect()}"
+    seconds = HandlesConfig.from_env().switch_cache_seconds
+    return (
+        f"{what}, by {row.changed_by} at {_when(row.changed_at)} UTC{was}: every node applies it within "
+        f"{seconds:g} s (HANDLES_SWITCH_CACHE_SECONDS), without a restart"
+    )
 
 
 def tasks_off(args: argparse.Namespace) -> int:

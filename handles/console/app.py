@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
@@ -95,12 +96,12 @@ class _SecurityHeaders:
         await self.app(scope, receive, send_secured)
 
 
+@dataclass(eq=False)
 class Console:
     """The console over one store; `handles` when mounted in that server (its runtime hears at once)."""
 
-    def __init__(self, operations: Operations, gate: Gate) -> None:
-        self.ops = operations
-        self.gate = gate
+    ops: Operations
+    gate: Gate
 
     def guarded(self, handler: Handler, *, post: bool = False) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
@@ -310,10 +311,8 @@ class Console:
 
 
 def console_app(handles_or_database_url: Handles | str, *, token: str) -> Starlette:
-    """The operator console as a Starlette app, on the store of a `Handles` or on a database URL.
-
-    `token` is the operator credential (at least 16 characters): nothing is shown without it.
-    """
+    """The operator console as a Starlette app, on the store of a `Handles` or on a database URL; `token`
+    (at least 16 characters) is the operator credential."""
     from handles.app import Handles
 
     repository: JobRepository | None = None

@@ -1,8 +1,5 @@
-"""Who may use the console: the operator token, a signed session cookie, and CSRF tokens for forms.
-
-The session key derives from the token, so changing the token ends every session; token checks
-go through `LoginThrottle`.
-"""
+"""Who may use the console: the operator token, a signed session cookie (keyed by the token, so a new
+token ends every session), and CSRF tokens for forms."""
 
 from __future__ import annotations
 

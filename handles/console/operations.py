@@ -69,16 +69,14 @@ class Overview:
 STATES = ("running", "queued", "parked", "failed (1 h)")
 
 
+@dataclass(eq=False)
 class Operations:
     """The console's reads and writes on one store (and, mounted in a server, its runtime)."""
 
-    def __init__(
-        self, store: Store, sealer: Sealer, timing: LeaseTiming, runtime: Runtime | None = None
-    ) -> None:
-        self.store = store
-        self.sealer = sealer
-        self.timing = timing
-        self.runtime = runtime
+    store: Store
+    sealer: Sealer
+    timing: LeaseTiming
+    runtime: Runtime | None = None
 
     async def page(self, filters: Filters, after: tuple[datetime, str] | None) -> list[JobRecord]:
         """Up to `PAGE_SIZE` + 1 jobs (the extra one says there is a next page), newest first."""
@@ -119,10 +117,8 @@ class Operations:
         return result
 
     async def answer(self, job: JobRecord, key: str, answer: dict[str, Any], by: str) -> bool:
-        """Check and store `answer` to question `key` as `by`; False when it was no longer pending.
-
-        Raises `InvalidArguments` (nothing stored) when the answer does not fit the question's schema.
-        """
+        """Check and store `answer` to question `key` as `by`; False when it was no longer pending (raises
+        `InvalidArguments` when it does not fit the question's schema)."""
         pending = {r.key: r for r in await self.store.read(self.store.repo.pending_inputs, job.id)}
         if key not in pending:
             return False

@@ -7,7 +7,7 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 FAILURES_ALLOWED = 5
 WINDOW_SECONDS = 300
@@ -40,15 +40,13 @@ class Throttled(Exception):
         self.retry_after = retry_after
 
 
+@dataclass(kw_only=True, eq=False)
 class LoginThrottle:
     """Counts wrong tokens per client and says when a client must wait (see the module's docstring)."""
 
-    def __init__(
-        self, *, max_clients: int = MAX_CLIENTS, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self._records: OrderedDict[str, _Record] = OrderedDict()
-        self._max_clients = max_clients
-        self._clock = clock
+    max_clients: int = MAX_CLIENTS
+    clock: Callable[[], float] = time.monotonic
+    _records: OrderedDict[str, _Record] = field(default_factory=OrderedDict, init=False)
 
     def __len__(self) -> int:
         return len(self._records)
@@ -58,13 +56,13 @@ class LoginThrottle:
         record = self._records.get(client)
         if record is None:
             return
-        now = self._clock()
+        now = self.clock()
         if now < record.blocked_until:
             raise Throttled(max(1, math.ceil(record.blocked_until - now)))
 
     def failed(self, client: str) -> None:
         """Count a wrong token from `client`; the one that uses up its allowance starts a block."""
-        now = self._clock()
+        now = self.clock()
         record = self._records.pop(client, None)
         if record is None or record.stale(now):
             record = _Record(failures=0, since=now)
@@ -82,7 +80,7 @@ class LoginThrottle:
                 seconds,
             )
         self._records[client] = record  # most recently failed last
-        while len(self._records) > self._max_clients:
+        while len(self._records) > self.max_clients:
             self._records.popitem(last=False)
 
     def succeeded(self, client: str) -> None:

@@ -6,11 +6,7 @@ import asyncio
 import logging
 
 from handles.errors import StoreUnavailable
-from handles.outcomes import (
-    Outcome,
-    cancelled_at_request,
-    cancelled_with_unknown_steps,
-)
+from handles.outcomes import Outcome, cancelled_at_request, cancelled_with_unknown_steps
 from handles.runtime.run_life import RunLife, RunningJob
 from handles.runtime.state import RuntimeState
 from handles.store import JobRecord

@@ -47,10 +47,8 @@ class JobDispatch(JobRunner):
         *,
         settled: asyncio.Future[Outcome] | None = None,
     ) -> None:
-        """Run a job that was stored already leased to this runtime, in the slot `reserve` held.
-
-        `settled` (a plain call's) gets the outcome this run stores, once committed.
-        """
+        """Run a job stored already leased to this runtime, in the slot `reserve` held; `settled` (a plain
+        call's) gets the outcome this run stores."""
         if self.closed:
             self.slots.unreserve(1)
             self._spawn(self._hand_back(record.id), name=f"handles-hand-back-{record.id}")

@@ -1,8 +1,9 @@
-"""The executor: runs the jobs of one process against a shared store."""
+"""The executor: runs the jobs of one process against a shared store, and drains them on shutdown."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -12,9 +13,9 @@ from typing import Any
 
 from handles.config import HandlesConfig
 from handles.jobs import JobSpec
-from handles.runtime.drain import ShutdownDrain
+from handles.runtime.dispatch import JobDispatch
 from handles.runtime.leases import LeaseKeeper, every
-from handles.runtime.run_life import RunningJob
+from handles.runtime.run_life import RunLife, RunningJob
 from handles.runtime.slots import Slots
 from handles.runtime.sweeper import Sweeper
 from handles.sealing import Sealer
@@ -24,7 +25,7 @@ from handles.telemetry import Telemetry
 logger = logging.getLogger("handles.runtime")
 
 
-class Runtime(ShutdownDrain):
+class Runtime(JobDispatch):
     """Runs the jobs of one process against a shared store."""
 
     def __init__(
@@ -116,3 +117,85 @@ class Runtime(ShutdownDrain):
     async def sweep_once(self) -> dict[str, int]:
         """One bounded pass over the store (see `handles.runtime.sweeper`)."""
         return await self._sweeper.sweep_once()
+
+    def begin_drain(self) -> None:
+        """Stop taking work now and wake every waiter; running jobs go on. Safe from a signal callback."""
+        if self._draining:
+            return
+        self._draining = True
+        with contextlib.suppress(RuntimeError):
+            loop = asyncio.get_running_loop()
+            self._drain_deadline = loop.time() + self.config.drain_seconds
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+        self.store.notifier.notify_all()
+        if self._running:
+            logger.info(
+                "draining: %d running job(s) may finish for up to %gs",
+                len(self._running),
+                self.config.drain_seconds,
+            )
+
+    def end_drain(self) -> None:
+        """End the drain now: `stop` hands the running jobs over at once. Safe from a signal handler's callback."""
+        self.begin_drain()
+        if not self._drain_cut.is_set() and self._running:
+            logger.info("drain ended early: %d running job(s) are handed over now", len(self._running))
+        self._drain_cut.set()
+
+    async def drained(self) -> None:
+        """After `begin_drain`: wait until the running jobs have ended or the drain's deadline or `end_drain` came."""
+        loop = asyncio.get_running_loop()
+        if self._drain_deadline is None:
+            self._drain_deadline = loop.time() + self.config.drain_seconds
+        waiting = {entry.task for entry in self._running.values() if entry.task is not None}
+        if not waiting or self._drain_cut.is_set():
+            return
+        cut = asyncio.create_task(self._drain_cut.wait(), name="handles-drain-cut")
+        try:
+            while waiting and not cut.done() and (left := self._drain_deadline - loop.time()) > 0:
+                done, _ = await asyncio.wait(
+                    waiting | {cut}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
+                waiting -= done
+        finally:
+            cut.cancel()
+
+    async def stop(self) -> None:
+        """Stop claiming, let running jobs finish for `drain_seconds`, then hand the rest over by their
+        interrupt policy (parked jobs are untouched)."""
+        if not self._started:
+            self._closed = True
+            return
+        self.begin_drain()
+        loop = asyncio.get_running_loop()
+        if self._drain_deadline is None:
+            self._drain_deadline = loop.time() + self.config.drain_seconds
+        if self._dispatcher is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._dispatcher
+        await self._settle_background()
+        await self.drained()
+        leftover = list(self._running.values())
+        for entry in leftover:
+            entry.enter(RunLife.STOPPING)
+            self._interrupt(entry)
+        tasks = [entry.task for entry in leftover if entry.task is not None and not entry.task.done()]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=self.config.step_cancel_limit_seconds + 1.0)
+            if late:
+                logger.warning(
+                    "%d job(s) did not stop in time (a step is still executing); their leases will run out "
+                    "and another node settles them",
+                    len(late),
+                )
+        await self._settle_background()
+        for loop_task in self._loops:
+            loop_task.cancel()
+        for loop_task in self._loops:
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop_task
+        self._loops = []
+        self._started = False
+        self._closed = True
+        self.telemetry.forget(self)

@@ -1,5 +1,4 @@
-"""Running one claimed job to its outcome: the call of its function, the mapping of what it raised to
-an outcome, the outcome's write (or the job's parking), and its result stored inline or as a file."""
+"""Running one claimed job to its outcome: its call, what it raised as an outcome, and that outcome's write."""
 
 from __future__ import annotations
 
@@ -18,11 +17,7 @@ from handles.ask_first import FIRST_KEY
 from handles.errors import JobFailed, LeaseLost, StepOutcomeUnknown, StoreUnavailable
 from handles.jobs import JobParked, JobSpec, UndeclaredAsk
 from handles.limits import clean_message, json_size, sized_json
-from handles.outcomes import (
-    Outcome,
-    failed,
-    result_to_json,
-)
+from handles.outcomes import Outcome, failed, result_to_json
 from handles.results import ResultFile, ResultLink, linked_result
 from handles.runtime.cancellation import RunCancellation
 from handles.runtime.result_files import ResultTooLarge, write_result_file
@@ -38,16 +33,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger("handles.runtime")
 
 REPLY_FIRST_TURNS = 8
-"""How many turns of the event loop a job started by a request of this process waits before its first step,
-so that the request's reply, already on its way out, is sent first (docs/performance.md shows what the
-order buys a start). A turn is short when the loop has nothing else to do."""
+"""How many turns of the event loop a job started here waits before its first step, so that the starting
+request's reply goes out first (docs/performance.md)."""
 
 
 def tool_errors() -> tuple[type[Exception], ...]:
-    """What a job raises to end `completed` with a tool-level error: the SDK's `ToolError`, and FastMCP's.
-
-    The same exception a tool raises for a failure it saw coming. FastMCP's counts once FastMCP is loaded.
-    """
+    """What a job raises to end `completed` with a tool-level error: the SDK's `ToolError`, and FastMCP's
+    once FastMCP is loaded."""
     fastmcp = sys.modules.get("fastmcp.exceptions")
     return (ToolError,) if fastmcp is None else (ToolError, fastmcp.ToolError)
 
@@ -84,12 +76,8 @@ class JobRunner(RunCancellation):
                 self._wake.set()  # a slot is free and jobs may be waiting for one
 
     async def _reply_first(self, entry: RunningJob, record: JobRecord) -> bool:
-        """Let the reply of the start that stored this job, on its way out through this event loop, go before
-        the job's first step (for a short job, its whole run up to its outcome write): `REPLY_FIRST_TURNS`
-        turns of the loop. True to run the job now. False when it was interrupted meanwhile, and dealt with
-        here: dropped (it ended elsewhere), handed back to the queue for any node by a stop (it never ran
-        here, so no interrupt policy applies: as `adopt` sends back a job it cannot run), or ended
-        `cancelled` by a cancel whose grace ran out."""
+        """Wait `REPLY_FIRST_TURNS` turns so the start's reply goes first; False when the run was interrupted
+        meanwhile and settled here (dropped, handed back to the queue, or cancelled)."""
         try:
             for _ in range(REPLY_FIRST_TURNS):
                 await asyncio.sleep(0)
@@ -130,9 +118,8 @@ class JobRunner(RunCancellation):
         return counts
 
     async def _record_outcome(self, job_id: str, status: Status, values: dict[str, Any]) -> bool:
-        """Store a job's final state, waiting out a database outage while its lease may still be this
-        node's (`Store.write`, an `outcome`; the heartbeat renews the lease meanwhile). Past that, the sweep of
-        whichever node sees the database first settles the job."""
+        """Store a job's final state, waiting out an outage while the lease may still be this node's; past
+        that, a sweep settles the job."""
         try:
             return await self.store.write(
                 job_id, "outcome", self.store.repo.transition, job_id, status, owner=self.owner, **values
@@ -155,10 +142,7 @@ class JobRunner(RunCancellation):
 
     async def _write_file(self, record: JobRecord, file: ResultFile) -> ResultLink:
         return await write_result_file(
-            self.store,
-            record.id,
-            file,
-            max_bytes=self.config.max_result_file_bytes,
+            self.store, record.id, file, max_bytes=self.config.max_result_file_bytes
         )
 
     async def _run_job(self, entry: RunningJob, record: JobRecord) -> Outcome | None:

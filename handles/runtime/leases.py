@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from handles.config import HandlesConfig
 from handles.errors import StoreUnavailable
@@ -36,29 +37,20 @@ async def every(
             logger.exception("%s failed; retrying", what)
 
 
+@dataclass(kw_only=True, eq=False)
 class LeaseKeeper:
     """Renews the leases of the jobs this node runs, and knows from when each was last renewed how long a
     write of what a run knows waits out a database outage (`writable_until`, `Store.writable_until`)."""
 
-    def __init__(
-        self,
-        *,
-        store: Store,
-        owner: str,
-        config: HandlesConfig,
-        held: Callable[[], list[str]],
-        on_cancel: Callable[[str], object],
-        on_lost: Callable[[str], None],
-    ) -> None:
-        self.store = store
-        self.owner = owner
-        self.config = config
-        self._held = held
-        self._on_cancel = on_cancel
-        self._on_lost = on_lost
-        self.wake = asyncio.Event()
-        # job id -> the loop time its lease was last set from (its claim, a heartbeat that renewed it)
-        self._renewed: dict[str, float] = {}
+    store: Store
+    owner: str
+    config: HandlesConfig
+    held: Callable[[], list[str]]
+    on_cancel: Callable[[str], object]
+    on_lost: Callable[[str], None]
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    # job id -> the loop time its lease was last set from (its claim, a heartbeat that renewed it)
+    _renewed: dict[str, float] = field(default_factory=dict, init=False)
 
     @property
     def interval(self) -> float:
@@ -79,7 +71,7 @@ class LeaseKeeper:
         return renewed + max(2 * self.config.lease_seconds, OUTAGE_PATIENCE_SECONDS)
 
     async def beat(self) -> None:
-        ids = self._held()
+        ids = self.held()
         held = set(ids)
         self._renewed = {job_id: at for job_id, at in self._renewed.items() if job_id in held}
         if not ids:
@@ -91,6 +83,6 @@ class LeaseKeeper:
         for job_id in held - lost:
             self._renewed[job_id] = max(self._renewed.get(job_id, began), began)
         for job_id in cancelled:
-            self._on_cancel(job_id)
+            self.on_cancel(job_id)
         for job_id in lost:
-            self._on_lost(job_id)
+            self.on_lost(job_id)

@@ -26,12 +26,7 @@ def _cut(buffer: bytearray, limit: int, text: bool) -> int:
 
 
 async def write_result_file(
-    store: Store,
-    job_id: str,
-    file: ResultFile,
-    *,
-    max_bytes: int,
-    part_bytes: int = PART_BYTES,
+    store: Store, job_id: str, file: ResultFile, *, max_bytes: int, part_bytes: int = PART_BYTES
 ) -> ResultLink:
     """Store `file` in parts under a new file id and return its link (the result isn't stored yet)."""
     file_id = secrets.token_hex(16)

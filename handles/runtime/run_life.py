@@ -23,14 +23,6 @@ class RunLife(Enum):
     """Its outcome (or its parking) is being written: nothing interrupts it any more."""
 
 
-_NEXT_LIVES: dict[RunLife, frozenset[RunLife]] = {
-    RunLife.RUNNING: frozenset({RunLife.STOPPING, RunLife.LOST, RunLife.SETTLING}),
-    RunLife.STOPPING: frozenset({RunLife.LOST, RunLife.SETTLING}),
-    RunLife.LOST: frozenset({RunLife.SETTLING}),
-    RunLife.SETTLING: frozenset(),
-}
-
-
 @dataclass
 class RunningJob:
     spec: JobSpec
@@ -46,8 +38,9 @@ class RunningJob:
     settled: asyncio.Future[Outcome] | None = None
 
     def enter(self, life: RunLife) -> bool:
-        """Move the run to `life` if it may go there from where it stands; whether it did."""
-        if life not in _NEXT_LIVES[self.life]:
+        """Move the run forward to `life` (it never goes back); whether it did."""
+        lives = list(RunLife)
+        if lives.index(life) <= lives.index(self.life):
             return False
         self.life = life
         return True

@@ -25,11 +25,6 @@ class Slots:
     def free(self) -> int:
         return self.capacity - self._reserved - len(self._held)
 
-    @property
-    def busy(self) -> int:
-        """Slots held by running jobs or reserved for jobs about to run."""
-        return self._reserved + len(self._held)
-
     def reserve(self, count: int) -> int:
         """Reserve up to `count` free slots; returns how many were reserved."""
         granted = max(0, min(count, self.free))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from handles.outcomes import failed
 from handles.states import Status
@@ -22,32 +23,22 @@ _MISSED_DEADLINES = (
 """Which overdue jobs `overdue` lists end `failed`: (its key, the reason, the message)."""
 
 
+@dataclass(kw_only=True, eq=False)
 class Sweeper:
-    def __init__(
-        self,
-        *,
-        store: Store,
-        runs_here: Callable[[str], bool],
-        drop: Callable[[str], None],
-        signal_cancel: Callable[[str], object],
-        requeued: Callable[[str], Awaitable[None]],
-        evidence_seconds: Callable[[], float] = lambda: 0.0,
-        telemetry: Telemetry | None = None,
-    ) -> None:
-        self.store = store
-        self.telemetry = telemetry or Telemetry()
-        self._evidence_seconds = evidence_seconds
-        self._runs_here = runs_here
-        self._drop = drop
-        self._signal_cancel = signal_cancel
-        self._requeued = requeued
+    store: Store
+    runs_here: Callable[[str], bool]
+    drop: Callable[[str], None]
+    signal_cancel: Callable[[str], object]
+    requeued: Callable[[str], Awaitable[None]]
+    evidence_seconds: Callable[[], float] = lambda: 0.0
+    telemetry: Telemetry = field(default_factory=Telemetry)
 
     async def sweep_once(self) -> dict[str, int]:
         repo = self.store.repo
         counts = {"recovered": 0, "timed_out": 0, "abandoned": 0, "deleted": 0}
         await self.store.call(repo.read_database_clock)  # the starts of this node store deadlines by it
         for record in await self.store.call(repo.expired_leases, SWEEP_BATCH):
-            if self._runs_here(record.id) or record.lease_owner is None:
+            if self.runs_here(record.id) or record.lease_owner is None:
                 continue
             status = await self.store.write(
                 record.id,
@@ -64,13 +55,13 @@ class Sweeper:
                 if status is Status.FAILED:
                     self.telemetry.ended(record.kind, status.value, "interrupted")
             if status is Status.WORKING:
-                await self._requeued(record.id)
+                await self.requeued(record.id)
         overdue = await self.store.call(repo.overdue, SWEEP_BATCH)
         for key, reason, message in _MISSED_DEADLINES:
             for record in overdue[key]:
                 status, values = failed(message, reason)
                 if await self.store.write(record.id, "changed", repo.transition, record.id, status, **values):
-                    self._drop(record.id)
+                    self.drop(record.id)
                     counts["timed_out"] += 1
                     self.telemetry.ended(record.kind, status.value, reason)
         for record in overdue["abandoned"]:
@@ -78,8 +69,8 @@ class Sweeper:
                 record.id, "changed", repo.request_cancel, record.id, "handles:abandoned"
             )
             if outcome is not None:
-                self._signal_cancel(record.id)
+                self.signal_cancel(record.id)
                 counts["abandoned"] += 1
-        counts["deleted"] = await self.store.call(repo.delete_expired, SWEEP_BATCH, self._evidence_seconds())
+        counts["deleted"] = await self.store.call(repo.delete_expired, SWEEP_BATCH, self.evidence_seconds())
         counts["evidence_deleted"] = await self.store.call(repo.delete_old_evidence, SWEEP_BATCH)
         return counts

@@ -493,7 +493,9 @@ class TaskStatusPush:
         await tap.acked.wait()
         service = self._extension.service
         try:
-            async with contextlib.aclosing(service.changes(job)) as changes:
+            async with contextlib.aclosing(
+                service.versions(job, outage_pause=service.config.store_poll_seconds)
+            ) as changes:
                 async for record in changes:
                     pending = await service.pending_inputs(record)
                     # The `tasks/get` answer without `resultType`, stamped with the subscription id.
