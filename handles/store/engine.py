@@ -164,6 +164,20 @@ def make_engines(url: str) -> tuple[Engine, Engine, Engine | None, Engine | None
     return read, write, inline, inline_write
 
 
+def _leases_by_database(lease_clock: str | None, *, server_clock: bool, test_clock: bool) -> bool:
+    """Whether leases go by the database server's clock: `lease_clock`, by default where there is one."""
+    if lease_clock is None:
+        lease_clock = "database" if server_clock and not test_clock else "local"
+    if lease_clock not in ("database", "local"):
+        raise ValueError("lease_clock must be 'database' or 'local'")
+    if lease_clock == "database" and not server_clock:
+        raise ValueError(
+            "lease_clock='database' needs a database server with a clock of its own (PostgreSQL); "
+            "SQLite runs in this process, so its leases are judged by `clock`: use 'local'"
+        )
+    return lease_clock == "database"
+
+
 class Database:
     """The engines of one database, the clock that judges its leases, and the transactions the repository's
     queries run in."""
@@ -173,18 +187,6 @@ class Database:
         "local" by `clock` (the default elsewhere, and with a test clock)."""
         self.url = url
         self.clock = clock
-        # SQLite runs in this process; PostgreSQL's server clock lets nodes with skewed clocks agree.
-        has_clock = not is_sqlite(url)
-        if lease_clock is None:
-            lease_clock = "database" if has_clock and clock is utc_now else "local"
-        if lease_clock not in ("database", "local"):
-            raise ValueError("lease_clock must be 'database' or 'local'")
-        if lease_clock == "database" and not has_clock:
-            raise ValueError(
-                "lease_clock='database' needs a database server with a clock of its own (PostgreSQL); "
-                "SQLite runs in this process, so its leases are judged by `clock`: use 'local'"
-            )
-        self._database_leases = lease_clock == "database"  # whether leases go by the database's clock
         self._read_engine, self._write_engine, self._inline_engine, self._inline_write_engine = make_engines(
             url
         )
@@ -199,7 +201,8 @@ class Database:
         self._prepared: dict[Any, _Prepared] = {}  # the hot paths' statements, compiled (`_prepare`)
         self._clock_offset = timedelta(0)  # how far the database's clock is ahead of this node's
         self._write_lock: WriterLock | contextlib.nullcontext[None] = contextlib.nullcontext()
-        if is_sqlite(url):
+        sqlite = is_sqlite(url)
+        if sqlite:
             # Queue writers on a lock, not in SQLite's busy handler, which sleeps in coarse steps.
             self._write_lock = WriterLock()
         else:
@@ -207,6 +210,10 @@ class Database:
                 functools.partial(_connect_on_loop, self._read_engine), LOOP_CONNECTIONS
             )
             self.notices = NoticeSender(self._send_notices)
+        # SQLite runs in this process; a PostgreSQL server's clock lets nodes with skewed clocks agree on leases.
+        self._database_leases = _leases_by_database(
+            lease_clock, server_clock=not sqlite, test_clock=clock is not utc_now
+        )
 
     @property
     def database_leases(self) -> bool:
