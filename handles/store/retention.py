@@ -63,31 +63,22 @@ class Retention(Database):
             col(JobRecord.status).in_(list(TERMINAL)),
         )
         with self._writing() as session:
-            if keep_evidence_seconds is not None:
-                jobs = list(
-                    session.exec(
-                        select(JobRecord).where(*expired).limit(limit).with_for_update(skip_locked=True)
-                    )
-                )
-                ids = [job.id for job in jobs]
-                if jobs:
-                    self._archive(session, jobs, now, now + timedelta(seconds=keep_evidence_seconds))
-            else:
-                ids = list(
-                    session.exec(
-                        select(JobRecord.id).where(*expired).limit(limit).with_for_update(skip_locked=True)
-                    )
-                )
+            locked = select(JobRecord.id).where(*expired).limit(limit).with_for_update(skip_locked=True)
+            ids = list(session.exec(locked))
             if not ids:
                 return 0
+            if keep_evidence_seconds is not None:
+                self._archive(session, ids, now, now + timedelta(seconds=keep_evidence_seconds))
             session.exec(delete(InputRequestRecord).where(col(InputRequestRecord.job_id).in_(ids)))
             session.exec(delete(StepRecord).where(col(StepRecord.job_id).in_(ids)))
             session.exec(delete(ResultPartRecord).where(col(ResultPartRecord.job_id).in_(ids)))
             session.exec(delete(JobRecord).where(col(JobRecord.id).in_(ids)))
         return len(ids)
 
-    def _archive(self, session: Session, jobs: list[JobRecord], now: datetime, keep_until: datetime) -> None:
-        questions, steps = _questions_and_steps(session, [job.id for job in jobs])
+    def _archive(self, session: Session, ids: list[str], now: datetime, keep_until: datetime) -> None:
+        """Archive the evidence of the jobs `ids`, locked by this transaction, before they are deleted."""
+        jobs = session.exec(select(JobRecord).where(col(JobRecord.id).in_(ids)))
+        questions, steps = _questions_and_steps(session, ids)
         session.execute(
             sa_insert(_AUDIT),
             [
