@@ -34,7 +34,7 @@ class Claims(Database):
         """Whether a queued job of `kinds` is due now: one indexed read, no write lock."""
         if not kinds:
             return False
-        query = sa_select(col(JobRecord.id)).where(*_claimable_of(self._lease_now(self.clock()), kinds))
+        query = sa_select(col(JobRecord.id)).where(*_claimable(self._lease_now(self.clock()), kinds))
         with self._fast_reading() as connection:
             return connection.execute(query.limit(1)).first() is not None
 
@@ -80,7 +80,7 @@ class Claims(Database):
             )
             .label("place")
         )
-        queue = sa_select(col(JobRecord.id).label("id"), place).where(*_claimable_of(now, kinds)).subquery()
+        queue = sa_select(col(JobRecord.id).label("id"), place).where(*_claimable(now, kinds)).subquery()
         first = sa_select(queue.c.id).where(queue.c.place <= limit)
         rows = sa_select(col(JobRecord.id), col(JobRecord.principal_key), col(JobRecord.run_after)).where(
             col(JobRecord.id).in_(first), *_claimable(now)
@@ -187,19 +187,16 @@ class Claims(Database):
         return changed == 1
 
 
-def _claimable(now: Any) -> tuple[Any, ...]:
-    """A job any worker may take at `now` (lease clock): working, not leased, not being cancelled, due."""
-    return (
+def _claimable(now: Any, kinds: Sequence[str] = ()) -> tuple[Any, ...]:
+    """A job any worker may take at `now` (lease clock), of `kinds` when given: working, not leased, not being
+    cancelled, due."""
+    due = (
         col(JobRecord.status) == Status.WORKING.value,
         col(JobRecord.lease_owner).is_(None),
         col(JobRecord.cancel_requested_at).is_(None),
         col(JobRecord.run_after) <= now,
     )
-
-
-def _claimable_of(now: Any, kinds: Sequence[str]) -> tuple[Any, ...]:
-    """`_claimable` restricted to `kinds`."""
-    return (*_claimable(now), col(JobRecord.kind).in_(list(kinds)))
+    return (*due, col(JobRecord.kind).in_(list(kinds))) if kinds else due
 
 
 def _take_turns(
