@@ -183,8 +183,7 @@ class Database:
     queries run in."""
 
     def __init__(self, url: str, *, clock: Clock = utc_now, lease_clock: str | None = None) -> None:
-        """`lease_clock`: "database" judges leases by the database server's clock (PostgreSQL's default),
-        "local" by `clock` (the default elsewhere, and with a test clock)."""
+        """`clock` and `lease_clock` as `JobRepository` takes them."""
         self.url = url
         self.clock = clock
         self._read_engine, self._write_engine, self._inline_engine, self._inline_write_engine = make_engines(
