@@ -10,18 +10,21 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal, ParamSpec, TypeVar
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event, func
+from sqlalchemy import select as sa_select
 from sqlalchemy.exc import DBAPIError, StatementError
 from sqlmodel import Session
 
 from handles.errors import ConfigurationError
 from handles.limits import stored_json
 from handles.store.loop_connections import LoopConnections
+from handles.store.models import Clock, utc_now
 from handles.store.notices import NoticeSender
 from handles.store.sqlite_direct import _Prepared
+from handles.store.statements import _DATABASE_NOW
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -161,11 +164,28 @@ def make_engines(url: str) -> tuple[Engine, Engine, Engine | None, Engine | None
     return read, write, inline, inline_write
 
 
-class Database:
-    """The engines of one database and the transactions the repository's queries run in."""
+def _leases_by_database(lease_clock: str | None, *, server_clock: bool, test_clock: bool) -> bool:
+    """Whether leases go by the database server's clock: `lease_clock`, by default where there is one."""
+    if lease_clock is None:
+        lease_clock = "database" if server_clock and not test_clock else "local"
+    if lease_clock not in ("database", "local"):
+        raise ValueError("lease_clock must be 'database' or 'local'")
+    if lease_clock == "database" and not server_clock:
+        raise ValueError(
+            "lease_clock='database' needs a database server with a clock of its own (PostgreSQL); "
+            "SQLite runs in this process, so its leases are judged by `clock`: use 'local'"
+        )
+    return lease_clock == "database"
 
-    def __init__(self, url: str) -> None:
+
+class Database:
+    """The engines of one database, the clock that judges its leases, and the transactions the repository's
+    queries run in."""
+
+    def __init__(self, url: str, *, clock: Clock = utc_now, lease_clock: str | None = None) -> None:
+        """`clock` and `lease_clock` as `JobRepository` takes them."""
         self.url = url
+        self.clock = clock
         self._read_engine, self._write_engine, self._inline_engine, self._inline_write_engine = make_engines(
             url
         )
@@ -178,10 +198,10 @@ class Database:
         self.loop_connections: LoopConnections | None = None
         self.notices: NoticeSender | None = None
         self._prepared: dict[Any, _Prepared] = {}  # the hot paths' statements, compiled (`_prepare`)
-        self._database_leases = False  # whether leases go by the database's clock (`JobRepository`)
         self._clock_offset = timedelta(0)  # how far the database's clock is ahead of this node's
         self._write_lock: WriterLock | contextlib.nullcontext[None] = contextlib.nullcontext()
-        if is_sqlite(url):
+        sqlite = is_sqlite(url)
+        if sqlite:
             # Queue writers on a lock, not in SQLite's busy handler, which sleeps in coarse steps.
             self._write_lock = WriterLock()
         else:
@@ -189,6 +209,37 @@ class Database:
                 functools.partial(_connect_on_loop, self._read_engine), LOOP_CONNECTIONS
             )
             self.notices = NoticeSender(self._send_notices)
+        # SQLite runs in this process; a PostgreSQL server's clock lets nodes with skewed clocks agree on leases.
+        self._database_leases = _leases_by_database(
+            lease_clock, server_clock=not sqlite, test_clock=clock is not utc_now
+        )
+
+    @property
+    def database_leases(self) -> bool:
+        """Whether leases are set and judged by the database server's clock."""
+        return self._database_leases
+
+    def _lease_now(self, now: datetime) -> Any:
+        """`now` for lease arithmetic in SQL: the database's own clock, or the local one."""
+        return func.now() if self._database_leases else now
+
+    def _lease_now_value(self, session: Session, now: datetime) -> datetime:
+        """`now` for lease comparisons made in Python, inside a write transaction."""
+        if not self._database_leases:
+            return now
+        value: datetime = session.execute(sa_select(_DATABASE_NOW)).scalar_one()
+        return value
+
+    def read_database_clock(self) -> timedelta:
+        """Measure and keep how far the database's clock is ahead of `clock`."""
+        if not self._database_leases:
+            return timedelta(0)
+        with self._read_engine.connect() as connection:  # checked out before the first reading
+            before = self.clock()
+            database_now = connection.exec_driver_sql("SELECT clock_timestamp()").scalar_one()
+            after = self.clock()
+        self._clock_offset = database_now - (before + (after - before) / 2)
+        return self._clock_offset
 
     @property
     def dialect(self) -> str:

@@ -50,8 +50,6 @@ from handles.store.statements import (
 class PostgresOps:
     """The hot paths of `JobRepository` on PostgreSQL."""
 
-    has_clock = True  # the database server's clock may judge leases, so that nodes with skewed clocks agree
-
     def __init__(self, repo: Database) -> None:
         self.repo = repo
 

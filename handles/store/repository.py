@@ -1,42 +1,39 @@
-"""A job's lifecycle from its start to its end, its claims and leases, retention and evidence, and the
-operator's reads, as short synchronous transactions; each status change is a compare-and-set."""
+"""JobRepository, the one API every caller holds: a job's lifecycle from its start to its end as short
+synchronous transactions, each status change a compare-and-set; its claims, retention and operator's reads
+are its parts'."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import Text, and_, bindparam, case, cast, func, or_, update
+from sqlalchemy import bindparam, update
 from sqlalchemy import insert as sa_insert
 from sqlalchemy import select as sa_select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import configure_mappers
-from sqlmodel import Session, col, delete, select
+from sqlmodel import Session, col, delete
 
 from handles.errors import LeaseLost
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
-from handles.store.audit import evidence
-from handles.store.engine import NOTICE, Change, Database, is_sqlite
+from handles.store.claims import Claims
+from handles.store.engine import NOTICE, Change, is_sqlite
 from handles.store.models import (
     _JOBS,
-    CLAIM_ENTRY_HEAD,
-    AuditRecord,
     Clock,
     InputRequestRecord,
     JobRecord,
     ResultPartRecord,
     Snapshot,
     StepRecord,
-    SwitchRecord,
     _one,
     _rows,
-    claim_entry_tail,
-    principal_key,
     utc_now,
 )
+from handles.store.operator_reads import OperatorReads
 from handles.store.postgres import PostgresOps
+from handles.store.retention import Retention
 from handles.store.rules import (
     _LEASE,
     ActiveLimitReached,
@@ -51,7 +48,6 @@ from handles.store.rules import (
 from handles.store.sqlite import SqliteOps
 from handles.store.statements import (
     _ANSWERS_OF_JOB,
-    _DATABASE_NOW,
     _JOB_BY_ID,
     _OPEN_QUESTIONS_OF_JOB,
     _QUESTION_BY_KEY,
@@ -59,9 +55,6 @@ from handles.store.statements import (
     _STEPS_OF_JOB,
     _pending,
 )
-
-if TYPE_CHECKING:
-    from handles.principal import PrincipalMatch
 
 __all__ = ["ActiveLimitReached", "AnswerOutcome", "CancelOutcome", "Change", "JobRepository"]
 
@@ -74,29 +67,6 @@ _PART_BY_KEY = sa_select(_PARTS.c.data).where(
     _PARTS.c.file_id == bindparam("file_id"),
     _PARTS.c.part == bindparam("part"),
 )
-_AUDIT = AuditRecord.__table__  # type: ignore[attr-defined]
-ARCHIVE_BATCH = 100  # the most jobs one archiving transaction reads whole, archives and deletes
-_WAITING_COUNTS = (
-    sa_select(_JOBS.c.kind, _JOBS.c.status, func.count())
-    .where(
-        or_(
-            and_(_JOBS.c.status == Status.WORKING.value, _JOBS.c.lease_owner.is_(None)),
-            _JOBS.c.status == Status.INPUT_REQUIRED.value,
-        )
-    )
-    .group_by(_JOBS.c.kind, _JOBS.c.status)
-)
-_ACTIVE_COUNTS = (
-    sa_select(_JOBS.c.kind, _JOBS.c.status, _JOBS.c.lease_owner, func.count(), func.min(_JOBS.c.created_at))
-    .where(_JOBS.c.status.in_([s.value for s in ACTIVE]))
-    .group_by(_JOBS.c.kind, _JOBS.c.status, _JOBS.c.lease_owner)
-)
-_FAILED_COUNTS = (
-    sa_select(_JOBS.c.kind, func.count())
-    .where(_JOBS.c.status == Status.FAILED.value, _JOBS.c.finished_at >= bindparam("since"))
-    .group_by(_JOBS.c.kind)
-)
-_ALL_SWITCHES = sa_select(SwitchRecord.__table__)  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -116,56 +86,19 @@ class AnswerOutcome:
     ignored: list[str]
 
 
-class JobRepository(Database):
-    """Synchronous access to the job tables of one database; each engine's hot paths are its `_engine`'s."""
+class JobRepository(Claims, Retention, OperatorReads):
+    """Synchronous access to the job tables of one database; each engine's hot paths are its `_engine`'s, its
+    claims, retention and operator's reads its parts' (each uses only the `Database` they share)."""
 
     def __init__(self, url: str, *, clock: Clock = utc_now, lease_clock: str | None = None) -> None:
         """`lease_clock`: "database" judges leases by the database server's clock (PostgreSQL's default),
         "local" by `clock` (the default elsewhere, and with a test clock)."""
-        super().__init__(url)
-        self.clock = clock
+        super().__init__(url, clock=clock, lease_clock=lease_clock)
         # Models built from Core rows need their ORM mappers ready.
         configure_mappers()
         self._engine: SqliteOps | PostgresOps = SqliteOps(self) if is_sqlite(url) else PostgresOps(self)
-        if lease_clock is None:
-            lease_clock = "database" if self._engine.has_clock and clock is utc_now else "local"
-        if lease_clock not in ("database", "local"):
-            raise ValueError("lease_clock must be 'database' or 'local'")
-        if lease_clock == "database" and not self._engine.has_clock:
-            raise ValueError(
-                "lease_clock='database' needs a database server with a clock of its own (PostgreSQL); "
-                "SQLite runs in this process, so its leases are judged by `clock`: use 'local'"
-            )
-        self._database_leases = lease_clock == "database"
         # Named in every change notice (`load_notice_scope`); None until loaded.
         self.notice_scope: str | None = None
-
-    @property
-    def database_leases(self) -> bool:
-        """Whether leases are set and judged by the database server's clock."""
-        return self._database_leases
-
-    def _lease_now(self, now: datetime) -> Any:
-        """`now` for lease arithmetic in SQL: the database's own clock, or the local one."""
-        return func.now() if self._database_leases else now
-
-    def read_database_clock(self) -> timedelta:
-        """Measure and keep how far the database's clock is ahead of `clock`."""
-        if not self._database_leases:
-            return timedelta(0)
-        with self._read_engine.connect() as connection:  # checked out before the first reading
-            before = self.clock()
-            database_now = connection.exec_driver_sql("SELECT clock_timestamp()").scalar_one()
-            after = self.clock()
-        self._clock_offset = database_now - (before + (after - before) / 2)
-        return self._clock_offset
-
-    def _lease_now_value(self, session: Session, now: datetime) -> datetime:
-        """`now` for lease comparisons made in Python, inside a write transaction."""
-        if not self._database_leases:
-            return now
-        value: datetime = session.execute(sa_select(_DATABASE_NOW)).scalar_one()
-        return value
 
     # -- reads -------------------------------------------------------------
 
@@ -532,505 +465,3 @@ class JobRepository(Database):
                 _PART_BY_KEY, {"job_id": job_id, "file_id": file_id, "part": part}
             ).first()
         return None if row is None else bytes(row[0])
-
-    # -- claims and leases ------------------------------------------------------
-
-    def claim(self, job_id: str, owner: str, lease_seconds: float) -> JobRecord | None:
-        """Take a queued job for `owner`; None when it is not queued (someone else has it, or it ended)."""
-        now = self.clock()
-        with self._writing() as session:
-            claimed = session.exec(
-                update(JobRecord)
-                .where(col(JobRecord.id) == job_id, *_claimable(self._lease_now(now)))
-                .values(**_claim_values(owner, now, self._lease_now(now), lease_seconds))
-            ).rowcount
-            return session.get(JobRecord, job_id) if claimed == 1 else None
-
-    def has_claimable(self, kinds: Sequence[str]) -> bool:
-        """Whether a queued job of `kinds` is due now: one indexed read, no write lock."""
-        if not kinds:
-            return False
-        query = sa_select(col(JobRecord.id)).where(*_claimable_of(self._lease_now(self.clock()), kinds))
-        with self._fast_reading() as connection:
-            return connection.execute(query.limit(1)).first() is not None
-
-    def claim_next(
-        self,
-        owner: str,
-        kinds: Sequence[str],
-        limit: int,
-        lease_seconds: float,
-        *,
-        held: Mapping[str, int] | None = None,
-        share_limit: int | None = None,
-        served: Mapping[str, int] | None = None,
-    ) -> list[JobRecord]:
-        """Claim up to `limit` queued jobs of `kinds` for `owner`, taking turns between principals (ranked by
-        what each already runs and its place in its queue, each within `share_limit` of this node's slots)."""
-        if not kinds or limit <= 0:
-            return []
-        now = self.clock()
-        with self._writing() as session:
-            candidates = self._fair_candidates(session, self._lease_now(now), kinds, limit)
-            chosen = _take_turns(candidates, limit, held or {}, share_limit, served or {})
-            if not chosen:
-                return []
-            claimed = session.execute(
-                update(JobRecord)
-                .where(col(JobRecord.id).in_(chosen), *_claimable(self._lease_now(now)))
-                .values(**_claim_values(owner, now, self._lease_now(now), lease_seconds))
-                .returning(JobRecord)
-                .execution_options(synchronize_session=False)
-            )
-            records = {record.id: record for record in claimed.scalars().all()}
-        return [records[job_id] for job_id in chosen if job_id in records]
-
-    def _fair_candidates(
-        self, session: Session, now: Any, kinds: Sequence[str], limit: int
-    ) -> list[tuple[str, str, int, int]]:
-        """(id, principal key, place in its principal's queue, jobs its principal runs) of claimable jobs."""
-        place = (
-            func.row_number()
-            .over(
-                partition_by=JobRecord.principal_key, order_by=(col(JobRecord.run_after), col(JobRecord.id))
-            )
-            .label("place")
-        )
-        queue = sa_select(col(JobRecord.id).label("id"), place).where(*_claimable_of(now, kinds)).subquery()
-        first = sa_select(queue.c.id).where(queue.c.place <= limit)
-        rows = sa_select(col(JobRecord.id), col(JobRecord.principal_key), col(JobRecord.run_after)).where(
-            col(JobRecord.id).in_(first), *_claimable(now)
-        )
-        rows = rows.with_for_update(skip_locked=True)  # concurrent claimers skip each other's rows
-        found = session.execute(rows).all()
-        if not found:
-            return []
-        keys = {row[1] for row in found}
-        running: dict[str, int] = dict(
-            session.execute(
-                sa_select(col(JobRecord.principal_key), func.count())
-                .where(
-                    col(JobRecord.principal_key).in_(keys),
-                    col(JobRecord.status) == Status.WORKING.value,
-                    col(JobRecord.lease_owner).is_not(None),
-                )
-                .group_by(JobRecord.principal_key)
-            ).all()
-        )
-        ordered = sorted(found, key=lambda row: (row[2], row[0]))
-        places: dict[str, int] = {}
-        ranked: list[tuple[str, str, int, int]] = []
-        for job_id, key, _run_after in ordered:
-            places[key] = places.get(key, 0) + 1
-            ranked.append((job_id, key, places[key], int(running.get(key, 0))))
-        return ranked
-
-    def heartbeat(
-        self, owner: str, job_ids: Sequence[str], lease_seconds: float
-    ) -> tuple[set[str], set[str]]:
-        """Extend `owner`'s leases. Returns (ids with a cancel request, ids no longer held)."""
-        if not job_ids:
-            return set(), set()
-        now = self.clock()
-        with self._writing() as session:
-            session.exec(
-                update(JobRecord)
-                .where(
-                    col(JobRecord.id).in_(list(job_ids)),
-                    col(JobRecord.lease_owner) == owner,
-                    col(JobRecord.status).in_(list(ACTIVE)),
-                )
-                .values(lease_expires_at=self._lease_now(now) + timedelta(seconds=lease_seconds))
-            )
-            rows = session.exec(
-                select(
-                    JobRecord.id, JobRecord.lease_owner, JobRecord.cancel_requested_at, JobRecord.status
-                ).where(col(JobRecord.id).in_(list(job_ids)))
-            ).all()
-        held = {r[0] for r in rows if r[1] == owner and r[3] in ACTIVE}
-        cancelled = {r[0] for r in rows if r[0] in held and r[2] is not None}
-        return cancelled, set(job_ids) - held
-
-    def expired_leases(self, limit: int) -> list[JobRecord]:
-        """Active jobs whose lease ran out: their process is gone."""
-        now = self.clock()
-        with self._reading() as session:
-            rows = session.exec(
-                select(JobRecord)
-                .where(
-                    col(JobRecord.status).in_(list(ACTIVE)),
-                    col(JobRecord.lease_owner).is_not(None),
-                    col(JobRecord.lease_expires_at) < self._lease_now(now),
-                )
-                .limit(limit)
-            )
-            return list(rows)
-
-    def release(
-        self,
-        job_id: str,
-        owner: str,
-        *,
-        run_after: datetime | None = None,
-        message: str | None,
-        lease_expired: bool = False,
-        resuming: bool = False,
-    ) -> bool:
-        """Give a job back to the queue, claimable at `run_after` (`resuming`: no new attempt)."""
-        now = self.clock()
-        conditions = [
-            col(JobRecord.id) == job_id,
-            col(JobRecord.lease_owner) == owner,
-            col(JobRecord.status).in_(list(ACTIVE)),
-        ]
-        if lease_expired:
-            conditions.append(col(JobRecord.lease_expires_at) < self._lease_now(now))
-        with self._writing() as session:
-            changed = session.exec(
-                update(JobRecord)
-                .where(and_(*conditions))
-                .values(
-                    status=Status.WORKING.value,
-                    lease_owner=None,
-                    lease_expires_at=None,
-                    run_after=self._lease_now(now) if run_after is None else run_after,
-                    status_message=message,
-                    resuming=resuming,
-                    updated_at=now,
-                    version=JobRecord.version + 1,
-                )
-            ).rowcount
-        return changed == 1
-
-    # -- retention and evidence --------------------------------------------------
-
-    def overdue(self, limit: int) -> dict[str, list[JobRecord]]:
-        """Active jobs past a deadline by the lease clock: `ttl`, `input` and `abandoned`."""
-        now = self._lease_now(self.clock())
-        active = col(JobRecord.status).in_(list(ACTIVE))
-        past = {
-            "ttl": (active, col(JobRecord.expires_at) < now),
-            "input": (
-                col(JobRecord.status) == Status.INPUT_REQUIRED.value,
-                col(JobRecord.input_deadline) < now,
-            ),
-            "abandoned": (
-                active,
-                col(JobRecord.cancel_requested_at).is_(None),
-                col(JobRecord.abandon_at) < now,
-            ),
-        }
-        with self._reading() as session:
-            return {
-                key: list(session.exec(select(JobRecord).where(*due).limit(limit)))
-                for key, due in past.items()
-            }
-
-    def delete_expired(self, limit: int, keep_evidence_seconds: float = 0) -> int:
-        """Delete up to `limit` ended jobs past retention, archiving evidence when it is kept."""
-        if keep_evidence_seconds <= 0:
-            return self._delete_expired_batch(limit, None)
-        deleted = 0
-        while deleted < limit:
-            batch = self._delete_expired_batch(min(limit - deleted, ARCHIVE_BATCH), keep_evidence_seconds)
-            deleted += batch
-            if batch == 0:
-                break
-        return deleted
-
-    def _delete_expired_batch(self, limit: int, keep_evidence_seconds: float | None) -> int:
-        """One transaction of `delete_expired`, skipping rows another sweeper holds."""
-        now = self.clock()
-        expired = (
-            col(JobRecord.expires_at) < self._lease_now(now),
-            col(JobRecord.status).in_(list(TERMINAL)),
-        )
-        with self._writing() as session:
-            if keep_evidence_seconds is not None:
-                jobs = list(
-                    session.exec(
-                        select(JobRecord).where(*expired).limit(limit).with_for_update(skip_locked=True)
-                    )
-                )
-                ids = [job.id for job in jobs]
-                if jobs:
-                    self._archive(session, jobs, now, now + timedelta(seconds=keep_evidence_seconds))
-            else:
-                ids = list(
-                    session.exec(
-                        select(JobRecord.id).where(*expired).limit(limit).with_for_update(skip_locked=True)
-                    )
-                )
-            if not ids:
-                return 0
-            session.exec(delete(InputRequestRecord).where(col(InputRequestRecord.job_id).in_(ids)))
-            session.exec(delete(StepRecord).where(col(StepRecord.job_id).in_(ids)))
-            session.exec(delete(ResultPartRecord).where(col(ResultPartRecord.job_id).in_(ids)))
-            session.exec(delete(JobRecord).where(col(JobRecord.id).in_(ids)))
-        return len(ids)
-
-    def _archive(self, session: Session, jobs: list[JobRecord], now: datetime, keep_until: datetime) -> None:
-        questions, steps = _questions_and_steps(session, [job.id for job in jobs])
-        session.execute(
-            sa_insert(_AUDIT),
-            [
-                {
-                    "job_id": job.id,
-                    "kind": job.kind,
-                    "principal": job.principal,
-                    "archived_at": now,
-                    "keep_until": keep_until,
-                    "evidence": evidence(job, questions[job.id], steps[job.id]),
-                }
-                for job in jobs
-            ],
-        )
-
-    # -- audit evidence --------------------------------------------------------
-
-    def delete_old_evidence(self, limit: int) -> int:
-        """Delete up to `limit` archived evidence records whose own retention has passed."""
-        now = self.clock()
-        with self._writing() as session:
-            ids = list(
-                session.exec(select(AuditRecord.id).where(col(AuditRecord.keep_until) < now).limit(limit))
-            )
-            if ids:
-                session.exec(delete(AuditRecord).where(col(AuditRecord.id).in_(ids)))
-        return len(ids)
-
-    def archived_evidence(
-        self, *, after_id: int = 0, since: datetime | None = None, job_id: str | None = None, limit: int = 500
-    ) -> list[AuditRecord]:
-        """Archived evidence in archive order, a page at a time (`after_id`: the last id of the page before)."""
-        query = select(AuditRecord).where(col(AuditRecord.id) > after_id)
-        if since is not None:
-            query = query.where(col(AuditRecord.archived_at) >= since)
-        if job_id is not None:
-            query = query.where(col(AuditRecord.job_id) == job_id)
-        with Session(self.engine) as session:
-            return list(session.exec(query.order_by(col(AuditRecord.id)).limit(limit)))
-
-    def live_evidence(
-        self, *, after_id: str = "", job_id: str | None = None, limit: int = 500
-    ) -> list[dict[str, Any]]:
-        """The evidence of jobs still stored, built from their rows, a page at a time (by job id)."""
-        query = select(JobRecord).where(col(JobRecord.id) > after_id)
-        if job_id is not None:
-            query = query.where(col(JobRecord.id) == job_id)
-        with Session(self.engine) as session:
-            jobs = list(session.exec(query.order_by(col(JobRecord.id)).limit(limit)))
-            questions, steps = _questions_and_steps(session, [job.id for job in jobs])
-            return [evidence(job, questions[job.id], steps[job.id]) for job in jobs]
-
-    # -- the operator's reads and switches ---------------------------------------
-
-    def list_jobs(
-        self,
-        *,
-        statuses: Sequence[str] = (),
-        kind: str | None = None,
-        principal: str | None = None,
-        principal_matching: PrincipalMatch | None = None,
-        created_before: datetime | None = None,
-        created_after: datetime | None = None,
-        before: tuple[datetime, str] | None = None,
-        limit: int = 50,
-    ) -> list[JobRecord]:
-        """Jobs matching every given filter, newest first; `before` is a keyset cursor."""
-        query = select(JobRecord)
-        if statuses:
-            query = query.where(col(JobRecord.status).in_(list(statuses)))
-        if kind is not None:
-            query = query.where(JobRecord.kind == kind)
-        if principal is not None:
-            query = query.where(JobRecord.principal_key == principal_key(principal))
-        if principal_matching is not None:
-            query = query.where(self._principal_matches(principal_matching))
-        if created_before is not None:
-            query = query.where(col(JobRecord.created_at) < created_before)
-        if created_after is not None:
-            query = query.where(col(JobRecord.created_at) >= created_after)
-        if before is not None:
-            created, job_id = before
-            query = query.where(
-                or_(
-                    col(JobRecord.created_at) < created,
-                    and_(col(JobRecord.created_at) == created, col(JobRecord.id) < job_id),
-                )
-            )
-        newest_first = (col(JobRecord.created_at).desc(), col(JobRecord.id).desc())
-        with self._reading() as session:
-            return list(session.exec(query.order_by(*newest_first).limit(limit)))
-
-    def _principal_matches(self, match: PrincipalMatch) -> Any:
-        """SQL for `match`: exact forms by key, patterns case-sensitive (GLOB on SQLite)."""
-        principal = col(JobRecord.principal)
-        clauses = [col(JobRecord.principal_key).in_([principal_key(p) for p in match.exact])]
-        for pattern in match.patterns:
-            if self.dialect == "sqlite":
-                glob = "".join("*" if piece is None else _glob_literal(piece) for piece in pattern)
-                clauses.append(principal.op("GLOB")(glob))
-            else:
-                like = "".join("%" if piece is None else _like_literal(piece) for piece in pattern)
-                clauses.append(principal.like(like, escape="!"))
-        return or_(*clauses)
-
-    def count_active(self, *, principal: str | None = None) -> int:
-        with self._reading() as session:
-            query = select(func.count()).select_from(JobRecord).where(col(JobRecord.status).in_(list(ACTIVE)))
-            if principal is not None:
-                query = query.where(JobRecord.principal_key == principal_key(principal))
-            return int(session.exec(query).one())
-
-    def waiting_counts(self) -> dict[tuple[str, str], int]:
-        """How many jobs of each kind wait: `(kind, "queued")` for a worker, `(kind, "parked")` for an answer."""
-        with self._fast_reading() as connection:
-            rows = connection.execute(_WAITING_COUNTS).all()
-        return {
-            (kind, "parked" if status == Status.INPUT_REQUIRED.value else "queued"): n
-            for kind, status, n in rows
-        }
-
-    def active_counts(self) -> list[tuple[str, str, str | None, int, datetime]]:
-        """Unfinished jobs by `(kind, status, lease owner)`, with the oldest one's creation time."""
-        with self._fast_reading() as connection:
-            rows = connection.execute(_ACTIVE_COUNTS).all()
-        return [(kind, status, owner, n, oldest) for kind, status, owner, n, oldest in rows]
-
-    def failed_counts(self, since: datetime) -> dict[str, int]:
-        """Jobs of each kind that failed at or after `since`."""
-        with self._fast_reading() as connection:
-            rows = connection.execute(_FAILED_COUNTS, {"since": since}).all()
-        return {kind: n for kind, n in rows}
-
-    def switches(self) -> list[SwitchRecord]:
-        """Every switch as last set, engaged or not."""
-        with self._fast_reading() as connection:
-            return [
-                SwitchRecord.model_construct(**row) for row in connection.execute(_ALL_SWITCHES).mappings()
-            ]
-
-    def set_switch(
-        self,
-        name: str,
-        *,
-        engaged: bool,
-        by: str,
-        reason: str | None = None,
-        retry_after_seconds: float | None = None,
-    ) -> tuple[SwitchRecord, SwitchRecord | None]:
-        """Engage or release the switch `name`, recording who did it and when: (as now set, as it was)."""
-        values = {
-            "engaged": engaged,
-            "reason": reason,
-            "retry_after_seconds": retry_after_seconds,
-            "changed_by": by,
-        }
-        try:
-            return self._set_switch(name, values)
-        except IntegrityError:
-            # Another operator created the same switch at the same moment: this try updates it.
-            return self._set_switch(name, values)
-
-    def _set_switch(self, name: str, values: dict[str, Any]) -> tuple[SwitchRecord, SwitchRecord | None]:
-        with self._writing() as session:
-            row = session.get(SwitchRecord, name, with_for_update=True)
-            before = None if row is None else SwitchRecord.model_construct(**row.model_dump())
-            if row is None:
-                row = SwitchRecord(name=name, **values, changed_at=self.clock())
-                session.add(row)
-            else:
-                for field, value in {**values, "changed_at": self.clock()}.items():
-                    setattr(row, field, value)
-            session.flush()
-            return SwitchRecord.model_construct(**row.model_dump()), before
-
-
-def _claimable(now: Any) -> tuple[Any, ...]:
-    """A job any worker may take at `now` (lease clock): working, not leased, not being cancelled, due."""
-    return (
-        col(JobRecord.status) == Status.WORKING.value,
-        col(JobRecord.lease_owner).is_(None),
-        col(JobRecord.cancel_requested_at).is_(None),
-        col(JobRecord.run_after) <= now,
-    )
-
-
-def _claimable_of(now: Any, kinds: Sequence[str]) -> tuple[Any, ...]:
-    """`_claimable` restricted to `kinds`."""
-    return (*_claimable(now), col(JobRecord.kind).in_(list(kinds)))
-
-
-def _take_turns(
-    candidates: list[tuple[str, str, int, int]],
-    limit: int,
-    held: Mapping[str, int],
-    share_limit: int | None,
-    served: Mapping[str, int],
-) -> list[str]:
-    """Up to `limit` candidate ids, fairest first; principals at their share go last (work-conserving)."""
-    fair = sorted(candidates, key=lambda c: (c[3] + c[2], c[2], served.get(c[1], -1)))
-    chosen: list[str] = []
-    taken: dict[str, int] = {}
-    deferred: list[str] = []
-    for job_id, key, _place, _running in fair:
-        if len(chosen) >= limit:
-            break
-        if share_limit is not None and held.get(key, 0) + taken.get(key, 0) >= share_limit:
-            deferred.append(job_id)
-            continue
-        chosen.append(job_id)
-        taken[key] = taken.get(key, 0) + 1
-    return chosen + deferred[: limit - len(chosen)]
-
-
-# Built once: these parts of a claim's UPDATE never change.
-_CLAIMED_ATTEMPT = JobRecord.attempts + case((col(JobRecord.resuming), 0), else_=1)
-_NEXT_VERSION = JobRecord.version + 1
-_CLAIM_LOG_HEAD = (
-    func.coalesce(col(JobRecord.claim_log), "") + CLAIM_ENTRY_HEAD + cast(_CLAIMED_ATTEMPT, Text)
-)
-
-
-def _claim_values(owner: str, now: datetime, lease_now: Any, lease_seconds: float) -> dict[str, Any]:
-    """What a claim writes: the lease, the attempt, the first start time and a claim log entry."""
-    return {
-        "lease_owner": owner,
-        "lease_expires_at": lease_now + timedelta(seconds=lease_seconds),
-        "attempts": _CLAIMED_ATTEMPT,
-        "claim_log": _CLAIM_LOG_HEAD + claim_entry_tail(now, owner),
-        "resuming": False,
-        "started_at": func.coalesce(JobRecord.started_at, now),
-        "updated_at": now,
-        "version": _NEXT_VERSION,
-    }
-
-
-def _questions_and_steps(
-    session: Session, ids: list[str]
-) -> tuple[dict[str, list[InputRequestRecord]], dict[str, list[StepRecord]]]:
-    """The questions and the steps of the jobs `ids`, by job id, each in the order the evidence lists them."""
-    questions: dict[str, list[InputRequestRecord]] = {job_id: [] for job_id in ids}
-    for question in session.exec(
-        select(InputRequestRecord)
-        .where(col(InputRequestRecord.job_id).in_(ids))
-        .order_by(col(InputRequestRecord.created_at), col(InputRequestRecord.key))
-    ):
-        questions[question.job_id].append(question)
-    steps: dict[str, list[StepRecord]] = {job_id: [] for job_id in ids}
-    for step in session.exec(
-        select(StepRecord).where(col(StepRecord.job_id).in_(ids)).order_by(col(StepRecord.started_at))
-    ):
-        steps[step.job_id].append(step)
-    return questions, steps
-
-
-def _glob_literal(text: str) -> str:
-    """`text` matched literally by SQLite's GLOB: its wildcards and brackets as one-character sets."""
-    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
-
-
-def _like_literal(text: str) -> str:
-    """`text` matched literally by LIKE ... ESCAPE '!'."""
-    return "".join(f"!{c}" if c in "%_!" else c for c in text)

@@ -65,8 +65,6 @@ from handles.store.statements import (
 class SqliteOps:
     """The hot paths of `JobRepository` on an SQLite file."""
 
-    has_clock = False  # SQLite runs in this process: leases are judged by the repository's `clock`
-
     def __init__(self, repo: Database) -> None:
         self.repo = repo
         dialect = repo.engine.dialect

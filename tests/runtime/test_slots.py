@@ -17,7 +17,7 @@ from handles import Handles, JobContext
 from handles.runtime.slots import REMEMBERED_PRINCIPALS, Slots
 from handles.states import Status
 from handles.store import JobRepository
-from handles.store.repository import _take_turns
+from handles.store.claims import _take_turns
 from tests.durability.harness import config
 from tests.store.sqlite_support import this_process_writing
 
