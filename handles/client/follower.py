@@ -51,7 +51,6 @@ from handles.client.tasks import (
     DEFAULT_POLL_SECONDS,
     TERMINAL_STATUSES,
     CreateTaskResult,
-    TaskPushes,
     TasksClientExtension,
     pushed_status,
     send_unchecked,
@@ -142,13 +141,17 @@ class Follower:
                     self.client = client
                     return await self._drive()
             except Exception as exc:
-                follow_error = _follow_error_in(exc)
+                follow_error = next((leaf for leaf in leaves(exc) if isinstance(leaf, FollowError)), None)
                 if follow_error is exc:
                     raise
                 if follow_error is not None:
                     raise follow_error from None  # out of the client's exception group
                 self._raise_if_refused(exc)
-                if not _connection_failure(exc):
+                # Reconnect after a transient error, a transport's crash, or the server's word that a request
+                # may be re-sent.
+                if not (
+                    is_connection_failure(exc) or any(isinstance(leaf, Retryable) for leaf in leaves(exc))
+                ):
                     raise
                 await self._failed(exc)
             finally:
@@ -214,7 +217,10 @@ class Follower:
             )
             return await self._watch(first_poll)
         self.face = face = TaskFace(key, handle, timeout)
-        async with pushed_status(client.session, _pushes(client), self.handle) as face.status:
+        # Pushed states land in the client's `TasksClientExtension`, if it has one (else the task is polled).
+        extension = next((e for e in client.extensions or () if isinstance(e, TasksClientExtension)), None)
+        pushes = None if extension is None else extension.pushes
+        async with pushed_status(client.session, pushes, self.handle) as face.status:
             return await self._watch(first_poll)
 
     @property
@@ -493,14 +499,6 @@ class Follower:
         await anyio.sleep(pause)
 
 
-def _pushes(client: Client) -> TaskPushes | None:
-    """Where the client's `TasksClientExtension` receives `notifications/tasks` (None: it polls)."""
-    for extension in client.extensions or ():
-        if isinstance(extension, TasksClientExtension):
-            return extension.pushes
-    return None
-
-
 _REFUSALS_TO_REPORT = frozenset({"limit_reached", "paused"})
 """Retryable refusals of a start that last longer than a reconnect: raised as `StartRefusedError` (whose
 `error` carries `retry_after_seconds` for a pause) for the caller to schedule, not retried here."""
@@ -521,16 +519,6 @@ def _is_handoff(body: dict[str, Any] | None, job: str) -> bool:
 
 def _transient(exc: BaseException) -> bool:
     return isinstance(exc, Retryable) or is_transient(exc)
-
-
-def _follow_error_in(exc: BaseException) -> FollowError | None:
-    """A `FollowError` raised inside a client's task group comes out wrapped in an exception group."""
-    return next((leaf for leaf in leaves(exc) if isinstance(leaf, FollowError)), None)
-
-
-def _connection_failure(exc: BaseException) -> bool:
-    """A transient error or a transport's crash, or the server's word that the same request may be re-sent."""
-    return is_connection_failure(exc) or any(isinstance(leaf, Retryable) for leaf in leaves(exc))
 
 
 def _describe(exc: BaseException) -> str:
