@@ -18,7 +18,8 @@ from mcp.shared.inbound import MCP_NAME_HEADER, encode_header_value
 from mcp_types import CallToolResult, ElicitResult
 
 from handles.check.plan import JobPlan
-from handles.client.follow import caller_error, connect
+from handles.client.faces import caller_error
+from handles.client.follow import connect
 from handles.client.http import http_client
 from handles.client.manifest import JobManifest
 from handles.client.tasks import TERMINAL_STATUSES, CreateTaskResult, send_unchecked

@@ -443,8 +443,8 @@ async def test_a_connection_that_stays_lost_is_reported_and_the_job_kept(
 ) -> None:
     failing_get = AsyncMock(side_effect=MCPError(code=REQUEST_TIMEOUT, message="Request timed out"))
     async with FailsToObserve(counted.server, extensions=[TasksClientExtension(push=False)]) as client:
-        # handles.client.follow names the function: patch the module's get_task.
-        monkeypatch.setattr(importlib.import_module("handles.client.follow"), "get_task", failing_get)
+        # The Tasks face calls get_task: patch it where the face looks it up.
+        monkeypatch.setattr(importlib.import_module("handles.client.faces"), "get_task", failing_get)
         with pytest.raises(ConnectionLostError, match="after 2 attempts") as lost:
             await follow(client, "quick", {"text": "q"}, key="k", journal=journal, prefer=face, retries=1)  # type: ignore[arg-type]
         monkeypatch.undo()
