@@ -42,7 +42,8 @@ in_wheel = set(zipfile.ZipFile(wheel).namelist())
 info = f"mcp_handles-{version}.dist-info"
 top_level = {name.split("/")[0] for name in in_wheel} - {info}
 assert top_level == {"handles"}, f"the wheel installs {sorted(top_level)}; only handles belongs there"
-for wanted in ("handles/py.typed", "handles/migrations/versions/0001_initial.py", f"{info}/licenses/LICENSE"):
+for wanted in ("handles/py.typed", "handles/migrations/versions/0001_initial.py", "handles/console/static/live.js",
+               "handles/console/static/console.css", f"{info}/licenses/LICENSE"):
     assert wanted in in_wheel, f"the wheel lacks {wanted}"
 in_sdist = {name.split("/", 1)[-1] for name in tarfile.open(sdist).getnames()}
 for wanted in ("example_server/demo.py", "example_server/__main__.py", "LICENSE", "CHANGELOG.md", "handles/py.typed"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import json
 from datetime import datetime
+from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
 
@@ -22,28 +23,7 @@ def esc(value: object) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 
 
-STYLE = """
-*{box-sizing:border-box}body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;color:#1d2330;background:#f5f6f8}
-header{background:#1d2330;color:#fff;padding:10px 20px;display:flex;gap:18px;align-items:center}
-header a{color:#cfd6e4;text-decoration:none}header a:hover{color:#fff}header .who{margin-left:auto;color:#9aa4b5}
-header form{display:inline}header button{background:none;border:1px solid #56607a;color:#cfd6e4;border-radius:4px;cursor:pointer}
-main{padding:18px 20px;max-width:1280px}h1{font-size:20px;margin:0 0 12px}h2{font-size:16px;margin:22px 0 8px}
-table{border-collapse:collapse;width:100%;background:#fff;border:1px solid #dde1e8}
-th,td{text-align:left;padding:6px 9px;border-bottom:1px solid #eceff3;vertical-align:top}th{background:#f0f2f6;font-weight:600}
-td.num{text-align:right}a{color:#2456c7}.muted{color:#6b7385}.mono{font-family:ui-monospace,Menlo,monospace;font-size:12.5px}
-.badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:600;background:#e4e7ee}
-.working{background:#dbe8ff;color:#1d4fb0}.input_required{background:#fff0c9;color:#8a5a00}.completed{background:#d9f3e2;color:#17663a}
-.failed{background:#fde0df;color:#a4221c}.cancelled{background:#e8e8e8;color:#555}
-.bar{width:120px;height:10px;background:#e4e7ee;border-radius:5px;overflow:hidden;display:inline-block;vertical-align:middle}
-.bar span{display:block;height:100%;background:#3b7be0}.pct{margin-left:6px;font-size:12px;color:#6b7385}
-form.filters{display:flex;gap:8px;flex-wrap:wrap;margin-bottom:12px}input,select,button{font:inherit;padding:4px 7px}
-.card{background:#fff;border:1px solid #dde1e8;padding:12px 14px;margin-bottom:12px}.error{color:#a4221c}
-.facts th{width:200px;background:#fff}.danger{background:#c7332b;color:#fff;border:0;border-radius:4px;padding:6px 12px}
-.primary{background:#2456c7;color:#fff;border:0;border-radius:4px;padding:6px 12px}pre{white-space:pre-wrap;margin:0}
-ol.timeline{list-style:none;padding:0;margin:0}ol.timeline li{border-left:3px solid #c4cbd8;padding:4px 10px;margin-left:6px}
-ol.timeline li.step-completed{border-color:#2f9e5b}ol.timeline li.step-failed{border-color:#c7332b}ol.timeline li.step-started{border-color:#e0a800}
-label{display:block;margin:6px 0 2px;font-weight:600}.quiet{color:#a4221c;font-weight:600}
-"""
+STYLE = (resources.files(__package__) / "static" / "console.css").read_text(encoding="utf-8")
 
 
 def page(title: str, body: str, *, base: str, operator: Operator | None) -> str:
@@ -159,41 +139,7 @@ def _heard(row: dict[str, Any]) -> str:
     return f'<div class="{"quiet" if row["quiet"] else "muted"}">{esc(row["heard"])}</div>'
 
 
-LIVE_SCRIPT = """// The jobs list's live update: the rows again every 2 s, each value set as text (never as markup).
-(function(){
-  const body=document.getElementById('rows'), feed=body.dataset.feed;
-  function cell(tr,text,cls){const td=document.createElement('td');if(cls)td.className=cls;td.textContent=text;tr.appendChild(td);return td;}
-  function render(rows){
-    const fresh=document.createDocumentFragment();
-    for(const r of rows){
-      const tr=document.createElement('tr');tr.dataset.id=r.id;
-      const a=document.createElement('a');a.href=r.href;a.className='mono';a.textContent=r.id.slice(0,12);
-      const first=document.createElement('td');first.appendChild(a);tr.appendChild(first);
-      cell(tr,r.kind);cell(tr,r.principal);
-      const st=cell(tr,'');const b=document.createElement('span');b.className='badge '+r.status;b.textContent=r.status;st.appendChild(b);
-      const m=document.createElement('div');m.className='muted';m.textContent=r.message;st.appendChild(m);
-      const pr=cell(tr,'');
-      if(r.fraction===null){const s=document.createElement('span');s.className='muted';s.textContent=r.done===null?'-':String(r.done);pr.appendChild(s);}
-      else{const bar=document.createElement('span');bar.className='bar';const fill=document.createElement('span');fill.style.width=(r.fraction*100).toFixed(1)+'%';bar.appendChild(fill);pr.appendChild(bar);
-        const p=document.createElement('span');p.className='pct';p.textContent=Math.round(r.fraction*100)+'%';pr.appendChild(p);}
-      cell(tr,r.age);
-      const nd=cell(tr,'');const nm=document.createElement('span');nm.className='mono';nm.textContent=r.node;nd.appendChild(nm);
-      if(r.heard){const h=document.createElement('div');h.className=r.quiet?'quiet':'muted';h.textContent=r.heard;nd.appendChild(h);}
-      cell(tr,String(r.attempts),'num');
-      fresh.appendChild(tr);
-    }
-    body.replaceChildren(fresh);
-    document.getElementById('empty').hidden=rows.length>0;
-  }
-  async function poll(){
-    try{const reply=await fetch(feed,{credentials:'same-origin',headers:{'Accept':'application/json'}});
-      if(reply.ok){render((await reply.json()).jobs);document.getElementById('live').textContent='live';}
-      else{document.getElementById('live').textContent='not updating ('+reply.status+')';}}
-    catch(e){document.getElementById('live').textContent='not updating (offline)';}
-  }
-  setInterval(poll,2000);
-})();
-"""
+LIVE_SCRIPT = (resources.files(__package__) / "static" / "live.js").read_text(encoding="utf-8")
 
 
 def jobs(
