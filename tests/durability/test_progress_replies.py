@@ -39,7 +39,9 @@ def built_replies(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 async def test_an_unchanged_job_gets_its_last_reply_and_every_change_a_new_one(
     database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    jobs = Handles(config(tmp_path, database_url=database_url, auto_migrate=True))
+    # A lease renewal changes the job's row, and so rebuilds the reply: keep renewals out of the test's few seconds.
+    settings = {"lease_seconds": 120.0, "heartbeat_seconds": 60.0}
+    jobs = Handles(config(tmp_path, database_url=database_url, auto_migrate=True, **settings))
     reported, stepped = asyncio.Event(), asyncio.Event()
     go_report, go_step, go_ask = (asyncio.Event() for _ in range(3))
 
