@@ -126,11 +126,29 @@ class _TimedStatements:
         return getattr(self._connection, name)
 
 
+class _TimedExecute:
+    """A connection whose `execute` (a statement's round trip) is timed into `samples`."""
+
+    def __init__(self, connection: Any, samples: list[float]) -> None:
+        self._connection, self._samples = connection, samples
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._connection, name)
+
+    async def execute(self, *args: Any, **kwargs: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return await self._connection.execute(*args, **kwargs)
+        finally:
+            self._samples.append(time.perf_counter() - began)
+
+
 def _timed_around_async(
-    fn: Callable[..., Any], samples: list[float], when: Callable[[], bool]
+    fn: Callable[..., Any], samples: list[float], when: Callable[[], bool], executes: list[float]
 ) -> Callable[..., Any]:
-    """An asynchronous context manager factory, timed at its entry and its exit (its block not counted), when
-    `when()` says so at its entry (a start's insert)."""
+    """An asynchronous context manager factory of connections, timed at its entry and its exit (its block not
+    counted), and its connection's statements timed into `executes`, when `when()` says so at its entry (a
+    start's insert)."""
 
     @contextlib.asynccontextmanager
     async def block(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
@@ -138,7 +156,7 @@ def _timed_around_async(
         began = time.perf_counter()
         async with fn(*args, **kwargs) as value:
             entered = time.perf_counter() - began
-            yield value
+            yield _TimedExecute(value, executes) if timing else value
             leaving = time.perf_counter()
         if timing:
             samples.append(entered + time.perf_counter() - leaving)
@@ -242,10 +260,10 @@ def _timers(jobs: Any, samples: dict[str, list[float]]) -> Iterator[None]:
                 )
             )
             prepared = repo._prepare(_START)
-            engine = repo._engine  # PostgresOps
-            patch(_patched(engine, "_start_statement", _timed_await(engine._start_statement, s["database"])))
             connections = repo.loop_connections
-            checkout = _timed_around_async(connections.connection, s["pool"], lambda: inserting[0])
+            checkout = _timed_around_async(
+                connections.connection, s["pool"], lambda: inserting[0], s["database"]
+            )
             patch(_patched(connections, "connection", checkout))
         else:
             method(Store, "start", "stored", _timed_call)
