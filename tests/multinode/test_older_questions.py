@@ -18,6 +18,7 @@ import httpx2
 import pytest
 
 from tests.interop.test_older_task_clients import OLDER_CLIENTS, OWNER, client_env, older_client, run_client
+from tests.support import FRAMEWORKS, framework_args
 from tests.tasks.wire import older_result_frames, post_answer
 
 from .conftest import Cluster
@@ -117,17 +118,19 @@ def holding(command: list[str], env: dict[str, str], log: Path) -> Iterator[dict
 
 
 @pytest.mark.timeout(600)  # a first run creates the client's environment
+@pytest.mark.parametrize("framework", FRAMEWORKS)
 @pytest.mark.parametrize("client", OLDER_CLIENTS)
 def test_a_real_client_answers_on_one_node_a_question_of_a_job_created_on_the_other_and_across_a_restart(
-    cluster: Cluster, tmp_path: Path, client: str
+    cluster: Cluster, tmp_path: Path, client: str, framework: str
 ) -> None:
     command, env = older_client(client)
     tokens = tmp_path / "tokens.json"
     tokens.write_text(json.dumps({OWNER: "older-owner"}))
+    node = ("--tokens", str(tokens), *framework_args(framework))
     # Node a runs the jobs; b runs none and polls the store only every 30 s: it hears of a's changes through NOTIFY.
-    a = cluster.server("a", "--tokens", str(tokens), EXAMPLE_JOB_SECONDS="1")
+    a = cluster.server("a", *node, EXAMPLE_JOB_SECONDS="1")
     serving = {"HANDLES_RUN_WORKERS": "0", "HANDLES_STORE_POLL_SECONDS": "30", "EXAMPLE_JOB_SECONDS": "1"}
-    b = cluster.server("b", "--tokens", str(tokens), **serving)
+    b = cluster.server("b", *node, **serving)
 
     def across(url: str, origin: str) -> dict[str, Any]:
         """Within b's store poll: b's stream learns of a's question and the job's end through NOTIFY."""
