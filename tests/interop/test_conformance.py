@@ -85,8 +85,8 @@ def server(
 
 def run_scenario(
     cli: tuple[list[str], dict[str, str]], url: str, scenario: str, out: Path
-) -> list[dict[str, Any]]:
-    """One scenario's checks (its `checks.json`), after the suite's process has exited 0."""
+) -> tuple[int, list[dict[str, Any]]]:
+    """One scenario run by the suite: its exit status (1 when a check failed) and its checks (`checks.json`)."""
     command, env = cli
     done = subprocess.run(
         [*command, "server", "--url", url, "--scenario", scenario, "--output-dir", str(out / scenario)],
@@ -95,10 +95,10 @@ def run_scenario(
         timeout=120,
         env=env,
     )
-    assert done.returncode == 0, f"{scenario} failed:\n{done.stdout[-6000:]}\n{done.stderr[-2000:]}"
-    (checks_file,) = (out / scenario).glob("*/checks.json")
-    checks: list[dict[str, Any]] = json.loads(checks_file.read_text())
-    return checks
+    found = list((out / scenario).glob("*/checks.json"))
+    assert len(found) == 1, f"{scenario} wrote no checks:\n{done.stdout[-6000:]}\n{done.stderr[-2000:]}"
+    checks: list[dict[str, Any]] = json.loads(found[0].read_text())
+    return done.returncode, checks
 
 
 def test_the_suite_lists_these_tasks_scenarios() -> None:
@@ -114,7 +114,7 @@ def test_every_tasks_scenario_passes(server: ServerProcess, tmp_path: Path) -> N
     cli = conformance_cli()
     # Three at a time: most of a scenario is waiting for tasks to end, and a Node.js start costs a core.
     with ThreadPoolExecutor(max_workers=3) as pool:
-        results = dict(
+        runs = dict(
             zip(
                 TASKS_SCENARIOS,
                 pool.map(lambda scenario: run_scenario(cli, server.url, scenario, tmp_path), TASKS_SCENARIOS),
@@ -123,11 +123,12 @@ def test_every_tasks_scenario_passes(server: ServerProcess, tmp_path: Path) -> N
         )
     failed = {
         scenario: [(check["id"], check["status"], check.get("errorMessage")) for check in checks]
-        for scenario, checks in results.items()
+        for scenario, (_, checks) in runs.items()
         if any(check["status"] not in PASSING for check in checks) and scenario not in SKIPPED_BY_THE_SUITE
     }
     assert not failed, f"{server.log()[-3000:]}\n{json.dumps(failed, indent=1)}"
     for scenario in SKIPPED_BY_THE_SUITE:
-        assert {check["status"] for check in results[scenario]} <= PASSING | {"SKIPPED"}
-    passed = sum(check["status"] == "SUCCESS" for checks in results.values() for check in checks)
-    assert passed == PASSED_CHECKS, results  # none left out by a scenario that stopped early
+        assert {check["status"] for check in runs[scenario][1]} <= PASSING | {"SKIPPED"}
+    assert {scenario: status for scenario, (status, _) in runs.items() if status != 0} == {}
+    passed = sum(check["status"] == "SUCCESS" for _, checks in runs.values() for check in checks)
+    assert passed == PASSED_CHECKS, runs  # none left out by a scenario that stopped early
