@@ -34,43 +34,47 @@ BIN = INSPECTOR_DIR / "node_modules" / ".bin"
 
 
 def ensure_inspector(timeout: float = 300) -> Path:
-    """The directory of the Inspector's executables, installed when missing (`ensure_npm_package`)."""
-    ensure_npm_package(INSPECTOR_DIR, "@modelcontextprotocol/inspector", INSPECTOR_VERSION, timeout)
+    """The directory of the Inspector's executables, installed when missing (`ensure_npm_packages`)."""
+    ensure_npm_packages(INSPECTOR_DIR, {"@modelcontextprotocol/inspector": INSPECTOR_VERSION}, timeout)
     return BIN
 
 
-def ensure_npm_package(directory: Path, package: str, version: str, timeout: float = 300) -> None:
-    """`package@version` installed with npm into `directory` when missing; test workers that prepare it at once
-    take turns on a lock file beside it. Without Node.js and npm, or when the install fails, the test fails
-    under CI and is skipped elsewhere."""
-    problem = _prepare(directory, package, version, timeout)
+def ensure_npm_packages(directory: Path, packages: dict[str, str], timeout: float = 300) -> None:
+    """`packages` ({name: version}) installed with npm into `directory` when missing; test workers that prepare
+    it at once take turns on a lock file beside it. Without Node.js and npm, or when the install fails, the test
+    fails under CI and is skipped elsewhere."""
+    problem = _prepare(directory, packages, timeout)
     if problem is not None:
         if os.environ.get("CI"):
-            pytest.fail(f"{package}: {problem}")
-        pytest.skip(f"{package}: {problem}")
+            pytest.fail(f"{', '.join(packages)}: {problem}")
+        pytest.skip(f"{', '.join(packages)}: {problem}")
 
 
-def _installed(directory: Path, package: str, version: str) -> bool:
-    manifest = directory / "node_modules" / package / "package.json"
-    return manifest.exists() and json.loads(manifest.read_text()).get("version") == version
+def _installed(directory: Path, packages: dict[str, str]) -> bool:
+    for package, version in packages.items():
+        manifest = directory / "node_modules" / package / "package.json"
+        if not manifest.exists() or json.loads(manifest.read_text()).get("version") != version:
+            return False
+    return True
 
 
-def _prepare(directory: Path, package: str, version: str, timeout: float) -> str | None:
+def _prepare(directory: Path, packages: dict[str, str], timeout: float) -> str | None:
     if shutil.which("node") is None or shutil.which("npm") is None:
         return "Node.js and npm are needed (Debian: apt-get install nodejs npm)"
     directory.mkdir(parents=True, exist_ok=True)
+    specs = [f"{package}@{version}" for package, version in packages.items()]
     with open(directory.with_name(f"{directory.name}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _installed(directory, package, version):
+        if _installed(directory, packages):
             return None
         done = subprocess.run(
-            ["npm", "install", "--prefix", str(directory), "--no-audit", "--no-fund", "--no-save", f"{package}@{version}"],
+            ["npm", "install", "--prefix", str(directory), "--no-audit", "--no-fund", "--no-save", *specs],
             capture_output=True,
             text=True,
             timeout=timeout,
         )  # fmt: skip
-        if done.returncode != 0 or not _installed(directory, package, version):
-            return f"npm install of {version} failed:\n{done.stderr[-2000:]}"
+        if done.returncode != 0 or not _installed(directory, packages):
+            return f"npm install of {' '.join(specs)} failed:\n{done.stderr[-2000:]}"
     return None
 
 

@@ -23,7 +23,7 @@ import httpx2
 import pytest
 
 from bench.peer import ensure_venv
-from tests.interop.inspector import ensure_npm_package
+from tests.interop.inspector import ensure_npm_packages
 from tests.support import FRAMEWORKS, HttpExampleServer, example_env, new_key, stdio_params
 from tests.tasks.wire import Wire, example_process
 
@@ -62,7 +62,7 @@ def example(
 def older_client(name: str) -> tuple[list[str], dict[str, str]]:
     """The command line and environment of one of `OLDER_CLIENTS`, its environment prepared first."""
     if name == "typescript-sdk":
-        ensure_npm_package(TS_SDK_DIR, "@modelcontextprotocol/sdk", "1.32.2")
+        ensure_npm_packages(TS_SDK_DIR, {"@modelcontextprotocol/sdk": "1.32.2"})
         node = shutil.which("node")
         assert node is not None
         return [node, str(HERE / "ts_sdk_client.mjs")], {"TS_SDK_DIR": str(TS_SDK_DIR)}
