@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from mcp import Client
@@ -41,6 +41,8 @@ from handles.client.tasks import (
 from handles.client.transient import AUTHENTICATION_FAILED, TRANSIENT_MCP_CODES
 from handles.results import link_of, text_of, tool_error_text
 from handles.tool_layout import ToolNames
+
+T = TypeVar("T")
 
 _LOST_CODES = frozenset({"unknown_handle", "expired_handle", "wrong_job"})
 _RAISED_AS_IS = TRANSIENT_MCP_CODES | {AUTHENTICATION_FAILED}  # retried, or an authentication error
@@ -146,12 +148,7 @@ class HandleFace:
                 return {"status": status, "tool_error": data["tool_error"]}
             # A result too large to travel inline is its link (read it with `read_link`).
             return {"status": status, "result": data.get("result") or data.get("result_link")}
-        if status == "failed":
-            return {
-                "status": status,
-                "error": data.get("error") or {"code": INTERNAL_ERROR, "message": "failed"},
-            }
-        return {"status": status, "message": data.get("status_message")}
+        return ended(status, data.get("status_message"), data.get("error"))
 
 
 @dataclass(eq=False)
@@ -176,13 +173,17 @@ class TaskFace:
             return JobLostError(error.error.message, key=self.key, handle=self.handle)
         return FollowError(error.error.message, key=self.key, handle=self.handle)
 
+    async def _request(self, sent: Awaitable[T]) -> T:
+        """The answer to the request `sent`, its failure raised as `_lost` says."""
+        try:
+            return await sent
+        except MCPError as error:
+            raise self._lost(error) from None
+
     async def observe(self, client: Client, wait: float) -> View:
         task = None if self.status is None else await self.status.wait_push(wait)
         if task is None:
-            try:
-                task = await get_task(client.session, self.handle, timeout=self.request_timeout)
-            except MCPError as error:
-                raise self._lost(error) from None
+            task = await self._request(get_task(client.session, self.handle, timeout=self.request_timeout))
         # A handles server only asks form elicitations (`elicitation/create`, message + requestedSchema).
         questions = {
             key: Question(
@@ -218,23 +219,14 @@ class TaskFace:
         await self._update(client, {k: {"action": "decline"} for k in keys})
 
     async def cancel(self, client: Client) -> None:
-        try:
-            await cancel_task(client.session, self.handle, timeout=self.request_timeout)
-        except MCPError as error:
-            raise self._lost(error) from None
+        await self._request(cancel_task(client.session, self.handle, timeout=self.request_timeout))
 
     async def outcome(self, client: Client, view: View) -> dict[str, Any]:
         task = view.task
         assert task is not None
         if task.status == "completed":
             return completed(task.result or {})
-        if task.status == "failed":
-            error = task.error or {
-                "code": INTERNAL_ERROR,
-                "message": task.status_message or "The task failed.",
-            }
-            return {"status": "failed", "error": error}
-        return {"status": "cancelled", "message": task.status_message}
+        return ended(task.status, task.status_message, task.error)
 
 
 @dataclass(eq=False)
@@ -249,10 +241,7 @@ class OlderTaskFace(TaskFace):
     """What tasks/result answered, once the job ended."""
 
     async def _send(self, client: Client, request: Any, answer: type[Any]) -> Any:
-        try:
-            return await client.session.send_request(request, answer, self.request_timeout)
-        except MCPError as error:
-            raise self._lost(error) from None
+        return await self._request(client.session.send_request(request, answer, self.request_timeout))
 
     async def observe(self, client: Client, wait: float) -> View:
         get = GetTaskRequest(params=GetTaskRequestParams(task_id=self.handle))
@@ -308,14 +297,14 @@ class OlderTaskFace(TaskFace):
 
     async def outcome(self, client: Client, view: View) -> dict[str, Any]:
         if view.status == "cancelled":
-            return {"status": "cancelled", "message": view.message}
+            return ended(view.status, view.message)
         # A stored error may be a wait that ran out just before the end: only a result is kept.
-        ended = self._ended if isinstance(self._ended, CallToolResult) else await self._result(client)
-        if isinstance(ended, CallToolResult):
-            return completed(ended.model_dump(by_alias=True, mode="json", exclude_none=True))
+        answer = self._ended if isinstance(self._ended, CallToolResult) else await self._result(client)
+        if isinstance(answer, CallToolResult):
+            return completed(answer.model_dump(by_alias=True, mode="json", exclude_none=True))
         if view.status == "failed":
-            return {"status": "failed", "error": ended.error.model_dump(mode="json", exclude_none=True)}
-        raise self._lost(ended)
+            return ended(view.status, view.message, answer.error.model_dump(mode="json", exclude_none=True))
+        raise self._lost(answer)
 
 
 def completed(result: dict[str, Any]) -> dict[str, Any]:
@@ -327,6 +316,16 @@ def completed(result: dict[str, Any]) -> dict[str, Any]:
     if structured is None and (link := link_of(result)) is not None:
         structured = link.model_dump(mode="json")
     return {"status": "completed", "result": result if structured is None else structured}
+
+
+def ended(status: str, message: str | None, error: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The outcome of a job that ended `cancelled`, or `failed` with `error` (else an internal one saying `message`)."""
+    if status != "failed":
+        return {"status": status, "message": message}
+    return {
+        "status": status,
+        "error": error or {"code": INTERNAL_ERROR, "message": message or "The job failed."},
+    }
 
 
 Face = HandleFace | TaskFace

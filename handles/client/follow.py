@@ -7,7 +7,7 @@ import functools
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from os import PathLike
 from typing import Any
 
@@ -83,34 +83,8 @@ async def follow(
     """
     if prefer not in ("auto", "tasks", "handles"):
         raise ValueError("prefer must be 'auto', 'tasks' or 'handles'")
-    book = journal if isinstance(journal, Journal) else Journal(journal or ":memory:")
-    follower = Follower(
-        connection=client,
-        job=job,
-        arguments=dict(arguments or {}),
-        key=key or f"{job}-{uuid.uuid4().hex}",
-        journal=book,
-        on_progress=on_progress,
-        on_input=on_input,
-        seconds=_seconds_until(deadline),
-        cancel_on_abandon=cancel_on_abandon,
-        prefer=prefer,
-        server_id=server_id,
-        long_poll=max(0.0, long_poll_seconds),
-        request_timeout=request_timeout,
-        retries=max(0, retries),
-        jitter=max(0.0, jitter),
-    )
-    return await follower.run()
-
-
-def _seconds_until(deadline: float | timedelta | datetime | None) -> float | None:
-    if deadline is None:
-        return None
-    if isinstance(deadline, datetime):
-        if deadline.tzinfo is None:
-            raise ValueError("deadline must be an aware datetime (with a timezone)")
-        return (deadline - datetime.now(UTC)).total_seconds()
-    if isinstance(deadline, timedelta):
-        return deadline.total_seconds()
-    return float(deadline)
+    arguments = dict(arguments or {})
+    key = key or f"{job}-{uuid.uuid4().hex}"
+    journal = journal if isinstance(journal, Journal) else Journal(journal or ":memory:")
+    # Follower's fields are named as this call's parameters: it takes them all, as they now stand.
+    return await Follower(**locals()).run()

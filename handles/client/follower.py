@@ -9,6 +9,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import InitVar, dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 import anyio
@@ -77,9 +78,10 @@ MIN_POLL_SECONDS = 0.05
 
 @dataclass(eq=False, kw_only=True)
 class Follower:
-    """One call of `follow`: what it was asked (the fields given), and what it has learnt of the job so far."""
+    """One call of `follow`: what it was asked (the fields given, named as `follow`'s parameters), and what it
+    has learnt of the job so far."""
 
-    connection: InitVar[Client | Connect]
+    client: InitVar[Client | Connect]
     """A connected client, or a factory of them (then `follow` owns its connections)."""
     job: str
     arguments: dict[str, Any]
@@ -87,15 +89,15 @@ class Follower:
     journal: Journal
     on_progress: ProgressCallback | None
     on_input: InputCallback | None
-    seconds: float | None
+    deadline: float | timedelta | datetime | None
     cancel_on_abandon: bool
     prefer: Prefer
     server_id: str | None
-    long_poll: float
+    long_poll_seconds: float
     request_timeout: float
     retries: int
     jitter: float
-    client: Client | None = field(init=False)
+    connected: Client | None = field(init=False)
     connect: Connect | None = field(init=False)
     server: str | None = field(init=False, default=None)
     digest: str = field(init=False)
@@ -110,16 +112,19 @@ class Follower:
     _failures: int = field(init=False, default=0)
     _answers: dict[str, dict[str, Any] | None] = field(init=False, default_factory=dict)
 
-    def __post_init__(self, connection: Client | Connect) -> None:
-        self.client = connection if isinstance(connection, Client) else None
-        self.connect = None if isinstance(connection, Client) else connection
+    def __post_init__(self, client: Client | Connect) -> None:
+        self.connected = client if isinstance(client, Client) else None
+        self.connect = None if isinstance(client, Client) else client
+        self.long_poll_seconds = max(0.0, self.long_poll_seconds)
+        self.retries = max(0, self.retries)
+        self.jitter = max(0.0, self.jitter)
         # connect(url) names its server by the URL, as a client of that URL would be named.
         self.server_id = self.server_id or getattr(self.connect, "server_id", None)
         self.digest = arguments_digest(self.job, self.arguments)
 
     async def run(self) -> dict[str, Any]:
-        if self.seconds is not None:
-            self.deadline_at = anyio.current_time() + self.seconds
+        if (seconds := _seconds_until(self.deadline)) is not None:
+            self.deadline_at = anyio.current_time() + seconds
         scope = anyio.CancelScope(deadline=self.deadline_at if self.deadline_at is not None else float("inf"))
         with scope:
             try:
@@ -138,7 +143,7 @@ class Follower:
         while True:
             try:
                 async with self.connect() as client:
-                    self.client = client
+                    self.connected = client
                     return await self._drive()
             except Exception as exc:
                 follow_error = next((leaf for leaf in leaves(exc) if isinstance(leaf, FollowError)), None)
@@ -155,7 +160,7 @@ class Follower:
                     raise
                 await self._failed(exc)
             finally:
-                self.client = None
+                self.connected = None
 
     def _deadline(self, cancelled: bool) -> DeadlineExceeded:
         where = f" (status {self.status})" if self.status else ""
@@ -213,7 +218,7 @@ class Follower:
             self.face = (
                 HandleFace(key, handle, timeout, self.job, self.names)
                 if way == "handles"
-                else OlderTaskFace(key, handle, timeout, self.long_poll, self.ask)
+                else OlderTaskFace(key, handle, timeout, self.long_poll_seconds, self.ask)
             )
             return await self._watch(first_poll)
         self.face = face = TaskFace(key, handle, timeout)
@@ -225,9 +230,9 @@ class Follower:
 
     @property
     def _client(self) -> Client:
-        if self.client is None:
+        if self.connected is None:
             raise RuntimeError("no connected client")
-        return self.client
+        return self.connected
 
     def _unknown(self) -> OutcomeUnknownError:
         self.journal.set_state(self.key, "unknown")
@@ -353,7 +358,7 @@ class Follower:
                 await anyio.sleep(max(0.0, last_poll + spacing - anyio.current_time()))
             last_poll = anyio.current_time()
             # How long the observation may wait for news: the handle tools' long-poll, or a pushed task state.
-            wait = self.long_poll if isinstance(face, HandleFace) else self.interval
+            wait = self.long_poll_seconds if isinstance(face, HandleFace) else self.interval
             if self.deadline_at is not None:
                 wait = max(0.0, min(wait, self.deadline_at - anyio.current_time()))
             view = await self._with_retries(functools.partial(face.observe, wait=wait))
@@ -515,6 +520,18 @@ def _is_handoff(body: dict[str, Any] | None, job: str) -> bool:
         and isinstance(body.get("poll_after_ms"), int | float)
         and isinstance(body.get("next"), str)
     )
+
+
+def _seconds_until(deadline: float | timedelta | datetime | None) -> float | None:
+    if deadline is None:
+        return None
+    if isinstance(deadline, datetime):
+        if deadline.tzinfo is None:
+            raise ValueError("deadline must be an aware datetime (with a timezone)")
+        return (deadline - datetime.now(UTC)).total_seconds()
+    if isinstance(deadline, timedelta):
+        return deadline.total_seconds()
+    return float(deadline)
 
 
 def _transient(exc: BaseException) -> bool:

@@ -311,18 +311,12 @@ class Need(_Frozen):
 
 
 def _as_need(value: Any) -> Any:
-    if isinstance(value, Need):
-        return value
-    if isinstance(value, str):
-        return Need(value)  # type: ignore[arg-type]  # validated by Need
-    return Need(*value)
+    return value if isinstance(value, Need) else Need(*_one_or_many(value))
 
 
 def _by_name(value: Any) -> Any:
     """Job names alone (`jobs=["generate_report"]`) need nothing besides running."""
-    if isinstance(value, str):
-        return {value: Need()}
-    return value if isinstance(value, Mapping) else dict.fromkeys(value, Need())
+    return value if isinstance(value, Mapping) else dict.fromkeys(_one_or_many(value), Need())
 
 
 class Requirements(_Frozen):

@@ -10,6 +10,7 @@ import itertools
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import anyio
@@ -274,18 +275,15 @@ class TaskPushes:
             current = self._latest.get(task_id)
             if current is not None and current is not seen:
                 return current
-            event = self._wake.get(task_id)
-            if event is None:
-                event = self._wake[task_id] = anyio.Event()
-            await event.wait()
+            await self._wake.setdefault(task_id, anyio.Event()).wait()
 
 
+@dataclass(eq=False)
 class TaskSubscription:
     """One `subscriptions/listen` stream asking for `taskIds`: which the server pushes, and whether it is open."""
 
-    def __init__(self, honored: frozenset[str], route: Any = None) -> None:
-        self.honored = honored
-        self._route = route
+    honored: frozenset[str]
+    _route: Any = None
 
     @property
     def live(self) -> bool:
@@ -340,22 +338,16 @@ async def listen_tasks(
         session._unregister_listen_route(request_id)  # pyright: ignore[reportPrivateUsage]
 
 
+@dataclass(eq=False)
 class PushedStatus:
     """One task followed through pushed states, with `tasks/get` where the push is missing."""
 
-    def __init__(
-        self,
-        pushes: TaskPushes | None,
-        subscription: TaskSubscription,
-        task_id: str,
-        recheck: float = PUSHED_RECHECK_SECONDS,
-    ) -> None:
-        self.pushes = pushes
-        self.subscription = subscription
-        self.task_id = task_id
-        self.recheck = recheck
-        self._seen: DetailedTask | None = None
-        self._waited = False
+    pushes: TaskPushes | None
+    subscription: TaskSubscription
+    task_id: str
+    recheck: float = PUSHED_RECHECK_SECONDS
+    _seen: DetailedTask | None = field(init=False, default=None)
+    _waited: bool = field(init=False, default=False)
 
     @property
     def pushed(self) -> bool:
