@@ -78,8 +78,8 @@ MIN_POLL_SECONDS = 0.05
 
 @dataclass(eq=False, kw_only=True)
 class Follower:
-    """One call of `follow`: what it was asked (the fields given, named as `follow`'s parameters), and what it
-    has learnt of the job so far."""
+    """One call of `follow`: what it was asked (named as `follow`'s parameters), and what it has learnt of the
+    job so far."""
 
     client: InitVar[Client | Connect]
     """A connected client, or a factory of them (then `follow` owns its connections)."""
