@@ -26,6 +26,7 @@ from handles.server.stdio_stdout import LoopStdout, claimed_stdout
 REQUEST_HEAD_BYTES = 128 * 1024
 
 if TYPE_CHECKING:
+    import uvicorn
     from fastmcp import FastMCP
 
     from handles.app import Handles
@@ -172,9 +173,34 @@ async def serve_http(
     At the signal `/readyz` answers 503 and running jobs get `drain_seconds` to finish while the node
     still answers; a second signal stops at once. Set the termination grace period a few seconds longer.
     """
+    from handles.server.http_server import DrainingServer
+
+    config = await uvicorn_config(
+        server,
+        handles,
+        host=host,
+        port=port,
+        liveness_path=liveness_path,
+        readiness_path=readiness_path,
+        **uvicorn_options,
+    )
+    health = ", ".join(path for path in (liveness_path, readiness_path) if path) or "off"
+    await DrainingServer(config, handles, health=health).serve()
+
+
+async def uvicorn_config(
+    server: MCPServer[Any] | FastMCP[Any],
+    handles: Handles,
+    *,
+    liveness_path: str | None = "/healthz",
+    readiness_path: str | None = "/readyz",
+    **uvicorn_options: Any,
+) -> uvicorn.Config:
+    """`streamable_http_app(server, handles)` as a node serves it (`serve_http`, `handles.testing.served`):
+    the store prepared before listening, request heads up to `REQUEST_HEAD_BYTES` read whole."""
     import uvicorn
 
-    from handles.server.http_server import DrainingServer, quiet_stateless_sessions
+    from handles.server.http_server import quiet_stateless_sessions
 
     with contextlib.suppress(DatabaseUnreachable):  # waited out in the background (handles.server.startup)
         await handles.prepare()  # a missing key, a bad URL or an outdated schema stops here, before listening
@@ -182,6 +208,4 @@ async def serve_http(
     uvicorn_options.setdefault("log_level", "warning")
     uvicorn_options.setdefault("h11_max_incomplete_event_size", REQUEST_HEAD_BYTES)
     app = streamable_http_app(server, handles, liveness_path=liveness_path, readiness_path=readiness_path)
-    health = ", ".join(path for path in (liveness_path, readiness_path) if path) or "off"
-    config = uvicorn.Config(app, host=host, port=port, **uvicorn_options)
-    await DrainingServer(config, handles, health=health).serve()
+    return uvicorn.Config(app, **uvicorn_options)
