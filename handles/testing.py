@@ -36,7 +36,7 @@ def served(server: Any, handles: Handles) -> Iterator[str]:
     free local port, in a thread of its own, while the block runs; yields the endpoint's URL."""
     import uvicorn
 
-    from handles.server.serving import uvicorn_config
+    from handles.server.serving import streamable_http_app, uvicorn_config
 
     listening = socket.socket()
     listening.bind(("127.0.0.1", 0))
@@ -45,7 +45,8 @@ def served(server: Any, handles: Handles) -> Iterator[str]:
 
     async def serve() -> None:
         # Configured, and the store prepared, on the loop that serves, as `serve_http` does.
-        uvicorn_servers.append(uvicorn.Server(await uvicorn_config(server, handles)))
+        config = await uvicorn_config(streamable_http_app(server, handles), handles)
+        uvicorn_servers.append(uvicorn.Server(config))
         uvicorn_servers[0].should_exit = stop.is_set()  # the block may have ended while it prepared
         await uvicorn_servers[0].serve(sockets=[listening])
 

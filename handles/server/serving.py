@@ -111,9 +111,7 @@ def streamable_http_app(
     )
     app.add_middleware(OlderAnswers)  # answers to the 2025-11-25 design's questions, on any node
     starter = BackgroundStart(handles)
-    app.router.routes[:0] = health_routes(
-        handles, liveness_path=liveness_path, readiness_path=readiness_path, startup_problem=starter.problem
-    )
+    app.router.routes[:0] = health_routes(handles, liveness_path, readiness_path, starter.problem)
     inner = app.router.lifespan_context
     refused: list[ConfigurationError] = []
 
@@ -175,29 +173,15 @@ async def serve_http(
     """
     from handles.server.http_server import DrainingServer
 
-    config = await uvicorn_config(
-        server,
-        handles,
-        host=host,
-        port=port,
-        liveness_path=liveness_path,
-        readiness_path=readiness_path,
-        **uvicorn_options,
-    )
+    app = streamable_http_app(server, handles, liveness_path=liveness_path, readiness_path=readiness_path)
+    config = await uvicorn_config(app, handles, host=host, port=port, **uvicorn_options)
     health = ", ".join(path for path in (liveness_path, readiness_path) if path) or "off"
     await DrainingServer(config, handles, health=health).serve()
 
 
-async def uvicorn_config(
-    server: MCPServer[Any] | FastMCP[Any],
-    handles: Handles,
-    *,
-    liveness_path: str | None = "/healthz",
-    readiness_path: str | None = "/readyz",
-    **uvicorn_options: Any,
-) -> uvicorn.Config:
-    """`streamable_http_app(server, handles)` as a node serves it (`serve_http`, `handles.testing.served`):
-    the store prepared before listening, request heads up to `REQUEST_HEAD_BYTES` read whole."""
+async def uvicorn_config(app: Starlette, handles: Handles, **uvicorn_options: Any) -> uvicorn.Config:
+    """`app` (a `streamable_http_app`) as a node serves it (`serve_http`, `handles.testing.served`): the store
+    prepared before listening, request heads up to `REQUEST_HEAD_BYTES` read whole."""
     import uvicorn
 
     from handles.server.http_server import quiet_stateless_sessions
@@ -207,5 +191,4 @@ async def uvicorn_config(
     quiet_stateless_sessions()
     uvicorn_options.setdefault("log_level", "warning")
     uvicorn_options.setdefault("h11_max_incomplete_event_size", REQUEST_HEAD_BYTES)
-    app = streamable_http_app(server, handles, liveness_path=liveness_path, readiness_path=readiness_path)
     return uvicorn.Config(app, **uvicorn_options)
