@@ -36,23 +36,33 @@ def served(server: Any, handles: Handles) -> Iterator[str]:
     free local port, in a thread of its own, while the block runs; yields the endpoint's URL."""
     import uvicorn
 
-    from handles.server.serving import streamable_http_app
+    from handles.server.serving import streamable_http_app, uvicorn_config
 
     listening = socket.socket()
     listening.bind(("127.0.0.1", 0))
-    app = streamable_http_app(server, handles)
-    uvicorn_server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=uvicorn_server.run, kwargs={"sockets": [listening]}, daemon=True)
+    stop = threading.Event()
+    uvicorn_servers: list[uvicorn.Server] = []
+
+    async def serve() -> None:
+        # Configured, and the store prepared, on the loop that serves, as `serve_http` does.
+        config = await uvicorn_config(streamable_http_app(server, handles), handles)
+        uvicorn_servers.append(uvicorn.Server(config))
+        uvicorn_servers[0].should_exit = stop.is_set()  # the block may have ended while it prepared
+        await uvicorn_servers[0].serve(sockets=[listening])
+
+    thread = threading.Thread(target=anyio.run, args=(serve,), daemon=True)
     thread.start()
     deadline = time.monotonic() + STARTUP_SECONDS
     try:
-        while not uvicorn_server.started:
+        while not (uvicorn_servers and uvicorn_servers[0].started):
             if not thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("the server did not start; its errors are in the log above")
             time.sleep(0.01)
         yield f"http://127.0.0.1:{listening.getsockname()[1]}/mcp"
     finally:
-        uvicorn_server.should_exit = True
+        stop.set()
+        for uvicorn_server in uvicorn_servers:
+            uvicorn_server.should_exit = True
         thread.join()
         listening.close()
 

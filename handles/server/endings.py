@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -21,12 +21,14 @@ from mcp_types import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from handles.ask_first import FIRST_KEY
+from handles.errors import CallerError
 from handles.outcomes import Outcome
+from handles.server.tool_shapes import refusal
 from handles.states import Status
 from handles.store import JobRecord
 
 if TYPE_CHECKING:
-    from handles.job_operations import JobOperations
+    from handles.job_operations import JobOperations, StartedJob
     from handles.jobs import JobSpec
 
 logger = logging.getLogger("handles.server.endings")
@@ -70,18 +72,29 @@ async def cancel_orphaned(service: JobOperations, job: JobRecord) -> None:
             logger.warning("could not cancel job %s after its caller went away", job.id, exc_info=True)
 
 
-@dataclass(frozen=True)
-class FirstRound:
-    """What a plain `<job>` call does about the question before the job: exactly one field is set, or none."""
-
-    ask: InputRequiredResult | None = None
-    declined: CallToolResult | None = None
-    answer: dict[str, Any] | None = None
-
-    @property
-    def reply(self) -> InputRequiredResult | CallToolResult | None:
-        """What the call answers before any job exists (the question, or the refusal), or None."""
-        return self.ask or self.declined
+async def start_call(
+    service: JobOperations,
+    spec: JobSpec,
+    principal: str,
+    arguments: dict[str, Any],
+    ctx: ServerRequestContext[Any, Any],
+    responses: Mapping[str, Any] | None,
+    *,
+    settled: asyncio.Future[Outcome] | None,
+    face: str,
+) -> StartedJob | CallToolResult | InputRequiredResult:
+    """A plain `<job>` call's (or a task-creating one's) job started, or what the call answers instead: the
+    question before the job, or a refusal (a paused job kind's before any question is asked about it)."""
+    try:
+        await service.check_accepting(spec)
+        reply, answer = first_round(spec, arguments, ctx, responses)
+        if reply is not None:
+            return reply
+        return await service.start(
+            spec, principal, arguments, None, first_answer=answer, settled=settled, face=face
+        )
+    except CallerError as error:
+        return refusal(error)
 
 
 def first_round(
@@ -89,8 +102,9 @@ def first_round(
     arguments: dict[str, Any],
     ctx: ServerRequestContext[Any, Any],
     responses: Mapping[str, Any] | None,
-) -> FirstRound:
-    """Decide what a plain `<job>` call does before the job exists (arguments are validated here)."""
+) -> tuple[InputRequiredResult | CallToolResult | None, dict[str, Any] | None]:
+    """Before the job exists: the question to ask or the refusal to answer, else the answer to the question
+    (None when the job asks none first; arguments are validated here)."""
     # The question goes in-band (an `InputRequiredResult`) to a 2026-07-28 request with elicitation only.
     capabilities = ctx.session.client_capabilities
     if (
@@ -98,7 +112,7 @@ def first_round(
         or ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
         or not (capabilities and capabilities.elicitation)
     ):
-        return FirstRound()
+        return None, None
     response = (responses or {}).get(FIRST_KEY)
     if response is None:
         values = spec.validate_arguments(arguments, f"Fix the arguments and call {spec.name} again.")
@@ -108,15 +122,13 @@ def first_round(
                 requested_schema=spec.ask_first.requested_schema(),
             )
         )
-        return FirstRound(ask=InputRequiredResult(input_requests={FIRST_KEY: request}))
+        return InputRequiredResult(input_requests={FIRST_KEY: request}), None
     action = _field(response, "action")
     if action != "accept":
         text = f"{spec.name} was not started: the question before it was {action or 'not answered'}."
-        return FirstRound(
-            declined=CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
-        )
+        return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True), None
     content = _field(response, "content")
-    return FirstRound(answer=dict(content) if isinstance(content, Mapping) else {})
+    return None, dict(content) if isinstance(content, Mapping) else {}
 
 
 def _field(response: Any, name: str) -> Any:

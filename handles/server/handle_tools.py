@@ -1,7 +1,5 @@
-"""A job's handle tools: `<job>_start` and its follow tools (or the compact layout's shared `jobs_*` ones).
-
-Each tool is a framework-neutral `ToolDefinition`, and every reply says what to call next (`next`).
-"""
+"""A job's handle tools: `<job>_start` and its follow tools (or the compact layout's shared `jobs_*` ones),
+each a framework-neutral `ToolDefinition` whose every reply says what to call next (`next`)."""
 
 from __future__ import annotations
 
@@ -21,7 +19,6 @@ from handles.server.reply_memo import ReplyMemo
 from handles.server.tool_shapes import (
     CancelOutput,
     ErrorView,
-    FetchOutputBase,
     ProgressOutput,
     ProgressView,
     RespondOutput,
@@ -30,6 +27,7 @@ from handles.server.tool_shapes import (
     ToolDefinition,
     ToolHandler,
     ToolReply,
+    fetch_model,
     guarded,
     input_views,
 )
@@ -48,13 +46,10 @@ class JobTools(JobGuidance):
         self.service = service
         self._progress_replies: ReplyMemo[ToolReply] = ReplyMemo()
         result_type: Any = spec.metadata.output_model
-        self.fetch_model: type[FetchOutputBase] = create_model(
+        self.fetch_model = fetch_model(
             f"{spec.name}_fetch_output",
-            __base__=FetchOutputBase,
-            result=(
-                Optional[result_type],  # noqa: UP045 - a runtime type expression
-                Field(None, description=f"The {spec.name} result, once completed."),
-            ),
+            Optional[result_type],  # noqa: UP045 - a runtime type expression
+            f"The {spec.name} result, once completed.",
         )
 
     async def start(self, principal: str, arguments: dict[str, Any]) -> ToolReply:
@@ -273,16 +268,10 @@ class SharedTools:
         self.tools = dict(tools)
         self.service = service
         self.names = names
-        self.fetch_model: type[FetchOutputBase] = create_model(
+        self.fetch_model = fetch_model(
             f"{names.name(SHARED_PREFIX, 'fetch')}_output",
-            __base__=FetchOutputBase,
-            result=(
-                Any,
-                Field(
-                    None,
-                    description="The job's result once completed, shaped as that job's own result (see job).",
-                ),
-            ),
+            Any,
+            "The job's result once completed, shaped as that job's own result (see job).",
         )
 
     def unknown_handle(self) -> UnknownHandle:

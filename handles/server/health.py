@@ -25,9 +25,9 @@ DATABASE_UNREACHABLE = "database unreachable"
 class Readiness:
     """Whether this node should receive traffic now, and if not, why."""
 
-    def __init__(self, handles: Handles, *, startup_problem: Callable[[], str | None] | None = None) -> None:
+    def __init__(self, handles: Handles, startup_problem: Callable[[], str | None]) -> None:
         self._handles = handles
-        self._startup_problem = startup_problem or (lambda: None)
+        self._startup_problem = startup_problem
         self._check: asyncio.Task[bool] | None = None
         self._limiter = anyio.CapacityLimiter(1)
 
@@ -61,13 +61,12 @@ class Readiness:
 
 def health_routes(
     handles: Handles,
-    *,
-    liveness_path: str | None = "/healthz",
-    readiness_path: str | None = "/readyz",
-    startup_problem: Callable[[], str | None] | None = None,
+    liveness_path: str | None,
+    readiness_path: str | None,
+    startup_problem: Callable[[], str | None],
 ) -> list[Route]:
     """The liveness and readiness routes (a path of None leaves that route out)."""
-    readiness = Readiness(handles, startup_problem=startup_problem)
+    readiness = Readiness(handles, startup_problem)
 
     async def alive(_request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})

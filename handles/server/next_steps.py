@@ -100,21 +100,13 @@ class JobGuidance:
         """The status message of a job whose server has gone quiet: the job's own, then how long and until when
         (never which server: a caller is not told where its job runs)."""
         own = f"{job.status_message} " if job.status_message else ""
-        takeover = (
-            "another server takes the job over as soon as one is running"
-            if quiet.takeover_overdue
-            else f"another server takes the job over by {clock_time(quiet.takeover_by)}"
-        )
         return (
             f"{own}(The server running this job has not been heard from for {quiet.silent_seconds:.0f} s; "
-            f"{takeover}.)"
+            f"another server takes the job over {_takeover(quiet)}.)"
         )
 
     def _quiet_next(self, job: JobState, quiet: NodeContact) -> str:
         """`next` for a job whose server has gone quiet: keep following it, do not start it again."""
-        when = (
-            "as soon as one is running" if quiet.takeover_overdue else f"by {clock_time(quiet.takeover_by)}"
-        )
         then = (
             "runs it again (steps it already recorded are not repeated)"
             if self.spec.on_interrupt == "retry" and job.attempts < self.spec.max_attempts
@@ -122,10 +114,15 @@ class JobGuidance:
         )
         return (
             f"The server running this job has not been heard from for {quiet.silent_seconds:.0f} s (it may have "
-            f"stopped). Nothing is lost: another server takes the job over {when} and {then}. Do not start a new "
+            f"stopped). Nothing is lost: another server takes the job over {_takeover(quiet)} and {then}. Do not start a new "
             f"job; keep calling {self.tool('progress')} with this handle in about {self._poll_seconds:g} s (or "
             f"with wait_seconds up to {int(self.max_wait)} to wait for the change)."
         )
+
+
+def _takeover(quiet: NodeContact) -> str:
+    """When another server takes over the job of a quiet one."""
+    return "as soon as one is running" if quiet.takeover_overdue else f"by {clock_time(quiet.takeover_by)}"
 
 
 def _reason(job: JobRecord | JobState) -> str | None:

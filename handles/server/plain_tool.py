@@ -20,10 +20,10 @@ from handles.jobs import JobSpec, describe_duration
 from handles.outcomes import Outcome
 from handles.principal import PrincipalResolver
 from handles.server.bind_mcpserver import SdkTool, sdk_function, tool_annotations
-from handles.server.endings import cancel_orphaned, ended_answer, first_round, outcome_answer
+from handles.server.endings import cancel_orphaned, ended_answer, outcome_answer, start_call
 from handles.server.handle_tools import JobTools
 from handles.server.tasks_extension import declares_tasks, missing_tasks_capability
-from handles.server.tool_shapes import InputRequestView, ToolReply, input_views, refusal, to_call_tool_result
+from handles.server.tool_shapes import InputRequestView, ToolReply, input_views, to_call_tool_result
 from handles.states import Status
 from handles.store import JobRecord
 from handles.tasks_wire import TASKS_EXTENSION
@@ -123,27 +123,20 @@ class PlainTool:
                 f"{self.name} runs only as a task: declare the {TASKS_EXTENSION} extension on this "
                 f"request, or use {self.handle_tools.tool('start')}."
             )
-        try:
-            await self.service.check_accepting(self.spec)
-        except CallerError as error:
-            return refusal(error)
-        first = first_round(self.spec, arguments, ctx, context.input_responses)
-        if first.reply is not None:
-            return first.reply
         # An adaptive call waits for the job's result, which a run here hands over once stored.
         settled: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        try:
-            started = await self.service.start(
-                self.spec,
-                principal,
-                arguments,
-                None,
-                first_answer=first.answer,
-                settled=settled if self.policy.mode == "adaptive" else None,
-                face="plain_tool",
-            )
-        except CallerError as error:
-            return refusal(error)
+        started = await start_call(
+            self.service,
+            self.spec,
+            principal,
+            arguments,
+            ctx,
+            context.input_responses,
+            settled=settled if self.policy.mode == "adaptive" else None,
+            face="plain_tool",
+        )
+        if isinstance(started, CallToolResult | InputRequiredResult):
+            return started  # the question before the job, or a refusal
         if self.policy.mode == "tasks_only":
             # A declaring call that gets no task: a tasks-only job's handle goes back at once.
             lead = "No task was created for this call (new tasks are switched off), so this answer is the job's handle. "

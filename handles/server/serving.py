@@ -26,6 +26,7 @@ from handles.server.stdio_stdout import LoopStdout, claimed_stdout
 REQUEST_HEAD_BYTES = 128 * 1024
 
 if TYPE_CHECKING:
+    import uvicorn
     from fastmcp import FastMCP
 
     from handles.app import Handles
@@ -110,9 +111,7 @@ def streamable_http_app(
     )
     app.add_middleware(OlderAnswers)  # answers to the 2025-11-25 design's questions, on any node
     starter = BackgroundStart(handles)
-    app.router.routes[:0] = health_routes(
-        handles, liveness_path=liveness_path, readiness_path=readiness_path, startup_problem=starter.problem
-    )
+    app.router.routes[:0] = health_routes(handles, liveness_path, readiness_path, starter.problem)
     inner = app.router.lifespan_context
     refused: list[ConfigurationError] = []
 
@@ -172,16 +171,24 @@ async def serve_http(
     At the signal `/readyz` answers 503 and running jobs get `drain_seconds` to finish while the node
     still answers; a second signal stops at once. Set the termination grace period a few seconds longer.
     """
+    from handles.server.http_server import DrainingServer
+
+    app = streamable_http_app(server, handles, liveness_path=liveness_path, readiness_path=readiness_path)
+    config = await uvicorn_config(app, handles, host=host, port=port, **uvicorn_options)
+    health = ", ".join(path for path in (liveness_path, readiness_path) if path) or "off"
+    await DrainingServer(config, handles, health=health).serve()
+
+
+async def uvicorn_config(app: Starlette, handles: Handles, **uvicorn_options: Any) -> uvicorn.Config:
+    """`app` (a `streamable_http_app`) as a node serves it (`serve_http`, `handles.testing.served`): the store
+    prepared before listening, request heads up to `REQUEST_HEAD_BYTES` read whole."""
     import uvicorn
 
-    from handles.server.http_server import DrainingServer, quiet_stateless_sessions
+    from handles.server.http_server import quiet_stateless_sessions
 
     with contextlib.suppress(DatabaseUnreachable):  # waited out in the background (handles.server.startup)
         await handles.prepare()  # a missing key, a bad URL or an outdated schema stops here, before listening
     quiet_stateless_sessions()
     uvicorn_options.setdefault("log_level", "warning")
     uvicorn_options.setdefault("h11_max_incomplete_event_size", REQUEST_HEAD_BYTES)
-    app = streamable_http_app(server, handles, liveness_path=liveness_path, readiness_path=readiness_path)
-    health = ", ".join(path for path in (liveness_path, readiness_path) if path) or "off"
-    config = uvicorn.Config(app, host=host, port=port, **uvicorn_options)
-    await DrainingServer(config, handles, health=health).serve()
+    return uvicorn.Config(app, **uvicorn_options)

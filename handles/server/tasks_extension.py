@@ -48,7 +48,7 @@ from handles.errors import (
 )
 from handles.jobs import JobSpec
 from handles.server.bind_mcpserver import resolve_principal
-from handles.server.endings import cancel_orphaned, first_round, outcome_answer
+from handles.server.endings import cancel_orphaned, outcome_answer, start_call
 from handles.server.tool_shapes import refusal
 from handles.states import Status
 from handles.store import InputRequestRecord, JobRecord
@@ -86,6 +86,15 @@ def declares_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
         return False
     capabilities = ctx.session.client_capabilities
     return bool(capabilities and capabilities.extensions and TASKS_EXTENSION in capabilities.extensions)
+
+
+def require_tasks(ctx: ServerRequestContext[Any, Any], what: str) -> None:
+    """-32021 unless this request declared the extension: `what` needs it."""
+    if not declares_tasks(ctx):
+        raise missing_tasks_capability(
+            f"{what} needs the {TASKS_EXTENSION} extension: declare it in this request's "
+            "_meta clientCapabilities.extensions."
+        )
 
 
 def missing_tasks_capability(message: str) -> MCPError:
@@ -175,24 +184,29 @@ TaskHandler = Callable[[Any, ServerRequestContext[Any, Any], Any], Awaitable[dic
 
 
 def as_jsonrpc_errors(handler: TaskHandler) -> TaskHandler:
-    """Caller errors become JSON-RPC errors: a vanished job is the one -32602, a store outage -32603."""
+    """The handler, its caller errors raised as JSON-RPC errors (`jsonrpc_error`)."""
 
     @functools.wraps(handler)
     async def guarded(self: Any, ctx: ServerRequestContext[Any, Any], params: Any) -> dict[str, Any]:
         try:
             return await handler(self, ctx, params)
-        except (UnknownHandle, ExpiredHandle, WrongJobKind):
-            raise MCPError(code=INVALID_PARAMS, message=UNKNOWN_TASK) from None
-        except InvalidArguments as error:
-            raise MCPError(code=INVALID_PARAMS, message=error.message) from None
         except CallerError as error:
-            raise MCPError(code=INTERNAL_ERROR, message=f"{error.message} {error.next_step}") from None
+            raise jsonrpc_error(error) from None
 
     return guarded
 
 
+def jsonrpc_error(error: CallerError) -> MCPError:
+    """A caller error on the Tasks faces: a vanished job is the one -32602, a store outage -32603."""
+    if isinstance(error, UnknownHandle | ExpiredHandle | WrongJobKind):
+        return MCPError(code=INVALID_PARAMS, message=UNKNOWN_TASK)
+    if isinstance(error, InvalidArguments):
+        return MCPError(code=INVALID_PARAMS, message=error.message)
+    return MCPError(code=INTERNAL_ERROR, message=f"{error.message} {error.next_step}")
+
+
 class ServedJobs(Protocol):
-    """What the Tasks face needs of the jobs it serves: `Handles` is one."""
+    """What the Tasks face needs of the jobs it serves: `Handles` is one (not imported: it imports this)."""
 
     principal_resolver: PrincipalResolver
 
@@ -257,28 +271,20 @@ class TasksExtension(Extension):
                 return None
         except CallerError as error:
             return refusal(error)
-        principal = await self.principal(ctx)
-        given = dict(arguments or {})
-        try:
-            # A paused job kind is refused before any question is asked about it.
-            await self.service.check_accepting(spec)
-            # A question before the job: asked in-band (no task yet) when the request can take it.
-            first = first_round(spec, given, ctx, input_responses)
-            if first.reply is not None:
-                return first.reply
-            # A job with `task_after` answers inline if its run here ends that soon (the outcome it stored).
-            settled = None if spec.task_after is None or older else asyncio.get_running_loop().create_future()
-            started = await self.service.start(
-                spec,
-                principal,
-                given,
-                None,
-                first_answer=first.answer,
-                settled=settled,
-                face="tasks_2025_11_25" if older else "tasks_extension",
-            )
-        except CallerError as error:
-            return refusal(error)
+        # A job with `task_after` answers inline if its run here ends that soon (the outcome it stored).
+        settled = None if spec.task_after is None or older else asyncio.get_running_loop().create_future()
+        started = await start_call(
+            self.service,
+            spec,
+            await self.principal(ctx),
+            dict(arguments or {}),
+            ctx,
+            input_responses,
+            settled=settled,
+            face="tasks_2025_11_25" if older else "tasks_extension",
+        )
+        if isinstance(started, CallToolResult | InputRequiredResult):
+            return started  # the question before the job, or a refusal
         if settled is not None and spec.task_after is not None and started.job.lease_owner is not None:
             # Only a job claimed at its insert runs here at once: no other can end within the wait. One that
             # ends (its run here stores the outcome) within `task_after` is answered inline.
@@ -298,11 +304,7 @@ class TasksExtension(Extension):
         task_id = params.task_id
         if isinstance(task_id, str):
             _check_routing_header(ctx, task_id)
-        if not declares_tasks(ctx):
-            raise missing_tasks_capability(
-                f"{ctx.method} needs the {TASKS_EXTENSION} extension: declare it in this request's "
-                "_meta clientCapabilities.extensions."
-            )
+        require_tasks(ctx, ctx.method)
         return await self.open_task(ctx, task_id)
 
     async def open_task(
@@ -458,11 +460,7 @@ class TaskStatusPush:
         requested = requested_task_ids(ctx.params)
         if requested is None:
             return await call_next(ctx)
-        if not declares_tasks(ctx):
-            raise missing_tasks_capability(
-                f"notifications.taskIds on subscriptions/listen needs the {TASKS_EXTENSION} extension: declare "
-                "it in this request's _meta clientCapabilities.extensions."
-            )
+        require_tasks(ctx, "notifications.taskIds on subscriptions/listen")
         extension = self._extension
         principal = await extension.principal(ctx)
         opened: list[tuple[JobSpec, JobRecord, str]] = []
@@ -472,7 +470,7 @@ class TaskStatusPush:
             except (UnknownHandle, ExpiredHandle, WrongJobKind):
                 continue  # unknown, expired and foreign alike: left out, nothing said
             except CallerError as error:
-                raise MCPError(code=INTERNAL_ERROR, message=f"{error.message} {error.next_step}") from None
+                raise jsonrpc_error(error) from None
             opened.append((spec, job, task_id))
         # Read before the acknowledgement: each pusher starts from this version, so a change that lands
         # between the acknowledgement and the pusher's first read is still pushed.

@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from mcp_types import CallToolResult, ContentBlock, TextContent
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
 from handles.errors import CallerError
 from handles.results import ResultLink, resource_link
@@ -116,6 +116,13 @@ class FetchOutputBase(FlatSchemaModel):
     poll_after_ms: int | None = None
     expires_at: datetime
     next: str
+
+
+def fetch_model(name: str, result_type: Any, description: str) -> type[FetchOutputBase]:
+    """A fetch tool's output model: `FetchOutputBase` and its `result`, of `result_type`."""
+    return create_model(
+        name, __base__=FetchOutputBase, result=(result_type, Field(None, description=description))
+    )
 
 
 @dataclass(frozen=True)
