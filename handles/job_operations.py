@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import cached_property, partial
-from typing import Any
+from typing import Any, TypeVar
 
 from handles.answer_checks import checked_answers, unasked_answers
 from handles.ask_first import FIRST_KEY
@@ -51,7 +51,6 @@ from handles.store.repository import ActiveLimitReached
 from handles.store.schema import SchemaGate
 from handles.switches import SwitchBoard
 from handles.telemetry import start_context
-from handles.waiting import Opened, job_versions
 
 
 @dataclass(frozen=True)
@@ -86,6 +85,12 @@ class _NewJob:
     queued: bool
     settled: asyncio.Future[Outcome] | None
 
+
+Opened = TypeVar("Opened", JobRecord, JobState)
+"""A job read whole, or its state alone (`JobRepository.snapshot`)."""
+
+REREAD_SECONDS = 60.0
+"""The longest a wait goes between two reads of its job when nothing wakes it."""
 
 UNKNOWN_HANDLE = (
     "This handle is not valid here: it may be mistyped, truncated, made up, signed by a retired key, "
@@ -430,26 +435,58 @@ class JobOperations:
 
     # -- waiting -----------------------------------------------------------
 
-    def versions(
+    async def versions(
         self,
         record: Opened,
         seconds: float | None = None,
         *,
         past_reports: bool = False,
-        reread_seconds: float = 60.0,
         outage_pause: float | None = None,
     ) -> AsyncGenerator[Opened | JobRecord]:
-        """`record`, then each newer version, for `seconds` at most (None: until it ends) or until the node
-        drains: the one way a face waits for a job (`handles.waiting.job_versions`)."""
-        return job_versions(
-            self.store,
-            record,
-            draining=lambda: self.runtime.closed,
-            seconds=seconds,
-            past_reports=past_reports,
-            reread_seconds=reread_seconds,
-            outage_pause=outage_pause,
-        )
+        """`record`, then each newer version of its job as it is stored here or on any other node: the one way
+        a face waits for a job. Between two reads it always awaits, so no caller spins on reads.
+
+        Ends after a terminal version, when the job is gone, after `seconds`, or once the node drains.
+        `outage_pause`: a store outage pauses the reads that long instead of raising `StoreUnavailable`.
+        """
+        yield record
+        loop = asyncio.get_running_loop()
+        deadline = None if seconds is None else loop.time() + seconds
+        store, notifier, job_id = self.store, self.store.notifier, record.id
+        last: Opened | JobRecord = record
+
+        def left() -> float:
+            """Seconds until the next re-read is due; 0 once the wait is over."""
+            if Status(last.status).is_terminal or self.runtime.closed:
+                return 0.0
+            return REREAD_SECONDS if deadline is None else min(REREAD_SECONDS, deadline - loop.time())
+
+        # Draining is checked after each read, not before: the answer a drain cuts short is the latest state.
+        while not Status(last.status).is_terminal and (deadline is None or loop.time() < deadline):
+            # Watch, then read: a change landing after the read still ends the wait below at once.
+            changed = notifier.watch(job_id, past_reports=past_reports)
+            try:
+                latest = await store.read(store.repo.get, job_id)
+            except StoreUnavailable:
+                if outage_pause is None:
+                    raise
+                if self.runtime.closed:
+                    return
+                await asyncio.sleep(outage_pause)
+                continue
+            if latest is None:
+                return
+            if latest.version != last.version:
+                last = latest
+                yield latest
+            timeout = left()
+            if timeout <= 0:
+                return
+            notifier.seen(job_id, last.version)
+            if changed.is_set():
+                await asyncio.sleep(0)  # changed since the read: read it again, after one turn of the loop
+            else:
+                await notifier.wait(job_id, timeout, event=changed)
 
     async def wait(
         self,
