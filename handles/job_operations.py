@@ -9,7 +9,7 @@ import json
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import cached_property, partial
 from typing import Any, TypeVar
 
@@ -98,7 +98,7 @@ UNKNOWN_HANDLE = (
 )
 
 
-def arguments_digest(arguments: dict[str, Any], sensitive: frozenset[str] = frozenset()) -> str:
+def arguments_digest(arguments: dict[str, Any], sensitive: frozenset[str]) -> str:
     """What an idempotent start compares: the arguments less the sensitive ones (a short secret's hash is guessable)."""
     compared = {key: value for key, value in arguments.items() if key not in sensitive}
     canonical = json.dumps(compared, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -172,11 +172,9 @@ class JobOperations:
         settled: asyncio.Future[Outcome] | None = None,
         face: str | None = None,
     ) -> StartedJob:
-        """Validate, store durably and hand the job to the runtime (refused while its kind is paused).
-
-        An `ask_first` job runs at once given `first_answer`, else waits in `input_required`; `settled` (a
-        plain call's) gets the stored outcome (`Runtime.adopt`); `face` labels the started counter.
-        """
+        """Validate, store durably and hand the job to the runtime (refused while its kind is paused). An
+        `ask_first` job runs at once given `first_answer`, else waits in `input_required`; `settled` (a plain
+        call's) gets the stored outcome (`Runtime.adopt`); `face` labels the started counter."""
         await self.check_accepting(spec)
         retry_hint = f"Fix the arguments and call {spec.name}_start again."
         check_size(arguments, MAX_ARGUMENTS_BYTES, "arguments", retry_hint)
@@ -374,14 +372,14 @@ class JobOperations:
                 f"Use the {claims.kind}_progress, {claims.kind}_fetch or {claims.kind}_cancel tools with it.",
             )
         if claims.expires_at <= self.clock():
-            raise self.expired_handle(spec, claims.expires_at.isoformat())
+            raise self.expired_handle(spec, claims.expires_at)
         return claims
 
     async def _owned(
         self, spec: JobSpec, principal: str, claims: HandleClaims, record: Opened | None
     ) -> Opened:
         if record is None:
-            raise self.expired_handle(spec, claims.expires_at.isoformat(), purged=True)
+            raise self.expired_handle(spec)
         if record.principal != principal or record.kind != spec.name:
             raise self.unknown_handle(spec)
         await self._keep_alive(record)
@@ -419,14 +417,15 @@ class JobOperations:
             f"{spec.name}_start.",
         )
 
-    def expired_handle(self, spec: JobSpec, expires_at: str, *, purged: bool = False) -> ExpiredHandle:
+    def expired_handle(self, spec: JobSpec, expired_at: datetime | None = None) -> ExpiredHandle:
+        """The refusal of a genuine handle whose job expired at `expired_at`, or (None) was deleted."""
         kept = f"{spec.name} jobs are kept for {describe_duration(spec.retention)}"
         if spec.keep_result_for is not None:
             kept += f", and their results for {describe_duration(spec.keep_result_for)} after they end"
         detail = (
-            "no longer exists: it was deleted (retention ended, or an operator purged it)"
-            if purged
-            else (f"expired at {expires_at}")
+            f"expired at {expired_at.isoformat()}"
+            if expired_at is not None
+            else "no longer exists: it was deleted (retention ended, or an operator purged it)"
         )
         return ExpiredHandle(
             f"This {spec.name} job {detail}; {kept}.",
@@ -443,12 +442,9 @@ class JobOperations:
         past_reports: bool = False,
         outage_pause: float | None = None,
     ) -> AsyncGenerator[Opened | JobRecord]:
-        """`record`, then each newer version of its job as it is stored here or on any other node: the one way
-        a face waits for a job. Between two reads it always awaits, so no caller spins on reads.
-
-        Ends after a terminal version, when the job is gone, after `seconds`, or once the node drains.
-        `outage_pause`: a store outage pauses the reads that long instead of raising `StoreUnavailable`.
-        """
+        """`record`, then each newer version of its job, stored here or on any node, until it ends or is gone,
+        `seconds` pass or the node drains: the one way a face waits for a job. A store outage pauses the reads
+        `outage_pause` long (None: raises). Between two reads it always awaits, so no caller spins on reads."""
         yield record
         loop = asyncio.get_running_loop()
         deadline = None if seconds is None else loop.time() + seconds
@@ -565,7 +561,7 @@ class JobOperations:
         for key in outcome.accepted if outcome is not None else ():
             self.runtime.telemetry.parked_time(spec.name, (now - pending[key].created_at).total_seconds())
         if outcome is None:
-            raise self.expired_handle(spec, record.expires_at.isoformat(), purged=True)
+            raise self.expired_handle(spec)
         if outcome.job.status == Status.WORKING and outcome.job.lease_owner is None:
             # its question before the start is answered: run it now, here or on another node
             self.runtime.submit(record.id)
