@@ -429,9 +429,7 @@ class JobContext:
             answer = await self._open_question(
                 key, clean_message(self.redact(message)) or "Input required.", requested
             )
-        if isinstance(schema, type) and issubclass(schema, BaseModel):
-            return schema.model_validate(answer)
-        return answer
+        return answer if isinstance(schema, dict) else _typed(answer, schema)
 
     async def _open_question(self, key: str, text: str, requested: dict[str, Any]) -> dict[str, Any]:
         """Store the question; return its answer if one is recorded, else park the job (raises `JobParked`)."""
