@@ -342,7 +342,8 @@ class JobContext:
         """The answer to the job's `ask_first` question (a model of its schema, or a dict); None without one."""
         if self.spec.ask_first is None or self._first_answer is None:
             return None
-        return self.spec.ask_first.typed(self._first_answer)
+        schema = self.spec.ask_first.schema
+        return self._first_answer if isinstance(schema, dict) else _typed(self._first_answer, schema)
 
     @property
     def cancelled(self) -> bool:
