@@ -38,6 +38,7 @@ from handles.sealing import Sealer, sensitive_fields, shown
 from handles.states import Status
 from handles.store import (
     AnswerOutcome,
+    CancelOutcome,
     InputRequestRecord,
     JobRecord,
     JobState,
@@ -513,16 +514,8 @@ class JobOperations:
 
     async def cancel(self, record: JobRecord) -> JobRecord:
         """Request cancellation: durable first, then the running job is signalled."""
-        outcome = await self.store.write(
-            record.id, "changed", self.store.repo.request_cancel, record.id, record.principal
-        )
-        if outcome is None:
-            return record
-        if outcome.ended_now:
-            self.runtime.telemetry.ended(record.kind, Status.CANCELLED.value)
-        elif not Status(outcome.job.status).is_terminal:
-            self.runtime.signal_cancel(record.id)
-        return outcome.job
+        outcome = await request_cancel(self.store, self.runtime, record, record.principal)
+        return record if outcome is None else outcome.job
 
     async def respond(
         self,
@@ -554,16 +547,44 @@ class JobOperations:
                     follow=follow or f"{spec.name}_progress",
                 )
         sealed = checked_answers(self.sealer, pending, responses, f"call {again} again")
-        outcome = await self.store.write(
-            record.id, "changed", self.store.repo.answer_inputs, record.id, sealed, record.principal
-        )
-        now = self.clock()
-        for key in outcome.accepted if outcome is not None else ():
-            self.runtime.telemetry.parked_time(spec.name, (now - pending[key].created_at).total_seconds())
+        outcome = await store_answers(self.store, self.runtime, record, pending, sealed, record.principal)
         if outcome is None:
             raise self.expired_handle(spec)
-        if outcome.job.status == Status.WORKING and outcome.job.lease_owner is None:
-            # its question before the start is answered: run it now, here or on another node
-            self.runtime.submit(record.id)
-            await self.store.announce(record.id, queued=True)
         return outcome
+
+
+async def request_cancel(
+    store: Store, runtime: Runtime | None, job: JobRecord, by: str
+) -> CancelOutcome | None:
+    """Request `job`'s cancellation as `by`, durable first; this node's run of it, if any, is then signalled."""
+    outcome = await store.write(job.id, "changed", store.repo.request_cancel, job.id, by)
+    if outcome is not None and runtime is not None:
+        if outcome.ended_now:
+            runtime.telemetry.ended(job.kind, Status.CANCELLED.value)
+        elif not Status(outcome.job.status).is_terminal:
+            runtime.signal_cancel(job.id)
+    return outcome
+
+
+async def store_answers(
+    store: Store,
+    runtime: Runtime | None,
+    job: JobRecord,
+    pending: Mapping[str, InputRequestRecord],
+    sealed: dict[str, Any],
+    by: str,
+) -> AnswerOutcome | None:
+    """Store checked answers to `pending` questions as `by`; a job they let go on is queued for any node."""
+    outcome = await store.write(job.id, "changed", store.repo.answer_inputs, job.id, sealed, by)
+    if outcome is None:
+        return None
+    if runtime is not None:
+        now = store.repo.clock()
+        for key in outcome.accepted:
+            runtime.telemetry.parked_time(job.kind, (now - pending[key].created_at).total_seconds())
+    if outcome.job.status == Status.WORKING and outcome.job.lease_owner is None:
+        # parked, or its question before the start answered: a worker on any node may take it now
+        if runtime is not None:
+            runtime.submit(job.id)
+        await store.announce(job.id, queued=True)
+    return outcome
