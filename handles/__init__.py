@@ -23,12 +23,6 @@ if TYPE_CHECKING:
 
     __version__: str
 
-_DISTRIBUTION = "mcp-handles"
-"""The name this package is installed under: its metadata holds the version (pyproject.toml's)."""
-
-_UNKNOWN_VERSION = "0+unknown"
-"""`__version__` of a checkout imported without being installed (no metadata to read it from)."""
-
 _EXPORTS = {
     # define jobs and bind them
     "Handles": "handles.app",
@@ -73,12 +67,14 @@ deprecations.install()
 
 
 def _installed_version() -> str:
+    """The version in the installed distribution's metadata (pyproject.toml's); `0+unknown` for a checkout
+    imported without being installed."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version(_DISTRIBUTION)
+        return version("mcp-handles")
     except PackageNotFoundError:
-        return _UNKNOWN_VERSION
+        return "0+unknown"
 
 
 def __getattr__(name: str) -> Any:

@@ -36,8 +36,3 @@ class AskFirst:
     def render(self, arguments: dict[str, Any]) -> str:
         text = self.message(arguments) if callable(self.message) else self.message
         return clean_message(text) or "Confirm before the job starts."
-
-    def typed(self, answer: dict[str, Any]) -> Any:
-        if isinstance(self.schema, type) and issubclass(self.schema, BaseModel):
-            return self.schema.model_validate(answer)
-        return answer

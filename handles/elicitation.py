@@ -39,12 +39,13 @@ _FieldValidator = validators.extend(
 )
 """Draft 2020-12, where a number is finite (JSON has no NaN or infinity; Python's parser lets them in)."""
 
-_EXPECTED = {
-    "boolean": "expected true or false",
-    "integer": "expected an integer",
-    "number": "expected a number",
-    "array": "expected a list of choices",
+_KINDS = {
+    "boolean": "true or false",
+    "integer": "an integer",
+    "number": "a number",
+    "array": "a list of choices",
 }
+"""What a field of each type holds, as a caller is told (any other: "a string")."""
 _LIMITS = {
     "minimum": "must be at least {}",
     "maximum": "must be at most {}",
@@ -155,7 +156,7 @@ def _problem(prop: dict[str, Any], errors: list[Any]) -> str:
     if own.keys() & {"enum", "oneOf", "anyOf"}:
         return f"must be one of {_allowed_values(prop)}"
     if "type" in own:
-        return _EXPECTED.get(prop.get("type", "string"), "expected a string")
+        return "expected " + _KINDS.get(prop.get("type", "string"), "a string")
     if bad := {error.path[0]: error.instance for error in errors if error.path}:
         return f"not among the choices {_allowed_values(prop.get('items', {}))}: {list(bad.values())}"
     for keyword, text in _LIMITS.items():
@@ -180,11 +181,11 @@ def _expects(prop: dict[str, Any]) -> str:
     kind = prop.get("type", "string")
     if kind == "array":
         allowed = _allowed_values(prop.get("items", {}))
-        return "a list of choices" + (f" from {', '.join(map(repr, allowed))}" if allowed else "")
+        return _KINDS[kind] + (f" from {', '.join(map(repr, allowed))}" if allowed else "")
     allowed = _allowed_values(prop)
     if allowed is not None:
         return "one of " + ", ".join(map(repr, allowed))
-    return {"boolean": "true or false", "integer": "an integer", "number": "a number"}.get(kind, "a string")
+    return _KINDS.get(kind, "a string")
 
 
 def _allowed_values(prop: dict[str, Any]) -> list[Any] | None:

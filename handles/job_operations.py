@@ -9,9 +9,9 @@ import json
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import cached_property, partial
-from typing import Any
+from typing import Any, TypeVar
 
 from handles.answer_checks import checked_answers, unasked_answers
 from handles.ask_first import FIRST_KEY
@@ -38,6 +38,7 @@ from handles.sealing import Sealer, sensitive_fields, shown
 from handles.states import Status
 from handles.store import (
     AnswerOutcome,
+    CancelOutcome,
     InputRequestRecord,
     JobRecord,
     JobState,
@@ -51,7 +52,6 @@ from handles.store.repository import ActiveLimitReached
 from handles.store.schema import SchemaGate
 from handles.switches import SwitchBoard
 from handles.telemetry import start_context
-from handles.waiting import Opened, job_versions
 
 
 @dataclass(frozen=True)
@@ -87,13 +87,19 @@ class _NewJob:
     settled: asyncio.Future[Outcome] | None
 
 
+Opened = TypeVar("Opened", JobRecord, JobState)
+"""A job read whole, or its state alone (`JobRepository.snapshot`)."""
+
+REREAD_SECONDS = 60.0
+"""The longest a wait goes between two reads of its job when nothing wakes it."""
+
 UNKNOWN_HANDLE = (
     "This handle is not valid here: it may be mistyped, truncated, made up, signed by a retired key, "
     "or issued to someone else."
 )
 
 
-def arguments_digest(arguments: dict[str, Any], sensitive: frozenset[str] = frozenset()) -> str:
+def arguments_digest(arguments: dict[str, Any], sensitive: frozenset[str]) -> str:
     """What an idempotent start compares: the arguments less the sensitive ones (a short secret's hash is guessable)."""
     compared = {key: value for key, value in arguments.items() if key not in sensitive}
     canonical = json.dumps(compared, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -167,11 +173,9 @@ class JobOperations:
         settled: asyncio.Future[Outcome] | None = None,
         face: str | None = None,
     ) -> StartedJob:
-        """Validate, store durably and hand the job to the runtime (refused while its kind is paused).
-
-        An `ask_first` job runs at once given `first_answer`, else waits in `input_required`; `settled` (a
-        plain call's) gets the stored outcome (`Runtime.adopt`); `face` labels the started counter.
-        """
+        """Validate, store durably and hand the job to the runtime (refused while its kind is paused). An
+        `ask_first` job runs at once given `first_answer`, else waits in `input_required`; `settled` (a plain
+        call's) gets the stored outcome (`Runtime.adopt`); `face` labels the started counter."""
         await self.check_accepting(spec)
         retry_hint = f"Fix the arguments and call {spec.name}_start again."
         check_size(arguments, MAX_ARGUMENTS_BYTES, "arguments", retry_hint)
@@ -369,14 +373,14 @@ class JobOperations:
                 f"Use the {claims.kind}_progress, {claims.kind}_fetch or {claims.kind}_cancel tools with it.",
             )
         if claims.expires_at <= self.clock():
-            raise self.expired_handle(spec, claims.expires_at.isoformat())
+            raise self.expired_handle(spec, claims.expires_at)
         return claims
 
     async def _owned(
         self, spec: JobSpec, principal: str, claims: HandleClaims, record: Opened | None
     ) -> Opened:
         if record is None:
-            raise self.expired_handle(spec, claims.expires_at.isoformat(), purged=True)
+            raise self.expired_handle(spec)
         if record.principal != principal or record.kind != spec.name:
             raise self.unknown_handle(spec)
         await self._keep_alive(record)
@@ -414,14 +418,15 @@ class JobOperations:
             f"{spec.name}_start.",
         )
 
-    def expired_handle(self, spec: JobSpec, expires_at: str, *, purged: bool = False) -> ExpiredHandle:
+    def expired_handle(self, spec: JobSpec, expired_at: datetime | None = None) -> ExpiredHandle:
+        """The refusal of a genuine handle whose job expired at `expired_at`, or (None) was deleted."""
         kept = f"{spec.name} jobs are kept for {describe_duration(spec.retention)}"
         if spec.keep_result_for is not None:
             kept += f", and their results for {describe_duration(spec.keep_result_for)} after they end"
         detail = (
-            "no longer exists: it was deleted (retention ended, or an operator purged it)"
-            if purged
-            else (f"expired at {expires_at}")
+            f"expired at {expired_at.isoformat()}"
+            if expired_at is not None
+            else "no longer exists: it was deleted (retention ended, or an operator purged it)"
         )
         return ExpiredHandle(
             f"This {spec.name} job {detail}; {kept}.",
@@ -430,26 +435,55 @@ class JobOperations:
 
     # -- waiting -----------------------------------------------------------
 
-    def versions(
+    async def versions(
         self,
         record: Opened,
         seconds: float | None = None,
         *,
         past_reports: bool = False,
-        reread_seconds: float = 60.0,
         outage_pause: float | None = None,
     ) -> AsyncGenerator[Opened | JobRecord]:
-        """`record`, then each newer version, for `seconds` at most (None: until it ends) or until the node
-        drains: the one way a face waits for a job (`handles.waiting.job_versions`)."""
-        return job_versions(
-            self.store,
-            record,
-            draining=lambda: self.runtime.closed,
-            seconds=seconds,
-            past_reports=past_reports,
-            reread_seconds=reread_seconds,
-            outage_pause=outage_pause,
-        )
+        """`record`, then each newer version of its job, stored here or on any node, until it ends or is gone,
+        `seconds` pass or the node drains: the one way a face waits for a job. A store outage pauses the reads
+        `outage_pause` long (None: raises). Between two reads it always awaits, so no caller spins on reads."""
+        yield record
+        loop = asyncio.get_running_loop()
+        deadline = None if seconds is None else loop.time() + seconds
+        store, notifier, job_id = self.store, self.store.notifier, record.id
+        last: Opened | JobRecord = record
+
+        def left() -> float:
+            """Seconds until the next re-read is due; 0 once the wait is over."""
+            if Status(last.status).is_terminal or self.runtime.closed:
+                return 0.0
+            return REREAD_SECONDS if deadline is None else min(REREAD_SECONDS, deadline - loop.time())
+
+        # Draining is checked after each read, not before: the answer a drain cuts short is the latest state.
+        while not Status(last.status).is_terminal and (deadline is None or loop.time() < deadline):
+            # Watch, then read: a change landing after the read still ends the wait below at once.
+            changed = notifier.watch(job_id, past_reports=past_reports)
+            try:
+                latest = await store.read(store.repo.get, job_id)
+            except StoreUnavailable:
+                if outage_pause is None:
+                    raise
+                if self.runtime.closed:
+                    return
+                await asyncio.sleep(outage_pause)
+                continue
+            if latest is None:
+                return
+            if latest.version != last.version:
+                last = latest
+                yield latest
+            timeout = left()
+            if timeout <= 0:
+                return
+            notifier.seen(job_id, last.version)
+            if changed.is_set():
+                await asyncio.sleep(0)  # changed since the read: read it again, after one turn of the loop
+            else:
+                await notifier.wait(job_id, timeout, event=changed)
 
     async def wait(
         self,
@@ -480,16 +514,8 @@ class JobOperations:
 
     async def cancel(self, record: JobRecord) -> JobRecord:
         """Request cancellation: durable first, then the running job is signalled."""
-        outcome = await self.store.write(
-            record.id, "changed", self.store.repo.request_cancel, record.id, record.principal
-        )
-        if outcome is None:
-            return record
-        if outcome.ended_now:
-            self.runtime.telemetry.ended(record.kind, Status.CANCELLED.value)
-        elif not Status(outcome.job.status).is_terminal:
-            self.runtime.signal_cancel(record.id)
-        return outcome.job
+        outcome = await request_cancel(self.store, self.runtime, record, record.principal)
+        return record if outcome is None else outcome.job
 
     async def respond(
         self,
@@ -521,16 +547,44 @@ class JobOperations:
                     follow=follow or f"{spec.name}_progress",
                 )
         sealed = checked_answers(self.sealer, pending, responses, f"call {again} again")
-        outcome = await self.store.write(
-            record.id, "changed", self.store.repo.answer_inputs, record.id, sealed, record.principal
-        )
-        now = self.clock()
-        for key in outcome.accepted if outcome is not None else ():
-            self.runtime.telemetry.parked_time(spec.name, (now - pending[key].created_at).total_seconds())
+        outcome = await store_answers(self.store, self.runtime, record, pending, sealed, record.principal)
         if outcome is None:
-            raise self.expired_handle(spec, record.expires_at.isoformat(), purged=True)
-        if outcome.job.status == Status.WORKING and outcome.job.lease_owner is None:
-            # its question before the start is answered: run it now, here or on another node
-            self.runtime.submit(record.id)
-            await self.store.announce(record.id, queued=True)
+            raise self.expired_handle(spec)
         return outcome
+
+
+async def request_cancel(
+    store: Store, runtime: Runtime | None, job: JobRecord, by: str
+) -> CancelOutcome | None:
+    """Request `job`'s cancellation as `by`, durable first; this node's run of it, if any, is then signalled."""
+    outcome = await store.write(job.id, "changed", store.repo.request_cancel, job.id, by)
+    if outcome is not None and runtime is not None:
+        if outcome.ended_now:
+            runtime.telemetry.ended(job.kind, Status.CANCELLED.value)
+        elif not Status(outcome.job.status).is_terminal:
+            runtime.signal_cancel(job.id)
+    return outcome
+
+
+async def store_answers(
+    store: Store,
+    runtime: Runtime | None,
+    job: JobRecord,
+    pending: Mapping[str, InputRequestRecord],
+    sealed: dict[str, Any],
+    by: str,
+) -> AnswerOutcome | None:
+    """Store checked answers to `pending` questions as `by`; a job they let go on is queued for any node."""
+    outcome = await store.write(job.id, "changed", store.repo.answer_inputs, job.id, sealed, by)
+    if outcome is None:
+        return None
+    if runtime is not None:
+        now = store.repo.clock()
+        for key in outcome.accepted:
+            runtime.telemetry.parked_time(job.kind, (now - pending[key].created_at).total_seconds())
+    if outcome.job.status == Status.WORKING and outcome.job.lease_owner is None:
+        # parked, or its question before the start answered: a worker on any node may take it now
+        if runtime is not None:
+            runtime.submit(job.id)
+        await store.announce(job.id, queued=True)
+    return outcome

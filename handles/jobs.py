@@ -14,17 +14,19 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar, Unpack, overload
 
+import anyio.to_thread
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata, func_metadata
 from mcp_types import CallToolResult
-from pydantic import BaseModel, SecretStr, ValidationError
+from pydantic import BaseModel, SecretStr, TypeAdapter, ValidationError
+from pydantic_core import to_jsonable_python
 
 from handles.ask_first import AskFirst
-from handles.durable_steps import DurableSteps
 from handles.elicitation import elicitation_schema
-from handles.errors import ConfigurationError, InvalidArguments, StoreUnavailable
+from handles.errors import ConfigurationError, InvalidArguments, StepOutcomeUnknown, StoreUnavailable
 from handles.limits import MAX_RESULT_BYTES, clean_message
 from handles.results import ResultFile, ResultLink
 from handles.sealing import Redactor, Sealer, sensitive_fields
+from handles.telemetry import Telemetry
 
 if TYPE_CHECKING:
     from handles.runtime.job_writes import JobWrites, StepRecord
@@ -265,7 +267,7 @@ class UndeclaredAsk(ConfigurationError):
     the server's configuration, and the server log names the fix."""
 
 
-class JobContext(DurableSteps):
+class JobContext:
     """The handle a running job has on its own stored state.
 
     `progress()` reports how far it got (coalesced); `cancelled` tells whether a cancel was requested
@@ -340,7 +342,8 @@ class JobContext(DurableSteps):
         """The answer to the job's `ask_first` question (a model of its schema, or a dict); None without one."""
         if self.spec.ask_first is None or self._first_answer is None:
             return None
-        return self.spec.ask_first.typed(self._first_answer)
+        schema = self.spec.ask_first.schema
+        return self._first_answer if isinstance(schema, dict) else _typed(self._first_answer, schema)
 
     @property
     def cancelled(self) -> bool:
@@ -427,9 +430,7 @@ class JobContext(DurableSteps):
             answer = await self._open_question(
                 key, clean_message(self.redact(message)) or "Input required.", requested
             )
-        if isinstance(schema, type) and issubclass(schema, BaseModel):
-            return schema.model_validate(answer)
-        return answer
+        return answer if isinstance(schema, dict) else _typed(answer, schema)
 
     async def _open_question(self, key: str, text: str, requested: dict[str, Any]) -> dict[str, Any]:
         """Store the question; return its answer if one is recorded, else park the job (raises `JobParked`)."""
@@ -446,5 +447,87 @@ class JobContext(DurableSteps):
             await asyncio.sleep(0.005)
         raise JobParked(key)
 
+    async def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        repeatable: bool = False,
+        recheck: Callable[[], Any] | None = None,
+        result_type: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Run `fn(*args, **kwargs)` at most once over the job's life and record its result (as JSON).
+
+        A retry that reaches a completed step gets the recorded result back (rebuilt as `result_type` if
+        given) without running `fn`. A step started earlier with no recorded outcome raises
+        `StepOutcomeUnknown`, unless it is `repeatable` (run again) or has a `recheck` (its answer is
+        recorded). Step names must be unique within a job.
+        """
+        if name in self._step_names:
+            raise ValueError(
+                f"Step name {name!r} is used twice in job {self.kind!r}; give every step its own name."
+            )
+        if repeatable and recheck is not None:
+            raise ValueError(
+                f"Step {name!r} of job {self.kind!r} is repeatable and has a recheck: a step safe to "
+                "repeat runs again after a crash and needs no recheck; drop one of the two."
+            )
+        self._step_names.add(name)
+        if name in self._completed:  # replayed: recorded by an earlier run
+            Telemetry.step(name, "replayed")
+            return _typed(self._completed[name], result_type)
+        self._running_steps.add(name)  # before any await: a cancel now waits for this step
+        try:
+            stored = await self._run_step(name, fn, args, kwargs, recheck, repeatable)
+        finally:
+            self._running_steps.discard(name)
+            if self._interrupt_pending and not self._running_steps:
+                # A cancel or a shutdown waited for the step to be recorded: stop here.
+                raise asyncio.CancelledError("interrupted after the running steps were recorded")
+        return _typed(stored, result_type)
+
+    async def _run_step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        recheck: Callable[[], Any] | None,
+        repeatable: bool,
+    ) -> Any:
+        attempt = self.attempt  # the step's start: its outcome is written for it even if the lease moves
+        record, fresh = await self._writes.begin_step(name, attempt, repeatable=repeatable)
+        if not fresh and record.status == "completed":
+            return record.result
+        if not fresh:
+            if recheck is None:
+                raise StepOutcomeUnknown(name, record.started_at.isoformat(), record.attempt)
+            value = await _invoke(recheck)
+        else:
+            try:
+                value = await _invoke(fn, *args, **kwargs)
+            except Exception as exc:
+                error = clean_message(self.redact(f"{type(exc).__name__}: {exc}"))
+                await self._writes.finish_step(name, attempt, error=error)
+                Telemetry.step(name, "failed")
+                raise
+        stored = to_jsonable_python(value)
+        await self._writes.finish_step(name, attempt, result=stored)
+        Telemetry.step(name, "completed")
+        return stored
+
     def _request_cancel(self) -> None:
         self._cancel_requested.set()
+
+
+async def _invoke(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Await an async callable; run a plain one on a worker thread so it cannot block the event loop."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args, **kwargs)
+    value = await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+    return await value if inspect.isawaitable(value) else value
+
+
+def _typed(value: Any, result_type: Any) -> Any:
+    return value if result_type is None else TypeAdapter(result_type).validate_python(value)

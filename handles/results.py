@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterable, Iterable, Mapping
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from mcp_types import CallToolResult, ResourceLink, TextContent
@@ -55,6 +56,7 @@ class ResultLink(BaseModel):
         )
 
 
+@dataclass
 class ResultFile:
     """What a job returns for a result that should not travel inline: a file read through a link.
 
@@ -62,18 +64,11 @@ class ResultFile:
     `-> ResultFile`.
     """
 
-    def __init__(
-        self,
-        content: Content,
-        *,
-        media_type: str = "application/octet-stream",
-        name: str = "result",
-        summary: str | None = None,
-    ) -> None:
-        self.content = content
-        self.media_type = media_type
-        self.name = name
-        self.summary = summary
+    content: Content
+    _: KW_ONLY
+    media_type: str = "application/octet-stream"
+    name: str = "result"
+    summary: str | None = None
 
     @classmethod
     def of_result(cls, result: dict[str, Any], kind: str) -> ResultFile:

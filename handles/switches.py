@@ -81,10 +81,6 @@ class Switches:
             },
         )
 
-    @property
-    def any(self) -> bool:
-        return self.tasks_off is not None or bool(self.paused)
-
     def lines(self) -> list[str]:
         """One sentence per engaged switch, for operators (logs, `handles jobs list`)."""
         lines = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -36,15 +37,14 @@ class _Sources:
         self.running: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def running_by_kind(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
+        counts: Counter[str] = Counter()
         for source in list(self.running):
-            for kind, n in source.running_by_kind().items():  # in memory: cannot fail
-                counts[kind] = counts.get(kind, 0) + n
+            counts.update(source.running_by_kind())  # in memory: cannot fail
         return counts
 
     def stored(self, status: str) -> dict[str, int]:
         """The store's waiting jobs per kind, from each distinct database (read once each)."""
-        counts: dict[str, int] = {}
+        counts: Counter[str] = Counter()
         seen: set[str] = set()
         for source in list(self.running):
             repo = source.store.repo
@@ -56,9 +56,7 @@ class _Sources:
                 waiting = repo.waiting_counts()
             except Exception:  # this database is away: the others still count
                 continue
-            for (kind, state), n in waiting.items():
-                if state == status:
-                    counts[kind] = counts.get(kind, 0) + n
+            counts.update({kind: n for (kind, state), n in waiting.items() if state == status})
         return counts
 
 
@@ -78,19 +76,12 @@ def _instruments() -> tuple[dict[str, Any], _Sources]:
 
         return callback
 
-    meter.create_observable_gauge(
-        "handles.jobs.running", [gauge(sources.running_by_kind)], description="Jobs running on this node."
-    )
-    meter.create_observable_gauge(
-        "handles.jobs.queued",
-        [gauge(lambda: sources.stored("queued"))],
-        description="Jobs waiting for a worker.",
-    )
-    meter.create_observable_gauge(
-        "handles.jobs.parked",
-        [gauge(lambda: sources.stored("parked"))],
-        description="Jobs waiting for an answer.",
-    )
+    for name, values, description in (
+        ("running", sources.running_by_kind, "Jobs running on this node."),
+        ("queued", lambda: sources.stored("queued"), "Jobs waiting for a worker."),
+        ("parked", lambda: sources.stored("parked"), "Jobs waiting for an answer."),
+    ):
+        meter.create_observable_gauge(f"handles.jobs.{name}", [gauge(values)], description=description)
     instruments: dict[str, Any] = {
         "started": meter.create_counter("handles.jobs.started", description="Jobs started."),
         **{
@@ -100,18 +91,13 @@ def _instruments() -> tuple[dict[str, Any], _Sources]:
         "recovered": meter.create_counter(
             "handles.jobs.recovered", description="Jobs whose node died, settled or retried by another."
         ),
-        "queue_wait": meter.create_histogram(
-            "handles.job.queue_wait", unit="s", description="From a job's start to its first claim."
-        ),
-        "run_time": meter.create_histogram(
-            "handles.job.run_time",
-            unit="s",
-            description="One attempt of a job, from claim to outcome or park.",
-        ),
-        "parked_time": meter.create_histogram(
-            "handles.job.parked_time", unit="s", description="From a question to its answer."
-        ),
     }
+    for name, description in (
+        ("queue_wait", "From a job's start to its first claim."),
+        ("run_time", "One attempt of a job, from claim to outcome or park."),
+        ("parked_time", "From a question to its answer."),
+    ):
+        instruments[name] = meter.create_histogram(f"handles.job.{name}", unit="s", description=description)
     return instruments, sources
 
 

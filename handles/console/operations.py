@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from handles.answer_checks import checked_answers
+from handles.job_operations import request_cancel, store_answers
 from handles.liveness import LeaseTiming
 from handles.principal import principal_match
 from handles.runtime import Runtime
@@ -123,25 +124,9 @@ class Operations:
         if key not in pending:
             return False
         sealed = checked_answers(self.sealer, pending, {key: answer}, "send the form again")
-        outcome = await self.store.write(job.id, "changed", self.store.repo.answer_inputs, job.id, sealed, by)
-        if outcome is None or key not in outcome.accepted:
-            return False
-        if self.runtime is not None:
-            waited = self.store.repo.clock() - pending[key].created_at
-            self.runtime.telemetry.parked_time(job.kind, waited.total_seconds())
-        if outcome.job.status == Status.WORKING and outcome.job.lease_owner is None:
-            # parked (or its question came before the start): a worker on any node may take it now
-            if self.runtime is not None:
-                self.runtime.submit(job.id)
-            await self.store.announce(job.id, queued=True)
-        return True
+        outcome = await store_answers(self.store, self.runtime, job, pending, sealed, by)
+        return outcome is not None and key in outcome.accepted
 
     async def cancel(self, job: JobRecord, by: str) -> CancelOutcome | None:
         """Request the job's cancellation as `by`; the node running it stops it at its next safe point."""
-        outcome = await self.store.write(job.id, "changed", self.store.repo.request_cancel, job.id, by)
-        if outcome is not None and self.runtime is not None:
-            if outcome.ended_now:
-                self.runtime.telemetry.ended(job.kind, Status.CANCELLED.value)
-            elif not Status(outcome.job.status).is_terminal:
-                self.runtime.signal_cancel(job.id)
-        return outcome
+        return await request_cancel(self.store, self.runtime, job, by)
