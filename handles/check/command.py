@@ -47,12 +47,8 @@ def add_check_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "public wire only, and report each gate with the requests that showed it. Exit 0 when every "
         "selected gate passes, 1 when one fails, 3 when the server cannot be read. See docs/checking.md.",
     )
-    command.add_argument(
-        "target", nargs="*", metavar="URL", help="the MCP endpoint; with --stdio: -- COMMAND..."
-    )
-    command.add_argument(
-        "--stdio", action="store_true", help="run the server as COMMAND over stdio (one principal)"
-    )
+    command.add_argument("target", nargs="*", metavar="URL", help="the MCP endpoint (--stdio: -- COMMAND...)")
+    command.add_argument("--stdio", action="store_true", help="serve COMMAND over stdio (one principal)")
     command.add_argument(
         "--as",
         dest="principals",

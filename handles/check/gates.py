@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import secrets
@@ -144,20 +145,15 @@ class Run:
         return self.older_other if caller.older else self.other
 
 
-async def _as_made_up(
-    f: Findings, run: Run, followed: Followed, request: str, params: dict[str, Any]
-) -> None:
-    """`request` about the owner's id (by the other principal) or an altered one is answered as a made-up id."""
-    owned, owner, other, job = followed.id, followed.caller, run.other_of(followed.caller), followed.job
-    noun = "handle" if job is not None else "task id"
+Ask = Callable[[Caller, str], Awaitable[Reply]]
+
+
+async def _as_made_up(f: Findings, run: Run, owner: Caller, owned: str, noun: str, ask: Ask) -> None:
+    """`ask` about the owner's `owned` id (by the other principal) or an altered one is answered as about a
+    made-up id (shaped like `owned` up to its last `/`)."""
+    other = run.other_of(owner)
     forged = run.transcript.label(altered(owned), f"an altered {noun}")
-    made_up = run.transcript.label(made_up_id(), f"a made-up {noun}")
-
-    async def ask(caller: Caller, used: str) -> Reply:
-        if job is None:
-            return await caller.task(request, used, **params)
-        return await caller.call(job.tools[request], {"handle": used, **params})
-
+    made_up = run.transcript.label(owned[: owned.rfind("/") + 1] + made_up_id(), f"a made-up {noun}")
     others = [] if other is None else [(other, owned), (other, forged)]
     for caller, used in [*others, (owner, forged)]:
         baseline, got = await ask(caller, made_up), await ask(caller, used)
@@ -165,8 +161,42 @@ async def _as_made_up(
         f.expect(got.error and baseline.error and same, f"answers like a made-up {noun}", got)
 
 
+async def _pushes_alike(f: Findings, run: Run, task: Followed) -> None:
+    """`subscriptions/listen` honours and pushes another principal's or an altered task id as a made-up one."""
+    forged = run.transcript.label(altered(task.id), "an altered task id")
+    made_up = run.transcript.label(made_up_id(), "a made-up task id")
+    own = await task.caller.listen([task.id, forged, made_up])
+    pushes = "pushes" if task.id in own.body["honored"] else "does not push"
+    f.evidence.append(f"the server {pushes} the owner's task status to the owner [{own.request}]")
+    other = run.other_of(task.caller)
+    for reply in [own] if other is None else [own, await other.listen([task.id, forged, made_up])]:
+        honored, pushed = reply.body["honored"], reply.body["pushed"]
+        strangers = [forged] if reply is own else [task.id, forged]
+        alike = all((id_ in honored) == (made_up in honored) and id_ not in pushed for id_ in strangers)
+        f.expect(alike, "pushes nothing it would not push for a made-up task id", reply)
+
+
+def _links(body: Any) -> set[str]:
+    """The result links an answer carries: `resource_link` items and `result_link` fields (a link in
+    parts by its first part)."""
+    found, todo = set(), [body]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, list):
+            todo.extend(item)
+        elif isinstance(item, dict):
+            todo.extend(item.values())
+            for link in (item, item.get("result_link")):
+                named = link is not item or item.get("type") == "resource_link"
+                if named and isinstance(link, dict) and isinstance(link.get("uri"), str):
+                    parts = link.get("parts")
+                    found.add(link["uri"] + ("/parts/0" if isinstance(parts, int) and parts > 1 else ""))
+    return found
+
+
 async def isolation(run: Run) -> Findings:
-    """Another principal's handle or task id, and an altered one, get exactly what a made-up one gets."""
+    """Another principal's handle, task id or result link, and an altered one, get exactly what a made-up
+    one gets; pushed status reaches only the owner."""
     f = Findings()
     if run.other is None:
         f.evidence.append("one principal only: another principal's access is not tested, altered ids are")
@@ -180,15 +210,31 @@ async def isolation(run: Run) -> Findings:
             accept = {"inputResponses": {"q1": {"action": "accept", "content": plan.answer or {}}}}
             last = ("tasks/result", {}) if owner.older else ("tasks/update", accept)
             asks = [("tasks/get", {}), ("tasks/cancel", {}), last]
+        noun = "handle" if job is not None else "task id"
         for request, params in asks:
-            await _as_made_up(f, run, followed, request, params)
+            await _as_made_up(
+                f, run, owner, followed.id, noun, functools.partial(followed.ask, request, **params)
+            )
+        if job is None and not owner.older:
+            await _pushes_alike(f, run, followed)
         if owner.older and (other := run.other_of(owner)) is not None:
             listed = await other.send("tasks/list", "tasks/list", {})
             shown = followed.id not in listed.text
             f.expect(shown, "another principal's tasks/list shows none of the owner's", listed)
         after = await followed.read()
         f.expect(not after.error and after.status != "cancelled", "the owner's job was left alone", after)
-        await followed.finish()
+        if job is not None and "fetch" in job.tools:  # run to its end: a result link comes with the fetch
+            await followed.settle()
+            ended = await followed.ask("fetch")
+        else:
+            ended = await followed.finish()
+        for uri in _links(ended.body):
+            link = run.transcript.label(uri, "the owner's result link")
+            if (own := await owner.read(link)).error:
+                f.evidence.append(f"the owner's own read of its result link is refused too [{own.shown()}]")
+            else:
+                f.expect(True, "the owner reads its result link", own)
+            await _as_made_up(f, run, owner, link, "result link", Caller.read)
     return f
 
 
@@ -221,8 +267,7 @@ async def transitions(run: Run) -> Findings:
     for plan, job in run.jobs("start", "progress", "fetch"):
         if (followed := await run.started(f, plan, job)) is None:
             continue
-        handle = {"handle": followed.id}
-        early = await run.owner.call(job.tools["fetch"], handle)
+        early = await followed.ask("fetch")
         if early.status in TERMINAL_STATUSES:
             f.evidence.append(f"{plan.name} ended before it could be fetched early [{early.request}]")
         else:
@@ -234,9 +279,7 @@ async def transitions(run: Run) -> Findings:
             continue
         late = [await followed.cancel()] if "cancel" in job.tools else []
         if "respond" in job.tools:
-            late.append(
-                await run.owner.call(job.tools["respond"], {**handle, "responses": {"q1": plan.answer or {}}})
-            )
+            late.append(await followed.ask("respond", responses={"q1": plan.answer or {}}))
         for reply in late:
             moved = reply.status not in (None, ended.status) or bool(reply.body.get("accepted"))
             f.expect(reply.error or not moved, "after the end, it changes nothing", reply)
@@ -338,8 +381,11 @@ async def compatibility(run: Run) -> Findings:
         design = "the 2025-11-25 design" if caller.older else "the Tasks extension"
         f.expect(bool(plans), f"a planned job takes a task of {design}, which the server advertises")
         for plan in plans:
-            task = await run.create_task(caller, plan)
-            if f.expect(task is not None, f"{plan.name} gives a task to a client of {design}") and task:
+            task, created = await run.create_task(caller, plan), run.transcript.replies[-1]  # its tools/call
+            if (
+                f.expect(task is not None, f"{plan.name} gives a task to a client of {design}", created)
+                and task
+            ):
                 await task.finish()
     return f
 

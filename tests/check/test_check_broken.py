@@ -25,6 +25,12 @@ from tests.support import token_of
         ("duplicate", "duplicate", 'alice (a new connection): tools/call slow_job_start {"seconds": 1.0'),
         ("revive", "cancellation", "cancelled stays cancelled [alice: tools/call slow_job_progress"),
         ("list-leak", "isolation", "bob (2025-11-25): tasks/list -> {"),
+        ("link-leak", "isolation", "bob: resources/read <the owner's result link> -> {"),
+        (
+            "unserved-tasks",
+            "compatibility",
+            "slow_job gives a task to a client of the 2025-11-25 design [alice (2025-11-25): tools/call slow_job",
+        ),
         ("chatty", "hygiene", "a sensitive value (18 characters) [alice: tools/call slow_job_progress"),
     ],
 )

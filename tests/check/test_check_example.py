@@ -14,6 +14,7 @@ from tests.check.support import EXAMPLE_JOBS, check, verdicts
 from tests.support import TOKENS, HttpExampleServer
 
 
+@pytest.mark.timeout(300)  # every gate, each job followed to its end at least once
 @pytest.mark.parametrize("served", ["http_auth_example", "fastmcp_http_auth_example"])
 def test_the_example_server_passes_every_gate(
     tmp_path: Path, served: str, request: pytest.FixtureRequest
@@ -32,6 +33,12 @@ def test_the_example_server_passes_every_gate(
         "bob: tasks/cancel <an altered task id>",
         "bob (2025-11-25): tasks/result <the owner's task id>",
         "ok: another principal's tasks/list shows none of the owner's [bob (2025-11-25): tasks/list]",
+        # A fetch's result link is read by its owner only; bob's listen for alice's task is pushed nothing.
+        "ok: the owner reads its result link [alice: resources/read <the owner's result link>]",
+        "ok: answers like a made-up result link [bob: resources/read <the owner's result link>]",
+        "ok: answers like a made-up result link [bob: resources/read <an altered result link>]",
+        "the server pushes the owner's task status to the owner [alice: subscriptions/listen <the owner's task id>",
+        "ok: pushes nothing it would not push for a made-up task id [bob: subscriptions/listen <the owner's task id>",
     ):
         assert request in evidence["isolation"]
     assert "FAILED" not in evidence["isolation"]
