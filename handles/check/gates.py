@@ -54,6 +54,10 @@ class Findings:
         return ok
 
 
+Reconnect = Callable[[], AbstractAsyncContextManager[Caller]]
+"""A new connection of the owner's."""
+
+
 @dataclass
 class Run:
     """The connections every gate works with (see `run_gates`), and what the server lists on them."""
@@ -64,18 +68,13 @@ class Run:
     plain: Caller
     older: Caller
     older_other: Caller | None
-    reconnect: Callable[[], AbstractAsyncContextManager[Caller]]
+    reconnect: Reconnect
     manifest: Manifest
     tools: dict[str, Tool]
     older_tools: dict[str, Tool]
 
     @classmethod
-    async def read(
-        cls,
-        plan: CheckPlan,
-        callers: list[Caller | None],
-        reconnect: Callable[[], AbstractAsyncContextManager[Caller]],
-    ) -> Run:
+    async def read(cls, plan: CheckPlan, callers: list[Caller | None], reconnect: Reconnect) -> Run:
         owner, other, plain, older, older_other = callers
         assert owner is not None and plain is not None and older is not None
         listed, older_listed = await list_tools(owner.client), await list_tools(older.client)
@@ -149,8 +148,7 @@ Ask = Callable[[Caller, str], Awaitable[Reply]]
 
 
 async def _as_made_up(f: Findings, run: Run, owner: Caller, owned: str, noun: str, ask: Ask) -> None:
-    """`ask` about the owner's `owned` id (by the other principal) or an altered one is answered as about a
-    made-up id (shaped like `owned` up to its last `/`)."""
+    """`ask` about the owner's `owned` id (by another principal) or an altered id: as about a made-up id."""
     other = run.other_of(owner)
     forged = run.transcript.label(altered(owned), f"an altered {noun}")
     made_up = run.transcript.label(owned[: owned.rfind("/") + 1] + made_up_id(), f"a made-up {noun}")
@@ -162,7 +160,7 @@ async def _as_made_up(f: Findings, run: Run, owner: Caller, owned: str, noun: st
 
 
 async def _pushes_alike(f: Findings, run: Run, task: Followed) -> None:
-    """`subscriptions/listen` honours and pushes another principal's or an altered task id as a made-up one."""
+    """`subscriptions/listen` treats another principal's or an altered task id as a made-up one."""
     forged = run.transcript.label(altered(task.id), "an altered task id")
     made_up = run.transcript.label(made_up_id(), "a made-up task id")
     own = await task.caller.listen([task.id, forged, made_up])
@@ -177,8 +175,7 @@ async def _pushes_alike(f: Findings, run: Run, task: Followed) -> None:
 
 
 def _links(body: Any) -> set[str]:
-    """The result links an answer carries: `resource_link` items and `result_link` fields (a link in
-    parts by its first part)."""
+    """The result links in an answer: `resource_link` items and `result_link` fields (of parts, the first)."""
     found, todo = set(), [body]
     while todo:
         item = todo.pop()
@@ -195,8 +192,7 @@ def _links(body: Any) -> set[str]:
 
 
 async def isolation(run: Run) -> Findings:
-    """Another principal's handle, task id or result link, and an altered one, get exactly what a made-up
-    one gets; pushed status reaches only the owner."""
+    """Another's handle, task id or result link, or an altered one, gets what a made-up one gets."""
     f = Findings()
     if run.other is None:
         f.evidence.append("one principal only: another principal's access is not tested, altered ids are")
@@ -261,8 +257,7 @@ def _refused_after_end(f: Findings, reply: Reply) -> None:
 
 
 async def transitions(run: Run) -> Findings:
-    """Status moves only along the allowed edges; fetching early, answering or cancelling an ended job and
-    cancelling twice move nothing wrongly; an ended job stays ended."""
+    """Status moves along the allowed edges, then stays; early fetches, late answers, cancels move nothing."""
     f = Findings()
     for plan, job in run.jobs("start", "progress", "fetch"):
         if (followed := await run.started(f, plan, job)) is None:
@@ -271,9 +266,8 @@ async def transitions(run: Run) -> Findings:
         if early.status in TERMINAL_STATUSES:
             f.evidence.append(f"{plan.name} ended before it could be fetched early [{early.request}]")
         else:
-            f.expect(
-                not early.error and not early.body.get("result"), "an early fetch gives no result", early
-            )
+            no_result = not early.error and not early.body.get("result")
+            f.expect(no_result, "an early fetch gives no result", early)
         seen = [early.status]
         if not _ended_along_edges(f, plan.name, seen, ended := await followed.settle(seen)):
             continue
@@ -326,8 +320,7 @@ async def cancellation(run: Run) -> Findings:
 
 
 async def duplicate(run: Run) -> Findings:
-    """A start retried with the same idempotency key leaves one job, on a new connection after the first
-    was dropped before or after the start's reply; the new connection resumes the job without a start."""
+    """A start retried with its key after a dropped connection leaves one job, resumed without a start."""
     f = Findings()
     for plan, job in run.jobs("start", "progress"):
         properties = run.tools[job.tools["start"]].input_schema.get("properties") or {}
@@ -335,35 +328,29 @@ async def duplicate(run: Run) -> Findings:
             f.evidence.append(f"{job.tools['start']} takes no idempotency_key")
             continue
         for dropped in ("after", "before"):
-            key, known = f"handles-check-{secrets.token_hex(8)}", set()
+            key, known, named = f"handles-check-{secrets.token_hex(8)}", set(), f"{plan.name}'s handle"
             async with run.reconnect() as lost:
                 with anyio.move_on_after(0 if dropped == "before" else REQUEST_SECONDS):
                     if not (reply := await start(lost, job, plan, key)).error:
-                        known.add(
-                            run.transcript.label(str(reply.body.get("handle")), f"{plan.name}'s handle")
-                        )
+                        known.add(run.transcript.label(str(reply.body.get("handle")), named))
             if dropped == "before":  # whether the cancelled request reached the server is not observable
                 f.evidence.append(f"{plan.name}: a start sent, then its connection closed before the reply")
             async with run.reconnect() as new:
-                for handle in known:
-                    resumed = await new.call(job.tools["progress"], {"handle": handle})
+                for resumed in [await Followed(new, plan, handle, job).read() for handle in known]:
                     f.expect(
-                        not resumed.error,
-                        f"{plan.name}: resumed on a new connection, without a start",
-                        resumed,
+                        not resumed.error, f"{plan.name}: resumed on a new connection, no start", resumed
                     )
                 retried = [await start(new, job, plan, key) for _ in range(2)]
                 handles = known | {str(reply.body.get("handle")) for reply in retried if not reply.error}
                 claim = f"{plan.name}: dropped {dropped} the start's reply, started twice more with its key: one job"
                 if f.expect(len(handles) == 1, claim, retried[-1]):
-                    handle = run.transcript.label(handles.pop(), f"{plan.name}'s handle")
+                    handle = run.transcript.label(handles.pop(), named)
                     f.ended(await Followed(new, plan, handle, job).finish(), "and followed to its end")
     return f
 
 
 async def compatibility(run: Run) -> Findings:
-    """A client without the Tasks extension gets the handle tools or an inline answer for every job; a
-    client that declares it gets a task (when the server offers the extension)."""
+    """Without the Tasks extension every job runs (handle tools or inline); each advertised design serves."""
     f = Findings()
     plain = Manifest.of(run.plain.client, await list_tools(run.plain.client))
     for plan in run.plan.jobs:
@@ -409,11 +396,8 @@ async def hygiene(run: Run) -> Findings:
     secrets_ = run.plan.secrets()
     for reply in list(run.transcript.replies):
         # What a person may read of an answer: the whole of an error; the messages of any other answer.
-        text = (
-            reply.text
-            if reply.error
-            else " ".join(str(reply.body[key]) for key in _SHOWN_FIELDS if reply.body.get(key))
-        )
+        messages = " ".join(str(reply.body[key]) for key in _SHOWN_FIELDS if reply.body.get(key))
+        text = reply.text if reply.error else messages
         leaks = [f"a sensitive value ({len(value)} characters)" for value in secrets_ if value in text]
         leaks += [f"a stack trace ({m.group(0)!r})" for m in [_TRACE.search(text)] if m]
         leaks += [f"an internal path ({m.group(0)!r})" for m in [_PATH.search(text)] if m]
@@ -425,11 +409,6 @@ async def hygiene(run: Run) -> Findings:
 
 Gate = Callable[[Run], Awaitable[Findings]]
 GATES: dict[str, Gate] = {
-    "isolation": isolation,
-    "transitions": transitions,
-    "cancellation": cancellation,
-    "duplicate": duplicate,
-    "compatibility": compatibility,
-    "hygiene": hygiene,
+    gate.__name__: gate for gate in (isolation, transitions, cancellation, duplicate, compatibility, hygiene)
 }
 """Every gate, in the order they run (hygiene last: it reads every answer the others got)."""

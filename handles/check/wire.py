@@ -68,9 +68,8 @@ class Transcript:
         return value
 
     def describe(self, text: str) -> str:
-        for value, name in sorted(
-            self.labels.items(), key=lambda label: -len(label[0])
-        ):  # a link holds its id
+        longest_first = sorted(self.labels.items(), key=lambda label: -len(label[0]))  # a link holds its id
+        for value, name in longest_first:
             text = text.replace(value, f"<{name}>")
         return text
 
@@ -137,8 +136,7 @@ class Caller:
         return await self.send(f"resources/read {uri}", "resources/read", {"uri": uri})
 
     async def listen(self, task_ids: list[str]) -> Reply:
-        """`subscriptions/listen` for `task_ids`: the ids its acknowledgement honours, and those whose status
-        was pushed within `PUSH_SECONDS` of it."""
+        """`subscriptions/listen` of `task_ids`: the ids acknowledged, and those pushed in `PUSH_SECONDS`."""
         pushes = next(
             each.pushes for each in self.client.extensions or () if isinstance(each, TasksClientExtension)
         )
@@ -210,8 +208,7 @@ class Followed:
     async def ask(
         self, request: str, caller: Caller | None = None, used: str | None = None, **params: Any
     ) -> Reply:
-        """`request` (a handle tool's verb; for a task, a `tasks/*` method or `progress`/`cancel`) about this job,
-        or about `used` in its place, by its own caller unless `caller` is given."""
+        """`request` (a handle tool's verb, or a task's `tasks/*` method) about this job or about `used`."""
         caller, used = caller or self.caller, used or self.id
         if self.job is None:
             return await caller.task(TASK_METHODS.get(request, request), used, **params)
@@ -224,8 +221,7 @@ class Followed:
         return await self.ask("cancel")
 
     async def settle(self, seen: list[str | None] | None = None) -> Reply:
-        """Read until the job ends or times out (each status appended to `seen`), answering its questions
-        through `respond`, `tasks/update` or the stream of a 2025-11-25 `tasks/result`."""
+        """Read until the job ends or times out (statuses appended to `seen`), answering its questions."""
         caller, plan, job = self.caller, self.plan, self.job
         deadline, caller.answer = anyio.current_time() + plan.timeout, plan.answer
         while True:

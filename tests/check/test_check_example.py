@@ -53,7 +53,7 @@ def test_the_example_server_passes_every_gate(
     for dropped in ("before", "after"):  # the start retried on a new connection: one job, followed to its end
         claim = f"ok: deploy_release: dropped {dropped} the start's reply, started twice more with its key: one job"
         assert claim in evidence["duplicate"]
-    assert "ok: deploy_release: resumed on a new connection, without a start" in evidence["duplicate"]
+    assert "ok: deploy_release: resumed on a new connection, no start" in evidence["duplicate"]
     assert "alice (no Tasks extension): tools/call deploy_release_start" in evidence["compatibility"]
     suite = ET.parse(tmp_path / "report.xml").getroot()
     assert (suite.get("tests"), suite.get("failures")) == (str(len(GATES)), "0")
