@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
 import re
@@ -14,7 +15,7 @@ from typing import Any
 import anyio
 from mcp_types import Tool
 
-from handles.check.plan import CheckPlan, JobPlan
+from handles.check.plan import CheckPlan, JobPlan, LoadPlan
 from handles.check.wire import (
     REQUEST_SECONDS,
     Caller,
@@ -407,8 +408,54 @@ async def hygiene(run: Run) -> Findings:
     return f
 
 
+async def _paced(f: Findings, followed: Followed, reply: Reply, seconds: float) -> None:
+    """Follow a job at the pace its replies ask for: each reply before its end says when to poll again."""
+    began, polls = anyio.current_time(), 0
+    while reply.status not in TERMINAL_STATUSES and anyio.current_time() - began < seconds:
+        if not f.expect(reply.poll_ms is not None, "the reply says when to poll again", reply):
+            return
+        await anyio.sleep((reply.poll_ms or 0) / 1000)
+        reply, polls = await followed.read(), polls + 1
+    took = anyio.current_time() - began
+    f.ended(reply, f"{followed.plan.name} ended after {polls} polls in {took:.1f} s, as its replies asked")
+
+
+async def load(run: Run) -> Findings:
+    """Opt-in: concurrent starts per principal within the declared limit and time (an over-limit start gets
+    the documented refusal), each job polled as its replies ask, ended jobs cleaned within the retention."""
+    f, limits = Findings(), run.plan.load or LoadPlan()
+    found = [(plan, job) for plan, job in run.jobs("start", "progress") if limits.job in (None, plan.name)]
+    for (plan, job), caller in itertools.product(found[:1], filter(None, (run.owner, run.other))):
+        replies: list[Reply] = []
+        with anyio.move_on_after(limits.seconds) as bounded:  # the starts sent at once
+            replies = await asyncio.gather(*(start(caller, job, plan) for _ in range(limits.starts)))
+        within = f"{caller.name}: {limits.starts} concurrent starts of {plan.name} answered within {limits.seconds:g} s"
+        if not f.expect(not bounded.cancelled_caught, within):
+            continue
+        started = [reply for reply in replies if not reply.error and "handle" in reply.body]
+        allowed = min(limits.starts, limits.limit or limits.starts)
+        claim = f"{len(started)} started, the declared limit allowing {allowed}"
+        f.expect(len(started) == allowed, claim, replies[-1])
+        for refused in (reply for reply in replies if reply not in started):
+            claim = f"the start over the limit is refused with {limits.refusal}"
+            f.expect(limits.refusal in refused.text, claim, refused)
+        label = functools.partial(run.transcript.label, name="a load job's handle")
+        followers = [Followed(caller, plan, label(str(reply.body["handle"])), job) for reply in started]
+        await asyncio.gather(*map(functools.partial(_paced, f, seconds=limits.seconds), followers, started))
+        if limits.retention is None:
+            f.evidence.append("clean-up not checked: [load] sets no retention the gate may wait")
+            continue
+        await anyio.sleep(limits.retention)
+        for gone in [await followed.read() for followed in followers]:
+            f.expect(gone.error, f"cleaned within the retention ({limits.retention:g} s)", gone)
+    return f
+
+
 Gate = Callable[[Run], Awaitable[Findings]]
 GATES: dict[str, Gate] = {
     gate.__name__: gate for gate in (isolation, transitions, cancellation, duplicate, compatibility, hygiene)
 }
-"""Every gate, in the order they run (hygiene last: it reads every answer the others got)."""
+"""The gates a run selects by default, in their order (hygiene last: it reads every answer the others got)."""
+
+ALL_GATES: dict[str, Gate] = {**GATES, "load": load}
+"""Every gate; `load` runs when `--only` names it or the checks file has a `[load]` table."""

@@ -50,6 +50,13 @@ class Reply:
         value = self.body.get("status")
         return str(value) if value is not None else None
 
+    @property
+    def poll_ms(self) -> float | None:
+        """When the reply says to poll again (`poll_after_ms`, or a task's `pollInterval`)."""
+        body = self.body
+        hint = body.get("poll_after_ms") or body.get("pollIntervalMs") or body.get("pollInterval")
+        return hint if isinstance(hint, int | float) and hint > 0 else None
+
     def shown(self, limit: int = 300) -> str:
         """The request and a short form of its answer."""
         answer = textwrap.shorten(self.text, limit, placeholder="...")
@@ -242,8 +249,7 @@ class Followed:
             if reply.status == "input_required" and job is None and caller.older:
                 await self.ask("tasks/result")
                 continue
-            poll = body.get("poll_after_ms") or body.get("pollIntervalMs") or body.get("pollInterval") or 500
-            await anyio.sleep(min(max(poll / 1000, 0.2), 1.0))
+            await anyio.sleep(min(max((reply.poll_ms or 500) / 1000, 0.2), 1.0))
 
     async def finish(self) -> Reply:
         """Cancel it when the plan allows, then wait for its end."""

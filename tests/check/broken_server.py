@@ -164,7 +164,7 @@ def build(fault: str, tokens: dict[str, str], port: int) -> MCPServer:
         jobs[handle] = Job(caller(), note, seconds, time.monotonic())
         if idempotency_key is not None:
             keys[(caller(), idempotency_key)] = handle
-        return {"handle": handle, "status": "working", "created": True}
+        return {"handle": handle, "status": "working", "created": True, "poll_after_ms": 200}
 
     @server.tool()
     def slow_job_progress(handle: str) -> dict[str, Any]:

@@ -73,3 +73,37 @@ def test_the_compact_layout_is_discovered_and_checked(
     assert verdicts(report) == {"isolation": True, "transitions": True}
     isolation = "\n".join(report[0]["evidence"])
     assert "bob: tools/call jobs_respond" in isolation and "bob: tools/call jobs_cancel" in isolation
+
+
+LOAD = """
+[load]
+job = "generate_report"
+starts = 3
+limit = 2
+seconds = 20
+"""
+
+
+def test_the_opt_in_load_gate_holds_the_example_to_its_declared_limit(
+    tmp_path: Path, signing_key: str
+) -> None:
+    limited = HttpExampleServer(
+        tmp_path / "limited", [signing_key], TOKENS, env={"HANDLES_MAX_ACTIVE_PER_PRINCIPAL": "2"}
+    )
+    with limited.running() as server:
+        done, report = check(tmp_path, server.url, EXAMPLE_JOBS + LOAD, "--only", "load")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert verdicts(report) == {"load": True}
+    evidence = "\n".join(report[0]["evidence"])
+    for name in (
+        "alice",
+        "bob",
+    ):  # each principal: two of three concurrent starts, the third refused as documented
+        assert f"ok: {name}: 3 concurrent starts of generate_report answered within 20 s" in evidence
+        assert (
+            f"ok: the start over the limit is refused with limit_reached [{name}: tools/call generate_report_start"
+            in evidence
+        )
+    assert evidence.count("ok: 2 started, the declared limit allowing 2") == 2
+    assert evidence.count("ok: generate_report ended after ") == 4, evidence
+    assert "clean-up not checked: [load] sets no retention the gate may wait" in evidence
