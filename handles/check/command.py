@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 from mcp import StdioServerParameters
 
-from handles.check.gates import GATES, Run
+from handles.check.gates import ALL_GATES, GATES, Run
 from handles.check.plan import CheckPlan, load_plan
 from handles.check.report import GateResult, table, write_json, write_junit
 from handles.check.wire import Caller, Server, Transcript, open_caller
@@ -32,7 +32,7 @@ def _principal(value: str) -> tuple[str, str | None]:
 
 def _names(value: str) -> list[str]:
     names = [name.strip() for name in value.split(",") if name.strip()]
-    unknown = [name for name in names if name not in GATES]
+    unknown = [name for name in names if name not in ALL_GATES]
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown gate {', '.join(unknown)}; see --list")
     return names
@@ -47,12 +47,8 @@ def add_check_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "public wire only, and report each gate with the requests that showed it. Exit 0 when every "
         "selected gate passes, 1 when one fails, 3 when the server cannot be read. See docs/checking.md.",
     )
-    command.add_argument(
-        "target", nargs="*", metavar="URL", help="the MCP endpoint; with --stdio: -- COMMAND..."
-    )
-    command.add_argument(
-        "--stdio", action="store_true", help="run the server as COMMAND over stdio (one principal)"
-    )
+    command.add_argument("target", nargs="*", metavar="URL", help="the MCP endpoint (--stdio: -- COMMAND...)")
+    command.add_argument("--stdio", action="store_true", help="serve COMMAND over stdio (one principal)")
     command.add_argument(
         "--as",
         dest="principals",
@@ -74,7 +70,7 @@ def add_check_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
 
 def check(args: argparse.Namespace) -> int:
     if args.list:
-        for name, gate in GATES.items():
+        for name, gate in ALL_GATES.items():
             print(f"{name:<14} {' '.join((gate.__doc__ or '').split())}")
         return 0
     server: Server
@@ -87,9 +83,12 @@ def check(args: argparse.Namespace) -> int:
         raise ConfigurationError(
             "handles check needs URL, --jobs FILE and two --as NAME=TOKEN (or --stdio --jobs FILE -- COMMAND)."
         )
-    selected = [name for name in args.only or GATES if name not in args.skip]
+    plan = load_plan(args.jobs)
+    selected = [
+        name for name in args.only or [*GATES, *(["load"] if plan.load else [])] if name not in args.skip
+    ]
     try:
-        results = anyio.run(run_gates, server, principals, load_plan(args.jobs), selected)
+        results = anyio.run(run_gates, server, principals, plan, selected)
     except Exception as exc:
         if (cause := unreadable_cause(exc)) is None:
             raise
@@ -131,7 +130,7 @@ async def run_gates(
             line = f"[{index}/{len(selected)}] {name}..."
             print(f"\r\x1b[K{line}" if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
             try:
-                findings = await GATES[name](run)
+                findings = await ALL_GATES[name](run)
             except Exception as exc:  # a gate that cannot finish fails, saying why
                 results.append(GateResult(name, False, [f"FAILED: the gate stopped: {exc!r}"]))
                 continue

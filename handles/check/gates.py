@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import itertools
 import re
 import secrets
@@ -13,7 +15,7 @@ from typing import Any
 import anyio
 from mcp_types import Tool
 
-from handles.check.plan import CheckPlan, JobPlan
+from handles.check.plan import CheckPlan, JobPlan, LoadPlan
 from handles.check.wire import (
     REQUEST_SECONDS,
     Caller,
@@ -53,6 +55,10 @@ class Findings:
         return ok
 
 
+Reconnect = Callable[[], AbstractAsyncContextManager[Caller]]
+"""A new connection of the owner's."""
+
+
 @dataclass
 class Run:
     """The connections every gate works with (see `run_gates`), and what the server lists on them."""
@@ -63,18 +69,13 @@ class Run:
     plain: Caller
     older: Caller
     older_other: Caller | None
-    reconnect: Callable[[], AbstractAsyncContextManager[Caller]]
+    reconnect: Reconnect
     manifest: Manifest
     tools: dict[str, Tool]
     older_tools: dict[str, Tool]
 
     @classmethod
-    async def read(
-        cls,
-        plan: CheckPlan,
-        callers: list[Caller | None],
-        reconnect: Callable[[], AbstractAsyncContextManager[Caller]],
-    ) -> Run:
+    async def read(cls, plan: CheckPlan, callers: list[Caller | None], reconnect: Reconnect) -> Run:
         owner, other, plain, older, older_other = callers
         assert owner is not None and plain is not None and older is not None
         listed, older_listed = await list_tools(owner.client), await list_tools(older.client)
@@ -144,20 +145,14 @@ class Run:
         return self.older_other if caller.older else self.other
 
 
-async def _as_made_up(
-    f: Findings, run: Run, followed: Followed, request: str, params: dict[str, Any]
-) -> None:
-    """`request` about the owner's id (by the other principal) or an altered one is answered as a made-up id."""
-    owned, owner, other, job = followed.id, followed.caller, run.other_of(followed.caller), followed.job
-    noun = "handle" if job is not None else "task id"
+Ask = Callable[[Caller, str], Awaitable[Reply]]
+
+
+async def _as_made_up(f: Findings, run: Run, owner: Caller, owned: str, noun: str, ask: Ask) -> None:
+    """`ask` about the owner's `owned` id (by another principal) or an altered id: as about a made-up id."""
+    other = run.other_of(owner)
     forged = run.transcript.label(altered(owned), f"an altered {noun}")
-    made_up = run.transcript.label(made_up_id(), f"a made-up {noun}")
-
-    async def ask(caller: Caller, used: str) -> Reply:
-        if job is None:
-            return await caller.task(request, used, **params)
-        return await caller.call(job.tools[request], {"handle": used, **params})
-
+    made_up = run.transcript.label(owned[: owned.rfind("/") + 1] + made_up_id(), f"a made-up {noun}")
     others = [] if other is None else [(other, owned), (other, forged)]
     for caller, used in [*others, (owner, forged)]:
         baseline, got = await ask(caller, made_up), await ask(caller, used)
@@ -165,8 +160,40 @@ async def _as_made_up(
         f.expect(got.error and baseline.error and same, f"answers like a made-up {noun}", got)
 
 
+async def _pushes_alike(f: Findings, run: Run, task: Followed) -> None:
+    """`subscriptions/listen` treats another principal's or an altered task id as a made-up one."""
+    forged = run.transcript.label(altered(task.id), "an altered task id")
+    made_up = run.transcript.label(made_up_id(), "a made-up task id")
+    own = await task.caller.listen([task.id, forged, made_up])
+    pushes = "pushes" if task.id in own.body["honored"] else "does not push"
+    f.evidence.append(f"the server {pushes} the owner's task status to the owner [{own.request}]")
+    other = run.other_of(task.caller)
+    for reply in [own] if other is None else [own, await other.listen([task.id, forged, made_up])]:
+        honored, pushed = reply.body["honored"], reply.body["pushed"]
+        strangers = [forged] if reply is own else [task.id, forged]
+        alike = all((id_ in honored) == (made_up in honored) and id_ not in pushed for id_ in strangers)
+        f.expect(alike, "pushes nothing it would not push for a made-up task id", reply)
+
+
+def _links(body: Any) -> set[str]:
+    """The result links in an answer: `resource_link` items and `result_link` fields (of parts, the first)."""
+    found, todo = set(), [body]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, list):
+            todo.extend(item)
+        elif isinstance(item, dict):
+            todo.extend(item.values())
+            for link in (item, item.get("result_link")):
+                named = link is not item or item.get("type") == "resource_link"
+                if named and isinstance(link, dict) and isinstance(link.get("uri"), str):
+                    parts = link.get("parts")
+                    found.add(link["uri"] + ("/parts/0" if isinstance(parts, int) and parts > 1 else ""))
+    return found
+
+
 async def isolation(run: Run) -> Findings:
-    """Another principal's handle or task id, and an altered one, get exactly what a made-up one gets."""
+    """Another's handle, task id or result link, or an altered one, gets what a made-up one gets."""
     f = Findings()
     if run.other is None:
         f.evidence.append("one principal only: another principal's access is not tested, altered ids are")
@@ -180,15 +207,31 @@ async def isolation(run: Run) -> Findings:
             accept = {"inputResponses": {"q1": {"action": "accept", "content": plan.answer or {}}}}
             last = ("tasks/result", {}) if owner.older else ("tasks/update", accept)
             asks = [("tasks/get", {}), ("tasks/cancel", {}), last]
+        noun = "handle" if job is not None else "task id"
         for request, params in asks:
-            await _as_made_up(f, run, followed, request, params)
+            await _as_made_up(
+                f, run, owner, followed.id, noun, functools.partial(followed.ask, request, **params)
+            )
+        if job is None and not owner.older:
+            await _pushes_alike(f, run, followed)
         if owner.older and (other := run.other_of(owner)) is not None:
             listed = await other.send("tasks/list", "tasks/list", {})
             shown = followed.id not in listed.text
             f.expect(shown, "another principal's tasks/list shows none of the owner's", listed)
         after = await followed.read()
         f.expect(not after.error and after.status != "cancelled", "the owner's job was left alone", after)
-        await followed.finish()
+        if job is not None and "fetch" in job.tools:  # run to its end: a result link comes with the fetch
+            await followed.settle()
+            ended = await followed.ask("fetch")
+        else:
+            ended = await followed.finish()
+        for uri in _links(ended.body):
+            link = run.transcript.label(uri, "the owner's result link")
+            if (own := await owner.read(link)).error:
+                f.evidence.append(f"the owner's own read of its result link is refused too [{own.shown()}]")
+            else:
+                f.expect(True, "the owner reads its result link", own)
+            await _as_made_up(f, run, owner, link, "result link", Caller.read)
     return f
 
 
@@ -215,28 +258,23 @@ def _refused_after_end(f: Findings, reply: Reply) -> None:
 
 
 async def transitions(run: Run) -> Findings:
-    """Status moves only along the allowed edges; fetching early, answering or cancelling an ended job and
-    cancelling twice move nothing wrongly; an ended job stays ended."""
+    """Status moves along the allowed edges, then stays; early fetches, late answers, cancels move nothing."""
     f = Findings()
     for plan, job in run.jobs("start", "progress", "fetch"):
         if (followed := await run.started(f, plan, job)) is None:
             continue
-        handle = {"handle": followed.id}
-        early = await run.owner.call(job.tools["fetch"], handle)
+        early = await followed.ask("fetch")
         if early.status in TERMINAL_STATUSES:
             f.evidence.append(f"{plan.name} ended before it could be fetched early [{early.request}]")
         else:
-            f.expect(
-                not early.error and not early.body.get("result"), "an early fetch gives no result", early
-            )
+            no_result = not early.error and not early.body.get("result")
+            f.expect(no_result, "an early fetch gives no result", early)
         seen = [early.status]
         if not _ended_along_edges(f, plan.name, seen, ended := await followed.settle(seen)):
             continue
         late = [await followed.cancel()] if "cancel" in job.tools else []
         if "respond" in job.tools:
-            late.append(
-                await run.owner.call(job.tools["respond"], {**handle, "responses": {"q1": plan.answer or {}}})
-            )
+            late.append(await followed.ask("respond", responses={"q1": plan.answer or {}}))
         for reply in late:
             moved = reply.status not in (None, ended.status) or bool(reply.body.get("accepted"))
             f.expect(reply.error or not moved, "after the end, it changes nothing", reply)
@@ -283,8 +321,7 @@ async def cancellation(run: Run) -> Findings:
 
 
 async def duplicate(run: Run) -> Findings:
-    """A start retried with the same idempotency key leaves one job, on a new connection after the first
-    was dropped before or after the start's reply; the new connection resumes the job without a start."""
+    """A start retried with its key after a dropped connection leaves one job, resumed without a start."""
     f = Findings()
     for plan, job in run.jobs("start", "progress"):
         properties = run.tools[job.tools["start"]].input_schema.get("properties") or {}
@@ -292,35 +329,29 @@ async def duplicate(run: Run) -> Findings:
             f.evidence.append(f"{job.tools['start']} takes no idempotency_key")
             continue
         for dropped in ("after", "before"):
-            key, known = f"handles-check-{secrets.token_hex(8)}", set()
+            key, known, named = f"handles-check-{secrets.token_hex(8)}", set(), f"{plan.name}'s handle"
             async with run.reconnect() as lost:
                 with anyio.move_on_after(0 if dropped == "before" else REQUEST_SECONDS):
                     if not (reply := await start(lost, job, plan, key)).error:
-                        known.add(
-                            run.transcript.label(str(reply.body.get("handle")), f"{plan.name}'s handle")
-                        )
+                        known.add(run.transcript.label(str(reply.body.get("handle")), named))
             if dropped == "before":  # whether the cancelled request reached the server is not observable
                 f.evidence.append(f"{plan.name}: a start sent, then its connection closed before the reply")
             async with run.reconnect() as new:
-                for handle in known:
-                    resumed = await new.call(job.tools["progress"], {"handle": handle})
+                for resumed in [await Followed(new, plan, handle, job).read() for handle in known]:
                     f.expect(
-                        not resumed.error,
-                        f"{plan.name}: resumed on a new connection, without a start",
-                        resumed,
+                        not resumed.error, f"{plan.name}: resumed on a new connection, no start", resumed
                     )
                 retried = [await start(new, job, plan, key) for _ in range(2)]
                 handles = known | {str(reply.body.get("handle")) for reply in retried if not reply.error}
                 claim = f"{plan.name}: dropped {dropped} the start's reply, started twice more with its key: one job"
                 if f.expect(len(handles) == 1, claim, retried[-1]):
-                    handle = run.transcript.label(handles.pop(), f"{plan.name}'s handle")
+                    handle = run.transcript.label(handles.pop(), named)
                     f.ended(await Followed(new, plan, handle, job).finish(), "and followed to its end")
     return f
 
 
 async def compatibility(run: Run) -> Findings:
-    """A client without the Tasks extension gets the handle tools or an inline answer for every job; a
-    client that declares it gets a task (when the server offers the extension)."""
+    """Without the Tasks extension every job runs (handle tools or inline); each advertised design serves."""
     f = Findings()
     plain = Manifest.of(run.plain.client, await list_tools(run.plain.client))
     for plan in run.plan.jobs:
@@ -338,8 +369,11 @@ async def compatibility(run: Run) -> Findings:
         design = "the 2025-11-25 design" if caller.older else "the Tasks extension"
         f.expect(bool(plans), f"a planned job takes a task of {design}, which the server advertises")
         for plan in plans:
-            task = await run.create_task(caller, plan)
-            if f.expect(task is not None, f"{plan.name} gives a task to a client of {design}") and task:
+            task, created = await run.create_task(caller, plan), run.transcript.replies[-1]  # its tools/call
+            if (
+                f.expect(task is not None, f"{plan.name} gives a task to a client of {design}", created)
+                and task
+            ):
                 await task.finish()
     return f
 
@@ -363,11 +397,8 @@ async def hygiene(run: Run) -> Findings:
     secrets_ = run.plan.secrets()
     for reply in list(run.transcript.replies):
         # What a person may read of an answer: the whole of an error; the messages of any other answer.
-        text = (
-            reply.text
-            if reply.error
-            else " ".join(str(reply.body[key]) for key in _SHOWN_FIELDS if reply.body.get(key))
-        )
+        messages = " ".join(str(reply.body[key]) for key in _SHOWN_FIELDS if reply.body.get(key))
+        text = reply.text if reply.error else messages
         leaks = [f"a sensitive value ({len(value)} characters)" for value in secrets_ if value in text]
         leaks += [f"a stack trace ({m.group(0)!r})" for m in [_TRACE.search(text)] if m]
         leaks += [f"an internal path ({m.group(0)!r})" for m in [_PATH.search(text)] if m]
@@ -377,13 +408,54 @@ async def hygiene(run: Run) -> Findings:
     return f
 
 
+async def _paced(f: Findings, followed: Followed, reply: Reply, seconds: float) -> None:
+    """Follow a job at the pace its replies ask for: each reply before its end says when to poll again."""
+    began, polls = anyio.current_time(), 0
+    while reply.status not in TERMINAL_STATUSES and anyio.current_time() - began < seconds:
+        if not f.expect(reply.poll_ms is not None, "the reply says when to poll again", reply):
+            return
+        await anyio.sleep((reply.poll_ms or 0) / 1000)
+        reply, polls = await followed.read(), polls + 1
+    took = anyio.current_time() - began
+    f.ended(reply, f"{followed.plan.name} ended after {polls} polls in {took:.1f} s, as its replies asked")
+
+
+async def load(run: Run) -> Findings:
+    """Opt-in: concurrent starts per principal within the declared limit and time (an over-limit start gets
+    the documented refusal), each job polled as its replies ask, ended jobs cleaned within the retention."""
+    f, limits = Findings(), run.plan.load or LoadPlan()
+    found = [(plan, job) for plan, job in run.jobs("start", "progress") if limits.job in (None, plan.name)]
+    for (plan, job), caller in itertools.product(found[:1], filter(None, (run.owner, run.other))):
+        replies: list[Reply] = []
+        with anyio.move_on_after(limits.seconds) as bounded:  # the starts sent at once
+            replies = await asyncio.gather(*(start(caller, job, plan) for _ in range(limits.starts)))
+        within = f"{caller.name}: {limits.starts} concurrent starts of {plan.name} answered within {limits.seconds:g} s"
+        if not f.expect(not bounded.cancelled_caught, within):
+            continue
+        started = [reply for reply in replies if not reply.error and "handle" in reply.body]
+        allowed = min(limits.starts, limits.limit or limits.starts)
+        claim = f"{len(started)} started, the declared limit allowing {allowed}"
+        f.expect(len(started) == allowed, claim, replies[-1])
+        for refused in (reply for reply in replies if reply not in started):
+            claim = f"the start over the limit is refused with {limits.refusal}"
+            f.expect(limits.refusal in refused.text, claim, refused)
+        label = functools.partial(run.transcript.label, name="a load job's handle")
+        followers = [Followed(caller, plan, label(str(reply.body["handle"])), job) for reply in started]
+        await asyncio.gather(*map(functools.partial(_paced, f, seconds=limits.seconds), followers, started))
+        if limits.retention is None:
+            f.evidence.append("clean-up not checked: [load] sets no retention the gate may wait")
+            continue
+        await anyio.sleep(limits.retention)
+        for gone in [await followed.read() for followed in followers]:
+            f.expect(gone.error, f"cleaned within the retention ({limits.retention:g} s)", gone)
+    return f
+
+
 Gate = Callable[[Run], Awaitable[Findings]]
 GATES: dict[str, Gate] = {
-    "isolation": isolation,
-    "transitions": transitions,
-    "cancellation": cancellation,
-    "duplicate": duplicate,
-    "compatibility": compatibility,
-    "hygiene": hygiene,
+    gate.__name__: gate for gate in (isolation, transitions, cancellation, duplicate, compatibility, hygiene)
 }
-"""Every gate, in the order they run (hygiene last: it reads every answer the others got)."""
+"""The gates a run selects by default, in their order (hygiene last: it reads every answer the others got)."""
+
+ALL_GATES: dict[str, Gate] = {**GATES, "load": load}
+"""Every gate; `load` runs when `--only` names it or the checks file has a `[load]` table."""

@@ -5,29 +5,46 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
 
 from handles.errors import ConfigurationError
 
 
-@dataclass(frozen=True)
-class JobPlan:
+class JobPlan(BaseModel):
     """One `[jobs.NAME]` table of a `checks.toml`."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     name: str
-    arguments: dict[str, Any]
+    arguments: dict[str, Any] = {}
     answer: dict[str, Any] | None = None
-    cancel: bool = False
+    cancel: StrictBool = False
     sensitive: tuple[str, ...] = ()
     timeout: float = 60.0
 
 
+class LoadPlan(BaseModel):
+    """The `[load]` table: what the opt-in load gate drives, and the limits the server declares."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job: str | None = None
+    starts: int = 4
+    limit: int | None = None
+    refusal: str = "limit_reached"
+    seconds: float = 60.0
+    retention: float | None = None
+
+
 @dataclass(frozen=True)
 class CheckPlan:
-    """Every job to drive, and the values no status message or error may ever show."""
+    """Every job to drive, the values no status message or error may ever show, and the load to drive."""
 
     jobs: tuple[JobPlan, ...]
     sensitive_values: tuple[str, ...] = ()
+    load: LoadPlan | None = None
 
     def secrets(self) -> list[str]:
         """Every sensitive value: the plan's, and each job's sensitive arguments and answer fields."""
@@ -48,37 +65,23 @@ def load_plan(path: Path) -> CheckPlan:
     tables = data.get("jobs") or {}
     if not isinstance(tables, dict):
         raise ConfigurationError(f"{str(path)!r}: write each job as a table of its own, [jobs.NAME].")
-    jobs = [_job(path, name, table) for name, table in tables.items()]
+    named = {
+        name: {"name": name, **table} if isinstance(table, dict) else table for name, table in tables.items()
+    }
+    jobs = [_table(path, f"jobs.{name}", JobPlan, table) for name, table in named.items()]
     if not jobs:
         raise ConfigurationError(f"{str(path)!r} names no job: add a [jobs.NAME] table per job to drive.")
-    return CheckPlan(tuple(jobs), tuple(str(value) for value in data.get("sensitive_values") or ()))
+    load = _table(path, "load", LoadPlan, data["load"]) if "load" in data else None
+    return CheckPlan(tuple(jobs), tuple(str(value) for value in data.get("sensitive_values") or ()), load)
 
 
-_SHAPES: dict[str, Any] = {
-    "arguments": dict,
-    "answer": dict,
-    "cancel": bool,
-    "sensitive": list,
-    "timeout": int | float,
-}
-"""What each key of a `[jobs.NAME]` table holds."""
+Plan = TypeVar("Plan", bound=BaseModel)
 
 
-def _job(path: Path, name: str, table: Any) -> JobPlan:
-    if isinstance(table, dict):
-        wrong = [key for key, value in table.items() if not isinstance(value, _SHAPES.get(key, type(None)))]
-    else:
-        wrong = ["its value"]
-    if wrong:
-        raise ConfigurationError(
-            f"{str(path)!r}: [jobs.{name}] may hold only arguments and answer (tables), cancel (true or false), "
-            f"sensitive (a list of names) and timeout (seconds); check {', '.join(wrong)}."
-        )
-    return JobPlan(
-        name=name,
-        arguments=table.get("arguments", {}),
-        answer=table.get("answer"),
-        cancel=table.get("cancel", False),
-        sensitive=tuple(map(str, table.get("sensitive", ()))),
-        timeout=float(table.get("timeout", 60.0)),
-    )
+def _table(path: Path, where: str, plan: type[Plan], table: Any) -> Plan:
+    """`table` read as a `plan`, or what is wrong with it."""
+    try:
+        return plan.model_validate(table)
+    except ValidationError as exc:
+        wrong = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'its value'}: {e['msg']}" for e in exc.errors())
+        raise ConfigurationError(f"{str(path)!r}: [{where}] {wrong} (see docs/checking.md).") from None

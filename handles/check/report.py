@@ -23,9 +23,7 @@ def table(results: list[GateResult], *, verbose: bool = False) -> str:
     width = max((len(result.name) for result in results), default=4)
     lines = [f"{'gate':<{width}}  result  claims"]
     for result in results:
-        verdict = "passed" if result.passed else "FAILED"
-        if not result.applied:
-            verdict = "n/a"
+        verdict = "n/a" if not result.applied else "passed" if result.passed else "FAILED"
         checked = sum(line.startswith(("ok:", "FAILED:")) for line in result.evidence)
         lines.append(f"{result.name:<{width}}  {verdict:<6}  {checked}")
     for result in results:

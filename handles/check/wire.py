@@ -6,7 +6,7 @@ import json
 import secrets
 import textwrap
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, ExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,10 +22,18 @@ from handles.client.faces import caller_error
 from handles.client.follow import connect
 from handles.client.http import http_client
 from handles.client.manifest import JobManifest
-from handles.client.tasks import TERMINAL_STATUSES, CreateTaskResult, send_unchecked
+from handles.client.tasks import (
+    TERMINAL_STATUSES,
+    CreateTaskResult,
+    TasksClientExtension,
+    listen_tasks,
+    send_unchecked,
+)
 from handles.results import text_of
 
 REQUEST_SECONDS = 30.0
+PUSH_SECONDS = 0.5
+"""How long a `subscriptions/listen` stream is watched for pushed status after its acknowledgement."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,13 @@ class Reply:
     def status(self) -> str | None:
         value = self.body.get("status")
         return str(value) if value is not None else None
+
+    @property
+    def poll_ms(self) -> float | None:
+        """When the reply says to poll again (`poll_after_ms`, or a task's `pollInterval`)."""
+        body = self.body
+        hint = body.get("poll_after_ms") or body.get("pollIntervalMs") or body.get("pollInterval")
+        return hint if isinstance(hint, int | float) and hint > 0 else None
 
     def shown(self, limit: int = 300) -> str:
         """The request and a short form of its answer."""
@@ -60,7 +75,8 @@ class Transcript:
         return value
 
     def describe(self, text: str) -> str:
-        for value, name in self.labels.items():
+        longest_first = sorted(self.labels.items(), key=lambda label: -len(label[0]))  # a link holds its id
+        for value, name in longest_first:
             text = text.replace(value, f"<{name}>")
         return text
 
@@ -122,6 +138,25 @@ class Caller:
             return self._rpc_error(request, exc)
         return self._keep(request, False, body, json.dumps(body))
 
+    async def read(self, uri: str) -> Reply:
+        """`resources/read` of `uri` (a result link)."""
+        return await self.send(f"resources/read {uri}", "resources/read", {"uri": uri})
+
+    async def listen(self, task_ids: list[str]) -> Reply:
+        """`subscriptions/listen` of `task_ids`: the ids acknowledged, and those pushed in `PUSH_SECONDS`."""
+        pushes = next(
+            each.pushes for each in self.client.extensions or () if isinstance(each, TasksClientExtension)
+        )
+        assert pushes is not None
+        with ExitStack() as watching:
+            for task_id in task_ids:
+                watching.enter_context(pushes.watching(task_id))
+            async with listen_tasks(self.client.session, task_ids) as subscription:
+                await anyio.sleep(PUSH_SECONDS)
+            pushed = [task_id for task_id in task_ids if pushes.latest(task_id) is not None]
+        body = {"honored": sorted(subscription.honored), "pushed": pushed}
+        return self._keep(f"subscriptions/listen {' '.join(task_ids)}", False, body, json.dumps(body))
+
     def _rpc_error(self, request: str, exc: MCPError) -> Reply:
         body = exc.error.model_dump(mode="json", exclude_none=True)
         return self._keep(request, True, body, json.dumps(body))
@@ -164,6 +199,10 @@ async def start(caller: Caller, job: JobManifest, plan: JobPlan, key: str | None
     return await caller.call(job.tools["start"], arguments)
 
 
+TASK_METHODS = {"progress": "tasks/get", "cancel": "tasks/cancel"}
+"""The `tasks/*` method doing for a task what a handle tool does for a job."""
+
+
 @dataclass(frozen=True)
 class Followed:
     """A job this run started, followed through its handle tools (`job`), or a task (`job` None)."""
@@ -173,19 +212,23 @@ class Followed:
     id: str
     job: JobManifest | None = None
 
-    async def read(self) -> Reply:
+    async def ask(
+        self, request: str, caller: Caller | None = None, used: str | None = None, **params: Any
+    ) -> Reply:
+        """`request` (a handle tool's verb, or a task's `tasks/*` method) about this job or about `used`."""
+        caller, used = caller or self.caller, used or self.id
         if self.job is None:
-            return await self.caller.task("tasks/get", self.id)
-        return await self.caller.call(self.job.tools["progress"], {"handle": self.id})
+            return await caller.task(TASK_METHODS.get(request, request), used, **params)
+        return await caller.call(self.job.tools[request], {"handle": used, **params})
+
+    async def read(self) -> Reply:
+        return await self.ask("progress")
 
     async def cancel(self) -> Reply:
-        if self.job is None:
-            return await self.caller.task("tasks/cancel", self.id)
-        return await self.caller.call(self.job.tools["cancel"], {"handle": self.id})
+        return await self.ask("cancel")
 
     async def settle(self, seen: list[str | None] | None = None) -> Reply:
-        """Read until the job ends or times out (each status appended to `seen`), answering its questions
-        through `respond`, `tasks/update` or the stream of a 2025-11-25 `tasks/result`."""
+        """Read until the job ends or times out (statuses appended to `seen`), answering its questions."""
         caller, plan, job = self.caller, self.plan, self.job
         deadline, caller.answer = anyio.current_time() + plan.timeout, plan.answer
         while True:
@@ -197,18 +240,16 @@ class Followed:
             body = reply.body
             questions = body.get("input_requests") or body.get("inputRequests") or {}
             if reply.status == "input_required" and job is not None and questions and "respond" in job.tools:
-                answers = {key: plan.answer or {} for key in questions}
-                await caller.call(job.tools["respond"], {"handle": self.id, "responses": answers})
+                await self.ask("respond", responses={key: plan.answer or {} for key in questions})
                 continue
             if reply.status == "input_required" and job is None and questions:
                 accept = {"action": "accept", "content": plan.answer or {}}
-                await caller.task("tasks/update", self.id, inputResponses=dict.fromkeys(questions, accept))
+                await self.ask("tasks/update", inputResponses=dict.fromkeys(questions, accept))
                 continue
             if reply.status == "input_required" and job is None and caller.older:
-                await caller.task("tasks/result", self.id)
+                await self.ask("tasks/result")
                 continue
-            poll = body.get("poll_after_ms") or body.get("pollIntervalMs") or body.get("pollInterval") or 500
-            await anyio.sleep(min(max(poll / 1000, 0.2), 1.0))
+            await anyio.sleep(min(max((reply.poll_ms or 500) / 1000, 0.2), 1.0))
 
     async def finish(self) -> Reply:
         """Cancel it when the plan allows, then wait for its end."""

@@ -6,7 +6,9 @@
 - `duplicate`: starts a second job when a start is retried with the same idempotency key;
 - `revive`: reports a cancelled job `cancelled`, then `completed` a moment later;
 - `chatty`: shows the job's sensitive note in its status, and a stack trace in its errors;
-- `list-leak`: its 2025-11-25 `tasks/list` lists every principal's tasks.
+- `list-leak`: its 2025-11-25 `tasks/list` lists every principal's tasks;
+- `link-leak`: `resources/read` of a finished job's result link answers any principal;
+- `unserved-tasks`: advertises the 2025-11-25 tasks design (and marks `slow_job` for it), serves none of it.
 
 A client that connects with `initialize` at 2025-11-25 is also served that version's tasks design: the
 `slow_job` tool takes a task, followed with `tasks/get`, `tasks/result`, `tasks/list` and `tasks/cancel`.
@@ -34,6 +36,9 @@ from example_server.__main__ import FileTokenVerifier
 
 REVIVE_SECONDS = 0.5
 """How long a `revive` server shows a cancelled job as cancelled before it shows it completed."""
+
+LINK_PREFIX = "broken-jobs://results/"
+"""A finished job's result link: this, then its handle."""
 
 
 @dataclass
@@ -70,6 +75,16 @@ def build(fault: str, tokens: dict[str, str], port: int) -> MCPServer:
     async def older_tasks(ctx: Any, call_next: Any) -> Any:
         """The 2025-11-25 tasks design, for a client connected at that version."""
         params = ctx.params or {}
+        if ctx.method == "resources/read":
+            uri = str(params.get("uri"))
+            job = jobs.get(uri.removeprefix(LINK_PREFIX))
+            if (
+                job is None
+                or (job.owner != caller() and fault != "link-leak")
+                or not uri.startswith(LINK_PREFIX)
+            ):
+                raise MCPError(code=-32602, message=f"No result is readable at {uri}.")
+            return {"contents": [{"uri": uri, "mimeType": "text/plain", "text": job.status(fault)}]}
         if ctx.method == "initialize":
             result = await call_next(ctx)
             if result.get("protocolVersion") == "2025-11-25":
@@ -79,7 +94,7 @@ def build(fault: str, tokens: dict[str, str], port: int) -> MCPServer:
                     "requests": {"tools": {"call": {}}},
                 }
             return result
-        if ctx.protocol_version != "2025-11-25":
+        if ctx.protocol_version != "2025-11-25" or (fault == "unserved-tasks" and ctx.method != "tools/list"):
             return await call_next(ctx)
         if ctx.method == "tools/call" and params.get("name") == "slow_job" and "task" in params:
             arguments = params.get("arguments") or {}
@@ -149,7 +164,7 @@ def build(fault: str, tokens: dict[str, str], port: int) -> MCPServer:
         jobs[handle] = Job(caller(), note, seconds, time.monotonic())
         if idempotency_key is not None:
             keys[(caller(), idempotency_key)] = handle
-        return {"handle": handle, "status": "working", "created": True}
+        return {"handle": handle, "status": "working", "created": True, "poll_after_ms": 200}
 
     @server.tool()
     def slow_job_progress(handle: str) -> dict[str, Any]:
@@ -163,7 +178,9 @@ def build(fault: str, tokens: dict[str, str], port: int) -> MCPServer:
     def slow_job_fetch(handle: str) -> dict[str, Any]:
         """The job's result once it completed."""
         status = find(handle).status(fault)
-        return {"status": status, "result": {"done": True} if status == "completed" else None}
+        if status != "completed":
+            return {"status": status, "result": None}
+        return {"status": status, "result_link": {"uri": LINK_PREFIX + handle, "parts": 1}}
 
     @server.tool()
     def slow_job_cancel(handle: str) -> dict[str, Any]:
@@ -181,7 +198,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--tokens", type=Path, required=True)
     parser.add_argument(
-        "--fault", choices=["none", "leak", "duplicate", "revive", "chatty", "list-leak"], default="none"
+        "--fault",
+        choices=["none", "leak", "duplicate", "revive", "chatty", "list-leak", "link-leak", "unserved-tasks"],
+        default="none",
     )
     args = parser.parse_args()
     server = build(args.fault, json.loads(args.tokens.read_text()), args.port)

@@ -25,6 +25,12 @@ from tests.support import token_of
         ("duplicate", "duplicate", 'alice (a new connection): tools/call slow_job_start {"seconds": 1.0'),
         ("revive", "cancellation", "cancelled stays cancelled [alice: tools/call slow_job_progress"),
         ("list-leak", "isolation", "bob (2025-11-25): tasks/list -> {"),
+        ("link-leak", "isolation", "bob: resources/read <the owner's result link> -> {"),
+        (
+            "unserved-tasks",
+            "compatibility",
+            "slow_job gives a task to a client of the 2025-11-25 design [alice (2025-11-25): tools/call slow_job",
+        ),
         ("chatty", "hygiene", "a sensitive value (18 characters) [alice: tools/call slow_job_progress"),
     ],
 )
@@ -55,7 +61,7 @@ def test_the_stack_trace_and_path_in_an_error_are_named(tmp_path: Path) -> None:
 
 def test_list_only_and_skip_select_gates(tmp_path: Path) -> None:
     listed = handles_cli("check", "--list")
-    assert [line.split()[0] for line in listed.stdout.splitlines()] == list(GATES)
+    assert [line.split()[0] for line in listed.stdout.splitlines()] == [*GATES, "load"]
     with broken_server(tmp_path, "leak") as server:
         done, report = check(
             tmp_path, server.url, BROKEN_JOBS, "--only", "isolation,duplicate", "--skip", "isolation"
@@ -103,11 +109,23 @@ def test_a_wrong_checks_file_exits_2_and_an_unreachable_server_exits_3(tmp_path:
         "check", "http://127.0.0.1:9/mcp", *principals, "--jobs", str(tmp_path / "wrong.toml")
     )
     assert (wrong.returncode, wrong.stdout) == (2, "")
-    assert "[jobs.slow_job] may hold only arguments and answer (tables)" in wrong.stderr
-    assert "check arguments." in wrong.stderr and "Traceback" not in wrong.stderr
+    assert "[jobs.slow_job] arguments: Input should be a valid dictionary" in wrong.stderr
+    assert "Traceback" not in wrong.stderr
     (tmp_path / "checks.toml").write_text(BROKEN_JOBS)
     gone = handles_cli(
         "check", f"http://127.0.0.1:{free_port()}/mcp", *principals, "--jobs", str(tmp_path / "checks.toml")
     )
     assert gone.returncode == 3, gone.stderr
     assert "handles check: could not read http://127.0.0.1:" in gone.stderr and "Traceback" not in gone.stderr
+
+
+def test_the_load_gate_fails_a_server_that_starts_more_than_its_declared_limit(tmp_path: Path) -> None:
+    load = "\n[load]\nstarts = 3\nlimit = 2\nseconds = 10\n"
+    with broken_server(tmp_path, "none") as server:
+        done, report = check(tmp_path, server.url, BROKEN_JOBS + load, "--only", "load")
+    assert (done.returncode, verdicts(report)) == (1, {"load": False}), done.stdout
+    failed = [line for line in report[0]["evidence"] if line.startswith("FAILED")]
+    assert failed and all(
+        line.startswith("FAILED: 3 started, the declared limit allowing 2 [") for line in failed
+    )
+    assert "[alice: tools/call slow_job_start" in failed[0] and "[bob: tools/call slow_job_start" in failed[1]
