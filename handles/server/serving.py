@@ -101,14 +101,17 @@ def streamable_http_app(
 
     `GET liveness_path` answers 200 while the process serves; `GET readiness_path` answers 200 only
     when the runtime runs, is not draining and the database answers, else 503 (None leaves a path out).
-    Other options go to `MCPServer.streamable_http_app` or `FastMCP.http_app`.
+    Other options go to `MCPServer.streamable_http_app` or `FastMCP.http_app`. On both, a node listening on a
+    loopback address refuses a foreign `Host` or `Origin` (DNS rebinding); FastMCP's own default, off, is
+    taken back with `host_origin_protection=False`.
     """
     options.setdefault("stateless_http", True)
-    app = (
-        cast("FastMCP[Any]", server).http_app(**options)
-        if is_fastmcp(server)
-        else cast("MCPServer[Any]", server).streamable_http_app(**options)
-    )
+    app: Starlette
+    if is_fastmcp(server):
+        options.setdefault("host_origin_protection", "auto")
+        app = cast("FastMCP[Any]", server).http_app(**options)
+    else:
+        app = cast("MCPServer[Any]", server).streamable_http_app(**options)
     app.add_middleware(OlderAnswers)  # answers to the 2025-11-25 design's questions, on any node
     starter = BackgroundStart(handles)
     app.router.routes[:0] = health_routes(handles, liveness_path, readiness_path, starter.problem)
