@@ -532,5 +532,5 @@ class JobOperations:
         if outcome.job.status == Status.WORKING and outcome.job.lease_owner is None:
             # its question before the start is answered: run it now, here or on another node
             self.runtime.submit(record.id)
-            await self.store.announce(record.id, queued=True)
+            await self.store.announce(record.id)
         return outcome

@@ -133,7 +133,7 @@ class Operations:
             # parked (or its question came before the start): a worker on any node may take it now
             if self.runtime is not None:
                 self.runtime.submit(job.id)
-            await self.store.announce(job.id, queued=True)
+            await self.store.announce(job.id)
         return True
 
     async def cancel(self, job: JobRecord, by: str) -> CancelOutcome | None:

@@ -295,9 +295,9 @@ class Database:
                 engine.dispose()
 
     @property
-    def reads_inline(self) -> bool:
-        """Whether reads may run on the calling (event loop) thread: SQLite files only."""
-        return self._inline_engine is not None
+    def inline(self) -> bool:
+        """Whether reads, and short writes, may be tried on the calling (event loop) thread: SQLite files only."""
+        return self.sqlite
 
     def read_inline(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run the read method `fn` here, on connections that fail fast instead of waiting on a lock."""
@@ -306,11 +306,6 @@ class Database:
             return fn(*args, **kwargs)
         finally:
             _INLINE.reset(token)
-
-    @property
-    def writes_inline(self) -> bool:
-        """Whether short writes may be tried on the calling (event loop) thread: SQLite files only."""
-        return self._inline_write_engine is not None
 
     def write_inline(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run the short write `fn` here if the writer lock is free, else raise with nothing written."""

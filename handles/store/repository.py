@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 
 from sqlalchemy import bindparam, update
 from sqlalchemy import insert as sa_insert
@@ -169,9 +169,8 @@ class JobRepository(Claims, Retention, OperatorReads):
         lease_seconds: float | None = None,
     ) -> tuple[JobRecord, bool]:
         """`insert` awaited on the event loop's own PostgreSQL connection, queuing `notice`."""
-        return await self._engine.start_on_loop(
-            _job_values(job), notice, active_limit, questions, lease_seconds
-        )
+        ops = cast(PostgresOps, self._engine)  # `starts_on_loop` is True only there
+        return await ops.start_on_loop(_job_values(job), notice, active_limit, questions, lease_seconds)
 
     def publish(self, job_id: str, origin: str, *, queued: bool = False) -> None:
         """Tell every node listening on PostgreSQL that `job_id` changed, or is queued."""

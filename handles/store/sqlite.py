@@ -154,17 +154,6 @@ class SqliteOps:
             row = connection.execute(_JOB_BY_IDEMPOTENCY_KEY, dict(job)).mappings().first()
         return None if row is None else _detached(JobRecord, row)
 
-    async def start_on_loop(
-        self,
-        values: dict[str, Any],
-        notice: str | None,
-        active_limit: int | None,
-        questions: Sequence[InputRequestRecord],
-        lease_seconds: float | None,
-    ) -> tuple[JobRecord, bool]:
-        """Never called: `starts_on_loop` is False."""
-        raise RuntimeError("an SQLite store starts jobs with `insert`, not on the event loop")
-
     def load_notice_scope(self) -> str | None:
         return None
 
