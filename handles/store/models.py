@@ -45,7 +45,7 @@ class _SQLiteTimeText(TypeDecorator[datetime]):
     def bind_processor(self, dialect: Dialect) -> Callable[[Any], Any] | None:
         return _sqlite_time_text
 
-    def result_processor(self, dialect: Dialect, coltype: object) -> Callable[[Any], Any] | None:
+    def result_processor(self, dialect: Dialect, _coltype: object) -> Callable[[Any], Any] | None:
         return _utc_time
 
 
