@@ -586,5 +586,5 @@ async def store_answers(
         # parked, or its question before the start answered: a worker on any node may take it now
         if runtime is not None:
             runtime.submit(job.id)
-        await store.announce(job.id, queued=True)
+        await store.announce(job.id)
     return outcome

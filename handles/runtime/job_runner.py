@@ -219,7 +219,7 @@ class JobRunner(RunCancellation):
                     shutdown=True,
                 )
                 if status is Status.WORKING:
-                    await self.store.announce(record.id, queued=True)  # another node takes it now
+                    await self.store.announce(record.id)  # another node takes it now
                 return None
             if ctx.cancelled:
                 return await self._cancelled(record)

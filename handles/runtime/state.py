@@ -75,7 +75,7 @@ class RuntimeState:
     async def _requeued(self, job_id: str) -> None:
         self._backlog = True
         self._wake.set()
-        await self.store.announce(job_id, queued=True)
+        await self.store.announce(job_id)
 
 
 def _log_task_failure(task: asyncio.Task[Any]) -> None:

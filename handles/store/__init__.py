@@ -163,7 +163,7 @@ class Store:
 
     async def read(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a read-only repository method: inline on an SQLite file when it can, else on a thread."""
-        if self.repo.reads_inline:
+        if self.repo.inline:
             with contextlib.suppress(OperationalError):
                 return self.repo.read_inline(fn, *args, **kwargs)
         return await self._run(functools.partial(fn, *args, **kwargs), repeatable=True)
@@ -222,7 +222,7 @@ class Store:
 
     def _write_now(self, job_id: str, call: Callable[[], T], change: Change) -> tuple[T] | None:
         """Try `call` inline on a free SQLite writer lock: its result in a 1-tuple, or None."""
-        if not self.repo.writes_inline:
+        if not self.repo.inline:
             return None
         with contextlib.suppress(WriterBusy, OperationalError):
             return self._write_here(job_id, call, change)
@@ -244,7 +244,7 @@ class Store:
         self, job_id: str, call: Callable[[], T], change: Change, *, publish: bool = True
     ) -> T:
         """A short write whose inline try met a busy writer, made even if the caller is cancelled."""
-        if not self.repo.writes_inline:
+        if not self.repo.inline:
             return await self._write(job_id, change, call, publish=publish)
         return await run_shielded(self._write_when_free(job_id, call, change, publish))
 
@@ -273,10 +273,10 @@ class Store:
         finally:
             self.notifier.notify(job_id, change)
 
-    async def announce(self, job_id: str, *, queued: bool = False) -> None:
-        """`job_id` changed: wake its waiters here and, on PostgreSQL, on every other node."""
+    async def announce(self, job_id: str) -> None:
+        """`job_id` waits for a worker again: wake its waiters here and, on PostgreSQL, on every other node."""
         self.notifier.notify(job_id)
-        self.repo.publish(job_id, self.origin, queued=queued)  # queued, sent by a thread of its own
+        self.repo.publish(job_id, self.origin, queued=True)  # queued, sent by a thread of its own
 
     async def change_listener(
         self, on_change: Callable[[str, Change], None]

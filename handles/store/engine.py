@@ -104,22 +104,20 @@ async def _connect_on_loop(engine: Engine) -> Any:
         raise as_sqlalchemy_error(engine, exc, disconnect=False) from exc
 
 
-def is_sqlite(url: str) -> bool:
-    return url.startswith("sqlite")
+def _postgres_engines(url: str) -> tuple[Engine, Engine]:
+    """(read, write) engines of a PostgreSQL database."""
+    # libpq waits forever for a host that drops packets; one set in the URL wins.
+    shared: dict[str, Any] = {"json_serializer": stored_json}
+    if "connect_timeout" not in url:
+        shared["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
+    write = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10, **shared)
+    # Autocommit, no ping: a read on a dropped connection fails at once; `Store.read` retries it.
+    read = create_engine(url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=10, **shared)
+    return read, write
 
 
-def make_engines(url: str) -> tuple[Engine, Engine, Engine | None, Engine | None]:
-    """(read, write, inline-read or None, inline-write or None): an SQLite file's inline two."""
-    if not is_sqlite(url):
-        # libpq waits forever for a host that drops packets; one set in the URL wins.
-        shared: dict[str, Any] = {"json_serializer": stored_json}
-        if "connect_timeout" not in url:
-            shared["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
-        write = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10, **shared)
-        # Autocommit, no ping: a read on a dropped connection fails at once; `Store.read` retries it.
-        read = create_engine(url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=10, **shared)
-        return read, write, None, None
-
+def _sqlite_engines(url: str) -> tuple[Engine, Engine, Engine, Engine]:
+    """(read, write, inline-read, inline-write) engines of an SQLite file."""
     path = url.split("?", 1)[0]
     if path.endswith("://") or path.endswith(":memory:") or "mode=memory" in url:
         raise ConfigurationError(
@@ -186,9 +184,8 @@ class Database:
         """`clock` and `lease_clock` as `JobRepository` takes them."""
         self.url = url
         self.clock = clock
-        self._read_engine, self._write_engine, self._inline_engine, self._inline_write_engine = make_engines(
-            url
-        )
+        self._inline_engine: Engine | None = None
+        self._inline_write_engine: Engine | None = None
         self._inline_connection: Connection | None = None
         self._inline_write_raw: Any = None  # the inline-write engine's DB-API connection (`_sqlite_writing`)
         self._inline_lock = threading.Lock()
@@ -200,39 +197,37 @@ class Database:
         self._prepared: dict[Any, _Prepared] = {}  # the hot paths' statements, compiled (`_prepare`)
         self._clock_offset = timedelta(0)  # how far the database's clock is ahead of this node's
         self._write_lock: WriterLock | contextlib.nullcontext[None] = contextlib.nullcontext()
-        sqlite = is_sqlite(url)
-        if sqlite:
+        self.sqlite = url.startswith("sqlite")  # else PostgreSQL; `JobRepository` picks its ops by it too
+        if self.sqlite:
+            engines = _sqlite_engines(url)
+            self._read_engine, self._write_engine, self._inline_engine, self._inline_write_engine = engines
             # Queue writers on a lock, not in SQLite's busy handler, which sleeps in coarse steps.
             self._write_lock = WriterLock()
         else:
+            self._read_engine, self._write_engine = _postgres_engines(url)
             self.loop_connections = LoopConnections(
                 functools.partial(_connect_on_loop, self._read_engine), LOOP_CONNECTIONS
             )
             self.notices = NoticeSender(self._send_notices)
         # SQLite runs in this process; a PostgreSQL server's clock lets nodes with skewed clocks agree on leases.
-        self._database_leases = _leases_by_database(
-            lease_clock, server_clock=not sqlite, test_clock=clock is not utc_now
+        self.database_leases = _leases_by_database(
+            lease_clock, server_clock=not self.sqlite, test_clock=clock is not utc_now
         )
-
-    @property
-    def database_leases(self) -> bool:
-        """Whether leases are set and judged by the database server's clock."""
-        return self._database_leases
 
     def _lease_now(self, now: datetime) -> Any:
         """`now` for lease arithmetic in SQL: the database's own clock, or the local one."""
-        return func.now() if self._database_leases else now
+        return func.now() if self.database_leases else now
 
     def _lease_now_value(self, session: Session, now: datetime) -> datetime:
         """`now` for lease comparisons made in Python, inside a write transaction."""
-        if not self._database_leases:
+        if not self.database_leases:
             return now
         value: datetime = session.execute(sa_select(_DATABASE_NOW)).scalar_one()
         return value
 
     def read_database_clock(self) -> timedelta:
         """Measure and keep how far the database's clock is ahead of `clock`."""
-        if not self._database_leases:
+        if not self.database_leases:
             return timedelta(0)
         with self._read_engine.connect() as connection:  # checked out before the first reading
             before = self.clock()
@@ -300,9 +295,9 @@ class Database:
                 engine.dispose()
 
     @property
-    def reads_inline(self) -> bool:
-        """Whether reads may run on the calling (event loop) thread: SQLite files only."""
-        return self._inline_engine is not None
+    def inline(self) -> bool:
+        """Whether reads, and short writes, may be tried on the calling (event loop) thread: SQLite files only."""
+        return self.sqlite
 
     def read_inline(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run the read method `fn` here, on connections that fail fast instead of waiting on a lock."""
@@ -311,11 +306,6 @@ class Database:
             return fn(*args, **kwargs)
         finally:
             _INLINE.reset(token)
-
-    @property
-    def writes_inline(self) -> bool:
-        """Whether short writes may be tried on the calling (event loop) thread: SQLite files only."""
-        return self._inline_write_engine is not None
 
     def write_inline(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run the short write `fn` here if the writer lock is free, else raise with nothing written."""

@@ -18,7 +18,7 @@ from sqlmodel import Field, SQLModel
 
 
 class UTCDateTime(TypeDecorator[datetime]):
-    """Aware UTC datetimes in, aware UTC datetimes out, on every engine."""
+    """Aware UTC datetimes in, aware UTC datetimes out; the tables' columns are `UTC_TIME`."""
 
     impl = DateTime(timezone=True)
     cache_ok = True
@@ -28,27 +28,29 @@ class UTCDateTime(TypeDecorator[datetime]):
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetime given to the store; use aware UTC datetimes")
-        value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+        return value.astimezone(UTC)
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
-    # On SQLite a time is written and read as DATETIME text in one step, not the decorator's two.
+
+class _SQLiteTimeText(TypeDecorator[datetime]):
+    """`UTCDateTime` on SQLite: written and read as DATETIME text in one step, not the decorator's two."""
+
+    impl = DateTime()
+    cache_ok = True
 
     def bind_processor(self, dialect: Dialect) -> Callable[[Any], Any] | None:
-        if dialect.name != "sqlite":
-            return super().bind_processor(dialect)
         return _sqlite_time_text
 
-    def result_processor(self, dialect: Dialect, coltype: object) -> Callable[[Any], Any] | None:
-        if dialect.name != "sqlite":
-            return super().result_processor(dialect, coltype)
-        return _sqlite_time_value
+    def result_processor(self, dialect: Dialect, _coltype: object) -> Callable[[Any], Any] | None:
+        return _utc_time
 
 
+UTC_TIME = UTCDateTime().with_variant(_SQLiteTimeText(), "sqlite")
+"""The type of every time column: `UTCDateTime`, SQLite's variant its one-step text."""
 _SQLITE_TIME = "%04d-%02d-%02d %02d:%02d:%02d.%06d"
 """How SQLAlchemy's SQLite DATETIME writes a time (its default storage format), in UTC."""
 
@@ -62,8 +64,8 @@ def _sqlite_time_text(value: datetime | None) -> str | None:
     return _SQLITE_TIME % (t.year, t.month, t.day, t.hour, t.minute, t.second, t.microsecond)
 
 
-def _sqlite_time_value(value: str | None) -> datetime | None:
-    """A time read from SQLite's text, as aware UTC."""
+def _utc_time(value: Any) -> Any:
+    """A time read as text (SQLite's, or ISO 8601 in PostgreSQL's JSON) as aware UTC; None stays None."""
     if value is None:
         return None
     parsed = datetime.fromisoformat(value)
@@ -124,7 +126,7 @@ def claims_of(job: JobRecord) -> list[Claim]:
 
 
 def _time(nullable: bool = False, index: bool = False) -> Any:
-    return Field(default=None, sa_column=Column(UTCDateTime(), nullable=nullable, index=index))
+    return Field(default=None, sa_column=Column(UTC_TIME, nullable=nullable, index=index))
 
 
 class JobRecord(SQLModel, table=True):
@@ -368,10 +370,6 @@ def _converters(table: Any) -> dict[str, Callable[[Any], Any]]:
         elif isinstance(column_.type, Float):
             found[column_.name] = float
     return found
-
-
-def _utc_time(value: str) -> datetime:
-    return datetime.fromisoformat(value).astimezone(UTC)
 
 
 def _from_json(table: Any, model: type[M], row: Mapping[str, Any]) -> M:

@@ -18,6 +18,8 @@ from handles.store.models import _JOBS, JobRecord, SwitchRecord, principal_key
 
 if TYPE_CHECKING:
     from handles.principal import PrincipalMatch
+    from handles.store.postgres import PostgresOps
+    from handles.store.sqlite import SqliteOps
 
 _WAITING_COUNTS = (
     sa_select(_JOBS.c.kind, _JOBS.c.status, func.count())
@@ -43,7 +45,9 @@ _ALL_SWITCHES = sa_select(SwitchRecord.__table__)  # type: ignore[attr-defined]
 
 
 class OperatorReads(Database):
-    """The operator's reads and switches, a part of `JobRepository` that uses only its `Database`."""
+    """The operator's reads and switches, a part of `JobRepository` that uses only its `Database` and ops."""
+
+    _engine: SqliteOps | PostgresOps  # `JobRepository`'s
 
     def list_jobs(
         self,
@@ -84,16 +88,10 @@ class OperatorReads(Database):
             return list(session.exec(query.order_by(*newest_first).limit(limit)))
 
     def _principal_matches(self, match: PrincipalMatch) -> Any:
-        """SQL for `match`: exact forms by key, patterns case-sensitive (GLOB on SQLite)."""
+        """SQL for `match`: exact forms by key, patterns case-sensitive (each engine's `matches`)."""
         principal = col(JobRecord.principal)
         clauses = [col(JobRecord.principal_key).in_([principal_key(p) for p in match.exact])]
-        for pattern in match.patterns:
-            if self.dialect == "sqlite":
-                glob = "".join("*" if piece is None else _glob_literal(piece) for piece in pattern)
-                clauses.append(principal.op("GLOB")(glob))
-            else:
-                like = "".join("%" if piece is None else _like_literal(piece) for piece in pattern)
-                clauses.append(principal.like(like, escape="!"))
+        clauses += [self._engine.matches(principal, pattern) for pattern in match.patterns]
         return or_(*clauses)
 
     def count_active(self, *, principal: str | None = None) -> int:
@@ -165,13 +163,3 @@ class OperatorReads(Database):
                     setattr(row, field, value)
             session.flush()
             return SwitchRecord.model_construct(**row.model_dump()), before
-
-
-def _glob_literal(text: str) -> str:
-    """`text` matched literally by SQLite's GLOB: its wildcards and brackets as one-character sets."""
-    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
-
-
-def _like_literal(text: str) -> str:
-    """`text` matched literally by LIKE ... ESCAPE '!'."""
-    return "".join(f"!{c}" if c in "%_!" else c for c in text)

@@ -103,6 +103,15 @@ class PostgresOps:
             schema = connection.execute(select(func.current_schema())).scalar()
         return None if schema is None else str(schema)
 
+    @staticmethod
+    def matches(column: Any, pattern: Sequence[str | None]) -> Any:
+        """`column` LIKE `pattern`: None any run of characters, each piece of text literally (escaped by `!`)."""
+        like = "".join(
+            "%" if piece is None else "".join(f"!{c}" if c in "%_!" else c for c in piece)
+            for piece in pattern
+        )
+        return column.like(like, escape="!")
+
     def set_progress(self, values: Mapping[str, Any]) -> bool:
         """One statement in autocommit; its notice is queued only when the row changed."""
         with self.autocommit() as connection:
@@ -231,7 +240,7 @@ class PostgresOps:
         lease_seconds: float | None,
     ) -> dict[str, Any]:
         """`handles_start`'s parameters for the job row `values`."""
-        lease = lease_seconds if values["lease_owner"] is not None and self.repo._database_leases else None
+        lease = lease_seconds if values["lease_owner"] is not None and self.repo.database_leases else None
         values = self.repo._by_database_clock(values)
         params: dict[str, Any] = {
             "job": _json_document({k: v for k, v in values.items() if k not in _JOB_JSON}),
@@ -276,7 +285,7 @@ class PostgresOps:
         shape = (
             target,
             owner is not None,
-            self.repo._database_leases if lease_expired else None,
+            self.repo.database_leases if lease_expired else None,
             tuple(values),
         )
         parameters = {"job_id": job_id, "owner": owner, "now": now} | _set_values(values, tuple(values))

@@ -16,7 +16,8 @@ _REASON_LIMIT = 200
 
 def require_existing(url: str) -> None:
     """Refuse an SQLite file that does not exist, so an operator's command never creates an empty store."""
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+    path = sqlite_file(url)
+    if path is not None and not path.exists():
         raise ConfigurationError(
             f"There is no handles database at {url}. Set HANDLES_DATABASE_URL (or HANDLES_DATA_DIR) to the "
             "database your servers use."

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 
 from sqlalchemy import bindparam, update
 from sqlalchemy import insert as sa_insert
@@ -18,7 +18,7 @@ from sqlmodel import Session, col, delete
 from handles.errors import LeaseLost
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
 from handles.store.claims import Claims
-from handles.store.engine import NOTICE, Change, is_sqlite
+from handles.store.engine import NOTICE, Change
 from handles.store.models import (
     _JOBS,
     Clock,
@@ -90,15 +90,14 @@ class JobRepository(Claims, Retention, OperatorReads):
     """Synchronous access to the job tables of one database; each engine's hot paths are its `_engine`'s, its
     claims, retention and operator's reads its parts' (each uses only the `Database` they share)."""
 
+    notice_scope: str | None = None  # named in every change notice (`load_notice_scope`); None until loaded
+
     def __init__(self, url: str, *, clock: Clock = utc_now, lease_clock: str | None = None) -> None:
         """`lease_clock`: "database" judges leases by the database server's clock (PostgreSQL's default),
         "local" by `clock` (the default elsewhere, and with a test clock)."""
         super().__init__(url, clock=clock, lease_clock=lease_clock)
-        # Models built from Core rows need their ORM mappers ready.
-        configure_mappers()
-        self._engine: SqliteOps | PostgresOps = SqliteOps(self) if is_sqlite(url) else PostgresOps(self)
-        # Named in every change notice (`load_notice_scope`); None until loaded.
-        self.notice_scope: str | None = None
+        configure_mappers()  # models built from Core rows need their ORM mappers ready
+        self._engine = SqliteOps(self) if self.sqlite else PostgresOps(self)
 
     # -- reads -------------------------------------------------------------
 
@@ -170,9 +169,8 @@ class JobRepository(Claims, Retention, OperatorReads):
         lease_seconds: float | None = None,
     ) -> tuple[JobRecord, bool]:
         """`insert` awaited on the event loop's own PostgreSQL connection, queuing `notice`."""
-        return await self._engine.start_on_loop(
-            _job_values(job), notice, active_limit, questions, lease_seconds
-        )
+        ops = cast(PostgresOps, self._engine)  # `starts_on_loop` is True only there
+        return await ops.start_on_loop(_job_values(job), notice, active_limit, questions, lease_seconds)
 
     def publish(self, job_id: str, origin: str, *, queued: bool = False) -> None:
         """Tell every node listening on PostgreSQL that `job_id` changed, or is queued."""

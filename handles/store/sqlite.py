@@ -23,7 +23,6 @@ from handles.store.models import (
     JobState,
     Snapshot,
     StepRecord,
-    UTCDateTime,
     _column_values,
     _detached,
     _rows,
@@ -71,10 +70,6 @@ class SqliteOps:
         missing = sqlite_json_missing()
         if missing is not None:
             raise RuntimeError(missing)
-        # How a time read from SQLite's text comes back (the snapshot's steps, read as JSON).
-        read_time = UTCDateTime().dialect_impl(dialect).result_processor(dialect, None)
-        assert read_time is not None  # a TypeDecorator with `process_result_value` always has one
-        self._time = read_time
         self._start = (
             _Prepared(_COUNT_ACTIVE, dialect),
             _Prepared(_INSERT_JOB, dialect, _JOB_COLUMNS),
@@ -116,7 +111,7 @@ class SqliteOps:
         if row is None:
             return None, [], []
         job = JobState(*row[:_STATE_WIDTH])
-        steps = _step_states(row[_STATE_WIDTH], self._time)
+        steps = _step_states(row[_STATE_WIDTH])
         if job.status != _INPUT_REQUIRED:
             return job, [], steps
         return job, _rows(connection, InputRequestRecord, _OPEN_QUESTIONS_OF_JOB, job_id), steps
@@ -159,19 +154,18 @@ class SqliteOps:
             row = connection.execute(_JOB_BY_IDEMPOTENCY_KEY, dict(job)).mappings().first()
         return None if row is None else _detached(JobRecord, row)
 
-    async def start_on_loop(
-        self,
-        values: dict[str, Any],
-        notice: str | None,
-        active_limit: int | None,
-        questions: Sequence[InputRequestRecord],
-        lease_seconds: float | None,
-    ) -> tuple[JobRecord, bool]:
-        """Never called: `starts_on_loop` is False."""
-        raise RuntimeError("an SQLite store starts jobs with `insert`, not on the event loop")
-
     def load_notice_scope(self) -> str | None:
         return None
+
+    @staticmethod
+    def matches(column: Any, pattern: Sequence[str | None]) -> Any:
+        """`column` GLOB `pattern` (case-sensitive, unlike SQLite's LIKE): None any run of characters, each
+        piece of text literally (its wildcards and brackets as one-character sets)."""
+        glob = "".join(
+            "*" if piece is None else "".join(f"[{c}]" if c in "*?[" else c for c in piece)
+            for piece in pattern
+        )
+        return column.op("GLOB")(glob)
 
     def set_progress(self, values: Mapping[str, Any]) -> bool:
         """`_PROGRESS` in its own write transaction."""

@@ -4,7 +4,7 @@ those both engines run alike, then PostgreSQL's one-statement writes, snapshot a
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -29,7 +29,7 @@ from sqlalchemy import insert as sa_insert
 from sqlalchemy import select as sa_select
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlmodel import Session, col, select
+from sqlmodel import Session
 
 from handles.states import ACTIVE, TERMINAL, Status, sources_of
 from handles.store.models import (
@@ -121,10 +121,10 @@ def _steps_as_json(array: Any, aggregate: Any) -> Any:
     return sa_select(steps).where(_S.c.job_id == _JOBS.c.id).scalar_subquery()
 
 
-def _step_states(arrays: Sequence[Sequence[Any]] | None, time: Callable[[Any], Any]) -> list[StepState]:
-    """The steps `_steps_as_json` gives, in the order they started, each time read by `time`."""
+def _step_states(arrays: Sequence[Sequence[Any]] | None) -> list[StepState]:
+    """The steps `_steps_as_json` gives, in the order they started."""
     steps = [
-        StepState(name, status, attempt, time(started_at), None if finished_at is None else time(finished_at))
+        StepState(name, status, attempt, _utc_time(started_at), _utc_time(finished_at))
         for name, status, attempt, started_at, finished_at in arrays or ()
     ]
     steps.sort(key=lambda step: (step.started_at, step.name))
@@ -147,9 +147,8 @@ _JOB_COLUMNS = tuple(c.name for c in _JOBS.columns)
 
 def _pending(session: Session, job_id: str) -> list[InputRequestRecord]:
     """A job's unanswered questions as session objects (for writes that change them), in the order asked."""
-    record = InputRequestRecord
-    query = select(record).where(col(record.job_id) == job_id, col(record.answered_at).is_(None))
-    return list(session.exec(query.order_by(col(record.created_at), col(record.key))))
+    query = sa_select(InputRequestRecord).from_statement(_OPEN_QUESTIONS_OF_JOB)
+    return list(session.scalars(query, {"job_id": job_id}))
 
 
 @functools.cache
@@ -250,7 +249,7 @@ def _snapshot_in_one(connection: Connection, job_id: str) -> Snapshot:
         return None, [], []
     job = JobState(**{name: row[name] for name in JOB_STATE_COLUMNS})
     pending = [_from_json(_INPUTS, InputRequestRecord, q) for q in row["handles_open_questions"] or ()]
-    return job, pending, _step_states(row["handles_steps"], _utc_time)
+    return job, pending, _step_states(row["handles_steps"])
 
 
 # The start: `handles_start` (from the migrations), JSON columns as `json` parameters of their own.

@@ -1,5 +1,5 @@
-"""`UTCDateTime` on SQLite writes exactly the text SQLAlchemy's generic path writes (its one-step bind), and reads
-back exactly the time the generic path reads (its one-step result processor)."""
+"""`UTC_TIME` on SQLite (its one-step variant) writes exactly the text SQLAlchemy's generic path (`UTCDateTime`)
+writes, and reads back exactly the time the generic path reads."""
 
 from __future__ import annotations
 
@@ -11,22 +11,22 @@ from sqlalchemy import select
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.types import DateTime, TypeDecorator
 
-from handles.store.models import JobRecord, UTCDateTime
+from handles.store.models import UTC_TIME, JobRecord, UTCDateTime
 
 DIALECT = sqlite.dialect()
 
 
 def generic_text(value: datetime) -> str:
     """The two-step path the one-step bind replaces: `process_bind_param`, then SQLite DATETIME's format."""
-    naive = UTCDateTime().process_bind_param(value, DIALECT)
+    utc = UTCDateTime().process_bind_param(value, DIALECT)
     process = DateTime(timezone=True).dialect_impl(DIALECT).bind_processor(DIALECT)
     assert process is not None
-    text: str = process(naive)
+    text: str = process(utc)
     return text
 
 
 def test_the_one_step_bind_writes_the_generic_text_for_any_time_and_offset() -> None:
-    bind = UTCDateTime().dialect_impl(DIALECT).bind_processor(DIALECT)
+    bind = UTC_TIME.dialect_impl(DIALECT).bind_processor(DIALECT)
     assert bind is not None
     rnd = random.Random(14)
     checked = 0
@@ -44,7 +44,7 @@ def test_the_one_step_bind_writes_the_generic_text_for_any_time_and_offset() -> 
 
 
 def test_the_one_step_bind_refuses_a_naive_time() -> None:
-    bind = UTCDateTime().dialect_impl(DIALECT).bind_processor(DIALECT)
+    bind = UTC_TIME.dialect_impl(DIALECT).bind_processor(DIALECT)
     assert bind is not None
     with pytest.raises(ValueError, match="naive datetime"):
         bind(datetime(2026, 12, 1, 8, 0))
@@ -73,8 +73,8 @@ def generic_time(text: str | None) -> datetime | None:
 
 def test_the_one_step_read_gives_the_generic_time_for_every_text_sqlite_holds() -> None:
     """What a write stored (with and without microseconds), and a text with an offset written by hand."""
-    read = UTCDateTime().dialect_impl(DIALECT).result_processor(DIALECT, None)
-    bind = UTCDateTime().dialect_impl(DIALECT).bind_processor(DIALECT)
+    read = UTC_TIME.dialect_impl(DIALECT).result_processor(DIALECT, None)
+    bind = UTC_TIME.dialect_impl(DIALECT).bind_processor(DIALECT)
     assert read is not None and bind is not None
     rnd = random.Random(48)
     texts: list[str | None] = [
