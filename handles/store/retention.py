@@ -116,7 +116,7 @@ class Retention(Database):
             query = query.where(col(AuditRecord.archived_at) >= since)
         if job_id is not None:
             query = query.where(col(AuditRecord.job_id) == job_id)
-        with Session(self.engine) as session:
+        with self._reading() as session:
             return list(session.exec(query.order_by(col(AuditRecord.id)).limit(limit)))
 
     def live_evidence(
@@ -126,7 +126,7 @@ class Retention(Database):
         query = select(JobRecord).where(col(JobRecord.id) > after_id)
         if job_id is not None:
             query = query.where(col(JobRecord.id) == job_id)
-        with Session(self.engine) as session:
+        with self._reading() as session:
             jobs = list(session.exec(query.order_by(col(JobRecord.id)).limit(limit)))
             questions, steps = _questions_and_steps(session, [job.id for job in jobs])
             return [evidence(job, questions[job.id], steps[job.id]) for job in jobs]
