@@ -103,7 +103,9 @@ class Console:
     ops: Operations
     gate: Gate
 
-    def guarded(self, handler: Handler, *, post: bool = False) -> Callable[[Request], Awaitable[Response]]:
+    def guarded(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        """`handler`, for signed-in operators only; a POST must also carry the session's CSRF token."""
+
         async def endpoint(request: Request) -> Response:
             try:
                 operator = self.gate.operator(request)
@@ -111,7 +113,7 @@ class Console:
                 return self.throttled(request, throttled)
             if operator is None:
                 return self.refuse(request)
-            if post:
+            if request.method == "POST":
                 form = await request.form()
                 csrf = form.get("csrf")
                 if not self.gate.csrf_ok(operator, csrf if isinstance(csrf, str) else None):
@@ -271,20 +273,15 @@ class Console:
             f"{_base(request)}/jobs/{job_id}?{urlencode({'answered': key})}", status_code=303
         )
 
-    async def cancel_page(self, request: Request, operator: Operator) -> Response:
-        job, _questions, _steps = await self.ops.job(request.path_params["job_id"])
-        if job is None:
-            return await self.job(request, operator)
-        return HTMLResponse(pages.cancel_confirm(job, base=_base(request), operator=operator))
-
     async def cancel(self, request: Request, operator: Operator) -> Response:
+        """The confirmation page (GET, or a POST that did not confirm), then the cancel."""
         job, _questions, _steps = await self.ops.job(request.path_params["job_id"])
         if job is None:
             return await self.job(request, operator)
-        if (await request.form()).get("confirm") != "yes":
-            return HTMLResponse(
-                pages.cancel_confirm(job, base=_base(request), operator=operator), status_code=400
-            )
+        posted = request.method == "POST"
+        if not posted or (await request.form()).get("confirm") != "yes":
+            page = pages.cancel_confirm(job, base=_base(request), operator=operator)
+            return HTMLResponse(page, status_code=400 if posted else 200)
         await self.ops.cancel(job, operator.recorded_as)
         return RedirectResponse(f"{_base(request)}/jobs/{job.id}", status_code=303)
 
@@ -300,13 +297,12 @@ class Console:
             Route("/api/jobs", g(self.jobs_json), methods=["GET"]),
             Route("/overview", g(self.overview), methods=["GET"]),
             Route("/jobs/{job_id}", g(self.job), methods=["GET"]),
-            Route("/jobs/{job_id}/answer/{key}", g(self.answer, post=True), methods=["POST"]),
-            Route("/jobs/{job_id}/cancel", g(self.cancel_page), methods=["GET"]),
-            Route("/jobs/{job_id}/cancel", g(self.cancel, post=True), methods=["POST"]),
+            Route("/jobs/{job_id}/answer/{key}", g(self.answer), methods=["POST"]),
+            Route("/jobs/{job_id}/cancel", g(self.cancel), methods=["GET", "POST"]),
             Route("/live.js", self.live_script, methods=["GET"]),
             Route("/login", self.login_page, methods=["GET"]),
             Route("/login", self.login, methods=["POST"]),
-            Route("/logout", g(self.logout, post=True), methods=["POST"]),
+            Route("/logout", g(self.logout), methods=["POST"]),
         ]
 
 
