@@ -193,13 +193,11 @@ class Console:
 
     async def jobs(self, request: Request, operator: Operator) -> Response:
         rows, filters, next_cursor = await self._listing(request)
-        kinds = sorted({row["kind"] for row in rows} | ({filters.kind} if filters.kind else set()))
         feed = f"{_base(request)}/api/jobs" + (f"?{request.url.query}" if request.url.query else "")
         return HTMLResponse(
             pages.jobs(
                 rows,
                 filters,
-                kinds=kinds,
                 base=_base(request),
                 operator=operator,
                 feed=feed,
@@ -224,15 +222,9 @@ class Console:
         """The job page; after a refused form, with its `notice` or the `(question key, problem)` shown."""
         job, questions, steps = await self.ops.job(request.path_params["job_id"])
         if job is None:
-            return HTMLResponse(
-                pages.page(
-                    "No such job",
-                    '<h1>No such job</h1><p class="muted">It may have ended and passed its retention.</p>',
-                    base=_base(request),
-                    operator=operator,
-                ),
-                status_code=404,
-            )
+            missing = '<h1>No such job</h1><p class="muted">It may have ended and passed its retention.</p>'
+            page = pages.page("No such job", missing, base=_base(request), operator=operator)
+            return HTMLResponse(page, status_code=404)
         return HTMLResponse(
             pages.job_page(
                 job,
@@ -263,12 +255,8 @@ class Console:
                 request, operator, problem=(key, f"{refused.message} {refused.next_step}"), status=422
             )
         if not accepted:
-            return await self.job(
-                request,
-                operator,
-                notice="That question was already answered or the job has ended.",
-                status=409,
-            )
+            notice = "That question was already answered or the job has ended."
+            return await self.job(request, operator, notice=notice, status=409)
         return RedirectResponse(
             f"{_base(request)}/jobs/{job_id}?{urlencode({'answered': key})}", status_code=303
         )

@@ -93,8 +93,7 @@ def fraction(job: JobRecord) -> float | None:
 
 
 def row_data(job: JobRecord, now: datetime, base: str, timing: LeaseTiming) -> dict[str, Any]:
-    """A jobs-table row as JSON for the live update (the script puts each value in as text); `heard` says
-    when the job's node was last heard from, `quiet` whether it has gone quiet (see handles.liveness)."""
+    """A jobs-table row as JSON for the live update (the script puts each value in as text)."""
     contact = node_contact(job.status, job.lease_expires_at, now, timing)
     return {
         "id": job.id,
@@ -146,7 +145,6 @@ def jobs(
     rows: list[dict[str, Any]],
     filters: Filters,
     *,
-    kinds: list[str],
     base: str,
     operator: Operator,
     feed: str,
@@ -157,6 +155,7 @@ def jobs(
         f'<option value="{s.value}"{" selected" if filters.status == s.value else ""}>{s.value}</option>'
         for s in Status
     )
+    kinds = sorted({row["kind"] for row in rows} | ({filters.kind} if filters.kind else set()))
     kind_options = "".join(f'<option value="{esc(k)}">' for k in kinds)
     form = (
         f'<form class="filters" method="get" action="{esc(base)}/">'
@@ -272,6 +271,15 @@ def _question(
     )
 
 
+def _step(step: StepRecord) -> str:
+    ended = f", finished {_when(step.finished_at)}" if step.finished_at else ", outcome not recorded yet"
+    error = f'<div class="error">{esc(step.error)}</div>' if step.error else ""
+    return (
+        f'<li class="step-{esc(step.status)}"><strong>{esc(step.name)}</strong> <span class="badge">{esc(step.status)}</span> '
+        f'<span class="muted">attempt {step.attempt}, started {_when(step.started_at)}{ended}</span>{error}</li>'
+    )
+
+
 def _contact_facts(contact: NodeContact | None) -> list[tuple[str, str]]:
     """The job page's lines on its node's lease: when last heard from, and by when another node takes over."""
     if contact is None:
@@ -328,18 +336,7 @@ def job_page(
     actions = ""
     if not Status(job.status).is_terminal:
         actions = f'<p><a class="danger" style="text-decoration:none" href="{esc(base)}/jobs/{esc(job.id)}/cancel">Cancel this job…</a></p>'
-    timeline = (
-        "".join(
-            f'<li class="step-{esc(s.status)}"><strong>{esc(s.name)}</strong> <span class="badge">{esc(s.status)}</span> '
-            f'<span class="muted">attempt {s.attempt}, started {_when(s.started_at)}'
-            + (f", finished {_when(s.finished_at)}" if s.finished_at else ", outcome not recorded yet")
-            + "</span>"
-            + (f'<div class="error">{esc(s.error)}</div>' if s.error else "")
-            + "</li>"
-            for s in steps
-        )
-        or '<li class="muted">No durable steps recorded.</li>'
-    )
+    timeline = "".join(_step(s) for s in steps) or '<li class="muted">No durable steps recorded.</li>'
     runs = (
         "".join(
             f'<tr><td>{c.attempt}</td><td class="mono">{esc(c.node)}</td><td>{_when(c.claimed_at)}</td>'
