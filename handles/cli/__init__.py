@@ -6,54 +6,8 @@ import logging
 import re
 import sys
 
-from handles.cli.admin import CONSOLE_TOKEN_ENV, console, db_upgrade, keygen, load_app, worker
-from handles.cli.capabilities import manifest, manifest_lines
-from handles.cli.common import find_job, open_repository, operator_name
-from handles.cli.jobs import (
-    audit_export,
-    job_summary,
-    jobs_cancel,
-    jobs_list,
-    jobs_purge,
-    jobs_show,
-    watch,
-    watch_line,
-)
 from handles.cli.parser import build_parser
-from handles.cli.switches import jobs_pause, jobs_unpause, switches_show, tasks_off, tasks_on
 from handles.errors import ConfigurationError
-
-__all__ = [
-    "CONSOLE_TOKEN_ENV",
-    "accept_dashed_ids",
-    "audit_export",
-    "build_parser",
-    "console",
-    "db_upgrade",
-    "find_job",
-    "job_summary",
-    "jobs_cancel",
-    "jobs_list",
-    "jobs_pause",
-    "jobs_purge",
-    "jobs_show",
-    "jobs_unpause",
-    "keygen",
-    "load_app",
-    "main",
-    "manifest",
-    "manifest_lines",
-    "open_repository",
-    "operator_name",
-    "switches_show",
-    "tasks_off",
-    "tasks_on",
-    "watch",
-    "watch_line",
-    "worker",
-]
-"""The module's names as they were before it became a package: the entry point is `main`."""
-
 
 _DASHED_ID = re.compile(r"^-[A-Za-z0-9_-]{16,64}$")
 """A job id that begins with `-` (ids stored before they were drawn without one): never an option here."""

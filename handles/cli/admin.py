@@ -40,11 +40,8 @@ def db_upgrade(args: argparse.Namespace) -> int:
             after = migrate.current_revision(repository.engine)
         finally:
             repository.dispose()
-    print(
-        f"handles schema: {before or 'empty'} -> {after}"
-        if before != after
-        else f"handles schema: {after} (current)"
-    )
+    change = f"{before or 'empty'} -> {after}" if before != after else f"{after} (current)"
+    print(f"handles schema: {change}")
     return 0
 
 

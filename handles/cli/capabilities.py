@@ -1,5 +1,4 @@
-"""`handles manifest URL`: what a server offers a client, and whether it meets a workflow's requirements
-(the only command that speaks MCP, so only it imports the MCP client)."""
+"""`handles manifest URL`: a server's offer, against a workflow's needs (the only command that imports MCP)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
-from handles.cli.formatting import _table
+from handles.cli.common import _table
 
 if TYPE_CHECKING:
     from handles.client.manifest import Manifest
@@ -37,8 +36,7 @@ def _required_job(value: str) -> tuple[str, list[str]]:
 
 
 def manifest_lines(found: Manifest) -> list[str]:
-    """`handles manifest` for people: the server, the protocol, the Tasks extension and the tasks designs
-    served on the connection, then a row per job."""
+    """`handles manifest` for people: the server, protocol, Tasks extension and tasks designs, then a row per job."""
     named = " ".join(part for part in (found.server_name, found.server_version) if part) or "(unnamed)"
     if found.tasks_usable:
         tasks = "offered and declared: usable (" + ", ".join(found.task_operations) + ")"

@@ -7,11 +7,11 @@ import json
 import shutil
 import sys
 import time
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
-from handles.cli.common import find_job, open_repository
-from handles.cli.formatting import _clip, _iso, _one_line, _table, _when
+from handles.cli.common import _clip, _iso, _one_line, _table, _when, find_job, open_repository
 from handles.config import HandlesConfig
 from handles.errors import ConfigurationError
 from handles.liveness import LeaseTiming, node_contact
@@ -115,13 +115,6 @@ def _question(request: InputRequestRecord, reveal: bool) -> dict[str, Any]:
     return shown
 
 
-def _cancel_requester(job: JobRecord) -> dict[str, str] | None:
-    """Who asked to cancel the job: `role` (`caller`, the job's principal; `operator`; `server`, the runtime
-    itself) and `name` (the principal, the operator's name, or the runtime's reason)."""
-    who = canceller(job.cancel_requested_by, job.principal)
-    return None if who is None else {"role": who[0], "name": who[1]}
-
-
 def _shown_lines(key: str, value: Any) -> list[str]:
     """A `jobs show` field as text: a run or a question per line, other lists and objects as JSON."""
     if key == "runs":
@@ -154,21 +147,14 @@ def jobs_show(args: argparse.Namespace) -> int:
     repository = open_repository()
     job = find_job(repository, args.job)
     details = job_summary(job)
+    who = canceller(job.cancel_requested_by, job.principal)  # (role, name): caller, operator or server
     details.update(
         started_at=_iso(job.started_at),
         finished_at=_iso(job.finished_at),
         cancel_requested_at=_iso(job.cancel_requested_at),
-        cancel_requested_by=_cancel_requester(job),
+        cancel_requested_by=None if who is None else {"role": who[0], "name": who[1]},
         lease_owner=job.lease_owner,
-        runs=[
-            {
-                "attempt": c.attempt,
-                "node": c.node,
-                "claimed_at": c.claimed_at.isoformat(),
-                "resumed": c.resumed,
-            }
-            for c in claims_of(job)
-        ],
+        runs=[{**asdict(c), "claimed_at": c.claimed_at.isoformat()} for c in claims_of(job)],
         on_interrupt=job.on_interrupt,
         max_attempts=job.max_attempts,
         error=job.error,

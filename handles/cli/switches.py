@@ -7,8 +7,7 @@ import json
 import sys
 from typing import Any
 
-from handles.cli.common import open_repository, operator_name
-from handles.cli.formatting import _clip, _one_line, _table, _when
+from handles.cli.common import _clip, _one_line, _table, _when, open_repository, operator_name
 from handles.config import HandlesConfig
 from handles.errors import ConfigurationError
 from handles.store import JobRepository, SwitchRecord
@@ -55,22 +54,20 @@ def _set_switch(
     repository: JobRepository,
     args: argparse.Namespace,
     name: str,
+    what: str,
+    state: str,
     *,
     engaged: bool,
     retry: float | None = None,
-) -> tuple[SwitchRecord, SwitchRecord | None]:
-    """Set switch `name` as `--by` (default: the OS user); (as now set, as it was)."""
+) -> str:
+    """Set switch `name` as `--by` (default: the OS user); then say `what` it now does, who set it and when,
+    whether it was already so (`state` names the engaged state: "on", "paused"), and when nodes apply it."""
     by = args.by.strip() if args.by is not None else operator_name()
     if not by:
         raise ConfigurationError("--by must name who changes the switch (it is recorded).")
-    return repository.set_switch(
+    row, before = repository.set_switch(
         name, engaged=engaged, by=by, reason=getattr(args, "reason", None), retry_after_seconds=retry
     )
-
-
-def _changed(row: SwitchRecord, before: SwitchRecord | None, what: str, state: str) -> str:
-    """`what` the switch now does, who set it and when, a note when it was already so (`state` names the
-    engaged state: "on", "paused"), and when every node applies it."""
     already = before is not None and before.engaged
     if row.engaged:
         was = f" (it was already {state}; now recorded as yours)" if already else ""
@@ -84,9 +81,9 @@ def _changed(row: SwitchRecord, before: SwitchRecord | None, what: str, state: s
 
 
 def tasks_off(args: argparse.Namespace) -> int:
-    row, before = _set_switch(open_repository(), args, TASKS, engaged=True)
+    changed = _set_switch(open_repository(), args, TASKS, "Tasks kill switch ON", "on", engaged=True)
     print(
-        f"{_changed(row, before, 'Tasks kill switch ON', 'on')}. "
+        f"{changed}. "
         "Calls that declare the Tasks extension now get the result inline or a handle, as other callers do; "
         "tasks already created are still served by tasks/get, tasks/update and tasks/cancel. "
         "Undo with `handles tasks on`."
@@ -95,37 +92,33 @@ def tasks_off(args: argparse.Namespace) -> int:
 
 
 def tasks_on(args: argparse.Namespace) -> int:
-    row, before = _set_switch(open_repository(), args, TASKS, engaged=False)
-    print(
-        f"{_changed(row, before, 'Tasks kill switch off', 'on')}; "
-        "calls that declare the Tasks extension become tasks again."
-    )
+    changed = _set_switch(open_repository(), args, TASKS, "Tasks kill switch off", "on", engaged=False)
+    print(f"{changed}; calls that declare the Tasks extension become tasks again.")
     return 0
 
 
 def jobs_pause(args: argparse.Namespace) -> int:
     retry = args.retry_after.total_seconds()
     repository = open_repository()
-    row, before = _set_switch(repository, args, paused_switch(args.job), engaged=True, retry=retry)
+    what = f"New {args.job} jobs PAUSED"
+    changed = _set_switch(
+        repository, args, paused_switch(args.job), what, "paused", engaged=True, retry=retry
+    )
     print(
-        f"{_changed(row, before, f'New {args.job} jobs PAUSED', 'paused')}. "
+        f"{changed}. "
         f"Starts are refused with the retryable `paused` error, telling callers to retry in about {retry:g} s; "
         f"{args.job} jobs already started go on. Undo with `handles jobs unpause {args.job}`."
     )
-    _warn_if_unknown(repository, args.job)
+    if not repository.list_jobs(kind=args.job, limit=1):
+        print(
+            f"handles: note: no {args.job} job is stored in this database; check the name (a job's name is the "
+            "name of its function, as in its <job>_start tool).",
+            file=sys.stderr,
+        )
     return 0
 
 
 def jobs_unpause(args: argparse.Namespace) -> int:
-    row, before = _set_switch(open_repository(), args, paused_switch(args.job), engaged=False)
-    print(f"{_changed(row, before, f'New {args.job} jobs allowed again', 'paused')}.")
+    what = f"New {args.job} jobs allowed again"
+    print(f"{_set_switch(open_repository(), args, paused_switch(args.job), what, 'paused', engaged=False)}.")
     return 0
-
-
-def _warn_if_unknown(repository: JobRepository, job: str) -> None:
-    if not repository.list_jobs(kind=job, limit=1):
-        print(
-            f"handles: note: no {job} job is stored in this database; check the name (a job's name is the name "
-            "of its function, as in its <job>_start tool).",
-            file=sys.stderr,
-        )

@@ -103,7 +103,9 @@ class Console:
     ops: Operations
     gate: Gate
 
-    def guarded(self, handler: Handler, *, post: bool = False) -> Callable[[Request], Awaitable[Response]]:
+    def guarded(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        """`handler`, for signed-in operators only; a POST must also carry the session's CSRF token."""
+
         async def endpoint(request: Request) -> Response:
             try:
                 operator = self.gate.operator(request)
@@ -111,7 +113,7 @@ class Console:
                 return self.throttled(request, throttled)
             if operator is None:
                 return self.refuse(request)
-            if post:
+            if request.method == "POST":
                 form = await request.form()
                 csrf = form.get("csrf")
                 if not self.gate.csrf_ok(operator, csrf if isinstance(csrf, str) else None):
@@ -191,13 +193,11 @@ class Console:
 
     async def jobs(self, request: Request, operator: Operator) -> Response:
         rows, filters, next_cursor = await self._listing(request)
-        kinds = sorted({row["kind"] for row in rows} | ({filters.kind} if filters.kind else set()))
         feed = f"{_base(request)}/api/jobs" + (f"?{request.url.query}" if request.url.query else "")
         return HTMLResponse(
             pages.jobs(
                 rows,
                 filters,
-                kinds=kinds,
                 base=_base(request),
                 operator=operator,
                 feed=feed,
@@ -222,15 +222,9 @@ class Console:
         """The job page; after a refused form, with its `notice` or the `(question key, problem)` shown."""
         job, questions, steps = await self.ops.job(request.path_params["job_id"])
         if job is None:
-            return HTMLResponse(
-                pages.page(
-                    "No such job",
-                    '<h1>No such job</h1><p class="muted">It may have ended and passed its retention.</p>',
-                    base=_base(request),
-                    operator=operator,
-                ),
-                status_code=404,
-            )
+            missing = '<h1>No such job</h1><p class="muted">It may have ended and passed its retention.</p>'
+            page = pages.page("No such job", missing, base=_base(request), operator=operator)
+            return HTMLResponse(page, status_code=404)
         return HTMLResponse(
             pages.job_page(
                 job,
@@ -261,30 +255,21 @@ class Console:
                 request, operator, problem=(key, f"{refused.message} {refused.next_step}"), status=422
             )
         if not accepted:
-            return await self.job(
-                request,
-                operator,
-                notice="That question was already answered or the job has ended.",
-                status=409,
-            )
+            notice = "That question was already answered or the job has ended."
+            return await self.job(request, operator, notice=notice, status=409)
         return RedirectResponse(
             f"{_base(request)}/jobs/{job_id}?{urlencode({'answered': key})}", status_code=303
         )
 
-    async def cancel_page(self, request: Request, operator: Operator) -> Response:
-        job, _questions, _steps = await self.ops.job(request.path_params["job_id"])
-        if job is None:
-            return await self.job(request, operator)
-        return HTMLResponse(pages.cancel_confirm(job, base=_base(request), operator=operator))
-
     async def cancel(self, request: Request, operator: Operator) -> Response:
+        """The confirmation page (GET, or a POST that did not confirm), then the cancel."""
         job, _questions, _steps = await self.ops.job(request.path_params["job_id"])
         if job is None:
             return await self.job(request, operator)
-        if (await request.form()).get("confirm") != "yes":
-            return HTMLResponse(
-                pages.cancel_confirm(job, base=_base(request), operator=operator), status_code=400
-            )
+        posted = request.method == "POST"
+        if not posted or (await request.form()).get("confirm") != "yes":
+            page = pages.cancel_confirm(job, base=_base(request), operator=operator)
+            return HTMLResponse(page, status_code=400 if posted else 200)
         await self.ops.cancel(job, operator.recorded_as)
         return RedirectResponse(f"{_base(request)}/jobs/{job.id}", status_code=303)
 
@@ -300,13 +285,12 @@ class Console:
             Route("/api/jobs", g(self.jobs_json), methods=["GET"]),
             Route("/overview", g(self.overview), methods=["GET"]),
             Route("/jobs/{job_id}", g(self.job), methods=["GET"]),
-            Route("/jobs/{job_id}/answer/{key}", g(self.answer, post=True), methods=["POST"]),
-            Route("/jobs/{job_id}/cancel", g(self.cancel_page), methods=["GET"]),
-            Route("/jobs/{job_id}/cancel", g(self.cancel, post=True), methods=["POST"]),
+            Route("/jobs/{job_id}/answer/{key}", g(self.answer), methods=["POST"]),
+            Route("/jobs/{job_id}/cancel", g(self.cancel), methods=["GET", "POST"]),
             Route("/live.js", self.live_script, methods=["GET"]),
             Route("/login", self.login_page, methods=["GET"]),
             Route("/login", self.login, methods=["POST"]),
-            Route("/logout", g(self.logout, post=True), methods=["POST"]),
+            Route("/logout", g(self.logout), methods=["POST"]),
         ]
 
 

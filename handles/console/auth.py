@@ -111,6 +111,5 @@ def _same(offered: str, expected: str) -> bool:
 
 
 def client_of(request: Request) -> str:
-    """Whom the throttle counts a request against: its client's address (behind a proxy that uvicorn
-    trusts, the address the proxy reports)."""
+    """The address the throttle counts a request against (behind a proxy uvicorn trusts, the one it reports)."""
     return request.client.host if request.client is not None else "unknown"

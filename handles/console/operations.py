@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -27,19 +27,12 @@ class Filters:
 
     @classmethod
     def of(cls, query: dict[str, str]) -> Filters:
-        status = query.get("status") or None
-        if status is not None and status not in {s.value for s in Status}:
-            status = None
-        return cls(
-            status, (query.get("kind") or "").strip() or None, (query.get("principal") or "").strip() or None
-        )
+        status = query.get("status")
+        kind, principal = ((query.get(name) or "").strip() or None for name in ("kind", "principal"))
+        return cls(status if status in {s.value for s in Status} else None, kind, principal)
 
     def query(self) -> dict[str, str]:
-        return {
-            k: v
-            for k, v in (("status", self.status), ("kind", self.kind), ("principal", self.principal))
-            if v
-        }
+        return {name: value for name, value in asdict(self).items() if value}
 
 
 def cursor_of(job: JobRecord) -> str:
@@ -111,9 +104,8 @@ class Operations:
                 result.by_node[owner] = result.by_node.get(owner, 0) + count
             counts = result.by_kind.setdefault(kind, dict.fromkeys(STATES, 0))
             counts[state] += count
-        for kind, count in (
-            await self.store.read(self.store.repo.failed_counts, now - RECENT_FAILURES)
-        ).items():
+        failed = await self.store.read(self.store.repo.failed_counts, now - RECENT_FAILURES)
+        for kind, count in failed.items():
             result.by_kind.setdefault(kind, dict.fromkeys(STATES, 0))["failed (1 h)"] = count
         return result
 

@@ -93,8 +93,7 @@ def fraction(job: JobRecord) -> float | None:
 
 
 def row_data(job: JobRecord, now: datetime, base: str, timing: LeaseTiming) -> dict[str, Any]:
-    """A jobs-table row as JSON for the live update (the script puts each value in as text); `heard` says
-    when the job's node was last heard from, `quiet` whether it has gone quiet (see handles.liveness)."""
+    """A jobs-table row as JSON for the live update (the script puts each value in as text)."""
     contact = node_contact(job.status, job.lease_expires_at, now, timing)
     return {
         "id": job.id,
@@ -113,6 +112,15 @@ def row_data(job: JobRecord, now: datetime, base: str, timing: LeaseTiming) -> d
     }
 
 
+def _badge(status: str) -> str:
+    return f'<span class="badge {esc(status)}">{esc(status)}</span>'
+
+
+def _heard(text: str, quiet: bool, tag: str = "div") -> str:
+    """When a job's node was last heard from: muted while it renews its leases, a warning once it is quiet."""
+    return f'<{tag} class="{"quiet" if quiet else "muted"}">{esc(text)}</{tag}>'
+
+
 def _bar(value: float | None, done: float | None) -> str:
     if value is None:
         return f'<span class="muted">{esc(f"{done:g}") if done is not None else "-"}</span>'
@@ -123,20 +131,11 @@ def _row(row: dict[str, Any]) -> str:
     return (
         f'<tr data-id="{esc(row["id"])}"><td><a class="mono" href="{esc(row["href"])}">{esc(row["id"][:12])}</a></td>'
         f"<td>{esc(row['kind'])}</td><td>{esc(row['principal'])}</td>"
-        f'<td><span class="badge {esc(row["status"])}">{esc(row["status"])}</span>'
-        f'<div class="muted">{esc(row["message"])}</div></td>'
+        f'<td>{_badge(row["status"])}<div class="muted">{esc(row["message"])}</div></td>'
         f"<td>{_bar(row['fraction'], row['done'])}</td><td>{esc(row['age'])}</td>"
-        f'<td><span class="mono">{esc(row["node"])}</span>{_heard(row)}</td>'
+        f'<td><span class="mono">{esc(row["node"])}</span>{_heard(row["heard"], row["quiet"]) if row["heard"] else ""}</td>'
         f'<td class="num">{esc(row["attempts"])}</td></tr>'
     )
-
-
-def _heard(row: dict[str, Any]) -> str:
-    """Under the node's name, when it was last heard from: muted while it renews its leases, a warning once
-    it has gone quiet."""
-    if not row["heard"]:
-        return ""
-    return f'<div class="{"quiet" if row["quiet"] else "muted"}">{esc(row["heard"])}</div>'
 
 
 LIVE_SCRIPT = (resources.files(__package__) / "static" / "live.js").read_text(encoding="utf-8")
@@ -146,7 +145,6 @@ def jobs(
     rows: list[dict[str, Any]],
     filters: Filters,
     *,
-    kinds: list[str],
     base: str,
     operator: Operator,
     feed: str,
@@ -157,6 +155,7 @@ def jobs(
         f'<option value="{s.value}"{" selected" if filters.status == s.value else ""}>{s.value}</option>'
         for s in Status
     )
+    kinds = sorted({row["kind"] for row in rows} | ({filters.kind} if filters.kind else set()))
     kind_options = "".join(f'<option value="{esc(k)}">' for k in kinds)
     form = (
         f'<form class="filters" method="get" action="{esc(base)}/">'
@@ -194,6 +193,10 @@ def _json(value: Any) -> str:
     return f'<pre class="mono">{esc(json.dumps(value, indent=2, default=str, ensure_ascii=False))}</pre>'
 
 
+def _options(values: list[Any]) -> str:
+    return "".join(f'<option value="{esc(v)}">{esc(v)}</option>' for v in values)
+
+
 def _field(key: str, name: str, prop: dict[str, Any], required: bool) -> str:
     """One form control for a question's field, from its schema (the answer is checked again server-side)."""
     ident = f"q-{key}-{name}"
@@ -210,22 +213,14 @@ def _field(key: str, name: str, prop: dict[str, Any], required: bool) -> str:
     if kind == "array":
         items = prop.get("items", {})
         options = items.get("enum") or [o.get("const") for o in items.get("anyOf", []) if isinstance(o, dict)]
-        control = (
-            f"<select {attrs} multiple>"
-            + "".join(f'<option value="{esc(o)}">{esc(o)}</option>' for o in options)
-            + "</select>"
-        )
+        control = f"<select {attrs} multiple>{_options(options)}</select>"
     elif kind == "boolean":
         control = (
             f'<select {attrs}><option value="">choose…</option><option value="true">yes (true)</option>'
             '<option value="false">no (false)</option></select>'
         )
     elif choices is not None:
-        control = (
-            f'<select {attrs}><option value="">choose…</option>'
-            + "".join(f'<option value="{esc(c)}">{esc(c)}</option>' for c in choices)
-            + "</select>"
-        )
+        control = f'<select {attrs}><option value="">choose…</option>{_options(choices)}</select>'
     elif kind in ("integer", "number"):
         step = "1" if kind == "integer" else "any"
         control = f'<input type="number" step="{step}" {attrs}>'
@@ -235,19 +230,6 @@ def _field(key: str, name: str, prop: dict[str, Any], required: bool) -> str:
     return label + hint + control
 
 
-def answer_form(job: JobRecord, request: InputRequestRecord, *, base: str, operator: Operator) -> str:
-    schema = request.requested_schema
-    required = set(schema.get("required", ()))
-    fields = "".join(
-        _field(request.key, name, prop, name in required)
-        for name, prop in schema.get("properties", {}).items()
-    )
-    return (
-        f'<form method="post" action="{esc(base)}/jobs/{esc(job.id)}/answer/{esc(request.key)}">'
-        f'{csrf_field(operator)}{fields}<p><button class="primary">Send answer</button></p></form>'
-    )
-
-
 def _question(
     job: JobRecord,
     request: InputRequestRecord,
@@ -255,7 +237,7 @@ def _question(
     reveal: bool,
     base: str,
     operator: Operator,
-    problem: str | None,
+    problem: tuple[str, str] | None,
 ) -> str:
     head = (
         f'<div class="card question" data-key="{esc(request.key)}"><div><strong class="mono">{esc(request.key)}</strong> '
@@ -273,18 +255,36 @@ def _question(
             + f"<p>Answered {_when(request.answered_at)} by <strong>{esc(request.answered_by or '-')}</strong></p>"
             f"{answer}</div>"
         )
-    error = f'<p class="error">{esc(problem)}</p>' if problem else ""
-    form = (
-        answer_form(job, request, base=base, operator=operator) if job.status == Status.INPUT_REQUIRED else ""
+    if problem is not None and problem[0] == request.key:
+        head += f'<p class="error">{esc(problem[1])}</p>'
+    if job.status != Status.INPUT_REQUIRED:
+        return head + "</div>"
+    schema = request.requested_schema
+    required = set(schema.get("required", ()))
+    fields = "".join(
+        _field(request.key, name, prop, name in required)
+        for name, prop in schema.get("properties", {}).items()
     )
-    return head + error + form + "</div>"
+    return (
+        f'{head}<form method="post" action="{esc(base)}/jobs/{esc(job.id)}/answer/{esc(request.key)}">'
+        f'{csrf_field(operator)}{fields}<p><button class="primary">Send answer</button></p></form></div>'
+    )
+
+
+def _step(step: StepRecord) -> str:
+    ended = f", finished {_when(step.finished_at)}" if step.finished_at else ", outcome not recorded yet"
+    error = f'<div class="error">{esc(step.error)}</div>' if step.error else ""
+    return (
+        f'<li class="step-{esc(step.status)}"><strong>{esc(step.name)}</strong> <span class="badge">{esc(step.status)}</span> '
+        f'<span class="muted">attempt {step.attempt}, started {_when(step.started_at)}{ended}</span>{error}</li>'
+    )
 
 
 def _contact_facts(contact: NodeContact | None) -> list[tuple[str, str]]:
     """The job page's lines on its node's lease: when last heard from, and by when another node takes over."""
     if contact is None:
         return []
-    heard = f'<span class="{"quiet" if contact.quiet else "muted"}">{esc(contact_text(contact))}</span>'
+    heard = _heard(contact_text(contact), contact.quiet, "span")
     return [
         ("Node last heard", f"{_when(contact.last_heard_at)} {heard}"),
         ("Taken over by", f"{_when(contact.takeover_by)} at the latest, unless its node is heard from first"),
@@ -304,97 +304,50 @@ def job_page(
     problem: tuple[str, str] | None = None,
     notice: str | None = None,
 ) -> str:
-    value = fraction(job)
-    terminal = Status(job.status).is_terminal
+    progress = _bar(fraction(job), job.progress_done)
+    if job.progress_total and job.progress_done is not None:
+        progress += f' <span class="muted">{esc(f"{job.progress_done:g} of {job.progress_total:g}")}</span>'
+    retention = f"kept until {_when(job.expires_at)}"
+    if job.keep_result_seconds is not None:
+        retention += f" ({job.keep_result_seconds:g} s after it ends)"
     facts = [
         ("Job", f'<span class="mono">{esc(job.id)}</span>'),
         ("Kind", esc(job.kind)),
         ("Principal", esc(readable(job.principal))),
-        (
-            "Status",
-            f'<span class="badge {esc(job.status)}">{esc(job.status)}</span> {esc(job.status_message or "")}',
-        ),
-        (
-            "Progress",
-            _bar(value, job.progress_done)
-            + (
-                f' <span class="muted">{esc(f"{job.progress_done:g} of {job.progress_total:g}")}</span>'
-                if job.progress_total and job.progress_done is not None
-                else ""
-            ),
-        ),
+        ("Status", f"{_badge(job.status)} {esc(job.status_message or '')}"),
+        ("Progress", progress),
         ("Created", f"{_when(job.created_at)} ({_age((now - job.created_at).total_seconds())} ago)"),
         ("Started", _when(job.started_at)),
         ("Finished", _when(job.finished_at)),
         ("Attempts", f"{job.attempts} of at most {job.max_attempts} (on interrupt: {esc(job.on_interrupt)})"),
         ("Running on", esc(job.lease_owner or "-")),
         *_contact_facts(node_contact(job.status, job.lease_expires_at, now, timing)),
-        (
-            "Retention",
-            f"kept until {_when(job.expires_at)}"
-            + (
-                f" ({job.keep_result_seconds:g} s after it ends)"
-                if job.keep_result_seconds is not None
-                else ""
-            ),
-        ),
+        ("Retention", retention),
     ]
     if job.cancel_requested_at is not None:
-        facts.append(
-            (
-                "Cancel requested",
-                f"{_when(job.cancel_requested_at)} by <strong>{esc(job.cancel_requested_by or '-')}</strong>",
-            )
-        )
+        by = f"<strong>{esc(job.cancel_requested_by or '-')}</strong>"
+        facts.append(("Cancel requested", f"{_when(job.cancel_requested_at)} by {by}"))
     if job.error:
-        reference = job.error.get("reference")
-        facts.append(
-            (
-                "Error",
-                f'<span class="error">{esc(job.error.get("message") or job.error.get("error") or "")}</span>'
-                + (
-                    f' <span class="mono">reference {esc(reference)}</span> (find it in the server log)'
-                    if reference
-                    else ""
-                ),
-            )
-        )
+        error = f'<span class="error">{esc(job.error.get("message") or job.error.get("error") or "")}</span>'
+        if reference := job.error.get("reference"):
+            error += f' <span class="mono">reference {esc(reference)}</span> (find it in the server log)'
+        facts.append(("Error", error))
     rows = "".join(f"<tr><th>{name}</th><td>{cell}</td></tr>" for name, cell in facts)
     actions = ""
-    if not terminal:
+    if not Status(job.status).is_terminal:
         actions = f'<p><a class="danger" style="text-decoration:none" href="{esc(base)}/jobs/{esc(job.id)}/cancel">Cancel this job…</a></p>'
-    timeline = (
-        "".join(
-            f'<li class="step-{esc(s.status)}"><strong>{esc(s.name)}</strong> <span class="badge">{esc(s.status)}</span> '
-            f'<span class="muted">attempt {s.attempt}, started {_when(s.started_at)}'
-            + (f", finished {_when(s.finished_at)}" if s.finished_at else ", outcome not recorded yet")
-            + "</span>"
-            + (f'<div class="error">{esc(s.error)}</div>' if s.error else "")
-            + "</li>"
-            for s in steps
-        )
-        or '<li class="muted">No durable steps recorded.</li>'
-    )
-    claims = claims_of(job)
+    timeline = "".join(_step(s) for s in steps) or '<li class="muted">No durable steps recorded.</li>'
     runs = (
         "".join(
             f'<tr><td>{c.attempt}</td><td class="mono">{esc(c.node)}</td><td>{_when(c.claimed_at)}</td>'
             f"<td>{'resumed' if c.resumed else 'new attempt'}</td></tr>"
-            for c in claims
+            for c in claims_of(job)
         )
         or '<tr><td colspan="4" class="muted">Not claimed by any node yet.</td></tr>'
     )
     asked = (
         "".join(
-            _question(
-                job,
-                q,
-                reveal=reveal,
-                base=base,
-                operator=operator,
-                problem=problem[1] if problem is not None and problem[0] == q.key else None,
-            )
-            for q in questions
+            _question(job, q, reveal=reveal, base=base, operator=operator, problem=problem) for q in questions
         )
         or '<p class="muted">No questions asked.</p>'
     )
@@ -414,7 +367,7 @@ def job_page(
         )
     flash = f'<p class="card">{esc(notice)}</p>' if notice else ""
     body = (
-        f'<h1>{esc(job.kind)} <span class="badge {esc(job.status)}">{esc(job.status)}</span></h1>{flash}'
+        f"<h1>{esc(job.kind)} {_badge(job.status)}</h1>{flash}"
         f'<table class="facts">{rows}</table>{actions}'
         f"<h2>Questions</h2>{asked}"
         f'<h2>Steps</h2><ol class="timeline">{timeline}</ol>'

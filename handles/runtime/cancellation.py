@@ -7,8 +7,7 @@ import logging
 
 from handles.errors import StoreUnavailable
 from handles.outcomes import Outcome, cancelled_at_request, cancelled_with_unknown_steps
-from handles.runtime.run_life import RunLife, RunningJob
-from handles.runtime.state import RuntimeState
+from handles.runtime.state import RunLife, RunningJob, RuntimeState
 from handles.store import JobRecord
 
 logger = logging.getLogger("handles.runtime")
@@ -76,8 +75,7 @@ class RunCancellation(RuntimeState):
         return cancelled_at_request(await self._cancel_requester(record.id), record.principal)
 
     async def _cancel_requester(self, job_id: str) -> str | None:
-        """Who asked to cancel `job_id`, as recorded (None if it cannot be read now: the message then names
-        nobody rather than guess)."""
+        """Who asked to cancel `job_id`, as recorded; None when unreadable now (the message then names nobody)."""
         try:
             job = await self.store.read(self.store.repo.get, job_id)
         except StoreUnavailable:

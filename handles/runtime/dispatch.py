@@ -10,7 +10,7 @@ from handles.outcomes import Outcome
 from handles.runtime.job_runner import JobRunner
 from handles.runtime.job_writes import JobWrites
 from handles.runtime.leases import every
-from handles.runtime.run_life import RunningJob
+from handles.runtime.state import RunningJob
 from handles.store import Change, JobRecord
 from handles.store.models import principal_key
 
@@ -47,8 +47,7 @@ class JobDispatch(JobRunner):
         *,
         settled: asyncio.Future[Outcome] | None = None,
     ) -> None:
-        """Run a job stored already leased to this runtime, in the slot `reserve` held; `settled` (a plain
-        call's) gets the outcome this run stores."""
+        """Run a job stored already leased here, in the slot `reserve` held; `settled` gets its outcome."""
         if self.closed:
             self.slots.unreserve(1)
             self._spawn(self._hand_back(record.id), name=f"handles-hand-back-{record.id}")

@@ -15,8 +15,8 @@ from handles.config import HandlesConfig
 from handles.jobs import JobSpec
 from handles.runtime.dispatch import JobDispatch
 from handles.runtime.leases import LeaseKeeper, every
-from handles.runtime.run_life import RunLife, RunningJob
 from handles.runtime.slots import Slots
+from handles.runtime.state import RunLife, RunningJob
 from handles.runtime.sweeper import Sweeper
 from handles.sealing import Sealer
 from handles.store import Store
@@ -34,10 +34,8 @@ class Runtime(JobDispatch):
         self.store = store
         self.sealer = sealer
         self.telemetry = Telemetry()
-        self.config = config
         self.specs = specs
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        self.slots = Slots(config.max_running if config.run_workers else 0, config.principal_slot_limit)
         self._running: dict[str, RunningJob] = {}
         self._loops: list[asyncio.Task[None]] = []
         self._dispatcher: asyncio.Task[None] | None = None
@@ -62,6 +60,7 @@ class Runtime(JobDispatch):
             evidence_seconds=lambda: self.config.audit_retention_seconds,
             telemetry=self.telemetry,
         )
+        self.reconfigure(config)  # its config and slots
         store.origin = self.owner
         store.writable_until = self._leases.writable_until  # what a run knows is written through an outage
         self._started = False

@@ -21,7 +21,7 @@ from handles.outcomes import Outcome, failed, result_to_json
 from handles.results import ResultFile, ResultLink, linked_result
 from handles.runtime.cancellation import RunCancellation
 from handles.runtime.result_files import ResultTooLarge, write_result_file
-from handles.runtime.run_life import RunLife, RunningJob
+from handles.runtime.state import RunLife, RunningJob
 from handles.sealing import SealedValueUnreadable
 from handles.states import Status
 from handles.store import JobRecord
@@ -38,8 +38,7 @@ request's reply goes out first (docs/performance.md)."""
 
 
 def tool_errors() -> tuple[type[Exception], ...]:
-    """What a job raises to end `completed` with a tool-level error: the SDK's `ToolError`, and FastMCP's
-    once FastMCP is loaded."""
+    """What a job raises to end `completed` with a tool error: the SDK's `ToolError`, and FastMCP's once loaded."""
     fastmcp = sys.modules.get("fastmcp.exceptions")
     return (ToolError,) if fastmcp is None else (ToolError, fastmcp.ToolError)
 
@@ -76,8 +75,7 @@ class JobRunner(RunCancellation):
                 self._wake.set()  # a slot is free and jobs may be waiting for one
 
     async def _reply_first(self, entry: RunningJob, record: JobRecord) -> bool:
-        """Wait `REPLY_FIRST_TURNS` turns so the start's reply goes first; False when the run was interrupted
-        meanwhile and settled here (dropped, handed back to the queue, or cancelled)."""
+        """Let the start's reply go first; False when the run was interrupted meanwhile (and settled here)."""
         try:
             for _ in range(REPLY_FIRST_TURNS):
                 await asyncio.sleep(0)
@@ -94,8 +92,7 @@ class JobRunner(RunCancellation):
         return True
 
     async def _settle(self, entry: RunningJob, job_id: str, outcome: Outcome, span: Span | None) -> None:
-        """Write a run's outcome (and count it, on the attempt's `span` too when it has one). From here on
-        nothing interrupts the run (a cancel, a drain)."""
+        """Write and count a run's outcome (on `span` too, if any); from here on nothing interrupts the run."""
         entry.enter(RunLife.SETTLING)
         with contextlib.suppress(Exception):
             await entry.ctx.flush()
@@ -129,8 +126,7 @@ class JobRunner(RunCancellation):
             return False
 
     async def _result_of(self, spec: JobSpec, record: JobRecord, value: Any) -> dict[str, Any]:
-        """The result to store: the job's own, or a link to the file it is stored in when it is a
-        `ResultFile` or larger than the job's `link_results_over` (see handles.runtime.result_files)."""
+        """The job's result to store, or a link to its file (a `ResultFile`, or over `link_results_over`)."""
         if isinstance(value, ResultFile):
             return linked_result(await self._write_file(record, value), structured=True)
         # Serialised once: its size, and the text the store writes (`SizedJSON`).

@@ -39,8 +39,7 @@ async def every(
 
 @dataclass(kw_only=True, eq=False)
 class LeaseKeeper:
-    """Renews the leases of the jobs this node runs, and knows from when each was last renewed how long a
-    write of what a run knows waits out a database outage (`writable_until`, `Store.writable_until`)."""
+    """Renews this node's leases, and from each renewal says how long a write may wait out an outage."""
 
     store: Store
     owner: str
@@ -52,12 +51,8 @@ class LeaseKeeper:
     # job id -> the loop time its lease was last set from (its claim, a heartbeat that renewed it)
     _renewed: dict[str, float] = field(default_factory=dict, init=False)
 
-    @property
-    def interval(self) -> float:
-        return self.config.heartbeat_interval
-
     async def run(self) -> None:
-        await every(lambda: self.wake, self.interval, self.beat, "heartbeat")
+        await every(lambda: self.wake, self.config.heartbeat_interval, self.beat, "heartbeat")
 
     def leased(self, job_id: str) -> None:
         """This node has just claimed `job_id`: its lease runs from about now."""

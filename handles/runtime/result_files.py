@@ -25,9 +25,7 @@ def _cut(buffer: bytearray, limit: int, text: bool) -> int:
     return cut
 
 
-async def write_result_file(
-    store: Store, job_id: str, file: ResultFile, *, max_bytes: int, part_bytes: int = PART_BYTES
-) -> ResultLink:
+async def write_result_file(store: Store, job_id: str, file: ResultFile, *, max_bytes: int) -> ResultLink:
     """Store `file` in parts under a new file id and return its link (the result isn't stored yet)."""
     file_id = secrets.token_hex(16)
     text = is_text(file.media_type)
@@ -47,8 +45,8 @@ async def write_result_file(
                 raise ResultTooLarge(f"The job's result file is larger than the {max_bytes} byte limit.")
             digest.update(chunk)
             buffer += chunk
-            while len(buffer) >= part_bytes:
-                cut = _cut(buffer, part_bytes, text)
+            while len(buffer) >= PART_BYTES:
+                cut = _cut(buffer, PART_BYTES, text)
                 await put(bytes(buffer[:cut]))
                 del buffer[:cut]
         if buffer or part == 0:

@@ -1,17 +1,19 @@
-"""What the parts of the runtime share, and how a job goes back to the queue."""
+"""What the runtime's parts share: where each run stands, their state, and a job's way back to the queue."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from handles.config import HandlesConfig
 from handles.errors import StoreUnavailable
-from handles.jobs import JobSpec
+from handles.jobs import JobContext, JobSpec
+from handles.outcomes import Outcome
 from handles.runtime.leases import LeaseKeeper
-from handles.runtime.run_life import RunningJob
 from handles.runtime.slots import Slots
 from handles.runtime.sweeper import Sweeper
 from handles.sealing import Sealer
@@ -19,6 +21,41 @@ from handles.store import Store
 from handles.telemetry import Telemetry
 
 logger = logging.getLogger("handles.runtime")
+
+
+class RunLife(Enum):
+    """Where a run of this process stands; it only moves forward, in the order written here."""
+
+    RUNNING = "running"
+    STOPPING = "stopping"
+    """Interrupted by this node's shutdown: the job is handed over by its interrupt policy."""
+    LOST = "lost"
+    """It ended elsewhere (or was recovered) while it ran here: nothing it writes is taken."""
+    SETTLING = "settling"
+    """Its outcome (or its parking) is being written: nothing interrupts it any more."""
+
+
+@dataclass
+class RunningJob:
+    spec: JobSpec
+    ctx: JobContext
+    task: asyncio.Task[None] | None = None
+    life: RunLife = RunLife.RUNNING
+    timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    # What the run replays (answers by key, steps by name) when known without reading the store.
+    replay: tuple[dict[str, dict[str, Any]], dict[str, Any]] | None = None
+    # Started by a request of this process, whose reply is on its way out: the run lets it go first.
+    reply_first: bool = False
+    # A plain call of this process waiting for the result: the stored outcome is set on it once committed.
+    settled: asyncio.Future[Outcome] | None = None
+
+    def enter(self, life: RunLife) -> bool:
+        """Move the run forward to `life` (it never goes back); whether it did."""
+        lives = list(RunLife)
+        if lives.index(life) <= lives.index(self.life):
+            return False
+        self.life = life
+        return True
 
 
 class RuntimeState:

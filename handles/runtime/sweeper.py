@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from handles.outcomes import failed
 from handles.states import Status
@@ -30,8 +30,8 @@ class Sweeper:
     drop: Callable[[str], None]
     signal_cancel: Callable[[str], object]
     requeued: Callable[[str], Awaitable[None]]
-    evidence_seconds: Callable[[], float] = lambda: 0.0
-    telemetry: Telemetry = field(default_factory=Telemetry)
+    evidence_seconds: Callable[[], float]
+    telemetry: Telemetry
 
     async def sweep_once(self) -> dict[str, int]:
         repo = self.store.repo
