@@ -4,6 +4,7 @@ each a framework-neutral `ToolDefinition` whose every reply says what to call ne
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, Optional
 
 from pydantic import Field, create_model
@@ -103,8 +104,9 @@ class JobTools(JobGuidance):
         quiet = self._quiet_node(job)
         # The reply is made from the job's state and its steps' alone: an unchanged job's is the last one.
         # A job waiting for answers is not remembered (its questions are read apart from its state), nor one
-        # whose node has gone quiet (its reply says for how long).
-        state = None if view.pending or quiet else (job, view.steps)
+        # whose node has gone quiet (its reply says for how long); while the node is alive, a renewal of its
+        # lease changes nothing the reply shows.
+        state = None if view.pending or quiet else (replace(job, lease_expires_at=None), view.steps)
         if state is not None:
             last = self._progress_replies.get(job.id, state)
             if last is not None:

@@ -39,9 +39,7 @@ def built_replies(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 async def test_an_unchanged_job_gets_its_last_reply_and_every_change_a_new_one(
     database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A lease renewal changes the job's row, and so rebuilds the reply: keep renewals out of the test's few seconds.
-    settings = {"lease_seconds": 120.0, "heartbeat_seconds": 60.0}
-    jobs = Handles(config(tmp_path, database_url=database_url, auto_migrate=True, **settings))
+    jobs = Handles(config(tmp_path, database_url=database_url, auto_migrate=True))
     reported, stepped = asyncio.Event(), asyncio.Event()
     go_report, go_step, go_ask = (asyncio.Event() for _ in range(3))
 
@@ -93,6 +91,30 @@ async def test_an_unchanged_job_gets_its_last_reply_and_every_change_a_new_one(
         ended = await r.ok("following_progress", handle=handle)
         assert ended["status"] == "completed" and ended["poll_after_ms"] is None, ended
         assert await r.ok("following_progress", handle=handle) == ended and len(built) == 4
+
+
+async def test_a_lease_renewal_alone_keeps_the_last_reply(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A renewal moves only the lease's expiry, which a caller never sees while the node is alive."""
+    settings = {"lease_seconds": 30.0, "heartbeat_seconds": 0.05}
+    jobs = Handles(config(tmp_path, database_url=database_url, auto_migrate=True, **settings))
+    release = asyncio.Event()
+
+    @jobs.job
+    async def held(ctx: JobContext) -> int:
+        await release.wait()
+        return 1
+
+    built = built_replies(monkeypatch)
+    async with rig(jobs) as r:
+        handle = (await r.ok("held_start"))["handle"]
+        await asyncio.sleep(0.2)
+        first = await r.ok("held_progress", handle=handle)
+        await asyncio.sleep(0.5)  # about ten renewals
+        again = await r.ok("held_progress", handle=handle)
+        assert again == first and len(built) == 1, (built, first, again)
+        release.set()
 
 
 async def test_another_principals_poll_of_a_remembered_job_looks_like_a_made_up_handle(
