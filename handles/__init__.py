@@ -66,27 +66,22 @@ assert sorted(__all__) == sorted(_EXPORTS)
 deprecations.install()
 
 
-def _installed_version() -> str:
-    """The version in the installed distribution's metadata (pyproject.toml's); `0+unknown` for a checkout
-    imported without being installed."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("mcp-handles")
-    except PackageNotFoundError:
-        return "0+unknown"
-
-
 def __getattr__(name: str) -> Any:
+    """A name is imported on first use, then kept in the module."""
+    value: object
     if name == "__version__":
-        globals()[name] = installed = _installed_version()
-        return installed
-    module = _EXPORTS.get(name)
-    if module is None:
-        if name in deprecations.MOVED_NAMES:
-            globals()[name] = value = deprecations.moved_name(name)
-            return value
+        # The installed distribution's (pyproject.toml's); `0+unknown` for a checkout not installed.
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            value = version("mcp-handles")
+        except PackageNotFoundError:
+            value = "0+unknown"
+    elif name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in deprecations.MOVED_NAMES:
+        value = deprecations.moved_name(name)
+    else:
         raise AttributeError(f"module 'handles' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

@@ -132,16 +132,16 @@ class Handles:
         if self._service is None:
             url = self.config.resolved_database_url()
             make_sqlite_folder(url)
-            codec = HandleCodec(self.config.resolved_secret_keys())
+            keys = self.config.resolved_secret_keys()
             with database_errors(url):
                 repository = JobRepository(url, clock=self._clock)
             store = Store(repository)
-            sealer = Sealer(self.config.resolved_secret_keys())
+            sealer = Sealer(keys)
             runtime = Runtime(store=store, config=self.config, specs=self._specs, sealer=sealer)
             self._service = JobOperations(
                 specs=self._specs,
                 store=store,
-                codec=codec,
+                codec=HandleCodec(keys),
                 sealer=sealer,
                 runtime=runtime,
                 config=self.config,

@@ -20,10 +20,16 @@ class DatabaseUnreachable(ConfigurationError):
 
 
 class CallerError(HandlesError):
-    """A request the caller can correct. `code` is stable; `message` and `next_step` are for people and models."""
+    """A request the caller can correct. `code` is stable (a subclass names it, and whether the same call
+    may work later, `retryable`, in its class statement); `message` and `next_step` are for people and models."""
 
     code: str = "invalid_request"
     retryable: bool = False
+
+    def __init_subclass__(cls, *, code: str | None = None, retryable: bool = False) -> None:
+        super().__init_subclass__()
+        cls.code = code or cls.code
+        cls.retryable = retryable or cls.retryable
 
     def __init__(self, message: str, next_step: str, *, data: dict[str, Any] | None = None) -> None:
         super().__init__(message)
@@ -39,48 +45,32 @@ class CallerError(HandlesError):
         return body
 
 
-class UnknownHandle(CallerError):
+class UnknownHandle(CallerError, code="unknown_handle"):
     """The handle is forged, truncated, signed by a retired key, or another principal's: all look the same."""
 
-    code = "unknown_handle"
 
-
-class ExpiredHandle(CallerError):
+class ExpiredHandle(CallerError, code="expired_handle"):
     """The handle is genuine and the caller's, but its job's retention has passed."""
 
-    code = "expired_handle"
 
-
-class WrongJobKind(CallerError):
+class WrongJobKind(CallerError, code="wrong_job"):
     """The caller's own handle was passed to the tools of another job."""
 
-    code = "wrong_job"
 
-
-class InvalidArguments(CallerError):
+class InvalidArguments(CallerError, code="invalid_arguments"):
     """Arguments or responses that do not fit the declared schema or limits."""
 
-    code = "invalid_arguments"
 
-
-class IdempotencyConflict(CallerError):
+class IdempotencyConflict(CallerError, code="idempotency_conflict"):
     """The idempotency key was already used for this job with different arguments."""
 
-    code = "idempotency_conflict"
 
-
-class LimitReached(CallerError):
+class LimitReached(CallerError, code="limit_reached", retryable=True):
     """A configured cap (for example active jobs per principal) stops this request for now."""
 
-    code = "limit_reached"
-    retryable = True
 
-
-class JobsPaused(CallerError):
+class JobsPaused(CallerError, code="paused", retryable=True):
     """An operator paused new starts of this job kind; nothing was started, and the same call works later."""
-
-    code = "paused"
-    retryable = True
 
     @classmethod
     def of(cls, job: str, retry_after_seconds: float) -> JobsPaused:
@@ -95,18 +85,12 @@ class JobsPaused(CallerError):
         )
 
 
-class ShuttingDown(CallerError):
+class ShuttingDown(CallerError, code="shutting_down", retryable=True):
     """This server node is draining for a restart; the same call succeeds on another node or after it."""
 
-    code = "shutting_down"
-    retryable = True
 
-
-class StoreUnavailable(CallerError):
+class StoreUnavailable(CallerError, code="store_unavailable", retryable=True):
     """The database cannot be reached; nothing was changed and the same request may be retried."""
-
-    code = "store_unavailable"
-    retryable = True
 
     @classmethod
     def now(cls) -> StoreUnavailable:
@@ -142,10 +126,8 @@ class StepOutcomeUnknown(HandlesError):
         self.attempt = attempt
 
 
-class UnknownResultLink(CallerError):
+class UnknownResultLink(CallerError, code="unknown_result_link"):
     """A result link that is made up, another principal's, of a job that is gone, or of a part that does not exist."""
-
-    code = "unknown_result_link"
 
 
 @functools.cache

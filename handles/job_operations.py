@@ -348,13 +348,13 @@ class JobOperations:
         """The caller's job for `handle`, or a caller error that reveals nothing about other principals."""
         claims = await self._claims(spec, principal, handle)
         record = await self.store.read(self.store.repo.get, claims.job_id)
-        return await self._owned(spec, principal, claims, record)
+        return await self._owned(spec, principal, record)
 
     async def open_view(self, spec: JobSpec, principal: str, handle: object) -> JobView:
         """Like `open`, with the job's open questions and steps, read together in one go."""
         claims = await self._claims(spec, principal, handle)
         record, pending, steps = await self.store.read(self.store.repo.snapshot, claims.job_id)
-        return JobView(await self._owned(spec, principal, claims, record), pending, steps)
+        return JobView(await self._owned(spec, principal, record), pending, steps)
 
     async def view(self, record: JobRecord | JobState) -> JobView:
         """The latest state of a job already opened, with its open questions and steps."""
@@ -376,9 +376,7 @@ class JobOperations:
             raise self.expired_handle(spec, claims.expires_at)
         return claims
 
-    async def _owned(
-        self, spec: JobSpec, principal: str, claims: HandleClaims, record: Opened | None
-    ) -> Opened:
+    async def _owned(self, spec: JobSpec, principal: str, record: Opened | None) -> Opened:
         if record is None:
             raise self.expired_handle(spec)
         if record.principal != principal or record.kind != spec.name:
@@ -451,13 +449,6 @@ class JobOperations:
         deadline = None if seconds is None else loop.time() + seconds
         store, notifier, job_id = self.store, self.store.notifier, record.id
         last: Opened | JobRecord = record
-
-        def left() -> float:
-            """Seconds until the next re-read is due; 0 once the wait is over."""
-            if Status(last.status).is_terminal or self.runtime.closed:
-                return 0.0
-            return REREAD_SECONDS if deadline is None else min(REREAD_SECONDS, deadline - loop.time())
-
         # Draining is checked after each read, not before: the answer a drain cuts short is the latest state.
         while not Status(last.status).is_terminal and (deadline is None or loop.time() < deadline):
             # Watch, then read: a change landing after the read still ends the wait below at once.
@@ -476,7 +467,9 @@ class JobOperations:
             if latest.version != last.version:
                 last = latest
                 yield latest
-            timeout = left()
+            if Status(last.status).is_terminal or self.runtime.closed:
+                return
+            timeout = REREAD_SECONDS if deadline is None else min(REREAD_SECONDS, deadline - loop.time())
             if timeout <= 0:
                 return
             notifier.seen(job_id, last.version)
@@ -581,7 +574,9 @@ async def store_answers(
     if runtime is not None:
         now = store.repo.clock()
         for key in outcome.accepted:
-            runtime.telemetry.parked_time(job.kind, (now - pending[key].created_at).total_seconds())
+            runtime.telemetry.duration(
+                "parked_time", job.kind, (now - pending[key].created_at).total_seconds()
+            )
     if outcome.job.status == Status.WORKING and outcome.job.lease_owner is None:
         # parked, or its question before the start answered: a worker on any node may take it now
         if runtime is not None:

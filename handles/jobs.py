@@ -20,7 +20,7 @@ from mcp_types import CallToolResult
 from pydantic import BaseModel, SecretStr, TypeAdapter, ValidationError
 from pydantic_core import to_jsonable_python
 
-from handles.ask_first import AskFirst
+from handles.ask_first import FIRST_KEY, AskFirst
 from handles.elicitation import elicitation_schema
 from handles.errors import ConfigurationError, InvalidArguments, StepOutcomeUnknown, StoreUnavailable
 from handles.limits import MAX_RESULT_BYTES, clean_message
@@ -203,10 +203,6 @@ class JobSpec:
                 values[name] = secret.get_secret_value()
         return values
 
-    def call_arguments(self, stored: dict[str, Any]) -> dict[str, Any]:
-        """Python values for the job function, rebuilt from the stored JSON arguments."""
-        return self.metadata.validate_arguments(stored)
-
     def to_tool_result(self, value: Any) -> CallToolResult:
         """The `CallToolResult` a plain tool returning `value` would produce."""
         result = self.metadata.convert_result(value)
@@ -303,13 +299,11 @@ class JobContext:
         self._write_lock = asyncio.Lock()
         self._trailing: asyncio.Task[None] | None = None
         self._step_names: set[str] = set()
-        self._first_answer: dict[str, Any] | None = None
         self._answers: dict[str, dict[str, Any]] = {}
         self._completed: dict[str, Any] = {}
         self._running_steps: set[str] = set()
         self._opening = 0  # questions being stored right now (asked together, say with gather)
         self._interrupt_pending = False
-        self.progress_writes = 0
 
     def _replay(self, answers: dict[str, dict[str, Any]], steps: dict[str, StepRecord]) -> None:
         """What earlier runs of this job recorded: answers by key, and steps by name (the runtime's call)."""
@@ -340,10 +334,11 @@ class JobContext:
     @property
     def first_answer(self) -> Any:
         """The answer to the job's `ask_first` question (a model of its schema, or a dict); None without one."""
-        if self.spec.ask_first is None or self._first_answer is None:
+        answer = self._answers.get(FIRST_KEY)
+        if self.spec.ask_first is None or answer is None:
             return None
         schema = self.spec.ask_first.schema
-        return self._first_answer if isinstance(schema, dict) else _typed(self._first_answer, schema)
+        return answer if isinstance(schema, dict) else _typed(answer, schema)
 
     @property
     def cancelled(self) -> bool:
@@ -396,7 +391,6 @@ class JobContext:
             done, total, message = self._latest
             self._dirty = False
             self._last_write = asyncio.get_running_loop().time()
-            self.progress_writes += 1
             try:
                 await self._writes.progress(done, total, message)
             except StoreUnavailable:
@@ -516,9 +510,6 @@ class JobContext:
         await self._writes.finish_step(name, attempt, result=stored)
         Telemetry.step(name, "completed")
         return stored
-
-    def _request_cancel(self) -> None:
-        self._cancel_requested.set()
 
 
 async def _invoke(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

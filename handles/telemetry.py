@@ -8,7 +8,7 @@ import functools
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 from opentelemetry import metrics, trace
 from opentelemetry.trace import Link, Span, SpanKind, StatusCode
@@ -20,6 +20,7 @@ REASON = "handles.job.reason"
 FACE = "handles.job.face"
 """Which face started a job: `handle_tools`, `plain_tool`, `tasks_extension` or `tasks_2025_11_25`."""
 ENDED = ("completed", "failed", "cancelled")
+Duration = Literal["queue_wait", "run_time", "parked_time"]
 _PROPAGATOR = TraceContextTextMapPropagator()  # trace context only: baggage may carry anything
 
 
@@ -126,14 +127,9 @@ class Telemetry:
     def recovered(self, kind: str) -> None:
         self._instruments["recovered"].add(1, {KIND: kind})
 
-    def queue_wait(self, kind: str, seconds: float) -> None:
-        self._instruments["queue_wait"].record(max(seconds, 0.0), {KIND: kind})
-
-    def run_time(self, kind: str, seconds: float) -> None:
-        self._instruments["run_time"].record(max(seconds, 0.0), {KIND: kind})
-
-    def parked_time(self, kind: str, seconds: float) -> None:
-        self._instruments["parked_time"].record(max(seconds, 0.0), {KIND: kind})
+    def duration(self, name: Duration, kind: str, seconds: float) -> None:
+        """Record one of the histograms (`queue_wait`, `run_time`, `parked_time`) for a job of `kind`."""
+        self._instruments[name].record(max(seconds, 0.0), {KIND: kind})
 
     @contextlib.contextmanager
     def attempt(

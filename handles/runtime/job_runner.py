@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent
 
-from handles.ask_first import FIRST_KEY
 from handles.errors import JobFailed, LeaseLost, StepOutcomeUnknown, StoreUnavailable
 from handles.jobs import JobParked, JobSpec, UndeclaredAsk
 from handles.limits import clean_message, json_size, sized_json
@@ -54,13 +53,13 @@ class JobRunner(RunCancellation):
                 return
             claims = claims_of(record)
             if len(claims) == 1:  # its first claim: how long it waited for a worker
-                self.telemetry.queue_wait(
-                    spec.name, (claims[0].claimed_at - record.created_at).total_seconds()
+                self.telemetry.duration(
+                    "queue_wait", spec.name, (claims[0].claimed_at - record.created_at).total_seconds()
                 )
             began = asyncio.get_running_loop().time()
             with self.telemetry.attempt(spec.name, job_id, record.attempts, record.trace_context) as span:
                 outcome = await self._run_job(entry, record)
-                self.telemetry.run_time(spec.name, asyncio.get_running_loop().time() - began)
+                self.telemetry.duration("run_time", spec.name, asyncio.get_running_loop().time() - began)
                 if outcome is not None:
                     await self._settle(entry, job_id, outcome, span)
         except Exception:
@@ -148,14 +147,13 @@ class JobRunner(RunCancellation):
             try:
                 arguments = self.sealer.unseal(record.arguments)
                 ctx.redact.add(arguments, spec.sensitive_arguments)
-                kwargs = spec.call_arguments(arguments)
+                kwargs = spec.metadata.validate_arguments(arguments)
                 kwargs[spec.context_param] = ctx
                 if entry.replay is not None:
                     answers, steps = entry.replay
                 else:
                     answers, steps = await self.store.read(self.store.repo.replay_state, record.id)
                 ctx._replay(answers, steps)
-                ctx._first_answer = ctx._answers.get(FIRST_KEY)
                 value = await spec.fn(**kwargs)
             except BaseExceptionGroup as group:  # a TaskGroup of asks, say: parked if every branch parked
                 parked, rest = group.split((JobParked, asyncio.CancelledError))
