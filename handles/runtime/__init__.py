@@ -1,7 +1,6 @@
 """Running jobs: `Runtime` (handles.runtime.executor) and the parts it is made of."""
 
-from handles.outcomes import result_to_json
 from handles.runtime.executor import Runtime
 from handles.runtime.sweeper import SWEEP_BATCH
 
-__all__ = ["SWEEP_BATCH", "Runtime", "result_to_json"]
+__all__ = ["SWEEP_BATCH", "Runtime"]

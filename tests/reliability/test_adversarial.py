@@ -29,7 +29,7 @@ from handles.limits import (
     MAX_RESPONSE_BYTES,
     json_size,
 )
-from handles.runtime import result_to_json
+from handles.outcomes import result_to_json
 from handles.server.tasks_extension import UNKNOWN_TASK
 from tests.reliability import app
 from tests.reliability.conftest import (
