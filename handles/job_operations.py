@@ -299,7 +299,7 @@ class JobOperations:
             yield
         except BaseException:
             if new.claimed:
-                self.runtime.unreserve()
+                self.runtime.slots.unreserve()
             raise
 
     def _hand_over(self, new: _NewJob, stored: JobRecord, created: bool) -> tuple[JobRecord, bool]:
@@ -313,9 +313,9 @@ class JobOperations:
             )
             self.runtime.adopt(stored, answers, settled=new.settled)
         elif new.claimed:
-            self.runtime.unreserve()
+            self.runtime.slots.unreserve()
         if created and new.queued:
-            self.runtime.submit(stored.id)  # other nodes heard of it as the insert committed
+            self.runtime.submit()  # other nodes heard of it as the insert committed
         return stored, created
 
     def _first_question(
@@ -580,6 +580,6 @@ async def store_answers(
     if outcome.job.status == Status.WORKING and outcome.job.lease_owner is None:
         # parked, or its question before the start answered: a worker on any node may take it now
         if runtime is not None:
-            runtime.submit(job.id)
+            runtime.submit()
         await store.announce(job.id)
     return outcome

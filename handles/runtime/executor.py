@@ -1,4 +1,4 @@
-"""The executor: runs the jobs of one process against a shared store, and drains them on shutdown."""
+"""The executor (`Runtime`): takes jobs into this node's slots, runs them, and drains them on shutdown."""
 
 from __future__ import annotations
 
@@ -12,20 +12,23 @@ from collections.abc import Mapping
 from typing import Any
 
 from handles.config import HandlesConfig
-from handles.jobs import JobSpec
-from handles.runtime.dispatch import JobDispatch
+from handles.jobs import JobContext, JobSpec
+from handles.outcomes import Outcome
+from handles.runtime.job_runner import JobRunner
+from handles.runtime.job_writes import JobWrites
 from handles.runtime.leases import LeaseKeeper, every
 from handles.runtime.slots import Slots
 from handles.runtime.state import RunLife, RunningJob
 from handles.runtime.sweeper import Sweeper
 from handles.sealing import Sealer
-from handles.store import Store
+from handles.store import Change, JobRecord, Store
+from handles.store.models import principal_key
 from handles.telemetry import Telemetry
 
 logger = logging.getLogger("handles.runtime")
 
 
-class Runtime(JobDispatch):
+class Runtime(JobRunner):
     """Runs the jobs of one process against a shared store."""
 
     def __init__(
@@ -63,7 +66,7 @@ class Runtime(JobDispatch):
         self.reconfigure(config)  # its config and slots
         store.origin = self.owner
         store.writable_until = self._leases.writable_until  # what a run knows is written through an outage
-        self._started = False
+        self.started = False
         self._draining = False
         self._closed = False
         self._drain_deadline: float | None = None
@@ -75,15 +78,11 @@ class Runtime(JobDispatch):
         self._leases.config = config
         self.slots = Slots(config.max_running if config.run_workers else 0, config.principal_slot_limit)
 
-    @property
-    def started(self) -> bool:
-        return self._started
-
     async def start(self) -> None:
         """Start the background loops on the running event loop (idempotent; never after `stop`)."""
-        if self._started or self.closed:
+        if self.started or self.closed:
             return
-        self._started = True
+        self.started = True
         self.telemetry.observe(self)
         self._wake = asyncio.Event()
         self._leases.wake = asyncio.Event()
@@ -163,13 +162,10 @@ class Runtime(JobDispatch):
     async def stop(self) -> None:
         """Stop claiming, let running jobs finish for `drain_seconds`, then hand the rest over by their
         interrupt policy (parked jobs are untouched)."""
-        if not self._started:
+        if not self.started:
             self._closed = True
             return
         self.begin_drain()
-        loop = asyncio.get_running_loop()
-        if self._drain_deadline is None:
-            self._drain_deadline = loop.time() + self.config.drain_seconds
         if self._dispatcher is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._dispatcher
@@ -195,6 +191,119 @@ class Runtime(JobDispatch):
             with contextlib.suppress(asyncio.CancelledError):
                 await loop_task
         self._loops = []
-        self._started = False
+        self.started = False
         self._closed = True
         self.telemetry.forget(self)
+
+    def reserve(self, kind: str, principal: str) -> bool:
+        """Hold a slot for a start stored already claimed by this runtime (see `adopt`)."""
+        if self.closed or not self.started or kind not in self.specs or self._backlog:
+            return False
+        return self.slots.reserve_for(principal_key(principal))
+
+    def queued_message(self, principal: str) -> str:
+        """The status message of a start that `reserve` did not run at once: why it waits, truthfully."""
+        if self.closed or not self.config.run_workers or not self.started:
+            return "Queued; a worker will pick it up shortly."
+        if self.slots.free <= 0:
+            return "Queued: every worker is busy; it starts as soon as one is free."
+        if self.slots.at_share(principal_key(principal)):
+            return (
+                "Queued: your running jobs hold your share of this server's workers, so other callers' "
+                "jobs go first; it starts as soon as none waits or one of yours ends."
+            )
+        return "Queued; it starts in turn, after the jobs that were waiting before it."
+
+    def adopt(
+        self,
+        record: JobRecord,
+        answers: dict[str, dict[str, Any]],
+        *,
+        settled: asyncio.Future[Outcome] | None = None,
+    ) -> None:
+        """Run a job stored already leased here, in the slot `reserve` held; `settled` gets its outcome."""
+        if self.closed:
+            self.slots.unreserve()
+            self._spawn(self._hand_back(record.id), name=f"handles-hand-back-{record.id}")
+            return
+        self.slots.take(record.id, record.principal_key or principal_key(record.principal))
+        self._start_task(
+            self.specs[record.kind],
+            record,
+            replay=(answers, {}),
+            reply_first=settled is None,
+            settled=settled,
+        )
+
+    def _start_task(
+        self,
+        spec: JobSpec,
+        record: JobRecord,
+        replay: tuple[dict[str, dict[str, Any]], dict[str, Any]] | None = None,
+        *,
+        reply_first: bool = False,
+        settled: asyncio.Future[Outcome] | None = None,
+    ) -> None:
+        ctx = JobContext(
+            spec=spec,
+            job_id=record.id,
+            principal=record.principal,
+            attempt=record.attempts,
+            writes=JobWrites(self.store, record.id, self.owner),
+            progress_flush_seconds=self.config.progress_flush_seconds,
+            sealer=self.sealer,
+        )
+        entry = RunningJob(spec=spec, ctx=ctx, replay=replay, reply_first=reply_first, settled=settled)
+        self._running[record.id] = entry
+        self._leases.leased(record.id)
+        entry.task = asyncio.create_task(self._execute(entry, record), name=f"handles-job-{spec.name}")
+
+    async def _dispatch_loop(self) -> None:
+        await every(lambda: self._wake, self.config.store_poll_seconds, self._claim_queued, "dispatcher pass")
+
+    async def _claim_queued(self) -> None:
+        """One dispatcher pass. Shielded: a drain that stops the dispatcher mid-claim still runs (and then
+        drains) what the claim took, instead of leaving it leased to a node that never started it."""
+        if self.closed:
+            return
+        await asyncio.shield(self._spawn(self._claim_into_slots(), name="handles-claim"))
+
+    async def _claim_into_slots(self) -> None:
+        if self.slots.free <= 0:
+            return
+        # Unless work is known to wait, look before reserving: a claim holds every free slot until it returns.
+        if not self._backlog and not await self.store.read(self.store.repo.has_claimable, list(self.specs)):
+            return
+        self._backlog = True  # work waits: a start meanwhile queues behind it, as `reserve` says
+        wanted = self.slots.reserve(self.slots.free)
+        if wanted <= 0:
+            return
+        claimed: list[JobRecord] = []
+        try:
+            claimed = await self.store.call(
+                self.store.repo.claim_next,
+                self.owner,
+                list(self.specs),
+                wanted,
+                self.config.lease_seconds,
+                held=self.slots.held_by_principal(),
+                share_limit=self.slots.principal_limit,
+                served=self.slots.served(),
+            )
+        finally:
+            self.slots.unreserve(wanted - len(claimed))
+        # Fewer than asked for: nothing else waits right now (until a start, a retry or a notice says so).
+        self._backlog = len(claimed) >= wanted
+        for record in claimed:
+            self.slots.take(record.id, record.principal_key or principal_key(record.principal))
+            self.store.notifier.notify(record.id)
+            self._start_task(self.specs[record.kind], record)
+
+    def _on_remote_change(self, job_id: str, change: Change) -> None:
+        """Another node changed `job_id`: wake waiters here, look for a cancel if it runs here, for work if it was queued."""
+        self.store.notifier.notify(job_id, change)
+        if job_id in self._running:
+            self._leases.wake.set()
+        elif change == "queued" and not self.closed:
+            self._backlog = True
+            self._wake.set()

@@ -1,4 +1,4 @@
-"""Running one claimed job to its outcome: its call, what it raised as an outcome, and that outcome's write."""
+"""A claimed job's run: its call, what it raised as an outcome and that outcome's write; its cancels and interrupts."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import logging
 import secrets
 import sys
 import traceback
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from mcp.server.mcpserver.exceptions import ToolError
@@ -16,11 +17,16 @@ from mcp_types import CallToolResult, TextContent
 from handles.errors import JobFailed, LeaseLost, StepOutcomeUnknown, StoreUnavailable
 from handles.jobs import JobParked, JobSpec, UndeclaredAsk
 from handles.limits import clean_message, json_size, sized_json
-from handles.outcomes import Outcome, failed, result_to_json
-from handles.results import ResultFile, ResultLink, linked_result
-from handles.runtime.cancellation import RunCancellation
+from handles.outcomes import (
+    Outcome,
+    cancelled_at_request,
+    cancelled_with_unknown_steps,
+    failed,
+    result_to_json,
+)
+from handles.results import ResultFile, linked_result
 from handles.runtime.result_files import ResultTooLarge, write_result_file
-from handles.runtime.state import RunLife, RunningJob
+from handles.runtime.state import RunLife, RunningJob, RuntimeState
 from handles.sealing import SealedValueUnreadable
 from handles.states import Status
 from handles.store import JobRecord
@@ -42,8 +48,84 @@ def tool_errors() -> tuple[type[Exception], ...]:
     return (ToolError,) if fastmcp is None else (ToolError, fastmcp.ToolError)
 
 
-class JobRunner(RunCancellation):
-    """The part of `Runtime` that runs a job it holds and writes how the run ended."""
+class JobRunner(RuntimeState):
+    """The part of `Runtime` that runs a job it holds, interrupts it, and writes how the run ended."""
+
+    def signal_cancel(self, job_id: str) -> bool:
+        """Tell a job running here that a cancel was requested; interrupt it after the grace period."""
+        entry = self._running.get(job_id)
+        if entry is None or entry.ctx.cancelled:
+            return entry is not None
+        entry.ctx._request_cancel()
+        self.store.notifier.notify(job_id)
+        loop = asyncio.get_running_loop()
+        entry.timers.append(loop.call_later(self.config.cancel_grace_seconds, self._interrupt, entry))
+        return True
+
+    def _interrupt(self, entry: RunningJob) -> None:
+        """Interrupt a run now, or, while durable steps execute, as soon as they are recorded."""
+        if entry.task is None or entry.task.done() or entry.life is RunLife.SETTLING:
+            return
+        if not entry.ctx.steps_running:
+            entry.task.cancel()
+            return
+        if entry.ctx._interrupt_after_steps():
+            limit = self.config.step_cancel_limit_seconds
+            loop = asyncio.get_running_loop()
+            entry.timers.append(loop.call_later(limit, self._steps_overran, entry))
+
+    def _steps_overran(self, entry: RunningJob) -> None:
+        """A cancelled job's steps outlived the hard limit: end it now, with those steps outcome-unknown."""
+        steps = sorted(entry.ctx.steps_running)
+        if not steps or entry.task is None or entry.task.done() or not entry.ctx.cancelled:
+            return
+        # The run goes on in its thread; nothing it writes is taken any more.
+        if not entry.enter(RunLife.LOST):
+            return
+        job_id = entry.ctx.job_id
+        logger.warning(
+            "job %s: step(s) %s still running past the cancel limit; outcome unknown", job_id, steps
+        )
+        self._spawn(
+            self._end_with_unknown_steps(job_id, entry.ctx.principal, steps), f"handles-unknown-{job_id}"
+        )
+
+    async def _end_with_unknown_steps(self, job_id: str, principal: str, steps: list[str]) -> None:
+        by = await self._cancel_requester(job_id)
+        limit = self.config.step_cancel_limit_seconds
+        status, values = cancelled_with_unknown_steps(steps, limit, by, principal)
+        await self.store.write(
+            job_id,
+            "changed",
+            self.store.repo.end_with_unknown_steps,
+            job_id,
+            self.owner,
+            steps,
+            status,
+            **values,
+        )
+
+    async def _cancelled(self, record: JobRecord) -> Outcome:
+        """The outcome of a run interrupted by a cancel: its message says who asked for it."""
+        return cancelled_at_request(await self._cancel_requester(record.id), record.principal)
+
+    async def _cancel_requester(self, job_id: str) -> str | None:
+        """Who asked to cancel `job_id`, as recorded; None when unreadable now (the message then names nobody)."""
+        try:
+            job = await self.store.read(self.store.repo.get, job_id)
+        except StoreUnavailable:
+            return None
+        return None if job is None else job.cancel_requested_by
+
+    def _drop(self, job_id: str) -> None:
+        """The job ended in the store while it runs here: stop it without writing anything."""
+        entry = self._running.get(job_id)
+        if entry is None or entry.task is None or entry.life is RunLife.SETTLING:
+            return  # a run writing its outcome learns from that write whether it still held the job
+        logger.warning("job %s is no longer held here (it ended or was recovered); stopping it", job_id)
+        entry.enter(RunLife.LOST)
+        if not entry.ctx.steps_running:
+            entry.task.cancel()
 
     async def _execute(self, entry: RunningJob, record: JobRecord) -> None:
         spec, ctx = entry.spec, entry.ctx
@@ -108,10 +190,7 @@ class JobRunner(RunCancellation):
 
     def running_by_kind(self) -> dict[str, int]:
         """How many jobs of each kind run here now (the `handles.jobs.running` gauge)."""
-        counts: dict[str, int] = {}
-        for entry in list(self._running.values()):
-            counts[entry.spec.name] = counts.get(entry.spec.name, 0) + 1
-        return counts
+        return dict(Counter(entry.spec.name for entry in list(self._running.values())))
 
     async def _record_outcome(self, job_id: str, status: Status, values: dict[str, Any]) -> bool:
         """Store a job's final state, waiting out an outage while the lease may still be this node's; past
@@ -127,18 +206,17 @@ class JobRunner(RunCancellation):
     async def _result_of(self, spec: JobSpec, record: JobRecord, value: Any) -> dict[str, Any]:
         """The job's result to store, or a link to its file (a `ResultFile`, or over `link_results_over`)."""
         if isinstance(value, ResultFile):
-            return linked_result(await self._write_file(record, value), structured=True)
-        # Serialised once: its size, and the text the store writes (`SizedJSON`).
-        result = sized_json(result_to_json(spec.to_tool_result(value)))
-        if json_size(result) > (spec.link_results_over or self.config.link_results_over):
+            file = value
+        else:
+            # Serialised once: its size, and the text the store writes (`SizedJSON`).
+            result = sized_json(result_to_json(spec.to_tool_result(value)))
+            if json_size(result) <= (spec.link_results_over or self.config.link_results_over):
+                return result
             file = ResultFile.of_result(result, spec.name)
-            return linked_result(await self._write_file(record, file), structured=False)
-        return result
-
-    async def _write_file(self, record: JobRecord, file: ResultFile) -> ResultLink:
-        return await write_result_file(
+        link = await write_result_file(
             self.store, record.id, file, max_bytes=self.config.max_result_file_bytes
         )
+        return linked_result(link, structured=isinstance(value, ResultFile))
 
     async def _run_job(self, entry: RunningJob, record: JobRecord) -> Outcome | None:
         """Run the job function; return the outcome to store, or None when there is nothing to store here."""

@@ -15,7 +15,6 @@ from handles.jobs import JobContext, JobSpec
 from handles.outcomes import Outcome
 from handles.runtime.leases import LeaseKeeper
 from handles.runtime.slots import Slots
-from handles.runtime.sweeper import Sweeper
 from handles.sealing import Sealer
 from handles.store import Store
 from handles.telemetry import Telemetry
@@ -69,18 +68,13 @@ class RuntimeState:
     owner: str
     slots: Slots
     _running: dict[str, RunningJob]
-    _loops: list[asyncio.Task[None]]
-    _dispatcher: asyncio.Task[None] | None
     _background: set[asyncio.Task[Any]]
     _wake: asyncio.Event
     _backlog: bool
     _leases: LeaseKeeper
-    _sweeper: Sweeper
-    _started: bool
+    started: bool
     _draining: bool
     _closed: bool
-    _drain_deadline: float | None
-    _drain_cut: asyncio.Event
 
     @property
     def closed(self) -> bool:
@@ -109,9 +103,15 @@ class RuntimeState:
             job_id, "queued", repo.release, job_id, self.owner, message=message, resuming=True
         )
 
-    async def _requeued(self, job_id: str) -> None:
+    def submit(self) -> None:
+        """A job was just stored or became claimable: let the dispatcher take it, fairly, if a slot is free."""
+        if not self.config.run_workers or self.closed:
+            return
         self._backlog = True
         self._wake.set()
+
+    async def _requeued(self, job_id: str) -> None:
+        self.submit()
         await self.store.announce(job_id)
 
 
