@@ -26,7 +26,7 @@ from handles.check.wire import (
     made_up_id,
     start,
 )
-from handles.client.manifest import JobManifest, Manifest, list_tools, runs_as_older_task
+from handles.client.manifest import JobManifest, Manifest, list_tools, read_manifest, runs_as_older_task
 from handles.client.tasks import TERMINAL_STATUSES
 from handles.states import Status, can_transition
 from handles.tool_layout import FOLLOW_VERBS
@@ -198,20 +198,12 @@ async def isolation(run: Run) -> Findings:
     if run.other is None:
         f.evidence.append("one principal only: another principal's access is not tested, altered ids are")
     async for followed in run.followed(f):
-        plan, job, owner = followed.plan, followed.job, followed.caller
-        answer: dict[str, Any] = {"responses": {"q1": plan.answer or {}}}
-        asks = [
-            (verb, answer if verb == "respond" else {}) for verb in FOLLOW_VERBS if job and verb in job.tools
-        ]
-        if job is None:
-            accept = {"inputResponses": {"q1": {"action": "accept", "content": plan.answer or {}}}}
-            last = ("tasks/result", {}) if owner.older else ("tasks/update", accept)
-            asks = [("tasks/get", {}), ("tasks/cancel", {}), last]
+        job, owner = followed.job, followed.caller
         noun = "handle" if job is not None else "task id"
-        for request, params in asks:
-            await _as_made_up(
-                f, run, owner, followed.id, noun, functools.partial(followed.ask, request, **params)
-            )
+        tools = job.tools if job else ("progress", "cancel", "respond")  # a task's: tasks/get, cancel, update
+        for verb in (verb for verb in FOLLOW_VERBS if verb in tools):
+            ask = followed.respond if verb == "respond" else functools.partial(followed.ask, verb)
+            await _as_made_up(f, run, owner, followed.id, noun, ask)
         if job is None and not owner.older:
             await _pushes_alike(f, run, followed)
         if owner.older and (other := run.other_of(owner)) is not None:
@@ -274,7 +266,7 @@ async def transitions(run: Run) -> Findings:
             continue
         late = [await followed.cancel()] if "cancel" in job.tools else []
         if "respond" in job.tools:
-            late.append(await followed.ask("respond", responses={"q1": plan.answer or {}}))
+            late.append(await followed.respond())
         for reply in late:
             moved = reply.status not in (None, ended.status) or bool(reply.body.get("accepted"))
             f.expect(reply.error or not moved, "after the end, it changes nothing", reply)
@@ -293,14 +285,12 @@ async def transitions(run: Run) -> Findings:
         if not _ended_along_edges(f, f"{task.plan.name}'s task", seen, ended := await task.settle(seen)):
             continue
         if task.caller.older:
-            first, again = [await task.caller.task("tasks/result", task.id) for _ in range(2)]
+            first, again = [await task.ask("tasks/result") for _ in range(2)]
             same = first.text == again.text and first.error == (ended.status == "failed")
             f.expect(same, "tasks/result of the ended task answers its end, the same twice", again)
             _refused_after_end(f, await task.cancel())
         else:
-            accept = {"q1": {"action": "accept", "content": task.plan.answer or {}}}
-            for method in ("tasks/cancel", "tasks/cancel", "tasks/update"):
-                acked = await task.caller.task(method, task.id, inputResponses=accept)
+            for acked in [await task.cancel(), await task.cancel(), await task.respond()]:
                 f.expect(not acked.error, "after the end, acknowledged", acked)
         await _stays(f, task, ended)
     return f
@@ -353,7 +343,7 @@ async def duplicate(run: Run) -> Findings:
 async def compatibility(run: Run) -> Findings:
     """Without the Tasks extension every job runs (handle tools or inline); each advertised design serves."""
     f = Findings()
-    plain = Manifest.of(run.plain.client, await list_tools(run.plain.client))
+    plain = await read_manifest(run.plain.client)
     for plan in run.plan.jobs:
         job = plain.job(plan.name)
         if job is not None and {"start", "progress"} <= set(job.tools):
@@ -370,10 +360,8 @@ async def compatibility(run: Run) -> Findings:
         f.expect(bool(plans), f"a planned job takes a task of {design}, which the server advertises")
         for plan in plans:
             task, created = await run.create_task(caller, plan), run.transcript.replies[-1]  # its tools/call
-            if (
-                f.expect(task is not None, f"{plan.name} gives a task to a client of {design}", created)
-                and task
-            ):
+            f.expect(task is not None, f"{plan.name} gives a task to a client of {design}", created)
+            if task is not None:
                 await task.finish()
     return f
 

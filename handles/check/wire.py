@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import secrets
 import textwrap
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import AsyncExitStack, ExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,12 +19,12 @@ from mcp_types import CallToolResult, ElicitResult
 
 from handles.check.plan import JobPlan
 from handles.client.faces import caller_error
-from handles.client.follow import connect
 from handles.client.http import http_client
 from handles.client.manifest import JobManifest
 from handles.client.tasks import (
     TERMINAL_STATUSES,
     CreateTaskResult,
+    TaskPushes,
     TasksClientExtension,
     listen_tasks,
     send_unchecked,
@@ -95,14 +95,17 @@ def altered(identifier: str) -> str:
 class Caller:
     """One principal's connection; every request it sends lands in the shared transcript."""
 
-    def __init__(self, name: str, client: Client, transcript: Transcript) -> None:
+    def __init__(self, name: str, client: Client, transcript: Transcript, pushes: TaskPushes | None) -> None:
         self.name, self.client, self.transcript = name, client, transcript
+        self.pushes = pushes or TaskPushes()
+        """Where its `TasksClientExtension` keeps pushed states (a caller without one is pushed nothing)."""
         self.older = client.session.discover_result is None and client.protocol_version == "2025-11-25"
         """Whether it was connected by an initialize handshake at 2025-11-25 (the older tasks design)."""
         self.answer: dict[str, Any] | None = None
         """What this caller accepts a question asked on its stream with (None: it declines)."""
 
-    def _keep(self, request: str, error: bool, body: dict[str, Any], text: str) -> Reply:
+    def _keep(self, request: str, body: dict[str, Any], error: bool = False, text: str = "") -> Reply:
+        text = text or json.dumps(body)
         reply = Reply(self.transcript.describe(f"{self.name}: {request}"), error, body, text)
         self.transcript.replies.append(reply)
         return reply
@@ -115,17 +118,12 @@ class Caller:
                 tool, arguments, read_timeout_seconds=REQUEST_SECONDS, allow_claimed=True
             )
         except MCPError as exc:
-            return self._rpc_error(request, exc)
+            return self._keep(request, exc.error.model_dump(mode="json", exclude_none=True), error=True)
         if isinstance(result, CreateTaskResult):
-            body = result.model_dump(mode="json", by_alias=True, exclude_none=True)
-            return self._keep(request, False, body, json.dumps(body))
+            return self._keep(request, result.model_dump(mode="json", by_alias=True, exclude_none=True))
         assert isinstance(result, CallToolResult)
         body = dict(result.structured_content or caller_error(result))
-        return self._keep(request, result.is_error, body, text_of(result) or json.dumps(body, default=str))
-
-    async def task(self, method: str, task_id: str, **params: Any) -> Reply:
-        """A `tasks/*` request on `task_id` (`tasks/update` takes `inputResponses`)."""
-        return await self.send(f"{method} {task_id}", method, {"taskId": task_id, **params})
+        return self._keep(request, body, result.is_error, text_of(result) or json.dumps(body, default=str))
 
     async def send(self, request: str, method: str, params: dict[str, Any]) -> Reply:
         """Any request as this connection stamps it (`Mcp-Name` naming its `taskId`); the answer kept raw."""
@@ -135,8 +133,8 @@ class Caller:
                 self.client.session, method, params, timeout=REQUEST_SECONDS, headers=named
             )
         except MCPError as exc:
-            return self._rpc_error(request, exc)
-        return self._keep(request, False, body, json.dumps(body))
+            return self._keep(request, exc.error.model_dump(mode="json", exclude_none=True), error=True)
+        return self._keep(request, body)
 
     async def read(self, uri: str) -> Reply:
         """`resources/read` of `uri` (a result link)."""
@@ -144,22 +142,14 @@ class Caller:
 
     async def listen(self, task_ids: list[str]) -> Reply:
         """`subscriptions/listen` of `task_ids`: the ids acknowledged, and those pushed in `PUSH_SECONDS`."""
-        pushes = next(
-            each.pushes for each in self.client.extensions or () if isinstance(each, TasksClientExtension)
-        )
-        assert pushes is not None
         with ExitStack() as watching:
             for task_id in task_ids:
-                watching.enter_context(pushes.watching(task_id))
+                watching.enter_context(self.pushes.watching(task_id))
             async with listen_tasks(self.client.session, task_ids) as subscription:
                 await anyio.sleep(PUSH_SECONDS)
-            pushed = [task_id for task_id in task_ids if pushes.latest(task_id) is not None]
+            pushed = [task_id for task_id in task_ids if self.pushes.latest(task_id) is not None]
         body = {"honored": sorted(subscription.honored), "pushed": pushed}
-        return self._keep(f"subscriptions/listen {' '.join(task_ids)}", False, body, json.dumps(body))
-
-    def _rpc_error(self, request: str, exc: MCPError) -> Reply:
-        body = exc.error.model_dump(mode="json", exclude_none=True)
-        return self._keep(request, True, body, json.dumps(body))
+        return self._keep(f"subscriptions/listen {' '.join(task_ids)}", body)
 
 
 Server = str | StdioServerParameters
@@ -180,16 +170,18 @@ async def open_caller(
 
     async with AsyncExitStack() as stack:
         target: Any = server
-        if mode != "tasks" and not isinstance(server, StdioServerParameters):
+        if not isinstance(server, StdioServerParameters):
             http = await stack.enter_async_context(http_client(token=token))
             target = streamable_http_client(server, http_client=http)
-        elicit = answer if mode == "legacy" else None
-        connected = (
-            connect(server, token=token)()
-            if mode == "tasks"
-            else Client(target, mode=mode, elicitation_callback=elicit)
+        tasks = TasksClientExtension() if mode == "tasks" else None
+        client = Client(
+            target,
+            mode="auto" if tasks else mode,
+            elicitation_callback=answer if mode == "legacy" else None,
+            extensions=[tasks] if tasks else None,
         )
-        caller = Caller(name, await stack.enter_async_context(connected), transcript)
+        pushes = tasks.pushes if tasks else None
+        caller = Caller(name, await stack.enter_async_context(client), transcript, pushes)
         yield caller
 
 
@@ -218,7 +210,8 @@ class Followed:
         """`request` (a handle tool's verb, or a task's `tasks/*` method) about this job or about `used`."""
         caller, used = caller or self.caller, used or self.id
         if self.job is None:
-            return await caller.task(TASK_METHODS.get(request, request), used, **params)
+            method = TASK_METHODS.get(request, request)
+            return await caller.send(f"{method} {used}", method, {"taskId": used, **params})
         return await caller.call(self.job.tools[request], {"handle": used, **params})
 
     async def read(self) -> Reply:
@@ -226,6 +219,19 @@ class Followed:
 
     async def cancel(self) -> Reply:
         return await self.ask("cancel")
+
+    async def respond(
+        self, caller: Caller | None = None, used: str | None = None, keys: Iterable[str] = ("q1",)
+    ) -> Reply:
+        """Answer the questions `keys` with the plan's answer: through `respond`, a task's `tasks/update`, or
+        (2025-11-25) `tasks/result`, whose stream asks them."""
+        content = self.plan.answer or {}
+        if self.job is not None:
+            return await self.ask("respond", caller, used, responses=dict.fromkeys(keys, content))
+        if self.caller.older:
+            return await self.ask("tasks/result", caller, used)
+        accept = {"action": "accept", "content": content}
+        return await self.ask("tasks/update", caller, used, inputResponses=dict.fromkeys(keys, accept))
 
     async def settle(self, seen: list[str | None] | None = None) -> Reply:
         """Read until the job ends or times out (statuses appended to `seen`), answering its questions."""
@@ -237,17 +243,10 @@ class Followed:
                 seen.append(reply.status)
             if reply.error or reply.status in TERMINAL_STATUSES or anyio.current_time() > deadline:
                 return reply
-            body = reply.body
-            questions = body.get("input_requests") or body.get("inputRequests") or {}
-            if reply.status == "input_required" and job is not None and questions and "respond" in job.tools:
-                await self.ask("respond", responses={key: plan.answer or {} for key in questions})
-                continue
-            if reply.status == "input_required" and job is None and questions:
-                accept = {"action": "accept", "content": plan.answer or {}}
-                await self.ask("tasks/update", inputResponses=dict.fromkeys(questions, accept))
-                continue
-            if reply.status == "input_required" and job is None and caller.older:
-                await self.ask("tasks/result")
+            questions = reply.body.get("input_requests") or reply.body.get("inputRequests") or {}
+            answerable = questions and "respond" in job.tools if job else questions or caller.older
+            if reply.status == "input_required" and answerable:
+                await self.respond(keys=questions)
                 continue
             await anyio.sleep(min(max((reply.poll_ms or 500) / 1000, 0.2), 1.0))
 

@@ -10,8 +10,6 @@ from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TI
 
 from handles.client.transient import AUTHENTICATION_FAILED, authentication_message
 
-_REFUSED = (401, 403)
-
 
 class _AuthenticationAnswers(httpx2.AsyncBaseTransport):
     def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
@@ -19,7 +17,7 @@ class _AuthenticationAnswers(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         response = await self._inner.handle_async_request(request)
-        if response.status_code not in _REFUSED or request.method != "POST":
+        if response.status_code not in (401, 403) or request.method != "POST":
             return response
         await response.aread()
         await response.aclose()
@@ -29,7 +27,7 @@ class _AuthenticationAnswers(httpx2.AsyncBaseTransport):
             "message": authentication_message(response.status_code, detail),
             "data": {"httpStatus": response.status_code, "detail": detail},
         }
-        body = {"jsonrpc": "2.0", "id": _request_id(request), "error": error}
+        body = {"jsonrpc": "2.0", "id": _json_object(request.content).get("id"), "error": error}
         return httpx2.Response(
             response.status_code,
             headers={"content-type": "application/json"},
@@ -41,22 +39,19 @@ class _AuthenticationAnswers(httpx2.AsyncBaseTransport):
         await self._inner.aclose()
 
 
-def _request_id(request: httpx2.Request) -> Any:
+def _json_object(content: bytes) -> dict[str, Any]:
     try:
-        return json.loads(request.content).get("id")
-    except (ValueError, AttributeError):
-        return None
+        value = json.loads(content)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _detail(response: httpx2.Response) -> str | None:
     """The server's own words: an OAuth error body's description, else the WWW-Authenticate header."""
-    try:
-        body = json.loads(response.content)
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and isinstance(body.get("error_description") or body.get("error"), str):
-        return str(body.get("error_description") or body.get("error"))
-    return response.headers.get("www-authenticate")
+    body = _json_object(response.content)
+    said = body.get("error_description") or body.get("error")
+    return said if isinstance(said, str) else response.headers.get("www-authenticate")
 
 
 def http_client(

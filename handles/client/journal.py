@@ -76,12 +76,9 @@ class Journal:
         if self._memory is not None:
             yield self._memory
             return
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        try:
+        with contextlib.closing(sqlite3.connect(self.path, timeout=30, isolation_level=None)) as db:
             db.execute("pragma synchronous = full")
             yield db
-        finally:
-            db.close()
 
     def get(self, key: str) -> JournalEntry | None:
         with self._connection() as db:
@@ -107,18 +104,15 @@ class Journal:
         with self._connection() as db:
             db.execute("begin immediate")
             with db:  # commits, or rolls back on an exception
-                inserted = (
-                    db.execute(
-                        f"insert or ignore into handles_client_follows ({_COLUMNS}) "
-                        "values (?, ?, ?, ?, ?, ?, null, ?, null, ?, ?)",
-                        (key, server, job, arguments_digest, uuid.uuid4().hex, created_via, state, now, now),
-                    ).rowcount
-                    == 1
+                inserted = db.execute(
+                    f"insert or ignore into handles_client_follows ({_COLUMNS}) "
+                    "values (?, ?, ?, ?, ?, ?, null, ?, null, ?, ?)",
+                    (key, server, job, arguments_digest, uuid.uuid4().hex, created_via, state, now, now),
                 )
                 row = db.execute(f"{_SELECT} where key = ?", (key,)).fetchone()
         entry = _entry(row)
         check_same_work(entry, server=server, job=job, arguments_digest=arguments_digest)
-        return entry, inserted
+        return entry, inserted.rowcount == 1
 
     def set_handle(self, key: str, handle: str, state: str) -> None:
         self._update(key, "handle = ?, state = ?", (handle, state))
@@ -139,15 +133,9 @@ class Journal:
 
 def check_same_work(entry: JournalEntry, *, server: str, job: str, arguments_digest: str) -> None:
     """Raise `JournalConflict` unless `entry` names this server, job and arguments."""
-    differences = [
-        name
-        for name, mine, theirs in (
-            ("server", server, entry.server),
-            ("job", job, entry.job),
-            ("arguments", arguments_digest, entry.arguments_digest),
-        )
-        if mine != theirs
-    ]
+    mine = {"server": server, "job": job, "arguments": arguments_digest}
+    theirs = {"server": entry.server, "job": entry.job, "arguments": entry.arguments_digest}
+    differences = [name for name in mine if mine[name] != theirs[name]]
     if differences:
         raise JournalConflict(
             f"The key {entry.key!r} already names other work in the journal (different {', '.join(differences)}: "

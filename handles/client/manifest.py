@@ -17,7 +17,6 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
-    Field,
     PlainSerializer,
     computed_field,
 )
@@ -57,12 +56,8 @@ FrozenMap = Annotated[Mapping[K, V], AfterValidator(MappingProxyType), PlainSeri
 """A mapping that cannot be changed once validated, serialised as a JSON object."""
 
 
-def _nothing() -> Mapping[Any, Any]:
-    return MappingProxyType({})  # a default pydantic need not copy (it cannot deep-copy a mappingproxy)
-
-
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, validate_default=True)  # an empty FrozenMap default, validated
 
 
 def server_identity(client: Client) -> str:
@@ -138,7 +133,7 @@ class Manifest(_Frozen):
     """The tools a task of the 2025-11-25 design can run, sorted."""
     tools: tuple[str, ...] = ()
     """Every tool the server lists, sorted."""
-    jobs: FrozenMap[str, JobManifest] = Field(default_factory=_nothing)
+    jobs: FrozenMap[str, JobManifest] = {}
     """The jobs found among the tools, by name."""
 
     @computed_field  # type: ignore[prop-decorator]
@@ -165,6 +160,7 @@ class Manifest(_Frozen):
         older = capabilities.tasks
         older_calls = bool(older and older.requests and older.requests.tools and older.requests.tools.call)
         designs = {"2026-07-28": offered, "2025-11-25": older is not None}
+        declared = {getattr(extension, "identifier", None) for extension in client.extensions or ()}
         bare = cls(
             server=server or server_identity(client),
             server_name=info.name if info is not None and info.name else None,
@@ -173,10 +169,7 @@ class Manifest(_Frozen):
             negotiated_by="initialize" if discovered is None else "discover",
             supported_versions=() if discovered is None else tuple(discovered.supported_versions),
             tasks_offered=offered,
-            tasks_declared=any(
-                getattr(extension, "identifier", None) == TASKS_EXTENSION
-                for extension in client.extensions or ()
-            ),
+            tasks_declared=TASKS_EXTENSION in declared,
             tasks_designs=tuple(name for name, served in designs.items() if served),
             older_task_tools=tuple(tool.name for tool in by_name if older_calls and runs_as_older_task(tool)),
             tools=tuple(tool.name for tool in by_name),
@@ -198,34 +191,28 @@ class Manifest(_Frozen):
         """The mode each required job runs in: the first of its modes this connection offers; raises
         `RequirementsNotMet` listing every unmet requirement."""
         unmet: list[str] = []
+        jobs, modes = requirements.jobs, requirements.modes
         if requirements.protocol_versions and self.protocol_version not in requirements.protocol_versions:
             wanted = " or ".join(sorted(requirements.protocol_versions))
             unmet.append(
                 f"The connection speaks MCP {self.protocol_version}; this workflow needs {wanted}. Pin the "
                 "server and the client's SDK to a version they both speak."
             )
-        if not requirements.jobs:
-            offered = {mode: self._offers(mode) for mode in requirements.modes}
+        if not jobs:
+            offered = {mode: self._offers(mode) for mode in modes}
             if all(offered.values()):
                 unmet.append(
-                    f"This workflow needs {_and(requirements.modes, 'or')}. "
+                    f"This workflow needs {_and(modes, 'or')}. "
                     + " ".join(f"Not {mode}: {problem}." for mode, problem in offered.items())
                 )
-        chosen: dict[str, Mode] = {}
-        fallbacks: dict[str, str] = {}
-        for name, need in requirements.jobs.items():
-            mode, said = self._choose(name, need, need.modes or requirements.modes)
-            if mode is None:
-                unmet.append(said)
-                continue
-            chosen[name] = mode
-            if said:
-                fallbacks[name] = said
+        chosen = {name: self._choose(name, need, need.modes or modes) for name, need in jobs.items()}
+        unmet += [said for mode, said in chosen.values() if mode is None]
         if unmet:
             raise RequirementsNotMet(unmet, self)
+        fallbacks = {name: said for name, (_, said) in chosen.items() if said}
         for note in fallbacks.values():
             logger.info("%s: %s", self.server, note)
-        return Plan(modes=chosen, fallbacks=fallbacks)
+        return Plan(modes={name: mode for name, (mode, _) in chosen.items() if mode}, fallbacks=fallbacks)
 
     def _choose(self, name: str, need: Need, modes: tuple[Mode, ...]) -> tuple[Mode | None, str]:
         """The first of `modes` that job `name` can run in here doing what it `need`s, and why the modes
@@ -242,16 +229,15 @@ class Manifest(_Frozen):
                 "workflow expects to answer some. Check which version of the server this is."
             )
         tasks = self._tasks_problem()
-        problems = {
-            mode: _mode_problem(job, mode, tasks) or _need_problem(job, mode, need.tools) for mode in MODES
-        }
+        problems = {mode: _problem(job, mode, tasks, need.tools) for mode in MODES}
         usable = [mode for mode in modes if problems[mode] is None]
         passed = modes[: modes.index(usable[0])] if usable else modes
         why = " ".join(f"Not {mode}: {problems[mode]}." for mode in passed)
         if usable:
             return usable[0], f"{name} runs {usable[0]}, a declared fallback. {why}" if passed else ""
         others = tuple(mode for mode in MODES if problems[mode] is None)
-        return None, f"{name} needs {_and(modes, 'or')}{_with(need.tools)}. {why} " + (
+        verbs = f" with {_and(sorted(need.tools))}" if need.tools else ""
+        return None, f"{name} needs {_and(modes, 'or')}{verbs}. {why} " + (
             f"It could run {_and(others, 'or')} here, if the workflow declares that as a fallback."
             if others
             else "No mode serves it on this connection."
@@ -310,13 +296,13 @@ class Need(_Frozen):
         BaseModel.__init__(self, tools=frozenset(tools), modes=modes)
 
 
-def _as_need(value: Any) -> Any:
-    return value if isinstance(value, Need) else Need(*_one_or_many(value))
-
-
-def _by_name(value: Any) -> Any:
-    """Job names alone (`jobs=["generate_report"]`) need nothing besides running."""
-    return value if isinstance(value, Mapping) else dict.fromkeys(_one_or_many(value), Need())
+def _needs(value: Any) -> Any:
+    """Job names alone (`jobs=["generate_report"]`) need nothing besides running; verbs make a `Need`."""
+    if not isinstance(value, Mapping):
+        return dict.fromkeys(_one_or_many(value), Need())
+    return {
+        name: need if isinstance(need, Need) else Need(*_one_or_many(need)) for name, need in value.items()
+    }
 
 
 class Requirements(_Frozen):
@@ -324,9 +310,7 @@ class Requirements(_Frozen):
     each with the verbs it needs or a `Need`; `protocol_versions` it speaks."""
 
     modes: Modes
-    jobs: Annotated[FrozenMap[str, Annotated[Need, BeforeValidator(_as_need)]], BeforeValidator(_by_name)] = (
-        Field(default_factory=_nothing)
-    )
+    jobs: Annotated[FrozenMap[str, Need], BeforeValidator(_needs)] = {}
     protocol_versions: Annotated[frozenset[str], BeforeValidator(_one_or_many)] = frozenset()
 
     def __init__(
@@ -342,8 +326,8 @@ class Requirements(_Frozen):
 class Plan(_Frozen):
     """The mode chosen for each required job; `plan["deploy_release"]`."""
 
-    modes: FrozenMap[str, Mode] = Field(default_factory=_nothing)
-    fallbacks: FrozenMap[str, str] = Field(default_factory=_nothing)
+    modes: FrozenMap[str, Mode] = {}
+    fallbacks: FrozenMap[str, str] = {}
     """For each job that runs in a declared fallback mode: why the modes before it were passed over."""
 
     def __getitem__(self, job: str) -> Mode:
@@ -420,26 +404,20 @@ def _jobs(tools: list[Tool]) -> list[JobManifest]:
     return jobs
 
 
-def _mode_problem(job: JobManifest, mode: Mode, tasks: str | None) -> str | None:
-    """Why `job` cannot run in `mode` (None: it can); `tasks` is why the Tasks extension cannot be used."""
+def _problem(job: JobManifest, mode: Mode, tasks: str | None, verbs: Collection[str] = ()) -> str | None:
+    """Why `job` cannot run in `mode` doing each of `verbs` (None: it can); `tasks` is why the Tasks
+    extension cannot be used (when it can, tasks/get, tasks/update and tasks/cancel serve every verb)."""
     if mode == "tasks":
         return tasks
     if mode == "handles":
-        return _missing(job, ("start", "progress", "fetch"))
+        return _missing(job, ("start", "progress", "fetch")) or _missing(job, sorted(verbs))
     if "plain" not in job.tools:
         return f"the server lists no plain tool {job.name}"
     if job.plain_call == "tasks_only":
         return f"{job.name} runs only as a task: its plain tool refuses callers without the Tasks extension"
-    return None
-
-
-def _need_problem(job: JobManifest, mode: Mode, verbs: Collection[str]) -> str | None:
-    """Why `job`, run in `mode`, cannot do each of `verbs` (None: it can)."""
-    if not verbs or mode == "tasks":
-        return None  # tasks/get, tasks/update and tasks/cancel serve every verb
-    if mode == "inline":
+    if verbs:
         return f"an inline call cannot {_and(sorted(verbs))}: it answers once, or hands back a handle"
-    return _missing(job, sorted(verbs))
+    return None
 
 
 def _missing(job: JobManifest, verbs: Iterable[str]) -> str | None:
@@ -451,12 +429,8 @@ def _missing(job: JobManifest, verbs: Iterable[str]) -> str | None:
 
 def _with_modes(job: JobManifest, tasks: str | None) -> JobManifest:
     """`job` with the modes it can run in, `tasks` being why the Tasks extension cannot be used."""
-    return job.model_copy(update={"modes": tuple(m for m in MODES if _mode_problem(job, m, tasks) is None)})
+    return job.model_copy(update={"modes": tuple(m for m in MODES if _problem(job, m, tasks) is None)})
 
 
 def _and(items: Sequence[str], last: str = "and") -> str:
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} {last} {items[-1]}"
-
-
-def _with(verbs: Collection[str]) -> str:
-    return f" with {_and(sorted(verbs))}" if verbs else ""
