@@ -56,7 +56,7 @@ class JobRunner(RuntimeState):
         entry = self._running.get(job_id)
         if entry is None or entry.ctx.cancelled:
             return entry is not None
-        entry.ctx._request_cancel()
+        entry.ctx._cancel_requested.set()
         self.store.notifier.notify(job_id)
         loop = asyncio.get_running_loop()
         entry.timers.append(loop.call_later(self.config.cancel_grace_seconds, self._interrupt, entry))
