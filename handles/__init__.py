@@ -9,8 +9,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from handles import deprecations
-
 if TYPE_CHECKING:
     from handles.app import Handles
     from handles.ask_first import AskFirst
@@ -63,8 +61,6 @@ __all__ = [
 ]
 assert sorted(__all__) == sorted(_EXPORTS)
 
-deprecations.install()
-
 
 def __getattr__(name: str) -> Any:
     """A name is imported on first use, then kept in the module."""
@@ -79,8 +75,6 @@ def __getattr__(name: str) -> Any:
             value = "0+unknown"
     elif name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    elif name in deprecations.MOVED_NAMES:
-        value = deprecations.moved_name(name)
     else:
         raise AttributeError(f"module 'handles' has no attribute {name!r}")
     globals()[name] = value

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import warnings
 from typing import Any
 
 
@@ -128,32 +126,3 @@ class StepOutcomeUnknown(HandlesError):
 
 class UnknownResultLink(CallerError, code="unknown_result_link"):
     """A result link that is made up, another principal's, of a job that is gone, or of a part that does not exist."""
-
-
-@functools.cache
-def deprecated_tool_error() -> type[Exception]:
-    """`handles.ToolError` of earlier releases: now the SDK's `ToolError`, which a job raises as a tool does."""
-    from mcp.server.mcpserver.exceptions import ToolError  # here, so that the CLI does not load the SDK
-
-    class DeprecatedToolError(ToolError, HandlesError):
-        """Deprecated: raise `mcp.server.mcpserver.exceptions.ToolError` (or FastMCP's) instead."""
-
-        def __init__(self, message: str) -> None:
-            super().__init__(message)
-            self.message = message
-
-    DeprecatedToolError.__name__ = DeprecatedToolError.__qualname__ = "ToolError"
-    return DeprecatedToolError
-
-
-def __getattr__(name: str) -> Any:
-    if name == "ToolError":
-        warnings.warn(
-            "`handles.errors.ToolError` is deprecated and goes in the next release; raise the SDK's "
-            "`mcp.server.mcpserver.exceptions.ToolError` (or FastMCP's) in a job, as in a tool",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        globals()[name] = deprecated_tool_error()  # warned once a process
-        return globals()[name]
-    raise AttributeError(f"module 'handles.errors' has no attribute {name!r}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import warnings
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -60,14 +59,6 @@ def declare_jobs(jobs: Handles) -> None:
     async def complain_fastmcp(ctx: JobContext) -> Answer:
         """Ends with a tool-level error, raised as a FastMCP tool would."""
         raise fastmcp.exceptions.ToolError("The input file is empty; upload a file with at least one row.")
-
-    @jobs.job
-    async def complain_deprecated(ctx: JobContext) -> Answer:
-        """Ends with a tool-level error, raised as jobs of earlier releases did (`handles.ToolError`)."""
-        with warnings.catch_warnings():  # it warns once a process: tests/unit/test_deprecated_paths.py
-            warnings.simplefilter("ignore", DeprecationWarning)
-            from handles import ToolError as OldToolError
-        raise OldToolError("The input file is empty; upload a file with at least one row.")
 
     @jobs.job
     async def asks_undeclared(ctx: JobContext) -> Answer:
@@ -210,9 +201,9 @@ async def test_job_failed_shows_the_authors_message(custom: Custom) -> None:
     assert failed["error"]["data"] == {"reason": "job_failed"}
 
 
-@pytest.mark.parametrize("job", ["complain", "complain_fastmcp", "complain_deprecated"])
+@pytest.mark.parametrize("job", ["complain", "complain_fastmcp"])
 async def test_a_tool_error_ends_completed_and_is_error(custom: Custom, job: str) -> None:
-    """The SDK's `ToolError`, FastMCP's, and the deprecated `handles.ToolError` end a job alike."""
+    """The SDK's `ToolError` and FastMCP's end a job alike."""
     handle = await start(custom.client, job)
     done = await custom.client.call(custom.tool(job, "fetch"), {"handle": handle, "wait_seconds": 10})
     assert done.is_error and done["status"] == "completed"
