@@ -87,51 +87,33 @@ async def start_call(
     question before the job, or a refusal (a paused job kind's before any question is asked about it)."""
     try:
         await service.check_accepting(spec)
-        reply, answer = first_round(spec, arguments, ctx, responses)
-        if reply is not None:
-            return reply
+        answer = None
+        # The question goes in-band (an `InputRequiredResult`) to a 2026-07-28 request with elicitation only.
+        capabilities = ctx.session.client_capabilities
+        if (
+            spec.ask_first is not None
+            and ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+            and capabilities
+            and capabilities.elicitation
+        ):
+            response = (responses or {}).get(FIRST_KEY)
+            if response is None:
+                values = spec.validate_arguments(arguments, f"Fix the arguments and call {spec.name} again.")
+                request = ElicitRequest(
+                    params=ElicitRequestFormParams(
+                        message=spec.ask_first.render(values),
+                        requested_schema=spec.ask_first.requested_schema(),
+                    )
+                )
+                return InputRequiredResult(input_requests={FIRST_KEY: request})
+            action = getattr(response, "action", None)  # an `ElicitResult`, or another kind of answer
+            if action != "accept":
+                text = f"{spec.name} was not started: the question before it was {action or 'not answered'}."
+                return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+            content = getattr(response, "content", None)
+            answer = dict(content) if isinstance(content, Mapping) else {}
         return await service.start(
             spec, principal, arguments, None, first_answer=answer, settled=settled, face=face
         )
     except CallerError as error:
         return refusal(error)
-
-
-def first_round(
-    spec: JobSpec,
-    arguments: dict[str, Any],
-    ctx: ServerRequestContext[Any, Any],
-    responses: Mapping[str, Any] | None,
-) -> tuple[InputRequiredResult | CallToolResult | None, dict[str, Any] | None]:
-    """Before the job exists: the question to ask or the refusal to answer, else the answer to the question
-    (None when the job asks none first; arguments are validated here)."""
-    # The question goes in-band (an `InputRequiredResult`) to a 2026-07-28 request with elicitation only.
-    capabilities = ctx.session.client_capabilities
-    if (
-        spec.ask_first is None
-        or ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS
-        or not (capabilities and capabilities.elicitation)
-    ):
-        return None, None
-    response = (responses or {}).get(FIRST_KEY)
-    if response is None:
-        values = spec.validate_arguments(arguments, f"Fix the arguments and call {spec.name} again.")
-        request = ElicitRequest(
-            params=ElicitRequestFormParams(
-                message=spec.ask_first.render(values),
-                requested_schema=spec.ask_first.requested_schema(),
-            )
-        )
-        return InputRequiredResult(input_requests={FIRST_KEY: request}), None
-    action = _field(response, "action")
-    if action != "accept":
-        text = f"{spec.name} was not started: the question before it was {action or 'not answered'}."
-        return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True), None
-    content = _field(response, "content")
-    return None, dict(content) if isinstance(content, Mapping) else {}
-
-
-def _field(response: Any, name: str) -> Any:
-    if isinstance(response, Mapping):
-        return response.get(name)
-    return getattr(response, name, None)

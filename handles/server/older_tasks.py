@@ -9,9 +9,9 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, cast
+from typing import Any
 
-from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.context import CallNext, HandlerResult
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
 from mcp_types import (
@@ -19,8 +19,6 @@ from mcp_types import (
     ElicitRequest,
     ElicitResult,
     JSONRPCRequest,
-    Notification,
-    ServerNotification,
 )
 from mcp_types.methods import serialize_server_result
 from pydantic import ValidationError
@@ -32,7 +30,14 @@ from handles.errors import CallerError
 from handles.jobs import JobSpec
 from handles.server.endings import ended_answer
 from handles.server.envelope import SdkServer
-from handles.server.tasks_extension import TasksExtension, as_jsonrpc_errors, elicitation_request, task_fields
+from handles.server.tasks_extension import (
+    Ctx,
+    TasksExtension,
+    as_jsonrpc_errors,
+    elicitation_request,
+    notification,
+    task_fields,
+)
 from handles.states import Status
 from handles.store import InputRequestRecord, JobRecord
 from handles.tool_layout import JOB_META_KEY
@@ -51,7 +56,7 @@ def question_id(key: str, task_id: str) -> str:
     return f"{_ID_PREFIX}{key}:{task_id}"
 
 
-def asks_questions(ctx: ServerRequestContext[Any, Any]) -> bool:
+def asks_questions(ctx: Ctx) -> bool:
     """Whether an answer to a question asked on this request's stream can land: the connection carries it
     back, or `OlderAnswers` takes it from a POST."""
     return ctx.session.can_send_request or (
@@ -59,9 +64,7 @@ def asks_questions(ctx: ServerRequestContext[Any, Any]) -> bool:
     )
 
 
-async def ask(
-    ctx: ServerRequestContext[Any, Any], record: InputRequestRecord, task_id: str, seconds: float
-) -> dict[str, Any] | None:
+async def ask(ctx: Ctx, record: InputRequestRecord, task_id: str, seconds: float) -> dict[str, Any] | None:
     """Ask question `record` on the request's stream: its answer (awaited `seconds` at most) where the connection
     carries it back, else None (written to the dispatcher's stream itself, its answer to come by POST)."""
     params = {**elicitation_request(record)["params"], "_meta": {RELATED_TASK: {"taskId": task_id}}}
@@ -140,7 +143,6 @@ PAGE_SIZE = 50
 CANCEL_WAIT_SECONDS = 5.0
 """How long `tasks/cancel` waits for a running job to stop before it answers the job's state."""
 _RENAMED = {"ttlMs": "ttl", "pollIntervalMs": "pollInterval"}
-Ctx = ServerRequestContext[Any, Any]
 
 
 def older_task(fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -222,21 +224,14 @@ class OlderTasks:
                 if job.status != status:
                     status = job.status
                     body = older_task(task_fields(spec, job, task_id))
-                    status_change = Notification[dict[str, Any], str](
-                        method="notifications/tasks/status", params=body
-                    )
-                    await ctx.session.send_notification(
-                        cast(ServerNotification, status_change), ctx.request_id
-                    )
+                    status_change = notification("notifications/tasks/status", body)
+                    await ctx.session.send_notification(status_change, ctx.request_id)
                 if asks and status == Status.INPUT_REQUIRED.value:
                     await self._ask(ctx, spec, job, task_id, asked, seconds)
         ended = Status(job.status)
         answer = ended_answer(ended, job.result, job.error, job.status_message)
         if answer is None:  # -32000: a server error of this implementation's own (JSON-RPC's reserved range)
-            raise MCPError(
-                code=-32000,
-                message=f"The task is {ended.value}, with no result yet: call tasks/result again.",
-            )
+            raise MCPError(-32000, f"The task is {ended.value}, with no result yet: call tasks/result again.")
         result = serialize_server_result(
             "tools/call", OLDER_VERSION, answer.model_dump(by_alias=True, mode="json", exclude_none=True)
         )
@@ -270,9 +265,7 @@ class OlderTasks:
         cursor = params.get("cursor")
         before = parse_cursor(cursor) if isinstance(cursor, str) else None
         if cursor is not None and before is None:
-            raise MCPError(
-                code=INVALID_PARAMS, message="params.cursor must be a nextCursor tasks/list returned."
-            )
+            raise MCPError(INVALID_PARAMS, "params.cursor must be a nextCursor tasks/list returned.")
         principal = await self.tasks.principal(ctx)
         service = self.tasks.service
         await service.ensure_running()
@@ -293,9 +286,7 @@ class OlderTasks:
         """The task once cancelled (a running job is given a moment to stop); an ended task is -32602."""
         spec, job, task_id = await self.tasks.open_task(ctx, params.get("taskId"))
         if Status(job.status).is_terminal:
-            raise MCPError(
-                code=INVALID_PARAMS, message=f"The task already ended ({job.status}); nothing to cancel."
-            )
+            raise MCPError(INVALID_PARAMS, f"The task already ended ({job.status}); nothing to cancel.")
         service = self.tasks.service
         job = await service.cancel(job)
         job = await service.wait(job, CANCEL_WAIT_SECONDS, lambda job: Status(job.status).is_terminal)

@@ -43,13 +43,9 @@ async def read_part(service: JobOperations, principal: str, uri: str) -> tuple[R
     job_id, file_id = target["job"], target["file"]
     await service.ensure_running()
     job = await service.store.read(service.store.repo.get, job_id)
-    readable = (
-        job is not None
-        and job.principal == principal
-        and Status(job.status) is Status.COMPLETED
-        and job.expires_at > service.clock()
-    )
-    link = link_of(job.result) if readable and job is not None else None
+    if job is None or job.principal != principal or job.expires_at <= service.clock():
+        raise unknown_link(uri)
+    link = link_of(job.result) if job.status == Status.COMPLETED else None
     if link is None or not link.uri.endswith(f"/{file_id}"):
         raise unknown_link(uri)
     if target["part"] is None and link.parts > 1:
@@ -59,11 +55,9 @@ async def read_part(service: JobOperations, principal: str, uri: str) -> tuple[R
             data={"parts": link.parts, "first_part": link.part_uri(0)},
         )
     part = int(target["part"] or 0)
-    data = (
-        None
-        if part >= link.parts
-        else await service.store.read(service.store.repo.result_part, job_id, file_id, part)
-    )
+    if part >= link.parts:
+        raise unknown_link(uri)
+    data = await service.store.read(service.store.repo.result_part, job_id, file_id, part)
     if data is None:
         raise unknown_link(uri)
     return link, part, data

@@ -8,8 +8,8 @@ import dataclasses
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import anyio
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -65,22 +65,19 @@ UNKNOWN_TASK = (
 MAX_LISTEN_TASK_IDS = 1000
 """The most `taskIds` one `subscriptions/listen` may name (more is refused with -32602)."""
 logger = logging.getLogger("handles.server.tasks_extension")
+Ctx = ServerRequestContext[Any, Any]
 _ELICITATION_ACTIONS = ("accept", "decline", "cancel")
 
 
-class TaskIdParams(RequestParams):
-    """`{taskId}`, typed loosely so a malformed id is refused after the capability gate, as -32602."""
+class TaskParams(RequestParams):
+    """`{taskId}` (and `inputResponses` for `tasks/update`), typed loosely so a malformed value is refused
+    after the capability gate, as -32602."""
 
     task_id: Any = None
-
-
-class UpdateTaskParams(TaskIdParams):
-    """`{taskId, inputResponses}`."""
-
     input_responses: Any = None
 
 
-def declares_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
+def declares_tasks(ctx: Ctx) -> bool:
     """Whether this request declared the extension (only 2026-07-28 requests can; capabilities are per request)."""
     if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
         return False
@@ -88,7 +85,7 @@ def declares_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
     return bool(capabilities and capabilities.extensions and TASKS_EXTENSION in capabilities.extensions)
 
 
-def require_tasks(ctx: ServerRequestContext[Any, Any], what: str) -> None:
+def require_tasks(ctx: Ctx, what: str) -> None:
     """-32021 unless this request declared the extension: `what` needs it."""
     if not declares_tasks(ctx):
         raise missing_tasks_capability(
@@ -114,10 +111,6 @@ def iso_time(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _milliseconds(delta: timedelta) -> int:
-    return int(delta.total_seconds() * 1000)
-
-
 def _status_message(job: JobRecord) -> str | None:
     if job.status_message:
         return job.status_message
@@ -127,18 +120,19 @@ def _status_message(job: JobRecord) -> str | None:
     return None
 
 
-def task_fields(spec: JobSpec, job: JobRecord, task_id: str) -> dict[str, Any]:
-    """The `Task` base shape. `ttlMs` is the job's retention, counted from `createdAt` as the spec says."""
-    status = Status(job.status)
+def task_fields(spec: JobSpec, job: JobRecord, task_id: str, status: Status | None = None) -> dict[str, Any]:
+    """The `Task` base shape, in `status` (default: the job's). `ttlMs` is the job's retention, counted from
+    `createdAt` as the spec says."""
+    status = status or Status(job.status)
     fields: dict[str, Any] = {"taskId": task_id, "status": status.value}
     message = _status_message(job)
     if message:
         fields["statusMessage"] = message
     fields["createdAt"] = iso_time(job.created_at)
     fields["lastUpdatedAt"] = iso_time(job.updated_at)
-    fields["ttlMs"] = _milliseconds(job.expires_at - job.created_at)
+    fields["ttlMs"] = int((job.expires_at - job.created_at).total_seconds() * 1000)
     if not status.is_terminal:
-        fields["pollIntervalMs"] = max(1, _milliseconds(spec.poll_after))
+        fields["pollIntervalMs"] = max(1, int(spec.poll_after.total_seconds() * 1000))
     return fields
 
 
@@ -154,15 +148,12 @@ def detailed_task(
     spec: JobSpec, job: JobRecord, task_id: str, pending: Sequence[InputRequestRecord]
 ) -> dict[str, Any]:
     """The `tasks/get` answer: `resultType: "complete"`, the task, and what its status carries."""
-    body: dict[str, Any] = {"resultType": "complete", **task_fields(spec, job, task_id)}
     status = Status(job.status)
+    if status is Status.INPUT_REQUIRED and not pending:
+        status = Status.WORKING  # every question was answered between our two reads: the job is resuming
+    body: dict[str, Any] = {"resultType": "complete", **task_fields(spec, job, task_id, status)}
     if status is Status.INPUT_REQUIRED:
-        if not pending:
-            # Every question was answered between our two reads: the job is resuming.
-            body["status"] = Status.WORKING.value
-            body["pollIntervalMs"] = max(1, _milliseconds(spec.poll_after))
-        else:
-            body["inputRequests"] = {record.key: elicitation_request(record) for record in pending}
+        body["inputRequests"] = {record.key: elicitation_request(record) for record in pending}
     elif status is Status.COMPLETED:
         body["result"] = job.result or {
             "content": [{"type": "text", "text": "The job completed without a stored result."}],
@@ -180,14 +171,14 @@ def detailed_task(
     return body
 
 
-TaskHandler = Callable[[Any, ServerRequestContext[Any, Any], Any], Awaitable[dict[str, Any]]]
+TaskHandler = Callable[[Any, Ctx, Any], Awaitable[dict[str, Any]]]
 
 
 def as_jsonrpc_errors(handler: TaskHandler) -> TaskHandler:
     """The handler, its caller errors raised as JSON-RPC errors (`jsonrpc_error`)."""
 
     @functools.wraps(handler)
-    async def guarded(self: Any, ctx: ServerRequestContext[Any, Any], params: Any) -> dict[str, Any]:
+    async def guarded(self: Any, ctx: Ctx, params: Any) -> dict[str, Any]:
         try:
             return await handler(self, ctx, params)
         except CallerError as error:
@@ -199,10 +190,10 @@ def as_jsonrpc_errors(handler: TaskHandler) -> TaskHandler:
 def jsonrpc_error(error: CallerError) -> MCPError:
     """A caller error on the Tasks faces: a vanished job is the one -32602, a store outage -32603."""
     if isinstance(error, UnknownHandle | ExpiredHandle | WrongJobKind):
-        return MCPError(code=INVALID_PARAMS, message=UNKNOWN_TASK)
+        return MCPError(INVALID_PARAMS, UNKNOWN_TASK)
     if isinstance(error, InvalidArguments):
-        return MCPError(code=INVALID_PARAMS, message=error.message)
-    return MCPError(code=INTERNAL_ERROR, message=f"{error.message} {error.next_step}")
+        return MCPError(INVALID_PARAMS, error.message)
+    return MCPError(INTERNAL_ERROR, f"{error.message} {error.next_step}")
 
 
 class ServedJobs(Protocol):
@@ -224,14 +215,12 @@ class TasksExtension(Extension):
 
     def __init__(self, handles: ServedJobs) -> None:
         self._handles = handles
-        self.status_push = TaskStatusPush(self)
-        """The server middleware pushing `notifications/tasks` on `subscriptions/listen` streams."""
 
     @property
     def service(self) -> JobOperations:
         return self._handles.service
 
-    async def principal(self, ctx: ServerRequestContext[Any, Any]) -> str:
+    async def principal(self, ctx: Ctx) -> str:
         """Who makes this request, as the jobs' principal resolver says."""
         return await resolve_principal(self._handles.principal_resolver, Context(request_context=ctx))
 
@@ -239,13 +228,13 @@ class TasksExtension(Extension):
         # Bound at every version so a handshake-era client is told -32021 (it cannot declare the
         # extension), not -32601. tasks/result and tasks/list are not bound: the SDK answers -32601.
         return (
-            MethodBinding("tasks/get", TaskIdParams, self.get_task),
-            MethodBinding("tasks/update", UpdateTaskParams, self.update_task),
-            MethodBinding("tasks/cancel", TaskIdParams, self.cancel_task),
+            MethodBinding("tasks/get", TaskParams, self.get_task),
+            MethodBinding("tasks/update", TaskParams, self.update_task),
+            MethodBinding("tasks/cancel", TaskParams, self.cancel_task),
         )
 
     async def intercept_tool_call(
-        self, params: CallToolRequestParams, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+        self, params: CallToolRequestParams, ctx: Ctx, call_next: CallNext
     ) -> HandlerResult:
         """A declaring call of a job's plain tool becomes a task; everything else passes through."""
         outcome = await self.task_for_call(params.name, params.arguments, params.input_responses, ctx)
@@ -256,7 +245,7 @@ class TasksExtension(Extension):
         name: str,
         arguments: Mapping[str, Any] | None,
         input_responses: Any,
-        ctx: ServerRequestContext[Any, Any],
+        ctx: Ctx,
         *,
         older: bool = False,
     ) -> dict[str, Any] | CallToolResult | InputRequiredResult | None:
@@ -297,9 +286,7 @@ class TasksExtension(Extension):
                 return outcome_answer(settled.result())
         return {"resultType": "task", **task_fields(spec, started.job, started.handle)}  # `CreateTaskResult`
 
-    async def _open(
-        self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams
-    ) -> tuple[JobSpec, JobRecord, str]:
+    async def _open(self, ctx: Ctx, params: TaskParams) -> tuple[JobSpec, JobRecord, str]:
         """Routing header, capability gate, then the caller's own job, or one -32602 for every miss."""
         task_id = params.task_id
         if isinstance(task_id, str):
@@ -307,34 +294,28 @@ class TasksExtension(Extension):
         require_tasks(ctx, ctx.method)
         return await self.open_task(ctx, task_id)
 
-    async def open_task(
-        self, ctx: ServerRequestContext[Any, Any], task_id: Any
-    ) -> tuple[JobSpec, JobRecord, str]:
+    async def open_task(self, ctx: Ctx, task_id: Any) -> tuple[JobSpec, JobRecord, str]:
         """The caller's own job for `task_id`; every miss raises what `as_jsonrpc_errors` turns into one -32602."""
         if not isinstance(task_id, str) or not task_id:
-            raise MCPError(
-                code=INVALID_PARAMS, message="params.taskId must be the taskId string the server returned."
-            )
+            raise MCPError(INVALID_PARAMS, "params.taskId must be the taskId string the server returned.")
         spec, job = await self.service.open_any(await self.principal(ctx), task_id)
         return spec, job, task_id
 
     @as_jsonrpc_errors
-    async def get_task(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
+    async def get_task(self, ctx: Ctx, params: TaskParams) -> dict[str, Any]:
         spec, job, task_id = await self._open(ctx, params)
         pending = await self.service.pending_inputs(job)
         return detailed_task(spec, job, task_id, pending)
 
     @as_jsonrpc_errors
-    async def update_task(
-        self, ctx: ServerRequestContext[Any, Any], params: UpdateTaskParams
-    ) -> dict[str, Any]:
+    async def update_task(self, ctx: Ctx, params: TaskParams) -> dict[str, Any]:
         """Store accepted answers (all or none); a declined or dismissed question cancels the job."""
         spec, job, _ = await self._open(ctx, params)
         responses = params.input_responses
         if not isinstance(responses, dict):
             raise MCPError(
-                code=INVALID_PARAMS,
-                message='params.inputResponses must be an object: {"<key>": {"action": "accept", "content": {...}}}.',
+                INVALID_PARAMS,
+                'params.inputResponses must be an object: {"<key>": {"action": "accept", "content": {...}}}.',
             )
         await self.store_responses(spec, job, responses)
         return {"resultType": "complete"}
@@ -344,25 +325,23 @@ class TasksExtension(Extension):
         the job, and keys of no open question are ignored."""
         pending = {record.key for record in await self.service.pending_inputs(job)}
         answers: dict[str, Any] = {}
-        refused: list[str] = []
+        refused = False
         for key, response in responses.items():
             if key not in pending:
                 continue
             action = response.get("action") if isinstance(response, dict) else None
             if action not in _ELICITATION_ACTIONS:
                 raise MCPError(
-                    code=INVALID_PARAMS,
-                    message=f'inputResponses["{key}"] must be an elicitation result: '
+                    INVALID_PARAMS,
+                    f'inputResponses["{key}"] must be an elicitation result: '
                     '{"action": "accept" | "decline" | "cancel", "content": {...}}.',
                 )
             if action != "accept":
-                refused.append(key)
+                refused = True
                 continue
             content = response.get("content")
             if content is not None and not isinstance(content, dict):
-                raise MCPError(
-                    code=INVALID_PARAMS, message=f'inputResponses["{key}"].content must be an object.'
-                )
+                raise MCPError(INVALID_PARAMS, f'inputResponses["{key}"].content must be an object.')
             answers[key] = content or {}
         if answers:
             await self.service.respond(spec, job, answers)
@@ -371,14 +350,67 @@ class TasksExtension(Extension):
             await self.service.cancel(job)
 
     @as_jsonrpc_errors
-    async def cancel_task(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
+    async def cancel_task(self, ctx: Ctx, params: TaskParams) -> dict[str, Any]:
         """Cooperative and eventually consistent; the same empty ack for an already finished task."""
         _, job, _ = await self._open(ctx, params)
         await self.service.cancel(job)
         return {"resultType": "complete"}
 
+    async def status_push(self, ctx: Ctx, call_next: CallNext) -> HandlerResult:
+        """Server middleware serving `notifications.taskIds` on `subscriptions/listen`: `notifications/tasks`
+        for the caller's own tasks among them, at once and on every change on any node, until each ends."""
+        if ctx.method != "subscriptions/listen" or ctx.request_id is None:
+            return await call_next(ctx)
+        requested = requested_task_ids(ctx.params)
+        if requested is None:
+            return await call_next(ctx)
+        require_tasks(ctx, "notifications.taskIds on subscriptions/listen")
+        principal = await self.principal(ctx)
+        opened: list[tuple[JobSpec, JobRecord, str]] = []
+        for task_id in requested:
+            try:
+                spec, job = await self.service.open_any(principal, task_id)
+            except (UnknownHandle, ExpiredHandle, WrongJobKind):
+                continue  # unknown, expired and foreign alike: left out, nothing said
+            except CallerError as error:
+                raise jsonrpc_error(error) from None
+            opened.append((spec, job, task_id))
+        # Read before the acknowledgement: each pusher starts from this version, so a change that lands
+        # between the acknowledgement and the pusher's first read is still pushed.
+        tap = _AckTap(ctx.session, [task_id for _, _, task_id in opened])
+        async with anyio.create_task_group() as pushers:
+            for spec, job, task_id in opened:
+                pushers.start_soon(self._push, tap, ctx.request_id, spec, job, task_id)
+            try:
+                result = await call_next(dataclasses.replace(ctx, session=cast(ServerSession, tap)))
+            finally:
+                pushers.cancel_scope.cancel()
+        return result
 
-def _check_routing_header(ctx: ServerRequestContext[Any, Any], task_id: str) -> None:
+    async def _push(
+        self, tap: _AckTap, subscription_id: Any, spec: JobSpec, job: JobRecord, task_id: str
+    ) -> None:
+        """Push the task's state after the acknowledgement, then each new version, until it ends."""
+        await tap.acked.wait()
+        service = self.service
+        try:
+            async with contextlib.aclosing(
+                service.versions(job, outage_pause=service.config.store_poll_seconds)
+            ) as changes:
+                async for record in changes:
+                    pending = await service.pending_inputs(record)
+                    # The `tasks/get` answer without `resultType`, stamped with the subscription id.
+                    params = detailed_task(spec, record, task_id, pending)
+                    del params["resultType"]
+                    params["_meta"] = {**params.get("_meta", {}), SUBSCRIPTION_ID_META_KEY: subscription_id}
+                    await tap.send_notification(notification("notifications/tasks", params), subscription_id)
+        except StoreUnavailable:
+            logger.warning("stopped pushing a task's status: the store is unavailable")
+        except Exception:  # one task's pusher must not end the stream it shares
+            logger.exception("stopped pushing a task's status")
+
+
+def _check_routing_header(ctx: Ctx, task_id: str) -> None:
     """Over 2026-07-28 Streamable HTTP, an `Mcp-Name` header that is present must carry `params.taskId`
     (whitespace aside), else `-32020`."""
     if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS or not isinstance(ctx.request, Request):
@@ -388,14 +420,12 @@ def _check_routing_header(ctx: ServerRequestContext[Any, Any], task_id: str) -> 
         return
     decoded = decode_header_value(raw)
     if decoded is None or decoded.strip() != task_id.strip():
-        raise MCPError(code=HEADER_MISMATCH, message=f"{MCP_NAME_HEADER} header does not match params.taskId")
+        raise MCPError(HEADER_MISMATCH, f"{MCP_NAME_HEADER} header does not match params.taskId")
 
 
-class TaskStatusNotification(Notification[dict[str, Any], Literal["notifications/tasks"]]):
-    """`notifications/tasks`: a complete `DetailedTask`, as `tasks/get` would answer it at that moment."""
-
-    method: Literal["notifications/tasks"] = "notifications/tasks"
-    params: dict[str, Any]
+def notification(method: str, params: dict[str, Any]) -> ServerNotification:
+    """A notification the SDK's types do not list (`notifications/tasks`, or the 2025-11-25 design's)."""
+    return cast(ServerNotification, Notification[dict[str, Any], str](method=method, params=params))
 
 
 class _AckTap:
@@ -435,74 +465,11 @@ def requested_task_ids(params: Mapping[str, Any] | None) -> list[str] | None:
         return None
     task_ids = notifications["taskIds"]
     if not isinstance(task_ids, list) or not all(isinstance(task_id, str) for task_id in task_ids):
-        raise MCPError(
-            code=INVALID_PARAMS, message="params.notifications.taskIds must be a list of taskId strings."
-        )
+        raise MCPError(INVALID_PARAMS, "params.notifications.taskIds must be a list of taskId strings.")
     if len(task_ids) > MAX_LISTEN_TASK_IDS:
         raise MCPError(
-            code=INVALID_PARAMS,
-            message=f"params.notifications.taskIds names {len(task_ids)} tasks; at most {MAX_LISTEN_TASK_IDS} "
+            INVALID_PARAMS,
+            f"params.notifications.taskIds names {len(task_ids)} tasks; at most {MAX_LISTEN_TASK_IDS} "
             "fit one stream: open several.",
         )
     return list(dict.fromkeys(task_ids))
-
-
-class TaskStatusPush:
-    """Server middleware serving `notifications.taskIds` on `subscriptions/listen`: `notifications/tasks` for
-    the caller's own tasks among them, at once and on every change on any node, until each ends."""
-
-    def __init__(self, extension: TasksExtension) -> None:
-        self._extension = extension
-
-    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
-        if ctx.method != "subscriptions/listen" or ctx.request_id is None:
-            return await call_next(ctx)
-        requested = requested_task_ids(ctx.params)
-        if requested is None:
-            return await call_next(ctx)
-        require_tasks(ctx, "notifications.taskIds on subscriptions/listen")
-        extension = self._extension
-        principal = await extension.principal(ctx)
-        opened: list[tuple[JobSpec, JobRecord, str]] = []
-        for task_id in requested:
-            try:
-                spec, job = await extension.service.open_any(principal, task_id)
-            except (UnknownHandle, ExpiredHandle, WrongJobKind):
-                continue  # unknown, expired and foreign alike: left out, nothing said
-            except CallerError as error:
-                raise jsonrpc_error(error) from None
-            opened.append((spec, job, task_id))
-        # Read before the acknowledgement: each pusher starts from this version, so a change that lands
-        # between the acknowledgement and the pusher's first read is still pushed.
-        tap = _AckTap(ctx.session, [task_id for _, _, task_id in opened])
-        async with anyio.create_task_group() as pushers:
-            for spec, job, task_id in opened:
-                pushers.start_soon(self._push, tap, ctx.request_id, spec, job, task_id)
-            try:
-                result = await call_next(dataclasses.replace(ctx, session=cast(ServerSession, tap)))
-            finally:
-                pushers.cancel_scope.cancel()
-        return result
-
-    async def _push(
-        self, tap: _AckTap, subscription_id: Any, spec: JobSpec, job: JobRecord, task_id: str
-    ) -> None:
-        """Push the task's state after the acknowledgement, then each new version, until it ends."""
-        await tap.acked.wait()
-        service = self._extension.service
-        try:
-            async with contextlib.aclosing(
-                service.versions(job, outage_pause=service.config.store_poll_seconds)
-            ) as changes:
-                async for record in changes:
-                    pending = await service.pending_inputs(record)
-                    # The `tasks/get` answer without `resultType`, stamped with the subscription id.
-                    params = detailed_task(spec, record, task_id, pending)
-                    del params["resultType"]
-                    params["_meta"] = {**params.get("_meta", {}), SUBSCRIPTION_ID_META_KEY: subscription_id}
-                    notification = TaskStatusNotification(params=params)
-                    await tap.send_notification(cast(ServerNotification, notification), subscription_id)
-        except StoreUnavailable:
-            logger.warning("stopped pushing a task's status: the store is unavailable")
-        except Exception:  # one task's pusher must not end the stream it shares
-            logger.exception("stopped pushing a task's status")
