@@ -37,7 +37,7 @@ class DriverInsert:
 
     def __init__(self, jobs: Any) -> None:
         repo = jobs.service.store.repo
-        if repo.dialect == "postgresql":
+        if not repo.sqlite:
             import psycopg
             from psycopg.types.json import Json
 

@@ -233,7 +233,7 @@ async def run(options: Options, seconds: float | None = None, owners: int = OWNE
             table.notes.append("PostgreSQL was unreachable: nothing measured.")
             return [table]
         repo = JobRepository(url)
-        repo.create_schema()
+        repo.prepare(auto_migrate=True)
         repo.dispose()
         _seed_running(url, owners)
         for lease, heartbeat in SETTINGS:

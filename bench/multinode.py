@@ -119,7 +119,7 @@ async def run(options: Options) -> list[Table]:
                 table.rows.append([count, "unreachable", "", "", "", "", ""])
                 continue
             repository = JobRepository(url)
-            repository.create_schema()
+            repository.prepare(auto_migrate=True)
             repository.dispose()
             servers = [
                 handles_http_server(

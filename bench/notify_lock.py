@@ -234,7 +234,7 @@ def commits(url: str, seconds: float, rounds: int) -> dict[str, dict[int, tuple[
     from handles.store import JobRepository
 
     repository = JobRepository(url)
-    repository.create_schema()
+    repository.prepare(auto_migrate=True)
     repository.dispose()
     figures: dict[str, dict[int, tuple[float, float]]] = {name: {} for name in VARIANTS}
     for writers in WRITERS:

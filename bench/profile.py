@@ -151,12 +151,12 @@ async def breakdown(options: Options) -> Table:
             ("JobRepository.steps, called directly", lambda: asyncio.sleep(0, repo.steps(job_id))),
             ("Store.call(repo.get) (read + thread hop)", lambda: service.store.call(repo.get, job_id)),
             (
-                "one write transaction, called directly (JobRepository.set_status_message)",
-                lambda: asyncio.sleep(0, repo.set_status_message(job_id, "profiling")),
+                "one write transaction, called directly (JobRepository.touch_abandon_deadline)",
+                lambda: asyncio.sleep(0, repo.touch_abandon_deadline(job_id)),
             ),
             (
-                "Store.write(repo.set_status_message) (write + thread hop + wake)",
-                lambda: service.store.write(job_id, "changed", repo.set_status_message, job_id, "profiling"),
+                "Store.write(repo.touch_abandon_deadline) (write + thread hop + wake)",
+                lambda: service.store.write(job_id, "changed", repo.touch_abandon_deadline, job_id),
             ),
             (
                 "JobOperations.open (verify + read + keep-alive check)",

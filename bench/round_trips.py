@@ -182,7 +182,7 @@ async def measure(
     async with inprocess(data_dir, url, run_workers=run_workers, **QUIET) as (jobs, c):
         store = jobs.service.store
         repo = store.repo
-        for engine in {repo._write_engine, repo._read_engine}:
+        for engine in {repo.engine, repo._read_engine}:
             tracer.attach(engine)
         tracer.attach_loop(repo.loop_connections)
         await structured(c, "noop", {})

@@ -199,7 +199,7 @@ def _timers(jobs: Any, samples: dict[str, list[float]]) -> Iterator[None]:
     service = jobs.service
     repo = service.store.repo
     spec_type = type(jobs.specs["work"])
-    postgres = repo.dialect == "postgresql"
+    postgres = not repo.sqlite
     s = samples
     with contextlib.ExitStack() as stack:
         patch = stack.enter_context

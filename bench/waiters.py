@@ -40,9 +40,7 @@ async def measure(data_dir: Path, waiters: int, seconds: float) -> dict[str, Any
             nonlocal statements
             statements += 1
 
-        engines = [
-            engine for engine in (repo._read_engine, repo._write_engine, repo._inline_engine) if engine
-        ]
+        engines = [engine for engine in (repo._read_engine, repo.engine, repo._inline_engine) if engine]
         for engine in engines:
             event.listen(engine, "before_cursor_execute", count)
         tasks = [

@@ -24,9 +24,15 @@ from jsonschema.validators import validator_for
 from mcp import Client, StdioServerParameters
 from mcp.server.mcpserver import MCPServer
 from mcp_types import CallToolResult, ElicitResult, ResourceLink, TextContent, Tool
+from sqlalchemy import update
+from sqlmodel import col
 
 from handles import Handles, HandlesConfig
 from handles.handle import HandleCodec
+from handles.states import ACTIVE
+from handles.store import InputRequestRecord, JobRecord, JobRepository, StepRecord, StepState
+from handles.store.claims import _claim_values, _claimable
+from handles.store.models import STEP_STATE_COLUMNS
 from handles.tool_layout import ToolLayout, ToolNames
 from tests.harness.client import mcp_over_http
 from tests.harness.process import REPO_ROOT, ServerProcess, free_port, python_module, server_env
@@ -438,3 +444,33 @@ async def approve_deploy_task(client: Client, task_id: str, environment: str) ->
     await update_task(client.session, task_id, {"q1": approval})
     done = await wait_task(client, task_id, "completed")
     assert done.result is not None and done.result["structuredContent"]["environment"] == environment
+
+
+def claim(repo: JobRepository, job_id: str, owner: str, lease_seconds: float) -> JobRecord | None:
+    """Take the queued job `job_id` for `owner` as `claim_next` takes a job; None when it is not claimable
+    (held, ended, being cancelled, not yet due, or gone)."""
+    now = repo.clock()
+    lease_now = repo._lease_now(now)
+    with repo._writing() as session:
+        claimed = session.execute(
+            update(JobRecord)
+            .where(col(JobRecord.id) == job_id, *_claimable(lease_now))
+            .values(**_claim_values(owner, now, lease_now, lease_seconds))
+        )
+        return session.get(JobRecord, job_id) if claimed.rowcount == 1 else None
+
+
+def count_active(repo: JobRepository, principal: str | None = None) -> int:
+    """How many active jobs the store holds (of `principal`, when given), by the operator's listing."""
+    statuses = [status.value for status in ACTIVE]
+    return len(repo.list_jobs(statuses=statuses, principal=principal, limit=1_000_000))
+
+
+def get_input(repo: JobRepository, job_id: str, key: str) -> InputRequestRecord | None:
+    """The question `key` the job asked, answered or not; None when there is none."""
+    return next((question for question in repo.questions(job_id) if question.key == key), None)
+
+
+def step_state(step: StepRecord) -> StepState:
+    """The state a progress poll reads of a step read whole."""
+    return StepState(**{name: getattr(step, name) for name in STEP_STATE_COLUMNS})

@@ -9,7 +9,7 @@ import functools
 import logging
 import weakref
 from collections.abc import Callable, Coroutine
-from typing import Any, Literal, ParamSpec, TypeVar
+from typing import Any, Literal
 
 import anyio
 import anyio.to_thread
@@ -17,7 +17,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from handles.backoff import backoff_seconds
 from handles.errors import StoreUnavailable
-from handles.store.engine import WriterBusy
+from handles.store.engine import P, T, WriterBusy
 from handles.store.models import (
     Clock,
     InputRequestRecord,
@@ -51,9 +51,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("handles.store")
-
-P = ParamSpec("P")
-T = TypeVar("T")
 
 Write = Literal["changed", "queued", "outcome", "reported"]
 """What a write means: a change (`changed`), one that leaves the job waiting for a worker (`queued`), a job's

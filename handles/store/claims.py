@@ -1,4 +1,4 @@
-"""Claims and leases: a queued job taken by a worker (`claim`, `claim_next`, fairly between principals), its
+"""Claims and leases: queued jobs taken by a worker (`claim_next`, fairly between principals), their
 lease kept (`heartbeat`), found run out (`expired_leases`) or given back to the queue (`release`)."""
 
 from __future__ import annotations
@@ -7,28 +7,18 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Text, and_, case, cast, func, update
+from sqlalchemy import Text, case, cast, func, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
 from handles.states import ACTIVE, Status
 from handles.store.engine import Database
-from handles.store.models import CLAIM_ENTRY_HEAD, JobRecord, claim_entry_tail
+from handles.store.models import _JOBS, CLAIM_ENTRY_HEAD, JobRecord, claim_entry_tail
+from handles.store.statements import _HELD_BY_OWNER
 
 
 class Claims(Database):
     """Claims and leases, a part of `JobRepository` that uses only its `Database`."""
-
-    def claim(self, job_id: str, owner: str, lease_seconds: float) -> JobRecord | None:
-        """Take a queued job for `owner`; None when it is not queued (someone else has it, or it ended)."""
-        now = self.clock()
-        with self._writing() as session:
-            claimed = session.exec(
-                update(JobRecord)
-                .where(col(JobRecord.id) == job_id, *_claimable(self._lease_now(now)))
-                .values(**_claim_values(owner, now, self._lease_now(now), lease_seconds))
-            ).rowcount
-            return session.get(JobRecord, job_id) if claimed == 1 else None
 
     def has_claimable(self, kinds: Sequence[str]) -> bool:
         """Whether a queued job of `kinds` is due now: one indexed read, no write lock."""
@@ -117,7 +107,7 @@ class Claims(Database):
             return set(), set()
         now = self.clock()
         with self._writing() as session:
-            session.exec(
+            held = session.execute(
                 update(JobRecord)
                 .where(
                     col(JobRecord.id).in_(list(job_ids)),
@@ -125,15 +115,11 @@ class Claims(Database):
                     col(JobRecord.status).in_(list(ACTIVE)),
                 )
                 .values(lease_expires_at=self._lease_now(now) + timedelta(seconds=lease_seconds))
-            )
-            rows = session.exec(
-                select(
-                    JobRecord.id, JobRecord.lease_owner, JobRecord.cancel_requested_at, JobRecord.status
-                ).where(col(JobRecord.id).in_(list(job_ids)))
+                .returning(col(JobRecord.id), col(JobRecord.cancel_requested_at))
+                .execution_options(synchronize_session=False)
             ).all()
-        held = {r[0] for r in rows if r[1] == owner and r[3] in ACTIVE}
-        cancelled = {r[0] for r in rows if r[0] in held and r[2] is not None}
-        return cancelled, set(job_ids) - held
+        cancelled = {job_id for job_id, requested_at in held if requested_at is not None}
+        return cancelled, set(job_ids) - {job_id for job_id, _ in held}
 
     def expired_leases(self, limit: int) -> list[JobRecord]:
         """Active jobs whose lease ran out: their process is gone."""
@@ -162,28 +148,23 @@ class Claims(Database):
     ) -> bool:
         """Give a job back to the queue, claimable at `run_after` (`resuming`: no new attempt)."""
         now = self.clock()
-        conditions = [
-            col(JobRecord.id) == job_id,
-            col(JobRecord.lease_owner) == owner,
-            col(JobRecord.status).in_(list(ACTIVE)),
-        ]
-        if lease_expired:
-            conditions.append(col(JobRecord.lease_expires_at) < self._lease_now(now))
+        expired = [_JOBS.c.lease_expires_at < self._lease_now(now)] if lease_expired else []
+        released = (
+            update(_JOBS)
+            .where(*_HELD_BY_OWNER, *expired)
+            .values(
+                status=Status.WORKING.value,
+                lease_owner=None,
+                lease_expires_at=None,
+                run_after=self._lease_now(now) if run_after is None else run_after,
+                status_message=message,
+                resuming=resuming,
+                updated_at=now,
+                version=_JOBS.c.version + 1,
+            )
+        )
         with self._writing() as session:
-            changed = session.exec(
-                update(JobRecord)
-                .where(and_(*conditions))
-                .values(
-                    status=Status.WORKING.value,
-                    lease_owner=None,
-                    lease_expires_at=None,
-                    run_after=self._lease_now(now) if run_after is None else run_after,
-                    status_message=message,
-                    resuming=resuming,
-                    updated_at=now,
-                    version=JobRecord.version + 1,
-                )
-            ).rowcount
+            changed = session.exec(released, params={"job_id": job_id, "owner": owner}).rowcount
         return changed == 1
 
 

@@ -68,8 +68,7 @@ class WriterLock:
         for wake in waiters:
             wake()
 
-    def __enter__(self) -> bool:
-        return self._lock.acquire()
+    __enter__ = acquire
 
     def __exit__(self, *exc: object) -> None:
         self.release()
@@ -180,6 +179,9 @@ class Database:
     """The engines of one database, the clock that judges its leases, and the transactions the repository's
     queries run in."""
 
+    engine: Engine
+    """The engine writes go through (migrations, bulk maintenance)."""
+
     def __init__(self, url: str, *, clock: Clock = utc_now, lease_clock: str | None = None) -> None:
         """`clock` and `lease_clock` as `JobRepository` takes them."""
         self.url = url
@@ -200,11 +202,11 @@ class Database:
         self.sqlite = url.startswith("sqlite")  # else PostgreSQL; `JobRepository` picks its ops by it too
         if self.sqlite:
             engines = _sqlite_engines(url)
-            self._read_engine, self._write_engine, self._inline_engine, self._inline_write_engine = engines
+            self._read_engine, self.engine, self._inline_engine, self._inline_write_engine = engines
             # Queue writers on a lock, not in SQLite's busy handler, which sleeps in coarse steps.
             self._write_lock = WriterLock()
         else:
-            self._read_engine, self._write_engine = _postgres_engines(url)
+            self._read_engine, self.engine = _postgres_engines(url)
             self.loop_connections = LoopConnections(
                 functools.partial(_connect_on_loop, self._read_engine), LOOP_CONNECTIONS
             )
@@ -237,10 +239,6 @@ class Database:
         return self._clock_offset
 
     @property
-    def dialect(self) -> str:
-        return self._write_engine.dialect.name
-
-    @property
     def publishes(self) -> bool:
         """Whether this store tells other nodes of its changes by notices (PostgreSQL's `pg_notify`)."""
         return self.notices is not None
@@ -248,7 +246,7 @@ class Database:
     def _prepare(self, statement: Any) -> _Prepared:
         prepared = self._prepared.get(statement)
         if prepared is None:
-            prepared = self._prepared[statement] = _Prepared(statement, self._write_engine.dialect)
+            prepared = self._prepared[statement] = _Prepared(statement, self.engine.dialect)
         return prepared
 
     def _by_database_clock(self, values: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -259,17 +257,9 @@ class Database:
         moved = {name: values[name] + offset for name in _START_DEADLINES if values[name] is not None}
         return {**values, **moved}
 
-    @property
-    def engine(self) -> Engine:
-        """The engine writes go through (migrations, bulk maintenance)."""
-        return self._write_engine
-
-    def create_schema(self) -> None:
-        """Create or upgrade the handles tables to the newest schema revision (Alembic migrations)."""
-        self.prepare(auto_migrate=True)
-
     def prepare(self, *, auto_migrate: bool) -> None:
-        """Make sure the schema is current: upgrade it, or refuse to go on when upgrades are the operator's."""
+        """Make sure the schema is current: upgrade it to the newest revision (Alembic migrations), or refuse to
+        go on when upgrades are the operator's."""
         from handles.store import migrate
 
         (migrate.upgrade if auto_migrate else migrate.check_current)(self.engine)
@@ -290,7 +280,7 @@ class Database:
             if connection is not None:
                 connection.close()
         self._inline_connection = self._inline_write_raw = None
-        for engine in (self._inline_write_engine, self._read_engine, self._inline_engine, self._write_engine):
+        for engine in (self._inline_write_engine, self._read_engine, self._inline_engine, self.engine):
             if engine is not None:
                 engine.dispose()
 
@@ -326,7 +316,7 @@ class Database:
         if self._inline_write_engine is None:
             return
         with self._write_lock:
-            pooled = self._write_engine.raw_connection()
+            pooled = self.engine.raw_connection()
             try:
                 connection: Any = pooled.driver_connection
                 connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
@@ -367,22 +357,19 @@ class Database:
     def _sqlite_writing(self) -> Iterator[sqlite3.Connection]:
         """A `BEGIN IMMEDIATE` transaction on SQLite's own connection for the hottest writes, inline without
         waiting; a database error rolls back and comes out as SQLAlchemy's."""
-        inline = _INLINE_WRITE.get() and self._inline_write_engine is not None
-        lock = self._write_lock
-        if inline:
-            if isinstance(lock, WriterLock) and not lock.acquire(blocking=False):
-                raise WriterBusy
-        else:
-            lock.__enter__()
+        inline = _INLINE_WRITE.get()
+        lock, engine = self._write_lock, self._inline_write_engine
+        assert isinstance(lock, WriterLock) and engine is not None  # an SQLite file's
+        if not lock.acquire(blocking=not inline):
+            raise WriterBusy
         pooled: Any = None
         try:
-            if inline:
-                assert self._inline_write_engine is not None
-                if self._inline_write_raw is None:
-                    self._inline_write_raw = self._inline_write_engine.raw_connection()
-                pooled = self._inline_write_raw
+            if not inline:
+                pooled = self.engine.raw_connection()
+            elif self._inline_write_raw is None:
+                pooled = self._inline_write_raw = engine.raw_connection()
             else:
-                pooled = self._write_engine.raw_connection()
+                pooled = self._inline_write_raw
             connection: sqlite3.Connection = pooled.driver_connection
             statement: str | None = "BEGIN IMMEDIATE"
             try:
@@ -406,8 +393,7 @@ class Database:
         finally:
             if not inline and pooled is not None:
                 pooled.close()  # back to the pool
-            if not inline or isinstance(lock, WriterLock):
-                lock.__exit__(None, None, None)
+            lock.release()
 
     @contextmanager
     def _sqlite_reading(self) -> Iterator[sqlite3.Connection | None]:
@@ -452,7 +438,7 @@ class Database:
         assert not _INLINE_WRITE.get(), "an inline write takes the ORM's path"
         with (
             self._write_lock,
-            Session(self._write_engine, expire_on_commit=False) as session,
+            Session(self.engine, expire_on_commit=False) as session,
             session.begin(),
         ):
             yield session

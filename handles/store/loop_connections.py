@@ -106,8 +106,7 @@ class LoopConnections:
 
 def _proactor(loop: asyncio.AbstractEventLoop) -> bool:
     """Whether `loop` is Windows' `ProactorEventLoop`, on which psycopg cannot wait for a socket."""
-    proactor = getattr(asyncio, "ProactorEventLoop", None)
-    return proactor is not None and isinstance(loop, proactor)
+    return isinstance(loop, getattr(asyncio, "ProactorEventLoop", ()))
 
 
 def _finish(connection: Any) -> None:

@@ -262,11 +262,6 @@ class StepState:
     started_at: datetime
     finished_at: datetime | None
 
-    @classmethod
-    def of(cls, step: StepRecord) -> StepState:
-        """The state of a step read whole."""
-        return cls(**{name: getattr(step, name) for name in STEP_STATE_COLUMNS})
-
 
 STEP_STATE_COLUMNS = tuple(StepState.__dataclass_fields__)
 """The columns of a step's row a `StepState` holds, in its fields' order."""
@@ -337,14 +332,14 @@ def _detached(model: type[M], row: Mapping[Any, Any]) -> M:
     return instance
 
 
-def _rows(connection: Connection, model: type[M], statement: Any, job_id: str, **params: Any) -> list[M]:
+def _rows(connection: Connection, model: type[M], statement: Any, job_id: str) -> list[M]:
     """The rows a prebuilt hot-read `statement` finds for `job_id`, as detached models."""
-    result = connection.execute(statement, {"job_id": job_id, **params})
+    result = connection.execute(statement, {"job_id": job_id})
     return [_detached(model, row) for row in result.mappings()]
 
 
-def _one(connection: Connection, model: type[M], statement: Any, job_id: str, **params: Any) -> M | None:
-    row = connection.execute(statement, {"job_id": job_id, **params}).mappings().first()
+def _one(connection: Connection, model: type[M], statement: Any, job_id: str) -> M | None:
+    row = connection.execute(statement, {"job_id": job_id}).mappings().first()
     return None if row is None else _detached(model, row)
 
 
@@ -361,17 +356,6 @@ def _json_document(value: Any) -> str:
     return json.dumps(value, default=_json_value)
 
 
-def _converters(table: Any) -> dict[str, Callable[[Any], Any]]:
-    """How each column of `table` comes back from `row_to_json`: times as ISO 8601, floats as numbers."""
-    found: dict[str, Callable[[Any], Any]] = {}
-    for column_ in table.columns:
-        if isinstance(column_.type, UTCDateTime):
-            found[column_.name] = _utc_time
-        elif isinstance(column_.type, Float):
-            found[column_.name] = float
-    return found
-
-
 def _from_json(table: Any, model: type[M], row: Mapping[str, Any]) -> M:
     """A detached model from a row PostgreSQL gave as JSON (`row_to_json`)."""
     convert = _CONVERTERS[table.name]
@@ -384,7 +368,15 @@ def _from_json(table: Any, model: type[M], row: Mapping[str, Any]) -> M:
     return _detached(model, values)
 
 
-_CONVERTERS = {table.name: _converters(table) for table in (_JOBS, _INPUTS, _STEPS)}
+_CONVERTERS: dict[str, dict[str, Callable[[Any], Any]]] = {
+    table.name: {
+        c.name: _utc_time if isinstance(c.type, UTCDateTime) else float
+        for c in table.columns
+        if isinstance(c.type, UTCDateTime | Float)
+    }
+    for table in (_JOBS, _INPUTS, _STEPS)
+}
+"""How each column's value comes back from `row_to_json`: times as ISO 8601, floats as numbers."""
 _MODELS = (JobRecord, InputRequestRecord, StepRecord)
 _MANAGERS: dict[type[Any], Any] = {model: instrumentation.manager_of_class(model) for model in _MODELS}
 _COLUMN_NAMES = {

@@ -94,13 +94,6 @@ class OperatorReads(Database):
         clauses += [self._engine.matches(principal, pattern) for pattern in match.patterns]
         return or_(*clauses)
 
-    def count_active(self, *, principal: str | None = None) -> int:
-        with self._reading() as session:
-            query = select(func.count()).select_from(JobRecord).where(col(JobRecord.status).in_(list(ACTIVE)))
-            if principal is not None:
-                query = query.where(JobRecord.principal_key == principal_key(principal))
-            return int(session.exec(query).one())
-
     def waiting_counts(self) -> dict[tuple[str, str], int]:
         """How many jobs of each kind wait: `(kind, "queued")` for a worker, `(kind, "parked")` for an answer."""
         with self._fast_reading() as connection:

@@ -156,25 +156,18 @@ class PostgresOps:
         questions: Sequence[InputRequestRecord],
         lease_seconds: float | None,
     ) -> tuple[JobRecord, bool]:
-        """One call of the SQL function `handles_start` in autocommit, retried once on a dropped connection: a
-        row with this fresh id, principal, kind and creation time can only be this start's own."""
+        """One call of the SQL function `handles_start` in autocommit, retried once on a dropped connection."""
         notice = NOTICE.get()
         params = self._start_parameters(values, active_limit, questions, lease_seconds)
-        start = self.repo._prepare(_START)
         for attempt in (1, 2):
             try:
                 with self.autocommit() as connection:  # psycopg's own: autocommit, no ping
-                    (row,) = start.rows(connection, params)
-                break
+                    (row,) = self.repo._prepare(_START).rows(connection, params)
+                return self._started(row, values, active_limit, params["lease"], notice)
             except DBAPIError as exc:
                 if attempt == 2 or not exc.connection_invalidated:
-                    if isinstance(exc, IntegrityError):
-                        earlier = self._own_earlier_try(values)
-                        if earlier is not None:
-                            self.repo.committed(notice)
-                            return earlier, True
-                    raise
-        return self._started(row, values, active_limit, params["lease"], notice)
+                    return self._own_earlier_try(exc, values, notice)
+        raise AssertionError("a start is tried at most twice")
 
     async def start_on_loop(
         self,
@@ -200,16 +193,13 @@ class PostgresOps:
                         raise as_sqlalchemy_error(
                             self.repo.engine, exc, disconnect=connection.closed
                         ) from exc
-                break
+                return self._started(row, values, active_limit, params["lease"], notice)
             except DBAPIError as exc:
                 if attempt == 2 or not exc.connection_invalidated:
-                    if isinstance(exc, IntegrityError):
-                        earlier = await anyio.to_thread.run_sync(self._own_earlier_try, values)
-                        if earlier is not None:
-                            self.repo.committed(notice)
-                            return earlier, True
-                    raise
-        return self._started(row, values, active_limit, params["lease"], notice)
+                    if not isinstance(exc, IntegrityError):
+                        raise  # as it is, not from a worker thread (there may be none free)
+                    return await anyio.to_thread.run_sync(self._own_earlier_try, exc, values, notice)
+        raise AssertionError("a start is tried at most twice")
 
     def _started(
         self,
@@ -242,35 +232,32 @@ class PostgresOps:
         """`handles_start`'s parameters for the job row `values`."""
         lease = lease_seconds if values["lease_owner"] is not None and self.repo.database_leases else None
         values = self.repo._by_database_clock(values)
-        params: dict[str, Any] = {
+        rows = [_column_values(_INPUTS, q) for q in questions]  # the questions asked as it starts
+        plain = [{k: v for k, v in r.items() if k not in _INPUT_JSON} for r in rows]
+        return {
             "job": _json_document({k: v for k, v in values.items() if k not in _JOB_JSON}),
             **{name: json.dumps(values[name]) for name in _JOB_JSON},
-            "questions": None,
-            "schemas": None,
-            "answers": None,
+            "questions": _json_document(plain) if rows else None,
+            "schemas": [json.dumps(r["requested_schema"]) for r in rows] if rows else None,
+            "answers": [json.dumps(r["answer"]) for r in rows] if rows else None,
             "limit": active_limit,
             "lease": lease,
         }
-        if questions:
-            rows = [_column_values(_INPUTS, q) for q in questions]
-            params["questions"] = _json_document(
-                [{k: v for k, v in r.items() if k not in _INPUT_JSON} for r in rows]
-            )
-            params["schemas"] = [json.dumps(r["requested_schema"]) for r in rows]
-            params["answers"] = [json.dumps(r["answer"]) for r in rows]
-        return params
 
-    def _own_earlier_try(self, values: Mapping[str, Any]) -> JobRecord | None:
-        """The row of this very start (same id, principal, kind, creation time), if a try of it committed."""
-        with self.hot_reading() as connection:
-            stored = _one(connection, JobRecord, _JOB_BY_ID, values["id"])
-        if stored is None or (stored.principal_key, stored.kind, stored.created_at) != (
-            values["principal_key"],
-            values["kind"],
-            values["created_at"],
-        ):
-            return None
-        return stored
+    def _own_earlier_try(
+        self, exc: DBAPIError, values: Mapping[str, Any], notice: str | None
+    ) -> tuple[JobRecord, bool]:
+        """After a start's last try met `exc`: the job as created when `exc` is the conflict with the row of
+        an earlier try of this very start (same id, principal, kind, creation time), else `exc` raised. Job ids
+        are fresh random ids, so no other start can have stored that row."""
+        if isinstance(exc, IntegrityError):
+            with self.hot_reading() as connection:
+                stored = _one(connection, JobRecord, _JOB_BY_ID, values["id"])
+            own = (values["principal_key"], values["kind"], values["created_at"])
+            if stored is not None and (stored.principal_key, stored.kind, stored.created_at) == own:
+                self.repo.committed(notice)
+                return stored, True
+        raise exc
 
     def transition(
         self,

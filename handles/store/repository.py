@@ -4,21 +4,22 @@ are its parts'."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, cast
 
-from sqlalchemy import bindparam, update
+from sqlalchemy import bindparam
 from sqlalchemy import insert as sa_insert
 from sqlalchemy import select as sa_select
 from sqlalchemy.orm import configure_mappers
-from sqlmodel import Session, col, delete
+from sqlmodel import Session, delete
 
 from handles.errors import LeaseLost
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
 from handles.store.claims import Claims
-from handles.store.engine import NOTICE, Change
+from handles.store.engine import NOTICE, Change, P, T
 from handles.store.models import (
     _JOBS,
     Clock,
@@ -50,7 +51,6 @@ from handles.store.statements import (
     _ANSWERS_OF_JOB,
     _JOB_BY_ID,
     _OPEN_QUESTIONS_OF_JOB,
-    _QUESTION_BY_KEY,
     _QUESTIONS_OF_JOB,
     _STEPS_OF_JOB,
     _pending,
@@ -58,8 +58,6 @@ from handles.store.statements import (
 
 __all__ = ["ActiveLimitReached", "AnswerOutcome", "CancelOutcome", "Change", "JobRepository"]
 
-P = ParamSpec("P")
-T = TypeVar("T")
 _VERSIONS_BATCH = 500  # ids per query when reading the versions of watched jobs
 _PARTS = ResultPartRecord.__table__  # type: ignore[attr-defined]
 _PART_BY_KEY = sa_select(_PARTS.c.data).where(
@@ -136,10 +134,6 @@ class JobRepository(Claims, Retention, OperatorReads):
         answers = {record.key: record.answer for record in answered if record.answer is not None}
         return answers, {step.name: step for step in steps}
 
-    def get_input(self, job_id: str, key: str) -> InputRequestRecord | None:
-        with self._engine.hot_reading() as connection:
-            return _one(connection, InputRequestRecord, _QUESTION_BY_KEY, job_id, key=key)
-
     # -- creation ----------------------------------------------------------
 
     def insert(
@@ -207,15 +201,6 @@ class JobRepository(Claims, Retention, OperatorReads):
         values |= {"message": message, "now": self.clock()}
         return self._engine.set_progress(values)
 
-    def set_status_message(self, job_id: str, message: str | None) -> None:
-        now = self.clock()
-        with self._writing() as session:
-            session.exec(
-                update(JobRecord)
-                .where(col(JobRecord.id) == job_id, col(JobRecord.status).in_(list(ACTIVE)))
-                .values(status_message=message, updated_at=now, version=JobRecord.version + 1)
-            )
-
     def transition(
         self,
         job_id: str,
@@ -230,17 +215,19 @@ class JobRepository(Claims, Retention, OperatorReads):
         now = self.clock()
         return self._engine.transition(job_id, target, owner, lease_expired, now, values)
 
-    def _locked(self, session: Session, job_id: str) -> JobRecord | None:
-        """The job row, locked for this write transaction (SQLite: BEGIN IMMEDIATE holds the lock)."""
-        return session.get(JobRecord, job_id, with_for_update=True)
+    @contextmanager
+    def _locked(self, job_id: str) -> Iterator[tuple[Session, JobRecord | None]]:
+        """A write transaction and the job row, locked for it (SQLite: BEGIN IMMEDIATE holds the lock); the
+        session tracks the row, so what the block changes of it is written as the transaction commits."""
+        with self._writing() as session:
+            yield session, session.get(JobRecord, job_id, with_for_update=True)
 
     def settle_interrupted(
         self, job_id: str, owner: str, *, shutdown: bool, lease_expired: bool = False
     ) -> Status | None:
         """Settle a job whose run stopped before it ended; its new status, or None if not ours."""
         now = self.clock()
-        with self._writing() as session:
-            job = self._locked(session, job_id)
+        with self._locked(job_id) as (session, job):
             if job is None or job.lease_owner != owner or Status(job.status) not in ACTIVE:
                 return None
             lease_now = self._lease_now_value(session, now)
@@ -253,14 +240,12 @@ class JobRepository(Claims, Retention, OperatorReads):
                 _changed(job, now, values)
             else:  # an end, or a run stopped as it asked a question, queued to run again
                 _transitioned(job, target, now, values)
-            session.add(job)
             return Status(job.status)
 
     def park(self, job_id: str, owner: str) -> Status | None:
         """Let go of a job that waits for answers; its status afterwards, or None when not held here."""
         now = self.clock()
-        with self._writing() as session:
-            job = self._locked(session, job_id)
+        with self._locked(job_id) as (session, job):
             if job is None or job.lease_owner != owner or Status(job.status) not in ACTIVE:
                 return None
             if job.cancel_requested_at is not None:
@@ -269,14 +254,12 @@ class JobRepository(Claims, Retention, OperatorReads):
             else:
                 released = {"resuming": True, "run_after": self._lease_now_value(session, now)}
                 _changed(job, now, dict.fromkeys(_LEASE) | released)  # its lease given back, parked
-            session.add(job)
             return Status(job.status)
 
     def request_cancel(self, job_id: str, by: str | None = None) -> CancelOutcome | None:
         """Record a cancel request: a job no worker holds ends at once, a running one is signalled."""
         now = self.clock()
-        with self._writing() as session:
-            job = self._locked(session, job_id)
+        with self._locked(job_id) as (_, job):
             if job is None:
                 return None
             if Status(job.status) in TERMINAL:
@@ -290,7 +273,6 @@ class JobRepository(Claims, Retention, OperatorReads):
                 _transitioned(job, Status.CANCELLED, now, {"status_message": message})
             else:
                 _touch(job, now)
-            session.add(job)
         return CancelOutcome(job, ended_now=ended)
 
     # -- input requests ----------------------------------------------------
@@ -310,7 +292,7 @@ class JobRepository(Claims, Retention, OperatorReads):
                         job_id=job_id, key=key, message=message, requested_schema=schema, created_at=now
                     )
                 )
-            job = self._locked(session, job_id)
+            job = session.get(JobRecord, job_id, with_for_update=True)
             if job is None or job.lease_owner != owner or Status(job.status) not in ACTIVE:
                 raise LeaseLost(job_id)
             values: dict[str, Any] = {"status_message": message}
@@ -321,7 +303,6 @@ class JobRepository(Claims, Retention, OperatorReads):
                 _changed(job, now, values)
             else:
                 _transitioned(job, Status.INPUT_REQUIRED, now, values)
-            session.add(job)
         return None
 
     def answer_inputs(
@@ -329,9 +310,8 @@ class JobRepository(Claims, Retention, OperatorReads):
     ) -> AnswerOutcome | None:
         """Record answers for pending keys; the job works again once none is left pending."""
         now = self.clock()
-        with self._writing() as session:
-            # Locked: a cancel committing between this read and the write must not be undone.
-            job = self._locked(session, job_id)
+        # Locked: a cancel committing between this read and the write must not be undone.
+        with self._locked(job_id) as (session, job):
             if job is None:
                 return None
             accepted: list[str] = []
@@ -347,7 +327,6 @@ class JobRepository(Claims, Retention, OperatorReads):
                 record.answer = answer
                 record.answered_at = now
                 record.answered_by = by
-                session.add(record)
                 accepted.append(key)
             if accepted:
                 if len(accepted) == len(pending):
@@ -356,7 +335,6 @@ class JobRepository(Claims, Retention, OperatorReads):
                     _transitioned(job, Status.WORKING, now, resumed)
                 else:
                     _touch(job, now)
-                session.add(job)
         return AnswerOutcome(job, accepted, ignored)
 
     # -- durable steps --------------------------------------------------------
@@ -402,8 +380,7 @@ class JobRepository(Claims, Retention, OperatorReads):
     ) -> bool:
         """End a job whose `steps` are still executing past every limit: they are marked `unknown`."""
         now = self.clock()
-        with self._writing() as session:
-            job = self._locked(session, job_id)
+        with self._locked(job_id) as (session, job):
             if job is None or job.lease_owner != owner or not can_transition(Status(job.status), target):
                 return False
             for name in steps:
@@ -411,9 +388,7 @@ class JobRepository(Claims, Retention, OperatorReads):
                 if step is not None and step.status == "started":
                     step.status = "unknown"
                     step.finished_at = now
-                    session.add(step)
             _transitioned(job, target, now, values)
-            session.add(job)
         return True
 
     def steps(self, job_id: str) -> list[StepRecord]:
@@ -425,14 +400,12 @@ class JobRepository(Claims, Retention, OperatorReads):
     def touch_abandon_deadline(self, job_id: str) -> None:
         """A caller looked at the job: push its abandonment deadline back."""
         now = self.clock()
-        with self._writing() as session:
-            job = self._locked(session, job_id)
+        with self._locked(job_id) as (session, job):
             if job is None or job.abandon_after_seconds is None or Status(job.status) in TERMINAL:
                 return
             job.abandon_at = self._lease_now_value(session, now) + timedelta(
                 seconds=job.abandon_after_seconds
             )
-            session.add(job)
 
     # -- result files, too large to return inline, stored in parts ----------------
 
@@ -440,21 +413,13 @@ class JobRepository(Claims, Retention, OperatorReads):
         """Store one part of a result file; its first part clears earlier attempts' files."""
         with self._writing() as session:
             if part == 0:
-                session.exec(
-                    delete(ResultPartRecord).where(
-                        col(ResultPartRecord.job_id) == job_id, col(ResultPartRecord.file_id) != file_id
-                    )
-                )
+                session.execute(delete(_PARTS).where(_PARTS.c.job_id == job_id, _PARTS.c.file_id != file_id))
             session.execute(sa_insert(_PARTS).values(job_id=job_id, file_id=file_id, part=part, data=data))
 
     def drop_result_file(self, job_id: str, file_id: str) -> None:
         """Delete every part of one result file (a file that could not be finished)."""
         with self._writing() as session:
-            session.exec(
-                delete(ResultPartRecord).where(
-                    col(ResultPartRecord.job_id) == job_id, col(ResultPartRecord.file_id) == file_id
-                )
-            )
+            session.execute(delete(_PARTS).where(_PARTS.c.job_id == job_id, _PARTS.c.file_id == file_id))
 
     def result_part(self, job_id: str, file_id: str, part: int) -> bytes | None:
         """One part of a result file, or None when there is no such part."""

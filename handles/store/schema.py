@@ -20,16 +20,12 @@ class SchemaGate:
         self._repository = repository
         self._auto_migrate = (not repository.publishes) if auto_migrate is None else auto_migrate
         self._lock = threading.Lock()
-        self._open = False
+        self.is_open = False
         self._attempt: asyncio.Task[None] | None = None
-
-    @property
-    def is_open(self) -> bool:
-        return self._open
 
     async def open(self) -> None:
         """Upgrade or check the schema on a worker thread; a call during an attempt shares it."""
-        if self._open:
+        if self.is_open:
             return
         loop = asyncio.get_running_loop()
         attempt = self._attempt
@@ -42,8 +38,8 @@ class SchemaGate:
     def _open_blocking(self) -> None:
         """Upgrade or check the schema (blocking); raises `ConfigurationError`/`DatabaseUnreachable`."""
         with self._lock:
-            if self._open:
+            if self.is_open:
                 return
             with database_errors(self._repository.url):
                 self._repository.prepare(auto_migrate=self._auto_migrate)
-            self._open = True
+            self.is_open = True

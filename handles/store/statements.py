@@ -65,9 +65,6 @@ _ANSWERS_OF_JOB = (
     .where(_INPUTS.c.job_id == bindparam("job_id"), _INPUTS.c.answered_at.is_not(None))
     .order_by(_INPUTS.c.key)
 )
-_QUESTION_BY_KEY = sa_select(_INPUTS).where(
-    _INPUTS.c.job_id == bindparam("job_id"), _INPUTS.c.key == bindparam("key")
-)
 
 # A write by a running job's lease holder: `job_id`, held by `owner`, still active.
 _HELD_BY_OWNER = (

@@ -119,7 +119,7 @@ async def test_a_script_in_a_status_message_is_shown_as_text(deployment: Deploym
     repo = JobRepository(deployment.database_url)
     try:
         job = claimed_job(repo, kind="imported", owner=OWNER)  # a kind no node runs: it stays as written
-        repo.set_status_message(job.id, attack)
+        repo.set_progress(job.id, OWNER, None, None, attack)
     finally:
         repo.dispose()
     page = await sign_in(browser, deployment.console_url)

@@ -37,7 +37,7 @@ from tests.harness.postgres import listening, notices, repository, schema_of
 from tests.harness.seed import seed_jobs
 from tests.runtime.support import job_row
 from tests.startup.support import UNREACHABLE_URL, assert_one_line_failure, outdated_sqlite
-from tests.support import LOCAL_PRINCIPAL, HttpExampleServer, free_port, token_of
+from tests.support import LOCAL_PRINCIPAL, HttpExampleServer, claim, free_port, token_of
 
 KEY = "cli-test-key-" + "c" * 40
 HANDLES = Path(sys.executable).parent / "handles"
@@ -258,7 +258,7 @@ def _drive(tmp: Path, job_id: str, next_output: Any) -> list[bytes]:
     """Move a queued job through progress to completed, one change per piece of watch output."""
     repository = JobRepository(f"sqlite:///{tmp / 'handles.db'}")
     outputs = [next_output()]
-    assert repository.claim(job_id, "test-node", 30) is not None
+    assert claim(repository, job_id, "test-node", 30) is not None
     assert repository.set_progress(job_id, "test-node", 1, 4, "Exporting rows " + "x" * 150)
     outputs.append(next_output())
     assert repository.set_progress(job_id, "test-node", 4, 4, "Exporting rows")

@@ -18,6 +18,7 @@ from handles.elicitation import elicitation_schema
 from handles.store import JobRecord, JobRepository
 from tests.harness.process import ServerProcess
 from tests.store.test_repository_contract import OWNER, new_job
+from tests.support import claim
 
 TOKEN = "console-token-" + "t" * 30
 APPROVAL = elicitation_schema(Approval)
@@ -63,7 +64,7 @@ def csrf_of(html: str) -> str:
 def asking_job(repo: JobRepository, message: str = "Deploy 2.4.0?", **options: Any) -> JobRecord:
     """A job claimed by OWNER that asked the deploy_release question `q1` (and so is parked for an answer)."""
     job = new_job(repo, kind="deploy_release", **options)
-    assert repo.claim(job.id, OWNER, 30) is not None
+    assert claim(repo, job.id, OWNER, 30) is not None
     assert repo.open_input(job.id, OWNER, "q1", message, APPROVAL) is None
     stored = repo.get(job.id)
     assert stored is not None

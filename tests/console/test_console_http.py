@@ -16,6 +16,7 @@ from handles.states import Status
 from handles.store import JobRepository
 from tests.console.support import TOKEN, asking_job, console, csrf_of
 from tests.store.test_repository_contract import OTHER_OWNER, OWNER, claimed_job, new_job
+from tests.support import claim, get_input
 
 
 def test_an_unauthenticated_visitor_learns_nothing_about_any_job(repo: JobRepository, url: str) -> None:
@@ -85,7 +86,7 @@ def test_forms_without_the_sessions_csrf_token_are_refused(repo: JobRepository, 
 def test_what_a_job_wrote_is_shown_as_text(repo: JobRepository, url: str) -> None:
     attack = '<script>alert("owned")</script><img src=x onerror=alert(1)>'
     job = asking_job(repo, message=f"Deploy? {attack}")
-    repo.set_status_message(job.id, attack)
+    repo.set_progress(job.id, OWNER, None, None, attack)
     repo.begin_step(job.id, OWNER, f"step {attack}", 1)
     with console(url) as client:
         for path in ("/", f"/jobs/{job.id}"):
@@ -165,7 +166,7 @@ def test_an_answer_is_checked_as_respond_checks_it_and_recorded_as_the_operator(
         assert "nothing was stored" in wrong.text
         missing = client.post(f"/jobs/{job.id}/answer/q1", data={"csrf": csrf, "environment": "staging"})
         assert missing.status_code == 422 and "q1.approve: required" in missing.text
-        pending = repo.get_input(job.id, "q1")
+        pending = get_input(repo, job.id, "q1")
         assert pending is not None and pending.answered_at is None
         before = datetime.now(UTC)
         done = client.post(
@@ -178,7 +179,7 @@ def test_an_answer_is_checked_as_respond_checks_it_and_recorded_as_the_operator(
             f"/jobs/{job.id}/answer/q1", data={"csrf": csrf, "approve": "false", "environment": "production"}
         )
         assert again.status_code == 409 and "already answered" in again.text, "no second answer"
-    answered = repo.get_input(job.id, "q1")
+    answered = get_input(repo, job.id, "q1")
     assert answered is not None and answered.answer == {"approve": True, "environment": "staging"}
     assert answered.answered_by == "operator:alice"
     assert answered.answered_at is not None and answered.answered_at >= before - timedelta(seconds=1)
@@ -202,7 +203,7 @@ def test_a_sensitive_answer_is_sealed_and_never_shown(
             "secret": Sealer([signing_key]).seal({"secret": "hunter2"}, frozenset({"secret"}))["secret"],
         },
     )
-    assert repo.claim(job.id, OWNER, 30) is not None
+    assert claim(repo, job.id, OWNER, 30) is not None
     repo.open_input(job.id, OWNER, "q1", "Password?", schema)
     with console(url) as client:
         page = client.get(f"/jobs/{job.id}").text
@@ -216,7 +217,7 @@ def test_a_sensitive_answer_is_sealed_and_never_shown(
         assert "s3cr3t-pw" not in revealed and "hunter2" not in revealed
         hidden = client.get(f"/jobs/{job.id}").text
         assert "primary-host" not in hidden and "root" not in hidden, "hidden until revealed"
-    stored = repo.get_input(job.id, "q1")
+    stored = get_input(repo, job.id, "q1")
     assert stored is not None and stored.answer is not None and is_sealed(stored.answer["password"])
 
 
@@ -363,9 +364,9 @@ def test_a_running_jobs_node_shows_when_it_was_last_heard_from_and_when_another_
     for name, value in (("LEASE", "30"), ("HEARTBEAT", "2"), ("SWEEP", "5")):
         monkeypatch.setenv(f"HANDLES_{name}_SECONDS", value)
     healthy = new_job(repo, kind="generate_report")
-    assert repo.claim(healthy.id, OWNER, 30) is not None  # renewed just now
+    assert claim(repo, healthy.id, OWNER, 30) is not None  # renewed just now
     quiet = new_job(repo, kind="export_dataset")
-    assert repo.claim(quiet.id, OTHER_OWNER, 10) is not None  # as if last renewed 20 s ago
+    assert claim(repo, quiet.id, OTHER_OWNER, 10) is not None  # as if last renewed 20 s ago
     stored = repo.get(quiet.id)
     assert stored is not None and stored.lease_expires_at is not None
     takeover = (stored.lease_expires_at + timedelta(seconds=5)).strftime("%H:%M:%S UTC")

@@ -16,7 +16,7 @@ import pytest
 from handles.console import console_app
 from handles.store import JobRepository
 from tests.console.support import TOKEN, console, csrf_of
-from tests.support import HttpExampleServer, InProcessExample, connect, job_id_of
+from tests.support import HttpExampleServer, InProcessExample, connect, get_input, job_id_of
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ async def test_an_answer_from_the_console_lets_deploy_release_continue(
         assert fetched["result"]["environment"] == "staging", done.data
     repo = JobRepository(store_url(server))
     try:
-        question = repo.get_input(job_id, "q1")
+        question = get_input(repo, job_id, "q1")
         assert question is not None and question.answered_by == "operator:erin"
     finally:
         repo.dispose()
@@ -150,5 +150,5 @@ async def test_mounted_in_the_server_an_answer_resumes_the_job_on_this_node(
             assert reply.status_code == 303, reply.text
         done = await client.wait_status("deploy_release", handle, "completed", timeout=60)
         assert done["status"] == "completed"
-    question = jobs.service.store.repo.get_input(job_id, "q1")
+    question = get_input(jobs.service.store.repo, job_id, "q1")
     assert question is not None and question.answered_by == "operator:ops-bot"

@@ -77,7 +77,7 @@ def repository(
 ) -> Iterator[JobRepository]:
     """A `JobRepository` on `url` (on `clock`) with the handles tables created; disposed afterwards."""
     repo = JobRepository(url if application_name is None else named(url, application_name), clock=clock)
-    repo.create_schema()
+    repo.prepare(auto_migrate=True)
     try:
         yield repo
     finally:
@@ -142,10 +142,10 @@ def round_trips(repo: JobRepository, operation: Callable[[], Any]) -> tuple[int,
     from bench.round_trips import Tracer
 
     tracer = Tracer(Path(tempfile.mkdtemp(prefix="trips-")))
-    for engine in {repo._write_engine, repo._read_engine}:
+    for engine in {repo.engine, repo._read_engine}:
         tracer.attach(engine)
     repo._read_engine.dispose()  # fresh connections, so that each one is traced from its checkout
-    repo._write_engine.dispose()
+    repo.engine.dispose()
     try:
         operation()
         mark = tracer.mark()

@@ -16,6 +16,7 @@ from handles.states import Status
 from handles.store import JobRepository, migrate
 from handles.store.models import claims_of, principal_key
 from tests.runtime.support import job_row
+from tests.support import claim, count_active
 
 
 def _insert_revision_0001_job(url: str) -> None:
@@ -98,7 +99,7 @@ def test_upgrade_from_previous_revision_keeps_jobs_readable(database_url: str) -
 def test_migrated_schema_matches_the_models(database_url: str) -> None:
     _fresh(database_url)
     repo = JobRepository(database_url)
-    repo.create_schema()
+    repo.prepare(auto_migrate=True)
     with repo.engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         differences = [
@@ -107,7 +108,7 @@ def test_migrated_schema_matches_the_models(database_url: str) -> None:
             if not str(d).count("handles_alembic_version")
         ]
     assert differences == []
-    repo.create_schema()  # idempotent
+    repo.prepare(auto_migrate=True)  # idempotent
     repo.dispose()
     _fresh(database_url)
 
@@ -131,7 +132,7 @@ def test_upgrade_to_principal_keys_backfills_them_and_lifts_the_length_limit(dat
     repo = _upgraded_to_head_from(database_url, "0003")
     old = repo.get("old-job")
     assert old is not None and old.principal_key == principal_key("local:local")
-    assert repo.count_active(principal="local:local") == 1
+    assert count_active(repo, principal="local:local") == 1
     long_principal = "token:" + "x" * 5000
     stored, created = repo.insert(
         job_row("long-principal-job", principal=long_principal, idempotency_key="k1")
@@ -152,7 +153,7 @@ def test_upgrade_to_claim_logs_keeps_old_jobs_and_records_new_claims(database_ur
     old = repo.get("old-job")
     assert old is not None and old.claim_log is None and claims_of(old) == []
     repo.insert(job_row("new-job"))
-    claimed = repo.claim("new-job", "node-a:1:aaaa", 30)
+    claimed = claim(repo, "new-job", "node-a:1:aaaa", 30)
     assert claimed is not None
     assert [(c.attempt, c.node) for c in claims_of(claimed)] == [(1, "node-a:1:aaaa")]
     repo.dispose()

@@ -16,6 +16,7 @@ from sqlalchemy import create_engine, text
 
 from handles.client.tasks import TasksClientExtension, get_task
 from tests.harness.relay import Relay
+from tests.support import count_active
 
 from .conftest import Cluster
 
@@ -104,7 +105,7 @@ def test_claims_are_exclusive_across_worker_processes(
         ids = [(await jobs.service.start(spec, "local:local", {"n": i}, None)).job.id for i in range(total)]
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
-            if jobs.service.store.repo.count_active() == 0:
+            if count_active(jobs.service.store.repo) == 0:
                 break
             await asyncio.sleep(0.2)
         for job_id in ids:

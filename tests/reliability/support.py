@@ -129,8 +129,8 @@ def install_audit(database_url: str) -> None:
 
     repository = JobRepository(database_url)
     try:
-        repository.create_schema()
-        statements = _POSTGRES_AUDIT if repository.dialect == "postgresql" else _SQLITE_AUDIT
+        repository.prepare(auto_migrate=True)
+        statements = _SQLITE_AUDIT if repository.sqlite else _POSTGRES_AUDIT
         with repository.engine.begin() as connection:
             for statement in statements:
                 connection.exec_driver_sql(statement)

@@ -38,6 +38,7 @@ from handles.sealing import Sealer
 from handles.states import ACTIVE, TERMINAL, Status, can_transition
 from handles.store import JobRecord, JobRepository, Store
 from tests.reliability.support import install_audit, invalid_edges
+from tests.support import claim
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -163,7 +164,7 @@ class StoreMachine(RuleBasedStateMachine):
         for owner, on_interrupt in (("owner-1", "retry"), ("owner-2", "fail"), (None, "retry")):
             m = self._insert(on_interrupt, 3, None, 600.0, None)
             if owner is not None:
-                assert self.repo.claim(m.id, owner, LEASE) is not None
+                assert claim(self.repo, m.id, owner, LEASE) is not None
                 m.lease, m.lease_expires, m.attempts = owner, self.now + timedelta(seconds=LEASE), 1
 
     @rule(
@@ -207,7 +208,7 @@ class StoreMachine(RuleBasedStateMachine):
     def claim(self, data: st.DataObject) -> None:
         m = self._pick(data, lambda m: not m.deleted and m.status is W and m.lease is None)
         owner = self._owner(data)
-        got = self.repo.claim(m.id, owner, LEASE)
+        got = claim(self.repo, m.id, owner, LEASE)
         expected = (
             not m.deleted
             and m.status is W

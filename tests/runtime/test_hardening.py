@@ -18,6 +18,7 @@ from handles.states import Status
 from handles.store import JobRepository, utc_now
 from tests.durability.harness import KEY, config
 from tests.harness.waiting import until
+from tests.support import claim
 
 from .support import job_row, slowed, start_as, stored, stored_steps
 
@@ -32,7 +33,7 @@ def _leased_job(repo: JobRepository, owner: str) -> str:
 
 def test_a_stale_worker_cannot_rewrite_the_step_ledger(database_url: str) -> None:
     repo = JobRepository(database_url)
-    repo.create_schema()
+    repo.prepare(auto_migrate=True)
     try:
         job_id = _leased_job(repo, "node-a")
         repo.begin_step(job_id, "node-a", "charge", 1)
@@ -198,14 +199,14 @@ def test_leases_are_judged_by_the_database_clock_so_a_skewed_node_keeps_its_jobs
     that live lease as expired (it would recover, and run twice, a job that is running)."""
     behind = lambda: utc_now() - timedelta(minutes=10)  # noqa: E731
     sweeper = JobRepository(postgres_url)
-    sweeper.create_schema()
+    sweeper.prepare(auto_migrate=True)
     try:
         for lease_clock, expect_expired in (("database", False), ("local", True)):
             skewed = JobRepository(postgres_url, clock=behind, lease_clock=lease_clock)
             try:
                 job_id = f"skew-{lease_clock}"
                 skewed.insert(job_row(job_id, run_after=behind()))
-                assert skewed.claim(job_id, "skewed-node", 30) is not None
+                assert claim(skewed, job_id, "skewed-node", 30) is not None
                 expired = {record.id for record in sweeper.expired_leases(100)}
                 assert (job_id in expired) is expect_expired, lease_clock
                 skewed.heartbeat("skewed-node", [job_id], 30)

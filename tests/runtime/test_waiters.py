@@ -39,7 +39,7 @@ def test_many_long_polls_cost_one_poll_per_interval_and_all_wake_on_a_change_mad
             statements += 1
 
         repo = web.service.store.repo
-        engines = [repo._read_engine, repo._write_engine]
+        engines = [repo._read_engine, repo.engine]
         if repo._inline_engine is not None:
             engines.append(repo._inline_engine)
         for engine in engines:

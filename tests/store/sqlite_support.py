@@ -31,7 +31,7 @@ def statement_threads(repo: JobRepository, prefix: str) -> list[int]:
     def traced(dbapi_connection: sqlite3.Connection, _record: object) -> None:
         dbapi_connection.set_trace_callback(seen)
 
-    for engine in (repo._write_engine, repo._inline_write_engine):
+    for engine in (repo.engine, repo._inline_write_engine):
         engine.dispose()  # every connection from here on is new, and traced from its connect
         event.listen(engine, "connect", traced)
     return threads

@@ -16,6 +16,7 @@ from handles.store import InputRequestRecord, JobRecord, JobRepository
 from handles.store.models import utc_now
 from tests.harness.postgres import fresh_schema
 from tests.runtime.support import job_row
+from tests.support import get_input
 
 SKEW = timedelta(seconds=90)
 KINDS = ["k"]
@@ -37,7 +38,7 @@ def nodes(postgres_url: str) -> Iterator[tuple[JobRepository, JobRepository]]:
     """(ahead, behind): two nodes on one database, their clocks `SKEW` ahead of and behind the real time."""
     with fresh_schema(postgres_url.split("?")[0], "handles_clocks") as url:
         ahead, behind = _node(url, SKEW), _node(url, -SKEW)
-        ahead.create_schema()
+        ahead.prepare(auto_migrate=True)
         try:
             yield ahead, behind
         finally:
@@ -108,4 +109,4 @@ def test_deadlines_set_by_a_node_ahead_are_due_on_a_node_behind(
     assert [job.id for job in overdue["ttl"]] == [ttl.id]
     assert [job.id for job in overdue["input"]] == [asked.id]
     assert [job.id for job in overdue["abandoned"]] == [abandoned.id]
-    assert isinstance(behind.get_input(asked.id, "q1"), InputRequestRecord)
+    assert isinstance(get_input(behind, asked.id, "q1"), InputRequestRecord)

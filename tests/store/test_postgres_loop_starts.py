@@ -21,6 +21,7 @@ from handles.store.listen import libpq_url
 from tests.durability.harness import config
 from tests.harness.postgres import backends_that_started, named, repository, terminate_backends
 from tests.runtime.support import job_row, start_given_up_while_it_waits, start_in, started_again_once_stored
+from tests.support import count_active
 
 
 def _id() -> str:
@@ -108,7 +109,7 @@ def test_a_start_after_the_server_dropped_the_loops_connections_is_made_on_a_fre
             assert created and stored.id == job.id and stored.lease_expires_at is not None
 
         asyncio.run(main())
-        assert repo.count_active(principal=principal) == 4
+        assert count_active(repo, principal=principal) == 4
 
 
 def test_a_burst_of_starts_shares_a_bounded_number_of_connections(postgres_url: str) -> None:
@@ -126,7 +127,7 @@ def test_a_burst_of_starts_shares_a_bounded_number_of_connections(postgres_url: 
             assert 1 <= backends_that_started(postgres_url, name) <= LOOP_CONNECTIONS
 
         asyncio.run(main())
-        assert repo.count_active(principal=principal) == 60
+        assert count_active(repo, principal=principal) == 60
 
 
 def test_starts_on_another_event_loop_go_to_a_worker_thread(postgres_url: str) -> None:
@@ -161,7 +162,7 @@ def test_starts_on_another_event_loop_go_to_a_worker_thread(postgres_url: str) -
         thread.join(10)
         asyncio.run(third())
         assert outcomes == [True, True, True]
-        assert repo.count_active(principal=principal) == 3
+        assert count_active(repo, principal=principal) == 3
 
 
 def test_a_start_whose_caller_goes_away_while_its_statement_waits_is_stored_and_runs(
@@ -197,7 +198,7 @@ def test_a_start_whose_caller_goes_away_while_its_statement_waits_is_stored_and_
 def test_a_repository_closed_while_idle_leaves_no_connection_open(postgres_url: str) -> None:
     name = f"handles_loop_close_{secrets.token_hex(4)}"
     repo = JobRepository(named(postgres_url, name))
-    repo.create_schema()
+    repo.prepare(auto_migrate=True)
     store = Store(repo)
     asyncio.run(start_in(store, job_row(_id(), principal=_principal()), queued=False))
     assert backends_that_started(postgres_url, name) == 1

@@ -19,7 +19,7 @@ from sqlalchemy.exc import OperationalError
 
 from handles.errors import StoreUnavailable
 from handles.states import Status
-from handles.store import InputRequestRecord, JobRepository, JobState, StepState, Store, utc_now
+from handles.store import InputRequestRecord, JobRepository, JobState, Store, utc_now
 from handles.store.listen import libpq_url
 from handles.store.repository import ActiveLimitReached
 from handles.store.rules import _job_values
@@ -34,6 +34,7 @@ from tests.harness.postgres import (
     terminate_backends,
 )
 from tests.runtime.support import job_row, start_in
+from tests.support import claim, count_active, step_state
 
 
 def _principal() -> str:
@@ -221,7 +222,7 @@ def test_a_start_tried_again_after_its_reply_was_lost_is_stored_once_and_answere
     )
     assert created and second == repo.get(job.id) and second.lease_expires_at == first.lease_expires_at
     assert notices(listener, job.id) == [f"{job.id} node-a changed"]
-    assert repo.count_active(principal=job.principal) == 1
+    assert count_active(repo, principal=job.principal) == 1
 
 
 def test_a_start_on_a_connection_the_server_dropped_is_made_once_more_on_a_fresh_one(
@@ -236,7 +237,7 @@ def test_a_start_on_a_connection_the_server_dropped_is_made_once_more_on_a_fresh
         stored, created = repo.insert(job, active_limit=5)
         assert created and stored.id == job.id
         assert repo.get(job.id) is not None
-        assert repo.count_active(principal=principal) == 2
+        assert count_active(repo, principal=principal) == 2
 
 
 def test_a_start_after_the_server_dropped_every_pooled_connection_is_made_once_more_on_a_fresh_one(
@@ -259,7 +260,7 @@ def test_a_start_after_the_server_dropped_every_pooled_connection_is_made_once_m
         stored, created = repo.insert(job, active_limit=5, lease_seconds=30)
         assert created and stored.id == job.id and stored.lease_expires_at is not None
         assert repo.get(job.id) == stored
-        assert repo.count_active(principal=principal) == 1
+        assert count_active(repo, principal=principal) == 1
 
 
 def test_a_start_against_a_database_that_never_answers_is_the_stores_retryable_error() -> None:
@@ -303,7 +304,7 @@ def test_a_progress_poll_is_one_round_trip_and_reads_what_three_reads_read(repo:
     assert whole is not None and stored == JobState.of(whole) and stored.status == "input_required"
     assert pending == repo.pending_inputs(job.id) and [q.key for q in pending] == ["q1"]
     whole_steps = repo.steps(job.id)
-    assert steps == [StepState.of(s) for s in whole_steps] and [s.name for s in steps] == [
+    assert steps == [step_state(s) for s in whole_steps] and [s.name for s in steps] == [
         "fetch",
         "bill",
         "send",
@@ -357,7 +358,7 @@ def test_json_values_with_nul_travel_apart_from_the_row(repo: JobRepository) -> 
     assert [q.requested_schema for q in pending] == [{"title": "a\x00b"}]
     repo.answer_inputs(job.id, {"first": {"note": "x\x00y"}})
     assert [q.answer for q in repo.questions(job.id)] == [{"note": "x\x00y"}]
-    repo.claim(job.id, "node-a", 30)
+    claim(repo, job.id, "node-a", 30)
     repo.begin_step(job.id, "node-a", "s", 1)
     repo.finish_step(job.id, "node-a", "s", result={"r": "\x00"})
     assert [s.result for s in repo.steps(job.id)] == [{"r": "\x00"}]

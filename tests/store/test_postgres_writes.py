@@ -312,7 +312,7 @@ def test_a_steps_writes_are_one_statement_each_and_store_what_the_sqlite_path_st
     repo.begin_step(job.id, OWNER, "refused", 1)
     repo.finish_step(job.id, OWNER, "refused", error="Timeout")
     repo.begin_step(job.id, OWNER, "refused", 2)
-    with repo._write_engine.connect() as connection:
+    with repo.engine.connect() as connection:
         stored = connection.execute(
             text(
                 "select name, status, attempt, result is null, cast(result as text), error, finished_at is null "
@@ -353,11 +353,11 @@ def test_a_step_write_gives_its_connection_back_to_the_pool_for_transactions(rep
     and writes that must commit together) is one transaction again, not statements each committed
     alone."""
     job = _running(repo, _principal())
-    repo._write_engine.dispose()
+    repo.engine.dispose()
     repo.begin_step(job.id, OWNER, "fetch", 1)
     repo.finish_step(job.id, OWNER, "fetch", result=None)
-    assert repo._write_engine.pool.checkedin() == 1  # the one connection both writes used, back in the pool
-    pooled = repo._write_engine.raw_connection()
+    assert repo.engine.pool.checkedin() == 1  # the one connection both writes used, back in the pool
+    pooled = repo.engine.raw_connection()
     try:
         assert pooled.driver_connection.autocommit is False
     finally:

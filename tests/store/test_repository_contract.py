@@ -23,6 +23,7 @@ from handles.states import ACTIVE, TERMINAL, Status, can_transition
 from handles.store import JobRecord, JobRepository, JobState, StepState
 from handles.store.models import claims_of
 from tests.store.support import MovableClock
+from tests.support import claim, count_active, get_input, step_state
 
 T = TypeVar("T")
 TRIALS = 30
@@ -84,7 +85,7 @@ def new_job(
 
 def claimed_job(repo: JobRepository, owner: str = OWNER, **options: Any) -> JobRecord:
     job = new_job(repo, **options)
-    record = repo.claim(job.id, owner, 30)
+    record = claim(repo, job.id, owner, 30)
     assert record is not None
     return record
 
@@ -200,9 +201,8 @@ def test_terminal_states_never_change(repo: JobRepository, clock: MovableClock, 
         assert not repo.transition(job.id, target, lease_expired=True)
     outcome = repo.request_cancel(job.id)
     assert outcome is not None and not outcome.ended_now and outcome.job.status == terminal.value
-    assert repo.claim(job.id, OTHER_OWNER, 30) is None
+    assert claim(repo, job.id, OTHER_OWNER, 30) is None
     assert not repo.set_progress(job.id, OWNER, 1, 2, "late")
-    repo.set_status_message(job.id, "late")
     assert not repo.release(job.id, OWNER, run_after=clock(), message="again")
     answered = repo.answer_inputs(job.id, {"q1": {"ok": True}})
     assert answered is not None and answered.accepted == []
@@ -257,7 +257,7 @@ def test_cancel_request_racing_claim_has_exactly_one_winner(
         job = new_job(repo)
         claimed, cancel = race(
             pool,
-            lambda job=job: repo.claim(job.id, OWNER, 30),
+            lambda job=job: claim(repo, job.id, OWNER, 30),
             lambda job=job: repo.request_cancel(job.id),
         )
         assert cancel is not None
@@ -291,7 +291,7 @@ def test_claim_is_exclusive(repo: JobRepository, pool: ThreadPoolExecutor) -> No
     owners = [f"node-{n}" for n in range(4)]
     for _ in range(TRIALS):
         job = new_job(repo)
-        results = race(pool, *[lambda job=job, o=o: repo.claim(job.id, o, 30) for o in owners])
+        results = race(pool, *[lambda job=job, o=o: claim(repo, job.id, o, 30) for o in owners])
         winners = [record for record in results if record is not None]
         assert len(winners) == 1
         final = repo.get(job.id)
@@ -304,18 +304,18 @@ def test_claim_is_exclusive(repo: JobRepository, pool: ThreadPoolExecutor) -> No
 
 def test_claim_takes_only_a_queued_job_that_may_start(repo: JobRepository, clock: MovableClock) -> None:
     later = new_job(repo, run_after=clock() + timedelta(seconds=60))
-    assert repo.claim(later.id, OWNER, 30) is None
+    assert claim(repo, later.id, OWNER, 30) is None
     clock.advance(60)
-    record = repo.claim(later.id, OWNER, 30)
+    record = claim(repo, later.id, OWNER, 30)
     assert record is not None
     assert record.lease_owner == OWNER and record.attempts == 1 and record.started_at == clock()
     assert record.lease_expires_at == clock() + timedelta(seconds=30)
-    assert repo.claim(later.id, OTHER_OWNER, 30) is None, "held"
+    assert claim(repo, later.id, OTHER_OWNER, 30) is None, "held"
 
     cancelled_first = new_job(repo)
     repo.request_cancel(cancelled_first.id)
-    assert repo.claim(cancelled_first.id, OWNER, 30) is None
-    assert repo.claim("no-such-job", OWNER, 30) is None
+    assert claim(repo, cancelled_first.id, OWNER, 30) is None
+    assert claim(repo, "no-such-job", OWNER, 30) is None
 
 
 def test_claim_next_takes_startable_jobs_oldest_first(repo: JobRepository, clock: MovableClock) -> None:
@@ -451,7 +451,7 @@ def test_the_snapshot_holds_each_steps_state_in_the_order_they_started(
     whole = {step.name: step for step in repo.steps(job.id)}
     assert state is not None and pending == []
     assert [step.name for step in steps] == ["zeta", "alpha", "beta 'quoted' \"name\" é", "open"]
-    assert steps == [StepState.of(whole[step.name]) for step in steps]
+    assert steps == [step_state(whole[step.name]) for step in steps]
     assert all(type(step) is StepState for step in steps)
     assert steps[0].started_at == clock.now - timedelta(seconds=1.75) and steps[0].started_at.microsecond == 1
     assert all(step.started_at.utcoffset() == timedelta(0) for step in steps)
@@ -517,7 +517,7 @@ def test_questions_park_the_job_until_every_one_is_answered(repo: JobRepository)
 
     again = repo.answer_inputs(job.id, {"q1": {"ok": False}})
     assert again is not None and again.accepted == [] and again.ignored == ["q1"], "already answered"
-    stored = repo.get_input(job.id, "q1")
+    stored = get_input(repo, job.id, "q1")
     assert stored is not None and stored.answer == {"ok": True} and stored.answered_at is not None
 
     final = repo.answer_inputs(job.id, {"q2": {"ok": False}})
@@ -543,7 +543,7 @@ def test_only_ended_jobs_past_retention_are_deleted(repo: JobRepository, clock: 
     assert repo.delete_expired(10) == 1
     assert repo.delete_expired(10) == 0
     assert repo.get(asked.id) is None and repo.get(done.id) is None
-    assert repo.get_input(asked.id, "q1") is None, "questions go with their job"
+    assert get_input(repo, asked.id, "q1") is None, "questions go with their job"
     assert repo.get(running.id) is not None, "an active job is ended by the sweeper first, never deleted"
     assert repo.get(kept.id) is not None
 
@@ -553,9 +553,9 @@ def test_count_active(repo: JobRepository) -> None:
     reach(repo, Status.INPUT_REQUIRED)
     reach(repo, Status.FAILED)
     new_job(repo, principal="local:bob")
-    assert repo.count_active() == 3
-    assert repo.count_active(principal="local:alice") == 2
-    assert repo.count_active(principal="local:nobody") == 0
+    assert count_active(repo) == 3
+    assert count_active(repo, principal="local:alice") == 2
+    assert count_active(repo, principal="local:nobody") == 0
     assert {Status(s) for s in ("working", "input_required")} == ACTIVE
 
 
@@ -613,7 +613,7 @@ def test_every_claim_records_its_attempt_and_node(repo: JobRepository, clock: Mo
     [again] = repo.claim_next(OTHER_OWNER, ["report"], 1, 30)
     assert repo.release(job.id, OTHER_OWNER, run_after=clock.now, message=None, resuming=True)
     clock.advance(1)
-    resumed = repo.claim(job.id, OWNER, 30)
+    resumed = claim(repo, job.id, OWNER, 30)
     assert resumed is not None and resumed.attempts == 2
     log = claims_of(resumed)
     assert [(c.attempt, c.node) for c in log] == [(1, OWNER), (2, OTHER_OWNER), (2, OWNER)]

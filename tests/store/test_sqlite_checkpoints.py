@@ -56,7 +56,7 @@ def test_the_event_loops_write_connection_never_checkpoints_and_the_others_do(re
     inline = repo._inline_write_raw
     assert inline is not None, "the start wrote on the event loop's connection"
     assert inline.driver_connection.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
-    pooled = repo._write_engine.raw_connection()
+    pooled = repo.engine.raw_connection()
     try:
         assert pooled.driver_connection.execute("PRAGMA wal_autocheckpoint").fetchone() == (1000,)
     finally:

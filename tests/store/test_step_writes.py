@@ -195,7 +195,7 @@ def test_a_run_that_lost_its_job_records_its_own_started_steps_outcome_and_nothi
     repo.begin_step(job.id, OWNER, "done", 1)
     repo.finish_step(job.id, OWNER, "done", result=1, attempt=1)
     if lost == "recovered elsewhere":
-        with repo._write_engine.begin() as connection:
+        with repo.engine.begin() as connection:
             connection.execute(
                 text("update handles_jobs set lease_owner = 'node-b:2:bbbb', attempts = 2 where id = :id"),
                 {"id": job.id},
@@ -255,7 +255,7 @@ def test_a_step_write_the_database_refuses_is_rolled_back_and_the_next_one_is_st
     write_pids: set[int] = set()  # the backends this test's writes ran on (other tests share the server)
     if database_url.startswith("postgresql"):
         event.listen(
-            repo._write_engine,
+            repo.engine,
             "checkout",
             lambda connection, record, proxy: write_pids.add(connection.info.backend_pid),
         )
@@ -268,7 +268,7 @@ def test_a_step_write_the_database_refuses_is_rolled_back_and_the_next_one_is_st
     repo.finish_step(job.id, OWNER, "fetch", result=[1, 2])
     assert _ledger(repo, job.id)["fetch"]["result"] == [1, 2]
     if database_url.startswith("postgresql"):  # no transaction left open on the write connection
-        with repo._write_engine.connect() as connection:
+        with repo.engine.connect() as connection:
             busy = connection.execute(
                 text(
                     "select count(*) from pg_stat_activity"

@@ -26,6 +26,7 @@ from handles.errors import ConfigurationError
 from handles.server.bind_fastmcp import low_level
 from handles.states import Status
 from tests.harness.client import abandon_once
+from tests.support import count_active
 from tests.tasks.app import Answers, Choice, Confirm, Done, Echo, failing, tasks_config, tool_error
 
 pytestmark = pytest.mark.timeout(60)
@@ -182,7 +183,7 @@ async def test_a_caller_that_goes_away_within_task_after_cancels_its_job(
         )
         repo = jobs.service.store.repo
         for _ in range(100):
-            if repo.count_active() == 0:
+            if count_active(repo) == 0:
                 break
             await anyio.sleep(0.05)
         [job] = stored_kinds(jobs, "until_cancelled")

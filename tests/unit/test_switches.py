@@ -28,7 +28,7 @@ class Ticks:
 @pytest.fixture
 def repo(tmp_path: Path) -> Iterator[JobRepository]:
     repository = JobRepository(f"sqlite:///{tmp_path / 'store.db'}")
-    repository.create_schema()
+    repository.prepare(auto_migrate=True)
     try:
         yield repository
     finally:
