@@ -7,7 +7,7 @@ the same prebuilt result of `work_progress`'s shape (`progress_shaped`'s):
 - `shaped_async`: `progress_shaped` as an async function, with a `handle` argument (the SDK runs a sync tool on a
   worker thread; the package's tools are async).
 - `poll_wrapped`: the package's tool wrapper with a prebuilt reply: the principal, the arguments, the reply made
-  into a `CallToolResult` (`tool_function`), without the argument gate.
+  into a `CallToolResult` (`handle_tool`), without the argument gate.
 - `poll_gated`: the same, behind the argument gate (`ArgumentGate`), as every generated tool is.
 - `poll_read`: the handle checked and the job's snapshot read (`JobRepository.snapshot`), the reply prebuilt.
 - `poll_opened`: `open_view` whole (the owner and keep-alive checks too), the reply prebuilt.
@@ -40,7 +40,7 @@ from bench.common import (
     shuffled_rounds,
     structured,
 )
-from handles.server.bind_mcpserver import add_tools, handle_tool, tool_function
+from handles.server.bind_mcpserver import add_tools, handle_tool
 from handles.server.handle_tools import JobTools
 from handles.server.reply_memo import ReplyMemo
 from handles.server.tool_shapes import ProgressOutput, ToolReply
@@ -91,7 +91,7 @@ def add_poll_parts(server: Any, jobs: Any) -> None:
     server.add_tool(shaped_async, structured_output=True)
     wrapped = dataclasses.replace(definition, name="poll_wrapped", handler=canned)
     server.add_tool(
-        tool_function(wrapped, jobs.principal_resolver), name=wrapped.name, structured_output=True
+        handle_tool(wrapped, jobs.principal_resolver).function, name=wrapped.name, structured_output=True
     )
     gated = [
         dataclasses.replace(definition, name=name, handler=handler)

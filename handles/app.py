@@ -201,25 +201,21 @@ class Handles:
         tools = [handle_tool(definition, resolver) for definition in definitions]
         tools += [tool.sdk_tool(resolver) for tool in plain]
         if is_fastmcp(server):
-            from handles.server.bind_fastmcp import bind_fastmcp
+            from handles.server.bind_fastmcp import add_fastmcp_tools
 
-            bind_fastmcp(
-                cast("FastMCP[Any]", server),
-                service=self.service,
-                resolver=self.principal_resolver,
-                tools=tools,
-                tasks=self.tasks_extension() if tasks else None,
-            )
-            return
-        if not isinstance(server, MCPServer):
+            served_tasks = self.tasks_extension() if tasks else None
+            sdk_server = add_fastmcp_tools(cast("FastMCP[Any]", server), tools, served_tasks)
+        elif isinstance(server, MCPServer):
+            served_tasks = self._tasks  # given in MCPServer(extensions=[...]), if at all
+            sdk_server = add_tools(server, tools)
+        else:
             raise ConfigurationError(
                 f"bind() takes the SDK's MCPServer or a FastMCP 4 server, not {type(server).__name__}."
             )
-        add_tools(server, tools)
-        ResultLinks.install(server, self.service, self.principal_resolver)
-        if self._tasks is not None:
+        ResultLinks.install(sdk_server, self.service, resolver)
+        if served_tasks is not None:
             # The SDK's Extension seam reaches neither subscriptions/listen nor the 2025-11-25 design: middleware.
-            serve_tasks(self._tasks, server)
+            serve_tasks(served_tasks, sdk_server)
 
     async def prepare(self) -> None:
         """Build the machinery and bring the schema current, without starting the runtime.

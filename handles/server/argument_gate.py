@@ -28,13 +28,13 @@ class ArgumentRules:
 
     tool: str
     metadata: FuncMetadata
-    """The SDK's view of the registered function: the same argument model and JSON pre-parsing."""
+    """The SDK's view of the registered function: the same argument model, JSON pre-parsing and output schema."""
     schema: dict[str, Any]
     accepted: tuple[str, ...]
 
     @classmethod
     def of(cls, tool: str, function: Callable[..., Any], context_param: str) -> ArgumentRules:
-        metadata = func_metadata(function, skip_names=[context_param])
+        metadata = func_metadata(function, skip_names=[context_param], structured_output=True)
         schema = metadata.arg_model.model_json_schema(by_alias=True)
         return cls(tool=tool, metadata=metadata, schema=schema, accepted=tuple(schema.get("properties", {})))
 
@@ -139,6 +139,7 @@ def _json_types(prop: Mapping[str, Any]) -> set[str]:
 
 
 _TYPE_NAMES = {"array": "list", "object": "object", "integer": "integer", "number": "number"}
+_BOUNDS = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
 
 
 def _expected(prop: Mapping[str, Any], schema: Mapping[str, Any]) -> str:
@@ -154,16 +155,7 @@ def _expected(prop: Mapping[str, Any], schema: Mapping[str, Any]) -> str:
     text = _TYPE_NAMES.get(kind, kind)
     if "minimum" in prop and "maximum" in prop:
         return f"{text} from {prop['minimum']:g} to {prop['maximum']:g}"
-    bounds = [
-        f"{symbol} {prop[key]:g}"
-        for key, symbol in (
-            ("minimum", ">="),
-            ("exclusiveMinimum", ">"),
-            ("maximum", "<="),
-            ("exclusiveMaximum", "<"),
-        )
-        if key in prop
-    ]
+    bounds = [f"{symbol} {prop[key]:g}" for key, symbol in _BOUNDS.items() if key in prop]
     if "minLength" in prop or "maxLength" in prop:
         bounds.append(f"{prop.get('minLength', 0)} to {prop.get('maxLength', 'any number of')} characters")
     return " ".join([text, *bounds])
@@ -197,14 +189,10 @@ class ArgumentGate:
             arguments = ctx.params.get("arguments")
             if rules is not None and (arguments is None or isinstance(arguments, Mapping)):
                 error = rules.check(arguments or {})
-                if error is not None:
-                    return self._refuse(ctx, error)
+                if error is not None:  # the tool error, in the envelope the SDK puts on every other result
+                    result = refusal(error).model_dump(by_alias=True, mode="json", exclude_none=True)
+                    return enveloped(ctx, result, self._server_info)
         return await call_next(ctx)
-
-    def _refuse(self, ctx: ServerRequestContext[Any, Any], error: CallerError) -> dict[str, Any]:
-        """The tool error, on the wire, in the envelope the SDK puts on every other result."""
-        result: dict[str, Any] = refusal(error).model_dump(by_alias=True, mode="json", exclude_none=True)
-        return enveloped(ctx, result, self._server_info)
 
     def _closed_schemas(self, result: HandlerResult) -> HandlerResult:
         """`additionalProperties: false` on the input schema of every gated tool (the result is on the wire already)."""

@@ -11,7 +11,6 @@ from fastmcp.server.extensions import MethodBinding, ServerExtension, ToolCallCo
 from fastmcp.tools.base import InputRequiredToolResult, Tool, ToolResult
 from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import Context
-from mcp.server.mcpserver.utilities.func_metadata import func_metadata
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp_types import (
     CallToolRequestParams,
@@ -19,14 +18,12 @@ from mcp_types import (
     InputRequiredResult,
     SubscriptionsListenRequestParams,
 )
-from pydantic import ConfigDict, PrivateAttr, ValidationError
+from pydantic import PrivateAttr, ValidationError
 
 from handles.errors import ConfigurationError
-from handles.principal import PrincipalResolver
 from handles.server.argument_gate import ArgumentGate, ArgumentRules
 from handles.server.bind_mcpserver import CONTEXT_PARAM, SdkFunction, SdkTool
-from handles.server.older_tasks import serve_tasks
-from handles.server.result_links import ResultLinks
+from handles.server.envelope import SdkServer
 from handles.server.tasks_extension import TasksExtension
 from handles.server.tool_shapes import refusal
 from handles.tasks_wire import TASKS_EXTENSION
@@ -34,8 +31,6 @@ from handles.tasks_wire import TASKS_EXTENSION
 if TYPE_CHECKING:
     from fastmcp.server.context import Context as FastMCPContext
     from mcp.server.lowlevel.server import Server as LowLevelServer
-
-    from handles.job_operations import JobOperations
 
 
 def sdk_request_context() -> ServerRequestContext[Any, Any]:
@@ -54,8 +49,6 @@ def low_level(server: FastMCP[Any]) -> LowLevelServer[Any]:
 class JobTool(Tool):
     """A generated tool on FastMCP: validated by the SDK's argument model, run by the shared function."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
     _function: SdkFunction = PrivateAttr()
     _rules: ArgumentRules = PrivateAttr()
 
@@ -64,13 +57,12 @@ class JobTool(Tool):
         """The tool, its rules (the same `run` validates with) registered with the server's argument gate."""
         rules = ArgumentRules.of(sdk_tool.name, sdk_tool.function, CONTEXT_PARAM)
         gate.register(rules)
-        output = func_metadata(sdk_tool.function, skip_names=[CONTEXT_PARAM], structured_output=True)
         tool = cls(
             name=sdk_tool.name,
             title=sdk_tool.title,
             description=sdk_tool.description,
             parameters=rules.schema,
-            output_schema=output.output_schema,
+            output_schema=rules.metadata.output_schema,
             annotations=sdk_tool.annotations,
             meta=sdk_tool.meta,
         )
@@ -135,28 +127,20 @@ class FastMCPTasks(ServerExtension):
         return cast("ToolCallOutcome", outcome)
 
 
-def bind_fastmcp(
-    server: FastMCP[Any],
-    *,
-    service: JobOperations,
-    resolver: PrincipalResolver,
-    tools: list[SdkTool],
-    tasks: TasksExtension | None,
-) -> None:
-    """Add the jobs' tools to a FastMCP server and, given `tasks`, its Tasks face."""
+def add_fastmcp_tools(server: FastMCP[Any], tools: list[SdkTool], tasks: TasksExtension | None) -> SdkServer:
+    """Add the jobs' tools to a FastMCP server and, given `tasks`, its Tasks face; its low-level server."""
     if tasks is not None:
         _refuse_second_tasks_face(server)
     sdk_server = low_level(server)
     gate = ArgumentGate.of(sdk_server)
     for sdk_tool in tools:
         server.add_tool(JobTool.of(sdk_tool, gate))
-    ResultLinks.install(sdk_server, service, resolver)
     if tasks is not None:
         server.add_extension(FastMCPTasks(tasks))
         if "subscriptions/listen" not in sdk_server._request_handlers:  # what the pushed task status rides on
             listen = ListenHandler(InMemorySubscriptionBus())
             sdk_server.add_request_handler("subscriptions/listen", SubscriptionsListenRequestParams, listen)
-        serve_tasks(tasks, sdk_server)
+    return sdk_server
 
 
 def _refuse_second_tasks_face(server: FastMCP[Any]) -> None:

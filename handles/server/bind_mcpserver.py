@@ -16,6 +16,7 @@ from pydantic_core import to_jsonable_python
 from handles.errors import ConfigurationError, InvalidArguments
 from handles.principal import PrincipalResolver
 from handles.server.argument_gate import ArgumentGate, ArgumentRules
+from handles.server.envelope import SdkServer
 from handles.server.tool_shapes import ToolDefinition, refusal, to_call_tool_result
 
 CONTEXT_PARAM = "mcp_context"
@@ -55,22 +56,17 @@ class SdkTool:
     meta: dict[str, Any] | None = None
 
 
-def tool_function(definition: ToolDefinition, resolver: PrincipalResolver) -> SdkFunction:
-    """An SDK tool function for `definition`, with a signature the SDK can read."""
+def handle_tool(definition: ToolDefinition, resolver: PrincipalResolver) -> SdkTool:
+    """A handle tool as the bindings register it, its function with a signature the SDK can read."""
 
     async def handle(principal: str, arguments: dict[str, Any], _context: Context) -> CallToolResult:
         return to_call_tool_result(await definition.handler(principal, arguments))
 
     returns = Annotated[CallToolResult, definition.output_model]
-    return sdk_function(definition.name, definition.input_model, resolver, handle, returns)
-
-
-def handle_tool(definition: ToolDefinition, resolver: PrincipalResolver) -> SdkTool:
-    """A handle tool as the bindings register it."""
+    function = sdk_function(definition.name, definition.input_model, resolver, handle, returns)
     annotations = tool_annotations(
         definition.title, definition.read_only, definition.destructive, definition.idempotent
     )
-    function = tool_function(definition, resolver)
     return SdkTool(function, definition.name, definition.title, definition.description, annotations)
 
 
@@ -127,8 +123,8 @@ def _parameter(name: str, field: Any) -> inspect.Parameter:
     )
 
 
-def add_tools(server: MCPServer[Any], tools: list[SdkTool]) -> None:
-    """Register `tools` on `server`, their arguments checked by the server's argument gate first."""
+def add_tools(server: MCPServer[Any], tools: list[SdkTool]) -> SdkServer:
+    """Register `tools` on `server` (returned), their arguments checked by the server's argument gate first."""
     gate = ArgumentGate.of(server)
     for tool in tools:
         gate.register(ArgumentRules.of(tool.name, tool.function, CONTEXT_PARAM))
@@ -141,3 +137,4 @@ def add_tools(server: MCPServer[Any], tools: list[SdkTool]) -> None:
             meta=tool.meta,
             structured_output=True,
         )
+    return server

@@ -254,12 +254,7 @@ class JobTools(JobGuidance):
             kept=f"Results are kept for {retention} after the job started.",
             max_wait=self.max_wait,
         )
-        handlers = {
-            "progress": self.progress,
-            "fetch": self.fetch,
-            "cancel": self.cancel,
-            "respond": self.respond,
-        }
+        handlers = {verb: getattr(self, verb) for verb in FOLLOW_VERBS}
         return [start, *follow_definitions(scope, handlers, self.fetch_model, asks_input=spec.asks_input)]
 
 

@@ -39,20 +39,14 @@ class FlatSchemaModel(BaseModel):
     ) -> JsonSchemaValue:
         schema = handler(core_schema)
         own = handler.resolve_ref_schema(schema)
-        flat = flatten(own, lambda ref: handler.resolve_ref_schema({"$ref": ref}))
+        # Every `$ref` inlined (except a model's reference to itself, directly or through others) and every
+        # optional plain value written as a type list.
+        flat = _walk(own, lambda ref: handler.resolve_ref_schema({"$ref": ref}), frozenset())
         # In place: `schema` may be a reference to `own`, which pydantic publishes (definitions no longer
         # referenced are then left out of `$defs`).
         own.clear()
         own.update(flat)
         return schema
-
-
-def flatten(schema: dict[str, Any], resolve: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
-    """`schema` with every `$ref` that `resolve` knows inlined (except a model's reference to itself,
-    directly or through others) and every optional plain value written as a type list."""
-    flat = _walk(schema, resolve, frozenset())
-    assert isinstance(flat, dict)
-    return flat
 
 
 def _walk(node: Any, resolve: Callable[[str], dict[str, Any]], inlining: frozenset[str]) -> Any:

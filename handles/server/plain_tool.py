@@ -65,23 +65,13 @@ class PlainTool:
         self, spec: JobSpec, service: JobOperations, policy: PlainCallPolicy, names: ToolNames | None = None
     ) -> None:
         self.spec = spec
+        self.name = spec.name
         self.service = service
         self.policy = policy
         self.handle_tools = JobTools(spec, service, names)
         budget = policy.inline_budget
         self.budget_seconds = (
             budget.total_seconds() if budget is not None else service.config.inline_budget_seconds
-        )
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def meta(self) -> dict[str, Any]:
-        """The tool's `_meta`: its layout, whether the job asks, and what an undeclared call does (a client's manifest)."""
-        return job_meta(
-            self.handle_tools.names.layout, asks_input=self.spec.asks_input, plain_call=self.policy.mode
         )
 
     @property
@@ -106,12 +96,15 @@ class PlainTool:
         )
 
     def sdk_tool(self, resolver: PrincipalResolver) -> SdkTool:
-        """This tool as the bindings register it: it starts work, never destructive by itself."""
+        """This tool as the bindings register it: it starts work, never destructive by itself; its `_meta` says
+        its layout, whether the job asks, and what an undeclared call does (a client's manifest)."""
         function = sdk_function(
             self.name, self.spec.metadata.arg_model, resolver, self.handle, CallToolResult
         )
         annotations = tool_annotations(self.spec.name, False, False, False)
-        return SdkTool(function, self.name, self.spec.name, self.description, annotations, self.meta)
+        layout = self.handle_tools.names.layout
+        meta = job_meta(layout, asks_input=self.spec.asks_input, plain_call=self.policy.mode)
+        return SdkTool(function, self.name, self.spec.name, self.description, annotations, meta)
 
     async def handle(
         self, principal: str, arguments: dict[str, Any], context: Context[Any, Any]

@@ -1,14 +1,18 @@
-"""Serving a bound server with its job runtime: stdio, the Streamable HTTP app, and `serve_http`."""
+"""Serving a bound server with its job runtime: stdio, the Streamable HTTP app, and `serve_http` (its uvicorn
+server drains first, then stops: stopping sooner cuts SSE answers)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+import socket
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, cast
 
+import uvicorn
 from mcp.server.mcpserver import MCPServer
 from mcp.server.stdio import stdio_server
 from starlette.applications import Starlette
@@ -16,17 +20,17 @@ from starlette.types import Message, Receive, Scope, Send
 
 from handles.errors import ConfigurationError, DatabaseUnreachable
 from handles.server.bind_mcpserver import is_fastmcp
-from handles.server.health import health_routes
+from handles.server.health import Readiness
 from handles.server.older_tasks import OlderAnswers
-from handles.server.startup import BackgroundStart
 from handles.server.stdio_stdout import LoopStdout, claimed_stdout
+
+logger = logging.getLogger("handles")
 
 # The largest request head `serve_http` reads whole (h11's default is 16 KiB): a long `Mcp-Name`
 # header still reaches the app and gets its JSON-RPC error, however its bytes arrive.
 REQUEST_HEAD_BYTES = 128 * 1024
 
 if TYPE_CHECKING:
-    import uvicorn
     from fastmcp import FastMCP
 
     from handles.app import Handles
@@ -113,8 +117,8 @@ def streamable_http_app(
     else:
         app = cast("MCPServer[Any]", server).streamable_http_app(**options)
     app.add_middleware(OlderAnswers)  # answers to the 2025-11-25 design's questions, on any node
-    starter = BackgroundStart(handles)
-    app.router.routes[:0] = health_routes(handles, liveness_path, readiness_path, starter.problem)
+    readiness = Readiness(handles)
+    app.router.routes[:0] = readiness.routes(liveness_path, readiness_path)
     inner = app.router.lifespan_context
     refused: list[ConfigurationError] = []
 
@@ -122,7 +126,7 @@ def streamable_http_app(
     async def lifespan(scope_app: Any) -> AsyncIterator[None]:
         # A database that does not answer yet: serve anyway, not ready, retrying in the background.
         try:
-            await starter.begin()
+            await readiness.begin()
         except ConfigurationError as exc:  # a missing key, an outdated schema: not transient
             refused.append(exc)
             raise
@@ -131,24 +135,16 @@ def streamable_http_app(
                 yield
                 handles.begin_drain()  # the server is stopping: refuse new work, answer long-polls now
         finally:
-            await starter.cancel()
+            await readiness.cancel()
             await handles.aclose()
 
     app.router.lifespan_context = lifespan
-    app.router.lifespan = _start_refused_in_one_line(app.router.lifespan, refused)  # type: ignore[method-assign,assignment]
-    return app
+    protocol = app.router.lifespan
 
+    async def start_refused_in_one_line(scope: Scope, receive: Receive, send: Send) -> None:
+        """The router's lifespan protocol, a start refused by a `ConfigurationError` reported as its one
+        sentence (which uvicorn logs instead of Starlette's traceback)."""
 
-LifespanProtocol = Callable[[Scope, Receive, Send], Coroutine[Any, Any, None]]
-
-
-def _start_refused_in_one_line(
-    protocol: LifespanProtocol, refused: list[ConfigurationError]
-) -> LifespanProtocol:
-    """The router's lifespan protocol, a start refused by a `ConfigurationError` reported as its one sentence
-    (which uvicorn logs instead of Starlette's traceback)."""
-
-    async def lifespan_protocol(scope: Scope, receive: Receive, send: Send) -> None:
         async def send_sentence(message: Message) -> None:
             if message["type"] == "lifespan.startup.failed" and refused:
                 message = {**message, "message": str(refused[-1])}
@@ -156,7 +152,8 @@ def _start_refused_in_one_line(
 
         await protocol(scope, receive, send_sentence)
 
-    return lifespan_protocol
+    app.router.lifespan = start_refused_in_one_line  # type: ignore[method-assign]
+    return app
 
 
 async def serve_http(
@@ -174,8 +171,6 @@ async def serve_http(
     At the signal `/readyz` answers 503 and running jobs get `drain_seconds` to finish while the node
     still answers; a second signal stops at once. Set the termination grace period a few seconds longer.
     """
-    from handles.server.http_server import DrainingServer
-
     app = streamable_http_app(server, handles, liveness_path=liveness_path, readiness_path=readiness_path)
     config = await uvicorn_config(app, handles, host=host, port=port, **uvicorn_options)
     health = ", ".join(path for path in (liveness_path, readiness_path) if path) or "off"
@@ -185,13 +180,72 @@ async def serve_http(
 async def uvicorn_config(app: Starlette, handles: Handles, **uvicorn_options: Any) -> uvicorn.Config:
     """`app` (a `streamable_http_app`) as a node serves it (`serve_http`, `handles.testing.served`): the store
     prepared before listening, request heads up to `REQUEST_HEAD_BYTES` read whole."""
-    import uvicorn
-
-    from handles.server.http_server import quiet_stateless_sessions
-
-    with contextlib.suppress(DatabaseUnreachable):  # waited out in the background (handles.server.startup)
+    with contextlib.suppress(DatabaseUnreachable):  # waited out in the background (handles.server.health)
         await handles.prepare()  # a missing key, a bad URL or an outdated schema stops here, before listening
     quiet_stateless_sessions()
     uvicorn_options.setdefault("log_level", "warning")
     uvicorn_options.setdefault("h11_max_incomplete_event_size", REQUEST_HEAD_BYTES)
     return uvicorn.Config(app, **uvicorn_options)
+
+
+IN_FLIGHT_GRACE_SECONDS = 5.0
+"""After the drain, how long answers still being written may take before uvicorn stops."""
+
+
+def _not_session_end(record: logging.LogRecord) -> bool:
+    """Drops the SDK's `Terminating session: None`, logged at INFO after every stateless request."""
+    return not (record.levelno == logging.INFO and record.getMessage() == "Terminating session: None")
+
+
+def quiet_stateless_sessions() -> None:
+    """Keep the SDK's per-request session line out of the logs (idempotent)."""
+    sdk = logging.getLogger("mcp.server.streamable_http")
+    if _not_session_end not in sdk.filters:
+        sdk.addFilter(_not_session_end)
+
+
+class DrainingServer(uvicorn.Server):
+    """A uvicorn server that drains `handles` before it stops listening, and says where it listens."""
+
+    def __init__(self, config: uvicorn.Config, handles: Handles, *, health: str) -> None:
+        super().__init__(config)
+        self._handles = handles
+        self._health = health
+        self._loop = asyncio.get_running_loop()
+        self._draining: asyncio.Task[None] | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            logger.info(
+                "serving MCP on http://%s:%d/mcp (health: %s)", self.config.host, self._port(), self._health
+            )
+
+    def _port(self) -> int:
+        for server in getattr(self, "servers", []):
+            for bound in server.sockets:
+                return int(bound.getsockname()[1])
+        return self.config.port
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self._draining is not None or self.should_exit:
+            # A second signal: stop now. The jobs still running are handed over at once, not waited for.
+            self._loop.call_soon_threadsafe(self._handles.end_drain)
+            super().handle_exit(sig, frame)
+            return
+        self._loop.call_soon_threadsafe(self._begin_drain, sig, frame)
+
+    def _begin_drain(self, sig: int, frame: Any) -> None:
+        if self._draining is not None:
+            return
+        self._handles.begin_drain()
+        self._draining = self._loop.create_task(self._drain_then_exit(sig, frame), name="handles-drain")
+
+    async def _drain_then_exit(self, sig: int, frame: Any) -> None:
+        try:
+            await self._handles.drained()
+            deadline = self._loop.time() + IN_FLIGHT_GRACE_SECONDS
+            while self.server_state.tasks and self._loop.time() < deadline:
+                await asyncio.sleep(0.05)
+        finally:
+            super().handle_exit(sig, frame)
