@@ -394,26 +394,24 @@ class JobOperations:
 
     async def open_any(self, principal: str, handle: object) -> tuple[JobSpec, JobRecord]:
         """The caller's job for a handle of any declared kind (the Tasks face has no tool name to go by)."""
-        unknown = UnknownHandle(
-            UNKNOWN_HANDLE, "Pass the exact handle string the server returned, or start a new job."
-        )
-        spec = await self.spec_of(principal, handle, unknown)
+        spec = await self.spec_of(principal, handle)
         return spec, await self.open(spec, principal, handle)
 
-    async def spec_of(self, principal: str, handle: object, unknown: UnknownHandle) -> JobSpec:
-        """The declared job a genuine handle of `principal` belongs to; else raises `unknown`, whatever it is."""
+    async def spec_of(self, principal: str, handle: object) -> JobSpec:
+        """The declared job a genuine handle of `principal` belongs to; else the refusal naming every start tool."""
         await self.ensure_running()
         claims = self.codec.verify(handle, principal=principal)
         spec = self.specs.get(claims.kind) if claims is not None else None
         if spec is None:
-            raise unknown
+            raise self.unknown_handle(*self.specs.values())
         return spec
 
-    def unknown_handle(self, spec: JobSpec) -> UnknownHandle:
+    def unknown_handle(self, *specs: JobSpec) -> UnknownHandle:
+        """The refusal of a handle that is not a genuine one of the caller's, pointing to the start tools of `specs`."""
+        starts = " or ".join(f"{spec.name}_start" for spec in specs)
         return UnknownHandle(
             UNKNOWN_HANDLE,
-            f"Pass the exact handle string that {spec.name}_start returned, or start a new job with "
-            f"{spec.name}_start.",
+            f"Pass the exact handle string that a start tool returned, or start a new job with {starts}.",
         )
 
     def expired_handle(self, spec: JobSpec, expired_at: datetime | None = None) -> ExpiredHandle:

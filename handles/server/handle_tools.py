@@ -9,8 +9,7 @@ from typing import Any, Optional
 
 from pydantic import Field, create_model
 
-from handles.errors import UnknownHandle
-from handles.job_operations import UNKNOWN_HANDLE, JobOperations
+from handles.job_operations import JobOperations
 from handles.jobs import JobSpec, describe_duration
 from handles.liveness import LeaseTiming
 from handles.results import link_of, link_size_text, tool_error_text
@@ -271,16 +270,9 @@ class SharedTools:
             "The job's result once completed, shaped as that job's own result (see job).",
         )
 
-    def unknown_handle(self) -> UnknownHandle:
-        starts = ", ".join(tools.tool("start") for tools in self.tools.values())
-        return UnknownHandle(
-            UNKNOWN_HANDLE,
-            f"Pass the exact handle string that a start tool ({starts}) returned, or start a new job with one of them.",
-        )
-
     def _dispatch(self, verb: str) -> ToolHandler:
         async def dispatch(principal: str, arguments: dict[str, Any]) -> ToolReply:
-            spec = await self.service.spec_of(principal, arguments.get("handle"), self.unknown_handle())
+            spec = await self.service.spec_of(principal, arguments.get("handle"))
             handler: ToolHandler = getattr(self.tools[spec.name], verb)
             return await handler(principal, arguments)
 

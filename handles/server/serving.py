@@ -53,8 +53,7 @@ async def serve_stdio(server: MCPServer[Any] | FastMCP[Any], handles: Handles) -
                 stop.set()  # stdin closed, or a signal came: from here on a signal ends the drain
                 handles.begin_drain()
                 stopping.cancel()
-                if not serving.done():
-                    serving.cancel()
+                serving.cancel()  # a no-op once it has ended
                 with contextlib.suppress(asyncio.CancelledError):
                     await serving
 
@@ -84,9 +83,7 @@ async def _serve_stdio(server: MCPServer[Any] | FastMCP[Any]) -> None:
     """The server's stdio loop, writing stdout from the event loop (`LoopStdout`) where the SDK allows."""
     if is_fastmcp(server):
         return await cast("FastMCP[Any]", server).run_stdio_async(show_banner=False)
-    lowlevel = getattr(server, "_lowlevel_server", None)
-    if lowlevel is None:
-        return await cast("MCPServer[Any]", server).run_stdio_async()
+    lowlevel = cast("MCPServer[Any]", server)._lowlevel_server
     with claimed_stdout() as wire:
         stdout = None if wire is None else LoopStdout(wire)
         async with stdio_server(stdout=cast(Any, stdout)) as (read_stream, write_stream):

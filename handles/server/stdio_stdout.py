@@ -9,11 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import anyio
-
-try:  # the SDK's own claim of fd 1 (private to `mcp.server.stdio`; an SDK without it serves stdio itself)
-    from mcp.server.stdio import _claim_fd, _open_stdout_diversion
-except ImportError:  # pragma: no cover
-    _claim_fd = None  # type: ignore[assignment]
+from mcp.server.stdio import _claim_fd, _open_stdout_diversion  # the SDK's own claim of fd 1 (private)
 
 PIECE_BYTES = getattr(select, "PIPE_BUF", 512)
 """The most one write on the loop puts into the pipe: a pipe with any room takes this much whole (POSIX)."""
@@ -52,7 +48,7 @@ def write_all(fd: int, data: memoryview) -> None:
 @contextmanager
 def claimed_stdout() -> Iterator[int | None]:
     """The wire's descriptor while fd 1 is claimed as the SDK's `stdio_server` claims it; None where that cannot be done."""
-    if _claim_fd is None or sys.platform == "win32":
+    if sys.platform == "win32":
         yield None
         return
     wire, release = _claim_fd(1, sys.stdout, "wb", _open_stdout_diversion)
