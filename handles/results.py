@@ -82,13 +82,11 @@ class ResultFile:
 
     async def chunks(self) -> AsyncIterable[bytes]:
         content = self.content
-        if isinstance(content, bytes | str):
-            yield _encoded(content)
-        elif isinstance(content, AsyncIterable):
+        if isinstance(content, AsyncIterable):
             async for chunk in content:
                 yield _encoded(chunk)
         else:
-            for chunk in content:
+            for chunk in [content] if isinstance(content, bytes | str) else content:
                 yield _encoded(chunk)
 
 

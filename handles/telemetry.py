@@ -83,16 +83,13 @@ def _instruments() -> tuple[dict[str, Any], _Sources]:
         ("parked", lambda: sources.stored("parked"), "Jobs waiting for an answer."),
     ):
         meter.create_observable_gauge(f"handles.jobs.{name}", [gauge(values)], description=description)
-    instruments: dict[str, Any] = {
-        "started": meter.create_counter("handles.jobs.started", description="Jobs started."),
-        **{
-            status: meter.create_counter(f"handles.jobs.{status}", description=f"Jobs {status}.")
-            for status in ENDED
-        },
-        "recovered": meter.create_counter(
-            "handles.jobs.recovered", description="Jobs whose node died, settled or retried by another."
-        ),
-    }
+    instruments: dict[str, Any] = {}
+    for name, description in (
+        ("started", "Jobs started."),
+        *((status, f"Jobs {status}.") for status in ENDED),
+        ("recovered", "Jobs whose node died, settled or retried by another."),
+    ):
+        instruments[name] = meter.create_counter(f"handles.jobs.{name}", description=description)
     for name, description in (
         ("queue_wait", "From a job's start to its first claim."),
         ("run_time", "One attempt of a job, from claim to outcome or park."),

@@ -70,7 +70,3 @@ def _table(rows: list[list[str]], headers: list[str]) -> str:
 def _one_line(text: str) -> str:
     """`text` on one line with nothing a terminal would interpret (newlines, escapes) left in it."""
     return "".join(c if c.isprintable() else " " for c in text)
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()

@@ -11,7 +11,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
-from handles.cli.common import _clip, _iso, _one_line, _table, _when, find_job, open_repository
+from handles.cli.common import _clip, _one_line, _table, _when, find_job, open_repository
 from handles.config import HandlesConfig
 from handles.errors import ConfigurationError
 from handles.liveness import LeaseTiming, node_contact
@@ -20,6 +20,7 @@ from handles.principal import principal_match, readable
 from handles.sealing import shown as sensitive_shown
 from handles.states import Status
 from handles.store import InputRequestRecord, JobRecord
+from handles.store.audit import _iso
 from handles.store.models import claims_of
 from handles.switches import Switches
 
