@@ -116,30 +116,15 @@ class DetailedTask(TaskResultBase):
         }
 
 
-class TaskIdParams(RequestParams):
+class TaskParams(RequestParams):
+    """`{taskId}`, and `inputResponses` for `tasks/update`."""
+
     task_id: str
+    input_responses: dict[str, Any] | None = None
 
 
-class UpdateTaskParams(TaskIdParams):
-    input_responses: dict[str, Any]
-
-
-class GetTaskRequest(Request[TaskIdParams, Literal["tasks/get"]]):
-    method: Literal["tasks/get"] = "tasks/get"
-    params: TaskIdParams
+class TaskRequest(Request[TaskParams, Literal["tasks/get", "tasks/update", "tasks/cancel"]]):
     name_param = "taskId"  # Streamable HTTP: Mcp-Name carries the taskId
-
-
-class UpdateTaskRequest(Request[UpdateTaskParams, Literal["tasks/update"]]):
-    method: Literal["tasks/update"] = "tasks/update"
-    params: UpdateTaskParams
-    name_param = "taskId"
-
-
-class CancelTaskRequest(Request[TaskIdParams, Literal["tasks/cancel"]]):
-    method: Literal["tasks/cancel"] = "tasks/cancel"
-    params: TaskIdParams
-    name_param = "taskId"
 
 
 class Ack(Result):
@@ -168,11 +153,8 @@ class TaskCancelled(RuntimeError):
 
 
 async def get_task(session: ClientSession, task_id: str, *, timeout: float | None = None) -> DetailedTask:
-    return await session.send_request(
-        GetTaskRequest(params=TaskIdParams(task_id=task_id)),
-        DetailedTask,
-        request_read_timeout_seconds=timeout,
-    )
+    request = TaskRequest(method="tasks/get", params=TaskParams(task_id=task_id))
+    return await session.send_request(request, DetailedTask, request_read_timeout_seconds=timeout)
 
 
 async def update_task(
@@ -185,17 +167,13 @@ async def update_task(
         else value
         for key, value in responses.items()
     }
-    await session.send_request(
-        UpdateTaskRequest(params=UpdateTaskParams(task_id=task_id, input_responses=wire)),
-        Ack,
-        request_read_timeout_seconds=timeout,
-    )
+    request = TaskRequest(method="tasks/update", params=TaskParams(task_id=task_id, input_responses=wire))
+    await session.send_request(request, Ack, request_read_timeout_seconds=timeout)
 
 
 async def cancel_task(session: ClientSession, task_id: str, *, timeout: float | None = None) -> None:
-    await session.send_request(
-        CancelTaskRequest(params=TaskIdParams(task_id=task_id)), Ack, request_read_timeout_seconds=timeout
-    )
+    request = TaskRequest(method="tasks/cancel", params=TaskParams(task_id=task_id))
+    await session.send_request(request, Ack, request_read_timeout_seconds=timeout)
 
 
 async def send_unchecked(
@@ -384,16 +362,13 @@ async def pushed_status(
             yield PushedStatus(pushes, subscription, task_id, recheck)
 
 
-def session_input_handler(session: ClientSession) -> InputHandler:
-    """Answer input requests with the client's own sampling / elicitation / roots callbacks."""
-
-    async def handle(key: str, request: InputRequest) -> InputResponse | ErrorData:
-        meta = request.params.meta if request.params is not None else None
-        return await session.dispatch_input_request(
-            ClientRequestContext(session=session, request_id=key, meta=meta), request
-        )
-
-    return handle
+async def _session_answer(
+    session: ClientSession, key: str, request: InputRequest
+) -> InputResponse | ErrorData:
+    """Answer an input request with the client's own sampling / elicitation / roots callbacks."""
+    meta = request.params.meta if request.params is not None else None
+    context = ClientRequestContext(session=session, request_id=key, meta=meta)
+    return await session.dispatch_input_request(context, request)
 
 
 async def follow_task(
@@ -412,7 +387,7 @@ async def follow_task(
     transient failures; the task is cancelled only when the caller gives up (or its input handler fails)."""
     task_id = task if isinstance(task, str) else task.task_id
     hint = None if isinstance(task, str) else task.poll_interval_ms
-    answer = on_input or session_input_handler(session)
+    answer = on_input or functools.partial(_session_answer, session)
     answered: set[str] = set()
     polled = False
     try:
