@@ -83,7 +83,21 @@ async def follow(
     """
     if prefer not in ("auto", "tasks", "handles"):
         raise ValueError("prefer must be 'auto', 'tasks' or 'handles'")
-    arguments = dict(arguments or {})
-    key = key or f"{job}-{uuid.uuid4().hex}"
-    journal = journal if isinstance(journal, Journal) else Journal(journal or ":memory:")
-    return await Follower(**locals()).run()  # Follower's fields are named as these parameters
+    follower = Follower(
+        client=client,
+        job=job,
+        arguments=dict(arguments or {}),
+        key=key or f"{job}-{uuid.uuid4().hex}",
+        journal=journal if isinstance(journal, Journal) else Journal(journal or ":memory:"),
+        on_progress=on_progress,
+        on_input=on_input,
+        deadline=deadline,
+        cancel_on_abandon=cancel_on_abandon,
+        prefer=prefer,
+        server_id=server_id,
+        long_poll_seconds=long_poll_seconds,
+        request_timeout=request_timeout,
+        retries=retries,
+        jitter=jitter,
+    )
+    return await follower.run()
