@@ -22,3 +22,17 @@ def test_an_old_module_path_no_longer_imports(old: str) -> None:
 def test_the_old_tool_error_is_gone(module: object) -> None:
     with pytest.raises(AttributeError):
         module.ToolError  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_the_top_level_holds_what_a_server_author_imports_and_no_wire_error() -> None:
+    assert set(handles.__all__) == {
+        "AskFirst", "ConfigurationError", "Handles", "HandlesConfig", "HandlesError", "JobContext", "JobFailed",
+        "JobSpec", "ResultFile", "ResultLink", "Status", "StepOutcomeUnknown", "serve_http", "serve_stdio",
+        "streamable_http_app",
+    }  # fmt: skip
+    for name in handles.__all__:
+        assert getattr(handles, name) is not None
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        handles.nothing_here  # type: ignore[attr-defined]  # noqa: B018
+    with pytest.raises(AttributeError):
+        handles.UnknownHandle  # type: ignore[attr-defined]  # noqa: B018
