@@ -238,12 +238,15 @@ async def test_links_are_made_up_foreign_or_gone_alike_and_parts_go_with_the_job
             text("UPDATE handles_jobs SET expires_at = :t WHERE id = :id"), {"t": past, "id": job_id}
         )
     await refused(client.client, link["uri"])
-    assert repo.delete_expired(100) >= 1
+    repo.delete_expired(100)  # the node's own sweep may have deleted it first
     with repo.engine.begin() as connection:
-        left = connection.execute(
-            text("SELECT count(*) FROM handles_result_parts WHERE job_id = :id"), {"id": job_id}
-        ).scalar()
-    assert left == 0
+        left = [
+            connection.execute(
+                text(f"SELECT count(*) FROM {table} WHERE {key} = :id"), {"id": job_id}
+            ).scalar()
+            for table, key in (("handles_jobs", "id"), ("handles_result_parts", "job_id"))
+        ]
+    assert left == [0, 0]
 
 
 async def test_follow_returns_the_link_on_either_face_and_read_link_streams_it(
