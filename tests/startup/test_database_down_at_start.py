@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,10 +20,13 @@ import pytest
 from mcp import Client
 from sqlalchemy import create_engine
 
+from handles import Handles, backoff
+from handles.server.health import Readiness
 from handles.store import migrate
 from tests.durability.harness import example_node
 from tests.harness.relay import Relay
-from tests.startup.support import probe, wait_for_probe
+from tests.startup.support import UNREACHABLE_URL, probe, wait_for_probe
+from tests.support import handles_config
 
 
 @pytest.fixture
@@ -94,3 +100,41 @@ def test_node_waiting_for_its_database_stops_cleanly_on_sigterm(
         server.stop()
     log = server.log()
     assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+
+
+async def test_each_start_up_retry_waits_the_delay_its_log_line_names(
+    tmp_path: Path, signing_key: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    draws = iter([0.99, 0.0] * 3)  # the jitter: highest, then lowest, and so on
+    monkeypatch.setattr(backoff.random, "random", lambda: next(draws))
+    jobs = Handles(handles_config(tmp_path, [signing_key], database_url=UNREACHABLE_URL))
+    began: list[float] = []
+    failed: list[float] = []
+    start = jobs.start
+
+    async def timed_start() -> None:
+        began.append(time.monotonic())
+        try:
+            await start()
+        finally:
+            failed.append(time.monotonic())
+
+    monkeypatch.setattr(jobs, "start", timed_start)
+    readiness = Readiness(jobs)
+    caplog.set_level(logging.WARNING, logger="handles")
+    try:
+        await readiness.begin()
+        while len(began) < 3:
+            await asyncio.sleep(0.05)
+    finally:
+        await readiness.cancel()
+        await jobs.aclose()
+    logged = [
+        float(re.findall(r"Retrying in ([\d.]+)s", record.getMessage())[0]) for record in caplog.records
+    ]
+    waited = [began[n + 1] - failed[n] for n in range(2)]
+    assert all(said - 0.05 <= slept <= said + 0.5 for said, slept in zip(logged, waited, strict=False)), (
+        logged,
+        waited,
+    )
+    assert logged[:2] == [0.6, 1.0], logged  # each delay drawn once: the highest jitter, then the lowest
