@@ -192,7 +192,7 @@ class PostgresOps:
     def _started(
         self, row: Mapping[str, Any], values: dict[str, Any], params: Mapping[str, Any], notice: str | None
     ) -> tuple[JobRecord, bool]:
-        """(job, created) from `handles_start`'s row for `params`, queuing `notice` when the job was stored."""
+        """(job, created) from `handles_start`'s row, queuing `notice` when the job was stored."""
         outcome, stored = row["outcome"], row["stored"]
         if outcome == "limit":
             raise ActiveLimitReached(int(row["active"]), int(params["limit"] or 0))
@@ -230,9 +230,8 @@ class PostgresOps:
     def _own_earlier_try(
         self, exc: DBAPIError, values: Mapping[str, Any], notice: str | None
     ) -> tuple[JobRecord, bool]:
-        """After a start's last try met `exc`: the job as created when `exc` is the conflict with the row of
-        an earlier try of this very start (same id, principal, kind, creation time), else `exc` raised. Job ids
-        are fresh random ids, so no other start can have stored that row."""
+        """After a start's last try met `exc`: the job as created when `exc` is the conflict with the row an
+        earlier try of this very start stored (no other start has its fresh random id), else `exc` raised."""
         if isinstance(exc, IntegrityError):
             with self.hot_reading() as connection:
                 stored = _one(connection, JobRecord, _JOB_BY_ID, values["id"])

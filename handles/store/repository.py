@@ -404,9 +404,8 @@ class JobRepository(Claims, Retention, OperatorReads):
         with self._locked(job_id) as (session, job):
             if job is None or job.abandon_after_seconds is None or Status(job.status) in TERMINAL:
                 return
-            job.abandon_at = self._lease_now_value(session, now) + timedelta(
-                seconds=job.abandon_after_seconds
-            )
+            after = timedelta(seconds=job.abandon_after_seconds)
+            job.abandon_at = self._lease_now_value(session, now) + after
 
     # -- result files, too large to return inline, stored in parts ----------------
 
