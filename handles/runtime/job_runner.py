@@ -185,8 +185,6 @@ class JobRunner(RuntimeState):
             self.telemetry.ended(entry.spec.name, status.value, reason)
             if span is not None:
                 self.telemetry.outcome(span, status.value, reason)
-        else:
-            logger.info("job %s ended %s here, but its stored state had already moved on", job_id, status)
 
     def running_by_kind(self) -> dict[str, int]:
         """How many jobs of each kind run here now (the `handles.jobs.running` gauge)."""
@@ -194,14 +192,17 @@ class JobRunner(RuntimeState):
 
     async def _record_outcome(self, job_id: str, status: Status, values: dict[str, Any]) -> bool:
         """Store a job's final state, waiting out an outage while the lease may still be this node's; past
-        that, a sweep settles the job."""
+        that, a sweep settles the job. False when not stored, logged with why: the stored state had moved
+        on, or the database stayed unavailable."""
         try:
-            return await self.store.write(
+            if await self.store.write(
                 job_id, "outcome", self.store.repo.transition, job_id, status, owner=self.owner, **values
-            )
+            ):
+                return True
+            logger.info("job %s ended %s here, but its stored state had already moved on", job_id, status)
         except StoreUnavailable:
             logger.error("could not store the outcome of job %s: the database stayed unavailable", job_id)
-            return False
+        return False
 
     async def _result_of(self, spec: JobSpec, record: JobRecord, value: Any) -> dict[str, Any]:
         """The job's result to store, or a link to its file (a `ResultFile`, or over `link_results_over`)."""

@@ -160,7 +160,7 @@ class Store:
 
     async def read(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a read-only repository method: inline on an SQLite file when it can, else on a thread."""
-        if self.repo.inline:
+        if self.repo.sqlite:
             with contextlib.suppress(OperationalError):
                 return self.repo.read_inline(fn, *args, **kwargs)
         return await self._run(functools.partial(fn, *args, **kwargs), repeatable=True)
@@ -219,7 +219,7 @@ class Store:
 
     def _write_now(self, job_id: str, call: Callable[[], T], change: Change) -> tuple[T] | None:
         """Try `call` inline on a free SQLite writer lock: its result in a 1-tuple, or None."""
-        if not self.repo.inline:
+        if not self.repo.sqlite:
             return None
         with contextlib.suppress(WriterBusy, OperationalError):
             return self._write_here(job_id, call, change)
@@ -241,7 +241,7 @@ class Store:
         self, job_id: str, call: Callable[[], T], change: Change, *, publish: bool = True
     ) -> T:
         """A short write whose inline try met a busy writer, made even if the caller is cancelled."""
-        if not self.repo.inline:
+        if not self.repo.sqlite:
             return await self._write(job_id, change, call, publish=publish)
         return await run_shielded(self._write_when_free(job_id, call, change, publish))
 

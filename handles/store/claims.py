@@ -169,8 +169,7 @@ class Claims(Database):
 
 
 def _claimable(now: Any, kinds: Sequence[str] = ()) -> tuple[Any, ...]:
-    """A job any worker may take at `now` (lease clock), of `kinds` when given: working, not leased, not being
-    cancelled, due."""
+    """A job any worker may take at `now` (by the lease clock), of `kinds` when given."""
     due = (
         col(JobRecord.status) == Status.WORKING.value,
         col(JobRecord.lease_owner).is_(None),

@@ -199,7 +199,9 @@ class Database:
         self._prepared: dict[Any, _Prepared] = {}  # the hot paths' statements, compiled (`_prepare`)
         self._clock_offset = timedelta(0)  # how far the database's clock is ahead of this node's
         self._write_lock: WriterLock | contextlib.nullcontext[None] = contextlib.nullcontext()
-        self.sqlite = url.startswith("sqlite")  # else PostgreSQL; `JobRepository` picks its ops by it too
+        # Else PostgreSQL. `JobRepository` picks its ops by it; `Store` tries reads, and short writes, on the
+        # calling (event loop) thread only on an SQLite file.
+        self.sqlite = url.startswith("sqlite")
         if self.sqlite:
             engines = _sqlite_engines(url)
             self._read_engine, self.engine, self._inline_engine, self._inline_write_engine = engines
@@ -283,11 +285,6 @@ class Database:
         for engine in (self._inline_write_engine, self._read_engine, self._inline_engine, self.engine):
             if engine is not None:
                 engine.dispose()
-
-    @property
-    def inline(self) -> bool:
-        """Whether reads, and short writes, may be tried on the calling (event loop) thread: SQLite files only."""
-        return self.sqlite
 
     def read_inline(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run the read method `fn` here, on connections that fail fast instead of waiting on a lock."""

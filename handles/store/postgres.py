@@ -10,9 +10,8 @@ from datetime import datetime
 from typing import Any
 
 import anyio
-from sqlalchemy import Engine, func
+from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError
-from sqlmodel import select
 
 from handles.errors import LeaseLost
 from handles.states import Status
@@ -97,12 +96,6 @@ class PostgresOps:
         with self.hot_reading() as connection:
             return _snapshot_in_one(connection, job_id)
 
-    def load_notice_scope(self) -> str | None:
-        """`current_schema()` on a connection of the store."""
-        with self.repo._read_engine.connect() as connection:
-            schema = connection.execute(select(func.current_schema())).scalar()
-        return None if schema is None else str(schema)
-
     @staticmethod
     def matches(column: Any, pattern: Sequence[str | None]) -> Any:
         """`column` LIKE `pattern`: None any run of characters, each piece of text literally (escaped by `!`)."""
@@ -121,16 +114,11 @@ class PostgresOps:
         return changed
 
     def begin_step(
-        self,
-        values: dict[str, Any],
-        repeatable: bool,
-        owner: str,
-        now: datetime,
-        own: tuple[int, datetime] | None,
+        self, values: dict[str, Any], repeatable: bool, owner: str, own: tuple[int, datetime] | None
     ) -> tuple[StepRecord, bool]:
         """One statement in autocommit, queuing its notice only when it started the step."""
-        values = values | {"repeatable": repeatable}
-        outcome = self._in_one(_BEGIN_STEP_IN_ONE, values | {"owner": owner, "now": now})
+        call = {"repeatable": repeatable, "owner": owner, "now": values["started_at"]}
+        outcome = self._in_one(_BEGIN_STEP_IN_ONE, values | call)
         if not outcome["held"]:
             raise LeaseLost(values["job_id"])
         if outcome["touched"]:
@@ -163,7 +151,7 @@ class PostgresOps:
             try:
                 with self.autocommit() as connection:  # psycopg's own: autocommit, no ping
                     (row,) = self.repo._prepare(_START).rows(connection, params)
-                return self._started(row, values, active_limit, params["lease"], notice)
+                return self._started(row, values, params, notice)
             except DBAPIError as exc:
                 if attempt == 2 or not exc.connection_invalidated:
                     return self._own_earlier_try(exc, values, notice)
@@ -193,7 +181,7 @@ class PostgresOps:
                         raise as_sqlalchemy_error(
                             self.repo.engine, exc, disconnect=connection.closed
                         ) from exc
-                return self._started(row, values, active_limit, params["lease"], notice)
+                return self._started(row, values, params, notice)
             except DBAPIError as exc:
                 if attempt == 2 or not exc.connection_invalidated:
                     if not isinstance(exc, IntegrityError):
@@ -202,23 +190,18 @@ class PostgresOps:
         raise AssertionError("a start is tried at most twice")
 
     def _started(
-        self,
-        row: Mapping[str, Any],
-        values: dict[str, Any],
-        active_limit: int | None,
-        lease: float | None,
-        notice: str | None,
+        self, row: Mapping[str, Any], values: dict[str, Any], params: Mapping[str, Any], notice: str | None
     ) -> tuple[JobRecord, bool]:
         """(job, created) from `handles_start`'s row, queuing `notice` when the job was stored."""
         outcome, stored = row["outcome"], row["stored"]
         if outcome == "limit":
-            raise ActiveLimitReached(int(row["active"]), int(active_limit or 0))
+            raise ActiveLimitReached(int(row["active"]), int(params["limit"] or 0))
         if outcome == "existing":
             return _from_json(_JOBS, JobRecord, stored), False
         self.repo.committed(notice)
         if stored is not None:  # an earlier try of this start committed it
             return _from_json(_JOBS, JobRecord, stored), True
-        if lease is not None:
+        if params["lease"] is not None:
             values["lease_expires_at"] = row["lease_expires_at"]
         return _detached(JobRecord, values), True
 
@@ -247,9 +230,8 @@ class PostgresOps:
     def _own_earlier_try(
         self, exc: DBAPIError, values: Mapping[str, Any], notice: str | None
     ) -> tuple[JobRecord, bool]:
-        """After a start's last try met `exc`: the job as created when `exc` is the conflict with the row of
-        an earlier try of this very start (same id, principal, kind, creation time), else `exc` raised. Job ids
-        are fresh random ids, so no other start can have stored that row."""
+        """After a start's last try met `exc`: the job as created when `exc` is the conflict with the row an
+        earlier try of this very start stored (no other start has its fresh random id), else `exc` raised."""
         if isinstance(exc, IntegrityError):
             with self.hot_reading() as connection:
                 stored = _one(connection, JobRecord, _JOB_BY_ID, values["id"])
@@ -260,23 +242,13 @@ class PostgresOps:
         raise exc
 
     def transition(
-        self,
-        job_id: str,
-        target: Status,
-        owner: str | None,
-        lease_expired: bool,
-        now: datetime,
-        values: Mapping[str, Any],
+        self, job_id: str, target: Status, owner: str | None, lease_expired: bool, values: Mapping[str, Any]
     ) -> bool:
         """One compare-and-set UPDATE in autocommit, so of two racing transitions exactly one wins."""
-        shape = (
-            target,
-            owner is not None,
-            self.repo.database_leases if lease_expired else None,
-            tuple(values),
-        )
-        parameters = {"job_id": job_id, "owner": owner, "now": now} | _set_values(values, tuple(values))
-        return bool(self._in_one(_transition_statement(*shape), parameters)["touched"])
+        columns = tuple(values)
+        shape = (target, owner is not None, self.repo.database_leases if lease_expired else None, columns)
+        params = {"job_id": job_id, "owner": owner, "now": self.repo.clock()} | _set_values(values, columns)
+        return bool(self._in_one(_transition_statement(*shape), params)["touched"])
 
     def _in_one(self, statement: Any, values: Mapping[str, Any]) -> dict[str, Any]:
         """Run a one-statement write in autocommit: its one row, its notice queued when `touched`."""

@@ -177,7 +177,9 @@ class JobRepository(Claims, Retention, OperatorReads):
 
     def load_notice_scope(self) -> str | None:
         """Read the schema of this store's tables into `notice_scope` (None off PostgreSQL)."""
-        self.notice_scope = self._engine.load_notice_scope()
+        if not self.sqlite:
+            with self._read_engine.connect() as connection:
+                self.notice_scope = connection.exec_driver_sql("SELECT current_schema()").scalar()
         return self.notice_scope
 
     def publishing(
@@ -212,8 +214,7 @@ class JobRepository(Claims, Retention, OperatorReads):
     ) -> bool:
         """Move a job to `target` if the transition table allows it (held by `owner`, its lease run out with
         `lease_expired`); True when this call made the change."""
-        now = self.clock()
-        return self._engine.transition(job_id, target, owner, lease_expired, now, values)
+        return self._engine.transition(job_id, target, owner, lease_expired, values)
 
     @contextmanager
     def _locked(self, job_id: str) -> Iterator[tuple[Session, JobRecord | None]]:
@@ -355,7 +356,7 @@ class JobRepository(Claims, Retention, OperatorReads):
         values: dict[str, Any] = {"job_id": job_id, "name": name, "status": "started", "attempt": attempt}
         values |= {"started_at": now, "finished_at": None, "result": None, "error": None}
         own = None if started_at is None else (attempt, started_at)  # what an earlier try stored
-        return self._engine.begin_step(values, repeatable, owner, now, own)
+        return self._engine.begin_step(values, repeatable, owner, own)
 
     def finish_step(
         self,
@@ -403,9 +404,8 @@ class JobRepository(Claims, Retention, OperatorReads):
         with self._locked(job_id) as (session, job):
             if job is None or job.abandon_after_seconds is None or Status(job.status) in TERMINAL:
                 return
-            job.abandon_at = self._lease_now_value(session, now) + timedelta(
-                seconds=job.abandon_after_seconds
-            )
+            after = timedelta(seconds=job.abandon_after_seconds)
+            job.abandon_at = self._lease_now_value(session, now) + after
 
     # -- result files, too large to return inline, stored in parts ----------------
 

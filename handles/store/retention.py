@@ -69,9 +69,8 @@ class Retention(Database):
                 return 0
             if keep_evidence_seconds is not None:
                 self._archive(session, ids, now, now + timedelta(seconds=keep_evidence_seconds))
-            session.exec(delete(InputRequestRecord).where(col(InputRequestRecord.job_id).in_(ids)))
-            session.exec(delete(StepRecord).where(col(StepRecord.job_id).in_(ids)))
-            session.exec(delete(ResultPartRecord).where(col(ResultPartRecord.job_id).in_(ids)))
+            for part in (InputRequestRecord, StepRecord, ResultPartRecord):  # the rows that name the jobs
+                session.exec(delete(part).where(col(part.job_id).in_(ids)))
             session.exec(delete(JobRecord).where(col(JobRecord.id).in_(ids)))
         return len(ids)
 

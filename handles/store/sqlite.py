@@ -93,12 +93,7 @@ class SqliteOps:
         with repo._sqlite_reading() as raw:
             if raw is not None:
                 # On the event loop: run straight on SQLite's connection, its row read by position.
-                prepared = repo._prepare(_SQLITE_SNAPSHOT)
-                cursor = raw.execute(prepared.sql, prepared.parameters({"job_id": job_id}))
-                try:
-                    rows = prepared.values(cursor.fetchall(), cursor.description)
-                finally:
-                    cursor.close()
+                rows = repo._prepare(_SQLITE_SNAPSHOT).positions(raw, {"job_id": job_id})
                 reads: Any = _DriverReads(raw, repo._prepare)  # as `hot_reading` gives it here
                 return self._snapshot_of(rows[0] if rows else None, reads, job_id)
         with self.hot_reading() as connection:
@@ -154,9 +149,6 @@ class SqliteOps:
             row = connection.execute(_JOB_BY_IDEMPOTENCY_KEY, dict(job)).mappings().first()
         return None if row is None else _detached(JobRecord, row)
 
-    def load_notice_scope(self) -> str | None:
-        return None
-
     @staticmethod
     def matches(column: Any, pattern: Sequence[str | None]) -> Any:
         """`column` GLOB `pattern` (case-sensitive, unlike SQLite's LIKE): None any run of characters, each
@@ -173,16 +165,10 @@ class SqliteOps:
             return self._execute(connection, _PROGRESS, values) == 1
 
     def transition(
-        self,
-        job_id: str,
-        target: Status,
-        owner: str | None,
-        lease_expired: bool,
-        now: datetime,
-        values: Mapping[str, Any],
+        self, job_id: str, target: Status, owner: str | None, lease_expired: bool, values: Mapping[str, Any]
     ) -> bool:
         """Read the row, apply the rules and write the changed columns, in one transaction."""
-        repo = self.repo
+        repo, now = self.repo, self.repo.clock()
         with repo._sqlite_writing() as connection:
             rows = repo._prepare(_TRANSITION_READ).rows(connection, {"job_id": job_id})
             if not rows:
@@ -203,12 +189,7 @@ class SqliteOps:
         return True
 
     def begin_step(
-        self,
-        values: dict[str, Any],
-        repeatable: bool,
-        owner: str,
-        now: datetime,
-        own: tuple[int, datetime] | None,
+        self, values: dict[str, Any], repeatable: bool, owner: str, own: tuple[int, datetime] | None
     ) -> tuple[StepRecord, bool]:
         """As `transition`: in one write transaction on SQLite's own connection."""
         repo = self.repo
@@ -224,7 +205,7 @@ class SqliteOps:
                 self._execute(connection, _RESTART_STEP, values | _set_values(values, _RESTARTED))
             else:
                 self._execute(connection, _INSERT_STEP, values)
-            self._execute(connection, _TOUCH_JOB, {"job_id": job_id, "now": now})
+            self._execute(connection, _TOUCH_JOB, {"job_id": job_id, "now": values["started_at"]})
         return _detached(StepRecord, values), True
 
     def finish_step(self, values: Mapping[str, Any]) -> None:

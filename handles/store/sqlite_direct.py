@@ -60,9 +60,13 @@ class _Prepared:
 
     def rows(self, connection: Any, values: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Run the SELECT on the DB-API `connection`: every row (so its statement ends), by column name."""
+        return [dict(zip(self._column_names, row, strict=True)) for row in self.positions(connection, values)]
+
+    def positions(self, connection: Any, values: Mapping[str, Any]) -> list[list[Any]]:
+        """As `rows`, each row by position."""
         cursor = connection.execute(self.sql, self.parameters(values))
         try:
-            return self.decode(cursor.fetchall(), cursor.description)
+            return self.values(cursor.fetchall(), cursor.description)
         finally:
             cursor.close()
 
