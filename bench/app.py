@@ -116,7 +116,7 @@ def progress_shaped_tool(jobs: Handles) -> Callable[[], Annotated[CallToolResult
         created_at=now,
         updated_at=now,
         expires_at=running.expires_at,
-        poll_after_ms=tools.poll_after_ms,
+        poll_after_ms=tools.spec.poll_after_ms,
         next=tools.next_step(running, []),
     ).model_dump(mode="json")
     result = to_call_tool_result(ToolReply(content))

@@ -181,6 +181,11 @@ class JobSpec:
         Cached: building the schema costs far more than a start."""
         return sensitive_fields(self.parameters_schema)
 
+    @functools.cached_property
+    def poll_after_ms(self) -> int:
+        """`poll_after` as every face tells callers: whole milliseconds, at least 1 (never "poll again at once")."""
+        return max(1, int(self.poll_after.total_seconds() * 1000))
+
     @property
     def output_schema(self) -> dict[str, Any]:
         """JSON Schema of the job's structured result: what the plain tool would declare."""

@@ -65,7 +65,7 @@ class JobTools(JobGuidance):
         elif started.created:
             advice = (
                 f"The job has started. Call {self.tool('progress')} with this handle in about "
-                f"{self.spec.poll_after.total_seconds():g} s (or with wait_seconds up to {int(self.max_wait)} "
+                f"{self.poll_seconds:g} s (or with wait_seconds up to {int(self.max_wait)} "
                 f"to wait for a change), and {self.tool('fetch')} for the result once it is completed. "
                 "Keep the handle: it is the only way back to this job."
             )
@@ -80,7 +80,7 @@ class JobTools(JobGuidance):
             status=Status(job.status),
             status_message=job.status_message,
             created=started.created,
-            poll_after_ms=self.poll_after_ms,
+            poll_after_ms=self.spec.poll_after_ms,
             expires_at=job.expires_at,
             input_requests=input_views(pending),
             next=advice,
@@ -121,7 +121,7 @@ class JobTools(JobGuidance):
             created_at=job.created_at,
             updated_at=job.updated_at,
             expires_at=job.expires_at,
-            poll_after_ms=None if Status(job.status).is_terminal else self.poll_after_ms,
+            poll_after_ms=None if Status(job.status).is_terminal else self.spec.poll_after_ms,
             next=self.next_step(job, view.pending) if quiet is None else self._quiet_next(job, quiet),
         )
         reply = ToolReply(out.model_dump(mode="json"))
@@ -139,7 +139,7 @@ class JobTools(JobGuidance):
             "status": status,
             "status_message": job.status_message,
             "expires_at": job.expires_at,
-            "poll_after_ms": None if status.is_terminal else self.poll_after_ms,
+            "poll_after_ms": None if status.is_terminal else self.spec.poll_after_ms,
             "next": self.next_step(job, pending, fetching=True),
         }
         is_error = False

@@ -23,14 +23,11 @@ class JobGuidance:
         self.max_wait = max_wait
         self.lease_timing = lease_timing
         self._quiet_margin = lease_timing.quiet_margin
+        self.poll_seconds = spec.poll_after_ms / 1000
 
     def tool(self, verb: str) -> str:
         """The name of this job's `verb` tool in the layout (`<job>_progress` or the shared `jobs_progress`)."""
         return self.names.name(self.spec.name, verb)
-
-    @property
-    def poll_after_ms(self) -> int:
-        return int(self.spec.poll_after.total_seconds() * 1000)
 
     def next_step(
         self, job: JobRecord | JobState, pending: list[InputRequestRecord], *, fetching: bool = False
@@ -76,16 +73,11 @@ class JobGuidance:
     @functools.cached_property
     def _still_running(self) -> str:
         """`next_step` of a job still working: the same for every poll of this job kind, so made once."""
-        seconds = self._poll_seconds
         wait_hint = f"set wait_seconds (up to {int(self.max_wait)}) to wait for the change instead of polling"
         return (
             f"The job is still running. Call {self.tool('progress')} with this handle in about "
-            f"{seconds:g} s ({wait_hint}), or {self.tool('fetch')} with wait_seconds to wait for the result."
+            f"{self.poll_seconds:g} s ({wait_hint}), or {self.tool('fetch')} with wait_seconds to wait for the result."
         )
-
-    @property
-    def _poll_seconds(self) -> float:
-        return max(self.spec.poll_after.total_seconds(), 0.1)
 
     def _quiet_node(self, job: JobState) -> NodeContact | None:
         """What the job's lease tells of its node, once the node has gone quiet (None before: a poll of a
@@ -115,7 +107,7 @@ class JobGuidance:
         return (
             f"The server running this job has not been heard from for {quiet.silent_seconds:.0f} s (it may have "
             f"stopped). Nothing is lost: another server takes the job over {_takeover(quiet)} and {then}. Do not start a new "
-            f"job; keep calling {self.tool('progress')} with this handle in about {self._poll_seconds:g} s (or "
+            f"job; keep calling {self.tool('progress')} with this handle in about {self.poll_seconds:g} s (or "
             f"with wait_seconds up to {int(self.max_wait)} to wait for the change)."
         )
 

@@ -180,7 +180,7 @@ class PlainTool:
             status=Status(job.status),
             status_message=job.status_message,
             input_requests=input_views(pending),
-            poll_after_ms=self.handle_tools.poll_after_ms,
+            poll_after_ms=self.spec.poll_after_ms,
             expires_at=job.expires_at,
             next=lead
             + self.handle_tools.next_step(job, pending)

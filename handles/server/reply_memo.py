@@ -33,6 +33,3 @@ class ReplyMemo(Generic[Reply]):
         self._last[job_id] = (state, reply)
         if len(self._last) > self._size:
             del self._last[next(iter(self._last))]
-
-    def __len__(self) -> int:
-        return len(self._last)

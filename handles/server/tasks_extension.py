@@ -132,7 +132,7 @@ def task_fields(spec: JobSpec, job: JobRecord, task_id: str, status: Status | No
     fields["lastUpdatedAt"] = iso_time(job.updated_at)
     fields["ttlMs"] = int((job.expires_at - job.created_at).total_seconds() * 1000)
     if not status.is_terminal:
-        fields["pollIntervalMs"] = max(1, int(spec.poll_after.total_seconds() * 1000))
+        fields["pollIntervalMs"] = spec.poll_after_ms
     return fields
 
 

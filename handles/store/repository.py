@@ -315,11 +315,11 @@ class JobRepository(Claims, Retention, OperatorReads):
         with self._locked(job_id) as (session, job):
             if job is None:
                 return None
+            if Status(job.status) is not Status.INPUT_REQUIRED:
+                return AnswerOutcome(job, [], sorted(answers))
             accepted: list[str] = []
             ignored: list[str] = []
             pending = {r.key: r for r in _pending(session, job_id)}
-            if Status(job.status) is not Status.INPUT_REQUIRED:
-                return AnswerOutcome(job, [], sorted(answers))
             for key, answer in answers.items():
                 record = pending.get(key)
                 if record is None:

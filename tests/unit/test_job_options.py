@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from handles import Handles
 from handles.ask_first import AskFirst
 from handles.errors import ConfigurationError
 from handles.jobs import DEFAULT_POLL_AFTER, DEFAULT_RETENTION, JobContext, JobSpec
 from handles.limits import MAX_RESULT_BYTES
+from handles.server.handle_tools import JobTools
+from handles.server.tasks_extension import task_fields
+from handles.states import Status
+from handles.store import JobRecord
+from tests.support import handles_config, new_key
 
 
 async def count(ctx: JobContext, n: int) -> int:
@@ -43,6 +50,32 @@ def test_options_are_kept_and_resolved() -> None:
     assert spec.max_attempts == 1  # at least one attempt
     assert JobSpec.from_function(count, on_interrupt="retry", max_attempts=5).max_attempts == 5
     assert JobSpec.from_function(count, max_attempts=5).max_attempts == 1  # only "retry" runs again
+
+
+@pytest.mark.parametrize(
+    ("poll_after", "millis"),
+    [
+        (DEFAULT_POLL_AFTER, 2000),
+        (timedelta(milliseconds=250), 250),
+        (timedelta(0), 1),
+        (timedelta(seconds=-1), 1),
+    ],
+)
+def test_the_poll_hint_is_whole_milliseconds_and_never_zero(poll_after: timedelta, millis: int) -> None:
+    assert JobSpec.from_function(count, poll_after=poll_after).poll_after_ms == millis
+
+
+def test_every_face_gives_the_one_poll_hint(tmp_path: Path) -> None:
+    """A job declared with poll_after=0: the handle tools' `next`, and a task's `pollIntervalMs`, say 1 ms."""
+    jobs = Handles(handles_config(tmp_path, [new_key()]))
+    jobs.job(poll_after=timedelta(0))(count)
+    spec = jobs.specs["count"]
+    now = datetime.now(UTC)
+    running = JobRecord.model_construct(
+        status=Status.WORKING.value, created_at=now, updated_at=now, expires_at=now + timedelta(hours=1)
+    )
+    assert "in about 0.001 s" in JobTools(spec, jobs.service).next_step(running, [])
+    assert task_fields(spec, running, "t")["pollIntervalMs"] == spec.poll_after_ms == 1
 
 
 @pytest.mark.parametrize(

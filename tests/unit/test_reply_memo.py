@@ -23,6 +23,6 @@ def test_only_the_most_recently_polled_jobs_are_kept() -> None:
         memo.put(job, n, n)
     assert memo.get("a", 0) == 0  # polled again: now the most recent
     memo.put("d", 3, 3)  # the least recently polled, b, goes
-    assert len(memo) == 3
+    assert len(memo._last) == 3
     assert memo.get("b", 1) is None
     assert [memo.get(job, n) for job, n in (("a", 0), ("c", 2), ("d", 3))] == [0, 2, 3]
