@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -91,7 +92,7 @@ class Operations:
         return job, await self.store.read(repo.questions, job_id), await self.store.read(repo.steps, job_id)
 
     async def overview(self, now: datetime) -> Overview:
-        result = Overview()
+        result = Overview(by_kind=defaultdict(lambda: dict.fromkeys(STATES, 0)))
         for kind, status, owner, count, oldest in await self.store.read(self.store.repo.active_counts):
             if status == Status.INPUT_REQUIRED:
                 state = "parked"
@@ -102,11 +103,10 @@ class Operations:
             else:
                 state = "running"
                 result.by_node[owner] = result.by_node.get(owner, 0) + count
-            counts = result.by_kind.setdefault(kind, dict.fromkeys(STATES, 0))
-            counts[state] += count
+            result.by_kind[kind][state] += count
         failed = await self.store.read(self.store.repo.failed_counts, now - RECENT_FAILURES)
         for kind, count in failed.items():
-            result.by_kind.setdefault(kind, dict.fromkeys(STATES, 0))["failed (1 h)"] = count
+            result.by_kind[kind]["failed (1 h)"] = count
         return result
 
     async def answer(self, job: JobRecord, key: str, answer: dict[str, Any], by: str) -> bool:

@@ -78,14 +78,6 @@ def _age(seconds: float) -> str:
     return f"{whole // 86400}d {whole % 86400 // 3600}h"
 
 
-def node_of(job: JobRecord) -> str | None:
-    """The node running the job now, or the one that ran it last."""
-    if job.lease_owner:
-        return job.lease_owner
-    claims = claims_of(job)
-    return claims[-1].node if claims else None
-
-
 def fraction(job: JobRecord) -> float | None:
     if job.progress_total:
         return min(max((job.progress_done or 0) / job.progress_total, 0.0), 1.0)
@@ -95,6 +87,7 @@ def fraction(job: JobRecord) -> float | None:
 def row_data(job: JobRecord, now: datetime, base: str, timing: LeaseTiming) -> dict[str, Any]:
     """A jobs-table row as JSON for the live update (the script puts each value in as text)."""
     contact = node_contact(job.status, job.lease_expires_at, now, timing)
+    claims = claims_of(job)  # "node": the one running it now, or the one that ran it last
     return {
         "id": job.id,
         "href": f"{base}/jobs/{job.id}",
@@ -105,7 +98,7 @@ def row_data(job: JobRecord, now: datetime, base: str, timing: LeaseTiming) -> d
         "fraction": fraction(job),
         "done": job.progress_done,
         "age": _age((now - job.created_at).total_seconds()),
-        "node": node_of(job) or "",
+        "node": job.lease_owner or (claims[-1].node if claims else ""),
         "heard": "" if contact is None else contact_text(contact),
         "quiet": contact is not None and contact.quiet,
         "attempts": job.attempts,

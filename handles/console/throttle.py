@@ -48,9 +48,6 @@ class LoginThrottle:
     clock: Callable[[], float] = time.monotonic
     _records: OrderedDict[str, _Record] = field(default_factory=OrderedDict, init=False)
 
-    def __len__(self) -> int:
-        return len(self._records)
-
     def check(self, client: str) -> None:
         """Raise `Throttled` while `client` must wait; its token is then not to be checked."""
         record = self._records.get(client)

@@ -226,26 +226,20 @@ class Runtime(JobRunner):
             self.slots.unreserve()
             self._spawn(self._hand_back(record.id), name=f"handles-hand-back-{record.id}")
             return
-        self.slots.take(record.id, record.principal_key or principal_key(record.principal))
-        self._start_task(
-            self.specs[record.kind],
-            record,
-            replay=(answers, {}),
-            reply_first=settled is None,
-            settled=settled,
-        )
+        self._start_task(record, replay=(answers, {}), reply_first=settled is None, settled=settled)
 
     def _start_task(
         self,
-        spec: JobSpec,
         record: JobRecord,
         replay: tuple[dict[str, dict[str, Any]], dict[str, Any]] | None = None,
         *,
         reply_first: bool = False,
         settled: asyncio.Future[Outcome] | None = None,
     ) -> None:
+        """Run `record` in the slot reserved for it."""
+        self.slots.take(record.id, record.principal_key or principal_key(record.principal))
         ctx = JobContext(
-            spec=spec,
+            spec=self.specs[record.kind],
             job_id=record.id,
             principal=record.principal,
             attempt=record.attempts,
@@ -253,10 +247,10 @@ class Runtime(JobRunner):
             progress_flush_seconds=self.config.progress_flush_seconds,
             sealer=self.sealer,
         )
-        entry = RunningJob(spec=spec, ctx=ctx, replay=replay, reply_first=reply_first, settled=settled)
+        entry = RunningJob(spec=ctx.spec, ctx=ctx, replay=replay, reply_first=reply_first, settled=settled)
         self._running[record.id] = entry
         self._leases.leased(record.id)
-        entry.task = asyncio.create_task(self._execute(entry, record), name=f"handles-job-{spec.name}")
+        entry.task = asyncio.create_task(self._execute(entry, record), name=f"handles-job-{ctx.spec.name}")
 
     async def _dispatch_loop(self) -> None:
         await every(lambda: self._wake, self.config.store_poll_seconds, self._claim_queued, "dispatcher pass")
@@ -295,9 +289,8 @@ class Runtime(JobRunner):
         # Fewer than asked for: nothing else waits right now (until a start, a retry or a notice says so).
         self._backlog = len(claimed) >= wanted
         for record in claimed:
-            self.slots.take(record.id, record.principal_key or principal_key(record.principal))
             self.store.notifier.notify(record.id)
-            self._start_task(self.specs[record.kind], record)
+            self._start_task(record)
 
     def _on_remote_change(self, job_id: str, change: Change) -> None:
         """Another node changed `job_id`: wake waiters here, look for a cancel if it runs here, for work if it was queued."""

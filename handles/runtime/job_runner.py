@@ -94,16 +94,8 @@ class JobRunner(RuntimeState):
         by = await self._cancel_requester(job_id)
         limit = self.config.step_cancel_limit_seconds
         status, values = cancelled_with_unknown_steps(steps, limit, by, principal)
-        await self.store.write(
-            job_id,
-            "changed",
-            self.store.repo.end_with_unknown_steps,
-            job_id,
-            self.owner,
-            steps,
-            status,
-            **values,
-        )
+        repo = self.store.repo
+        await self._write_held(job_id, "changed", repo.end_with_unknown_steps, steps, status, **values)
 
     async def _cancelled(self, record: JobRecord) -> Outcome:
         """The outcome of a run interrupted by a cancel: its message says who asked for it."""
@@ -283,14 +275,8 @@ class JobRunner(RuntimeState):
             if entry.life is RunLife.LOST:
                 return None
             if entry.life is RunLife.STOPPING:
-                status = await self.store.write(
-                    record.id,
-                    "changed",
-                    self.store.repo.settle_interrupted,
-                    record.id,
-                    self.owner,
-                    shutdown=True,
-                )
+                repo = self.store.repo
+                status = await self._write_held(record.id, "changed", repo.settle_interrupted, shutdown=True)
                 if status is Status.WORKING:
                     await self.store.announce(record.id)  # another node takes it now
                 return None
@@ -317,6 +303,6 @@ class JobRunner(RuntimeState):
         """The job waits for answers: give back its lease and slot until they arrive."""
         with contextlib.suppress(Exception):
             await entry.ctx.flush()
-        status = await self.store.write(record.id, "changed", self.store.repo.park, record.id, self.owner)
+        status = await self._write_held(record.id, "changed", self.store.repo.park)
         if status is Status.WORKING:  # answered meanwhile: resume it at once, here or elsewhere
             await self._requeued(record.id)

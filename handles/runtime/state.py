@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 from handles.config import HandlesConfig
 from handles.errors import StoreUnavailable
@@ -16,10 +16,12 @@ from handles.outcomes import Outcome
 from handles.runtime.leases import LeaseKeeper
 from handles.runtime.slots import Slots
 from handles.sealing import Sealer
-from handles.store import Store
+from handles.store import Change, Store
 from handles.telemetry import Telemetry
 
 logger = logging.getLogger("handles.runtime")
+
+T = TypeVar("T")
 
 
 class RunLife(Enum):
@@ -96,12 +98,15 @@ class RuntimeState:
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
 
+    async def _write_held(
+        self, job_id: str, change: Change, method: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> T:
+        """`method(job_id, owner, *args, **kwargs)` on the store, as the node holding the job's lease."""
+        return await self.store.write(job_id, change, method, job_id, self.owner, *args, **kwargs)
+
     async def _hand_back(self, job_id: str) -> None:
-        repo = self.store.repo
         message = "Queued: its server is shutting down; another server starts it shortly."
-        await self.store.write(
-            job_id, "queued", repo.release, job_id, self.owner, message=message, resuming=True
-        )
+        await self._write_held(job_id, "queued", self.store.repo.release, message=message, resuming=True)
 
     def submit(self) -> None:
         """A job was just stored or became claimable: let the dispatcher take it, fairly, if a slot is free."""
