@@ -6,6 +6,7 @@ import argparse
 import functools
 import os
 import sys
+from collections.abc import Collection
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from handles.client.transient import unreadable_cause
 from handles.errors import ConfigurationError
 
 UNREACHABLE = 3
-"""The exit code when the server cannot be read at all (as `handles manifest`)."""
+"""The exit code of `handles check` and `handles manifest` when the server cannot be read at all."""
 
 
 def _principal(value: str) -> tuple[str, str | None]:
@@ -30,11 +31,12 @@ def _principal(value: str) -> tuple[str, str | None]:
     return name, token or None
 
 
-def _names(value: str) -> list[str]:
+def comma_list(value: str, allowed: Collection[str], what: str) -> list[str]:
+    """The names of a comma-separated `value` (spaces around them ignored), each one of `allowed`."""
     names = [name.strip() for name in value.split(",") if name.strip()]
-    unknown = [name for name in names if name not in ALL_GATES]
+    unknown = [name for name in names if name not in allowed]
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown gate {', '.join(unknown)}; see --list")
+        raise argparse.ArgumentTypeError(f"{', '.join(unknown)}: not {what}; use {', '.join(allowed)}")
     return names
 
 
@@ -59,8 +61,9 @@ def add_check_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         help="a principal and its bearer token; twice: the owner of the jobs, then the other principal",
     )
     command.add_argument("--jobs", type=Path, metavar="FILE", help="checks.toml: the jobs to drive")
-    command.add_argument("--only", type=_names, metavar="GATE[,GATE...]", help="run only these gates")
-    command.add_argument("--skip", type=_names, default=[], metavar="GATE[,GATE...]", help="skip these")
+    gates = functools.partial(comma_list, allowed=ALL_GATES, what="a gate")
+    command.add_argument("--only", type=gates, metavar="GATE[,GATE...]", help="run only these gates")
+    command.add_argument("--skip", type=gates, default=[], metavar="GATE[,GATE...]", help="skip these")
     command.add_argument("--list", action="store_true", help="name every gate and what it proves, and exit")
     command.add_argument("--json", type=Path, metavar="FILE", help="write one entry per gate as JSON")
     command.add_argument("--junit", type=Path, metavar="FILE", help="write a JUnit XML report")

@@ -26,7 +26,7 @@ from handles.check.wire import (
     made_up_id,
     start,
 )
-from handles.client.manifest import JobManifest, Manifest, list_tools, read_manifest, runs_as_older_task
+from handles.client.manifest import JobManifest, Manifest, list_tools, read_manifest
 from handles.client.tasks import TERMINAL_STATUSES
 from handles.states import Status, can_transition
 from handles.tool_layout import FOLLOW_VERBS
@@ -71,17 +71,17 @@ class Run:
     older_other: Caller | None
     reconnect: Reconnect
     manifest: Manifest
+    older_manifest: Manifest
     tools: dict[str, Tool]
-    older_tools: dict[str, Tool]
 
     @classmethod
     async def read(cls, plan: CheckPlan, callers: list[Caller | None], reconnect: Reconnect) -> Run:
         owner, other, plain, older, older_other = callers
         assert owner is not None and plain is not None and older is not None
         listed, older_listed = await list_tools(owner.client), await list_tools(older.client)
-        tools, older_tools = ({tool.name: tool for tool in each} for each in (listed, older_listed))
-        manifest = Manifest.of(owner.client, listed)
-        return cls(plan, owner, other, plain, older, older_other, reconnect, manifest, tools, older_tools)
+        manifest, older_manifest = Manifest.of(owner.client, listed), Manifest.of(older.client, older_listed)
+        tools = {tool.name: tool for tool in listed}
+        return cls(plan, owner, other, plain, older, older_other, reconnect, manifest, older_manifest, tools)
 
     @property
     def transcript(self) -> Transcript:
@@ -107,8 +107,7 @@ class Run:
         designs = []
         if self.manifest.tasks_offered:
             designs.append((self.owner, [plan for plan, _ in self.jobs("plain")]))
-        if self.older.client.server_capabilities.tasks is not None:
-            marked = {name for name, tool in self.older_tools.items() if runs_as_older_task(tool)}
+        if marked := self.older_manifest.older_task_tools:
             designs.append((self.older, [plan for plan in self.plan.jobs if plan.name in marked]))
         return designs
 

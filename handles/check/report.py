@@ -18,14 +18,20 @@ class GateResult:
     applied: bool = True
 
 
+def aligned(rows: list[list[str]], headers: list[str]) -> str:
+    """`rows` under `headers`, each column as wide as its widest cell (the `handles` commands' tables)."""
+    widths = [max(map(len, column)) for column in zip(headers, *rows, strict=True)]
+    return "\n".join("  ".join(map(str.ljust, row, widths)).rstrip() for row in [headers, *rows])
+
+
 def table(results: list[GateResult], *, verbose: bool = False) -> str:
     """A gate per line, then the evidence of each failed gate (of every gate when `verbose`)."""
-    width = max((len(result.name) for result in results), default=4)
-    lines = [f"{'gate':<{width}}  result  claims"]
+    rows = []
     for result in results:
         verdict = "n/a" if not result.applied else "passed" if result.passed else "FAILED"
         checked = sum(line.startswith(("ok:", "FAILED:")) for line in result.evidence)
-        lines.append(f"{result.name:<{width}}  {verdict:<6}  {checked}")
+        rows.append([result.name, verdict, str(checked)])
+    lines = [aligned(rows, ["gate", "result", "claims"])]
     for result in results:
         if verbose or not result.passed:
             lines += ["", f"{result.name}:", *(f"  {line}" for line in result.evidence)]

@@ -1,4 +1,4 @@
-"""`handles manifest URL`: a server's offer, against a workflow's needs (the only command that imports MCP)."""
+"""`handles manifest URL`: a server's offer, against a workflow's needs."""
 
 from __future__ import annotations
 
@@ -6,33 +6,21 @@ import argparse
 import asyncio
 import logging
 import sys
-from typing import TYPE_CHECKING
 
-from handles.cli.common import _table
-
-if TYPE_CHECKING:
-    from handles.client.manifest import Manifest
-
-
-def _listed(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
-    items = [item for item in value.split(",") if item]
-    unknown = [item for item in items if item not in allowed]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"{', '.join(unknown)}: not {what}; use {', '.join(allowed)}")
-    return items
+from handles.check.command import UNREACHABLE, comma_list
+from handles.check.report import aligned
+from handles.client.follow import connect
+from handles.client.manifest import MODES, VERBS, Manifest, Requirements, RequirementsNotMet, read_manifest
+from handles.client.transient import unreadable_cause
 
 
 def _modes(value: str) -> list[str]:
-    from handles.client.manifest import MODES
-
-    return _listed(value, MODES, "a mode")
+    return comma_list(value, MODES, "a mode")
 
 
 def _required_job(value: str) -> tuple[str, list[str]]:
-    from handles.client.manifest import VERBS
-
     name, _, verbs = value.partition(":")
-    return name, _listed(verbs, VERBS, "a verb")
+    return name, comma_list(verbs, VERBS, "a verb")
 
 
 def manifest_lines(found: Manifest) -> list[str]:
@@ -70,15 +58,11 @@ def manifest_lines(found: Manifest) -> list[str]:
         f"designs   {', '.join(designs) or 'none'}",
         f"tools     {len(found.tools)}, {len(found.jobs)} of them jobs",
         "",
-        _table(rows, ["job", "modes", "layout", "asks", "plain call"]) if rows else "No jobs.",
+        aligned(rows, ["job", "modes", "layout", "asks", "plain call"]) if rows else "No jobs.",
     ]
 
 
 def manifest(args: argparse.Namespace) -> int:
-    from handles.client.follow import connect
-    from handles.client.manifest import MODES, Requirements, RequirementsNotMet, read_manifest
-    from handles.client.transient import unreadable_cause
-
     requirements = None
     if args.modes or args.job:
         requirements = Requirements(modes=args.modes or MODES, jobs=dict(args.job or ()))
@@ -89,7 +73,7 @@ def manifest(args: argparse.Namespace) -> int:
         if (cause := unreadable_cause(exc)) is None:
             raise
         print(f"handles: could not read the manifest of {args.url}: {cause}", file=sys.stderr)
-        return 3
+        return UNREACHABLE
     print(found.model_dump_json(indent=2) if args.json else "\n".join(manifest_lines(found)))
     if requirements is None:
         return 0

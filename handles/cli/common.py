@@ -1,4 +1,4 @@
-"""What the `handles` commands share: the job store, a job found by id or handle, tables and one-line text."""
+"""What the `handles` commands share: the job store, a job found by id or handle, and one-line text."""
 
 from __future__ import annotations
 
@@ -58,13 +58,6 @@ def _clip(text: str, width: int) -> str:
     if len(text) <= width:
         return text
     return text[: width - 3] + "..." if width > 3 else text[:width]
-
-
-def _table(rows: list[list[str]], headers: list[str]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
-    return "\n".join(lines)
 
 
 def _one_line(text: str) -> str:

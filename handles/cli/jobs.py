@@ -11,7 +11,8 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
-from handles.cli.common import _clip, _one_line, _table, _when, find_job, open_repository
+from handles.check.report import aligned
+from handles.cli.common import _clip, _one_line, _when, find_job, open_repository
 from handles.config import HandlesConfig
 from handles.errors import ConfigurationError
 from handles.liveness import LeaseTiming, node_contact
@@ -98,7 +99,7 @@ def jobs_list(args: argparse.Namespace) -> int:
         for j, s in zip(jobs, summaries, strict=True)
     ]
     headers = ["ID", "JOB", "STATUS", "PROGRESS", "ATTEMPTS", "PRINCIPAL", "CREATED", "UPDATED", "NODE"]
-    print(_table(rows, headers))
+    print(aligned(rows, headers))
     return 0
 
 

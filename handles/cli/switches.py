@@ -7,7 +7,8 @@ import json
 import sys
 from typing import Any
 
-from handles.cli.common import _clip, _one_line, _table, _when, open_repository, operator_name
+from handles.check.report import aligned
+from handles.cli.common import _clip, _one_line, _when, open_repository, operator_name
 from handles.config import HandlesConfig
 from handles.errors import ConfigurationError
 from handles.store import JobRepository, SwitchRecord
@@ -46,7 +47,7 @@ def switches_show(args: argparse.Namespace) -> int:
         for row in rows
     ]
     headers = ["SWITCH", "STATE", "CHANGED BY", "CHANGED AT (UTC)", "RETRY AFTER", "REASON"]
-    print(_table([[_one_line(cell) for cell in row] for row in table], headers))
+    print(aligned([[_one_line(cell) for cell in row] for row in table], headers))
     return 0
 
 

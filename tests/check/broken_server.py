@@ -8,7 +8,9 @@
 - `chatty`: shows the job's sensitive note in its status, and a stack trace in its errors;
 - `list-leak`: its 2025-11-25 `tasks/list` lists every principal's tasks;
 - `link-leak`: `resources/read` of a finished job's result link answers any principal;
-- `unserved-tasks`: advertises the 2025-11-25 tasks design (and marks `slow_job` for it), serves none of it.
+- `unserved-tasks`: advertises the 2025-11-25 tasks design (and marks `slow_job` for it), serves none of it;
+- `tasks-without-calls`: the same, but its `capabilities.tasks` does not declare `requests.tools.call` (no
+  fault: that design then runs no tool as a task, whatever `execution.taskSupport` says).
 
 A client that connects with `initialize` at 2025-11-25 is also served that version's tasks design: the
 `slow_job` tool takes a task, followed with `tasks/get`, `tasks/result`, `tasks/list` and `tasks/cancel`.
@@ -88,13 +90,11 @@ def build(fault: str, tokens: dict[str, str], port: int) -> MCPServer:
         if ctx.method == "initialize":
             result = await call_next(ctx)
             if result.get("protocolVersion") == "2025-11-25":
-                result["capabilities"]["tasks"] = {
-                    "list": {},
-                    "cancel": {},
-                    "requests": {"tools": {"call": {}}},
-                }
+                calls = {} if fault == "tasks-without-calls" else {"requests": {"tools": {"call": {}}}}
+                result["capabilities"]["tasks"] = {"list": {}, "cancel": {}, **calls}
             return result
-        if ctx.protocol_version != "2025-11-25" or (fault == "unserved-tasks" and ctx.method != "tools/list"):
+        unserved = fault in ("unserved-tasks", "tasks-without-calls") and ctx.method != "tools/list"
+        if ctx.protocol_version != "2025-11-25" or unserved:
             return await call_next(ctx)
         if ctx.method == "tools/call" and params.get("name") == "slow_job" and "task" in params:
             arguments = params.get("arguments") or {}
@@ -199,7 +199,17 @@ def main() -> None:
     parser.add_argument("--tokens", type=Path, required=True)
     parser.add_argument(
         "--fault",
-        choices=["none", "leak", "duplicate", "revive", "chatty", "list-leak", "link-leak", "unserved-tasks"],
+        choices=[
+            "none",
+            "leak",
+            "duplicate",
+            "revive",
+            "chatty",
+            "list-leak",
+            "link-leak",
+            "unserved-tasks",
+            "tasks-without-calls",
+        ],
         default="none",
     )
     args = parser.parse_args()

@@ -31,6 +31,7 @@ from tests.support import token_of
             "compatibility",
             "slow_job gives a task to a client of the 2025-11-25 design [alice (2025-11-25): tools/call slow_job",
         ),
+        ("tasks-without-calls", None, None),
         ("chatty", "hygiene", "a sensitive value (18 characters) [alice: tools/call slow_job_progress"),
     ],
 )
