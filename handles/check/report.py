@@ -18,10 +18,17 @@ class GateResult:
     applied: bool = True
 
 
+def one_line(text: str) -> str:
+    """`text` on one line with nothing a terminal would interpret (newlines, escapes) left in it."""
+    return "".join(c if c.isprintable() else " " for c in text)
+
+
 def aligned(rows: list[list[str]], headers: list[str]) -> str:
-    """`rows` under `headers`, each column as wide as its widest cell (the `handles` commands' tables)."""
-    widths = [max(map(len, column)) for column in zip(headers, *rows, strict=True)]
-    return "\n".join("  ".join(map(str.ljust, row, widths)).rstrip() for row in [headers, *rows])
+    """`rows` under `headers`, each cell `one_line`, each column as wide as its widest cell (the `handles`
+    commands' tables)."""
+    cells = [[one_line(cell) for cell in row] for row in [headers, *rows]]
+    widths = [max(map(len, column)) for column in zip(*cells, strict=True)]
+    return "\n".join("  ".join(map(str.ljust, row, widths)).rstrip() for row in cells)
 
 
 def table(results: list[GateResult], *, verbose: bool = False) -> str:
@@ -34,7 +41,7 @@ def table(results: list[GateResult], *, verbose: bool = False) -> str:
     lines = [aligned(rows, ["gate", "result", "claims"])]
     for result in results:
         if verbose or not result.passed:
-            lines += ["", f"{result.name}:", *(f"  {line}" for line in result.evidence)]
+            lines += ["", f"{result.name}:", *(f"  {one_line(line)}" for line in result.evidence)]
     return "\n".join(lines)
 
 

@@ -8,7 +8,7 @@ import logging
 import sys
 
 from handles.check.command import UNREACHABLE, comma_list
-from handles.check.report import aligned
+from handles.check.report import aligned, one_line
 from handles.client.follow import connect
 from handles.client.manifest import MODES, VERBS, Manifest, Requirements, RequirementsNotMet, read_manifest
 from handles.client.transient import unreadable_cause
@@ -51,12 +51,15 @@ def manifest_lines(found: Manifest) -> list[str]:
         ]
         for job in found.jobs.values()
     ]
-    return [
+    said = [  # by the server: shown as text, whatever it holds
         f"server    {named} at {found.server}",
         f"protocol  {found.protocol_version} ({negotiated})",
         f"tasks     {tasks}",
         f"designs   {', '.join(designs) or 'none'}",
         f"tools     {len(found.tools)}, {len(found.jobs)} of them jobs",
+    ]
+    return [
+        *map(one_line, said),
         "",
         aligned(rows, ["job", "modes", "layout", "asks", "plain call"]) if rows else "No jobs.",
     ]

@@ -58,8 +58,3 @@ def _clip(text: str, width: int) -> str:
     if len(text) <= width:
         return text
     return text[: width - 3] + "..." if width > 3 else text[:width]
-
-
-def _one_line(text: str) -> str:
-    """`text` on one line with nothing a terminal would interpret (newlines, escapes) left in it."""
-    return "".join(c if c.isprintable() else " " for c in text)

@@ -11,8 +11,8 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
-from handles.check.report import aligned
-from handles.cli.common import _clip, _one_line, _when, find_job, open_repository
+from handles.check.report import aligned, one_line
+from handles.cli.common import _clip, _when, find_job, open_repository
 from handles.config import HandlesConfig
 from handles.errors import ConfigurationError
 from handles.liveness import LeaseTiming, node_contact
@@ -78,7 +78,7 @@ def jobs_list(args: argparse.Namespace) -> int:
         return 0
     engaged = Switches.of(repository.switches()).lines()
     for line in engaged:
-        print(_one_line(f"Switch on: {line}"))
+        print(one_line(f"Switch on: {line}"))
     if engaged:
         print()
     if not jobs:
@@ -183,7 +183,7 @@ def jobs_show(args: argparse.Namespace) -> int:
         if key == "runs" and not value and job.attempts:
             lines = ["(not recorded: the job was claimed before schema revision 0005)"]
         for index, line in enumerate(lines or [""]):
-            print(f"{key if index == 0 else '':>20}  {_one_line(line)}")
+            print(f"{key if index == 0 else '':>20}  {one_line(line)}")
     if not args.reveal_results:
         print("\n(arguments, result and answers are hidden; pass --reveal-results to show them)")
     return 0
@@ -244,8 +244,8 @@ def watch_line(job: JobRecord, columns: int | None = None) -> str:
     """One line of `handles watch`: the job's bar, percentage, status and status message."""
     fraction = (job.progress_done or 0) / job.progress_total if job.progress_total else None
     shown = f"{fraction * 100:5.1f}%" if fraction is not None else "   ..."
-    status = _one_line(f"{shown} {job.status}: {job.status_message or ''}")
-    name = _one_line(job.kind)
+    status = one_line(f"{shown} {job.status}: {job.status_message or ''}")
+    name = one_line(job.kind)
     # Room for the status and a cut message's "..." comes first; the bar takes what is left.
     bar_width = (
         30 if columns is None else max(0, min(30, columns - len(f"{name} [] {shown} {job.status}...")))

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from handles.check.report import aligned
-from handles.cli.common import _clip, _one_line, _when, open_repository, operator_name
+from handles.cli.common import _clip, _when, open_repository, operator_name
 from handles.config import HandlesConfig
 from handles.errors import ConfigurationError
 from handles.store import JobRepository, SwitchRecord
@@ -47,7 +47,7 @@ def switches_show(args: argparse.Namespace) -> int:
         for row in rows
     ]
     headers = ["SWITCH", "STATE", "CHANGED BY", "CHANGED AT (UTC)", "RETRY AFTER", "REASON"]
-    print(aligned([[_one_line(cell) for cell in row] for row in table], headers))
+    print(aligned(table, headers))
     return 0
 
 

@@ -10,7 +10,9 @@
 - `link-leak`: `resources/read` of a finished job's result link answers any principal;
 - `unserved-tasks`: advertises the 2025-11-25 tasks design (and marks `slow_job` for it), serves none of it;
 - `tasks-without-calls`: the same, but its `capabilities.tasks` does not declare `requests.tools.call` (no
-  fault: that design then runs no tool as a task, whatever `execution.taskSupport` says).
+  fault: that design then runs no tool as a task, whatever `execution.taskSupport` says);
+- `escapes`: terminal escape sequences in its name and in its errors (a hostile server, for the commands
+  that print what a server says).
 
 A client that connects with `initialize` at 2025-11-25 is also served that version's tasks design: the
 `slow_job` tool takes a task, followed with `tasks/get`, `tasks/result`, `tasks/list` and `tasks/cancel`.
@@ -38,6 +40,9 @@ from example_server.__main__ import FileTokenVerifier
 
 REVIVE_SECONDS = 0.5
 """How long a `revive` server shows a cancelled job as cancelled before it shows it completed."""
+
+ESCAPE = "\x1b]0;owned\x07\x1b[2J"
+"""A window title set, then the screen cleared: what a terminal would do with the `escapes` server's text."""
 
 LINK_PREFIX = "broken-jobs://results/"
 """A finished job's result link: this, then its handle."""
@@ -130,7 +135,7 @@ def build(fault: str, tokens: dict[str, str], port: int) -> MCPServer:
         return job.task(handle, fault)
 
     server = MCPServer(
-        "broken-jobs",
+        "broken-jobs" + (ESCAPE if fault == "escapes" else ""),
         middleware=[older_tasks],
         token_verifier=FileTokenVerifier(tokens),
         auth=AuthSettings(issuer_url=base, resource_server_url=f"{base}/mcp", validate_token_resource=False),
@@ -145,7 +150,11 @@ def build(fault: str, tokens: dict[str, str], port: int) -> MCPServer:
         job = jobs.get(handle)
         if job is None or (job.owner != caller() and fault != "leak"):
             trace = ' (Traceback (most recent call last): File "/srv/jobs/store.py", line 12)'
-            raise ToolError(f"No job has the handle {handle}." + (trace if fault == "chatty" else ""))
+            raise ToolError(
+                f"No job has the handle {handle}."
+                + (trace if fault == "chatty" else "")
+                + (ESCAPE if fault == "escapes" else "")
+            )
         return job
 
     @server.tool()
@@ -209,6 +218,7 @@ def main() -> None:
             "link-leak",
             "unserved-tasks",
             "tasks-without-calls",
+            "escapes",
         ],
         default="none",
     )

@@ -130,3 +130,13 @@ def test_the_load_gate_fails_a_server_that_starts_more_than_its_declared_limit(t
         line.startswith("FAILED: 3 started, the declared limit allowing 2 [") for line in failed
     )
     assert "[alice: tools/call slow_job_start" in failed[0] and "[bob: tools/call slow_job_start" in failed[1]
+
+
+def test_what_a_hostile_server_says_reaches_the_terminal_as_plain_text(tmp_path: Path) -> None:
+    with broken_server(tmp_path, "escapes") as server:
+        checked, _ = check(tmp_path, server.url, BROKEN_JOBS, "--verbose")
+        shown = handles_cli("manifest", server.url, "--token", token_of("alice"))
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("server    broken-jobs ")
+    for printed in (checked.stdout, checked.stderr, shown.stdout, shown.stderr):
+        assert "\x1b" not in printed and "\x07" not in printed, printed
