@@ -3,7 +3,6 @@ each observing, answering, cancelling and fetching the outcome in the same shape
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -38,7 +37,7 @@ from handles.client.tasks import (
     get_task,
     update_task,
 )
-from handles.client.transient import AUTHENTICATION_FAILED, TRANSIENT_MCP_CODES
+from handles.client.transient import AUTHENTICATION_FAILED, TRANSIENT_MCP_CODES, json_object
 from handles.results import link_of, text_of, tool_error_text
 from handles.tool_layout import ToolNames
 
@@ -68,11 +67,8 @@ class View:
 def caller_error(result: CallToolResult) -> dict[str, Any]:
     """The JSON body of a handle tool's caller error (or its text as the message)."""
     text = text_of(result)
-    try:
-        body = json.loads(text)
-    except json.JSONDecodeError:
-        body = None
-    return body if isinstance(body, dict) else {"error": "tool_error", "message": text or "The call failed."}
+    body = json_object(text)
+    return body if body is not None else {"error": "tool_error", "message": text or "The call failed."}
 
 
 @dataclass(eq=False)
@@ -105,11 +101,10 @@ class HandleFace:
         )
         if result.is_error and result.structured_content is None:
             body = caller_error(result)
-            if body.get("error") in _LOST_CODES:
-                raise JobLostError(str(body.get("message")), key=self.key, handle=self.handle)
-            if body.get("retryable"):
+            if body.get("retryable") and body.get("error") not in _LOST_CODES:
                 raise Retryable(str(body.get("message")))
-            raise refused(str(body.get("message")), key=self.key, handle=self.handle)
+            kind = JobLostError if body.get("error") in _LOST_CODES else refused
+            raise kind(str(body.get("message")), key=self.key, handle=self.handle)
         return result
 
     async def observe(self, client: Client, wait: float) -> View:
@@ -169,9 +164,8 @@ class TaskFace:
         """What a failed task request raises: the error itself when it is retried or refused, else the job lost."""
         if error.error.code in _RAISED_AS_IS:
             return error
-        if error.error.code == INVALID_PARAMS:
-            return JobLostError(error.error.message, key=self.key, handle=self.handle)
-        return FollowError(error.error.message, key=self.key, handle=self.handle)
+        kind = JobLostError if error.error.code == INVALID_PARAMS else FollowError
+        return kind(error.error.message, key=self.key, handle=self.handle)
 
     async def _request(self, sent: Awaitable[T]) -> T:
         """The answer to the request `sent`, its failure raised as `_lost` says."""
