@@ -10,7 +10,7 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import InitVar, dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeGuard, TypeVar
 
 import anyio
 from mcp import Client
@@ -283,20 +283,17 @@ class Follower:
 
         result = await self._with_retries(start)
         data = result.structured_content or {}
-        hint = data.get("poll_after_ms")
-        self._started(
-            str(data["handle"]), str(data.get("status")), hint if isinstance(hint, int | float) else None
-        )
+        self._started(str(data["handle"]), str(data.get("status")), data.get("poll_after_ms"))
         if not data.get("created", True):
             logger.info("%s: the server returned the job already started with this idempotency key", self.key)
         await self._report(View(status=str(self.status), message=data.get("status_message")))
         return anyio.current_time()
 
-    def _started(self, handle: str, status: str, poll_ms: float | None) -> None:
-        """Record the job's handle and status in the journal, and the server's polling hint."""
+    def _started(self, handle: str, status: str, poll_ms: Any) -> None:
+        """Record the job's handle and status in the journal, and the server's polling hint (if a number)."""
         self.handle, self.status = handle, status
         self.journal.set_handle(self.key, handle, status)
-        if poll_ms is not None:
+        if isinstance(poll_ms, int | float):
             self.interval = max(MIN_POLL_SECONDS, poll_ms / 1000)
 
     async def _create_task(self, older: bool) -> dict[str, Any] | None:
@@ -315,7 +312,7 @@ class Follower:
                     self.job, self.arguments, read_timeout_seconds=self.request_timeout, allow_claimed=True
                 )
         except Exception as exc:
-            if _transient(exc):
+            if is_transient(exc):
                 raise self._unknown() from exc
             self.journal.forget(self.key)
             self._raise_if_refused(exc)
@@ -336,8 +333,7 @@ class Follower:
             handoff = created.structured_content
             if not created.is_error and _is_handoff(handoff, self.job):
                 # No task (the Tasks kill switch is on), but the job runs: follow it by its handle.
-                assert handoff is not None
-                self._started(str(handoff["handle"]), str(handoff["status"]), float(handoff["poll_after_ms"]))
+                self._started(handoff["handle"], handoff["status"], handoff["poll_after_ms"])
                 return None
             raw = created.model_dump(by_alias=True, mode="json", exclude_none=True)
             return self._settle(self._finish(completed(raw)))
@@ -476,7 +472,7 @@ class Follower:
                 result = await operation(self._client)
             except Exception as exc:
                 self._raise_if_refused(exc)
-                if self.connect is not None or not _transient(exc):
+                if self.connect is not None or not (isinstance(exc, Retryable) or is_transient(exc)):
                     raise
                 await self._failed(exc)
                 continue
@@ -509,7 +505,7 @@ _REFUSALS_TO_REPORT = frozenset({"limit_reached", "paused"})
 `error` carries `retry_after_seconds` for a pause) for the caller to schedule, not retried here."""
 
 
-def _is_handoff(body: dict[str, Any] | None, job: str) -> bool:
+def _is_handoff(body: dict[str, Any] | None, job: str) -> TypeGuard[dict[str, Any]]:
     """Whether a plain `<job>` call's answer is the job's handle (it outlived the inline budget, asks a
     question, or got no task while the server's Tasks kill switch is on) rather than its result."""
     return (
@@ -532,10 +528,6 @@ def _seconds_until(deadline: float | timedelta | datetime | None) -> float | Non
     if isinstance(deadline, timedelta):
         return deadline.total_seconds()
     return float(deadline)
-
-
-def _transient(exc: BaseException) -> bool:
-    return isinstance(exc, Retryable) or is_transient(exc)
 
 
 def _describe(exc: BaseException) -> str:
