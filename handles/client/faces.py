@@ -80,8 +80,8 @@ class HandleFace:
     handle: str
     request_timeout: float
     job: str
-    names: ToolNames | None
-    """The server's tool layout for the job (None: the per-job names)."""
+    names: ToolNames
+    """The server's tool layout for the job."""
     pushed = False  # the handle tools long-poll instead
 
     async def _call(
@@ -91,11 +91,10 @@ class HandleFace:
         arguments: dict[str, Any],
         wait: float = 0.0,
         refused: type[FollowError] = FollowError,
-    ) -> CallToolResult:
+    ) -> dict[str, Any]:
         """Call `<job>_<verb>` on the handle; a caller error becomes `JobLostError`, a retry, or `refused`."""
-        names = self.names or ToolNames()
         result = await client.call_tool(
-            names.name(self.job, verb),
+            self.names.name(self.job, verb),
             {"handle": self.handle, **arguments},
             read_timeout_seconds=wait + self.request_timeout,
         )
@@ -105,11 +104,10 @@ class HandleFace:
                 raise Retryable(str(body.get("message")))
             kind = JobLostError if body.get("error") in _LOST_CODES else refused
             raise kind(str(body.get("message")), key=self.key, handle=self.handle)
-        return result
+        return result.structured_content or {}
 
     async def observe(self, client: Client, wait: float) -> View:
-        result = await self._call(client, "progress", {"wait_seconds": round(wait, 3)}, wait)
-        data = result.structured_content or {}
+        data = await self._call(client, "progress", {"wait_seconds": round(wait, 3)}, wait)
         progress = data.get("progress") or {}
         questions = {
             key: Question(key, str(request.get("message", "")), dict(request.get("requested_schema") or {}))
@@ -135,8 +133,7 @@ class HandleFace:
         await self._call(client, "cancel", {})
 
     async def outcome(self, client: Client, view: View) -> dict[str, Any]:
-        result = await self._call(client, "fetch", {"wait_seconds": 0})
-        data = result.structured_content or {}
+        data = await self._call(client, "fetch", {"wait_seconds": 0})
         status = str(data.get("status"))
         if status == "completed":
             if data.get("tool_error") is not None:

@@ -106,8 +106,8 @@ class Follower:
     interval: float = field(init=False, default=DEFAULT_POLL_SECONDS)
     _last_report: Progress | None = field(init=False, default=None)
     face: Face | None = field(init=False, default=None)
-    names: ToolNames | None = field(init=False, default=None)
-    """The server's tool layout for this job, read from tools/list (None: it has no handle tools for it)."""
+    names: ToolNames = field(init=False, default_factory=ToolNames)
+    """The server's tool layout for this job, read from tools/list."""
     deadline_at: float | None = field(init=False, default=None)
     _failures: int = field(init=False, default=0)
     _answers: dict[str, dict[str, Any] | None] = field(init=False, default_factory=dict)
@@ -262,14 +262,14 @@ class Follower:
         except RequirementsNotMet as error:
             raise UnsupportedServerError(error.message, key=self.key) from None
         assert job is not None
-        self.names = ToolNames(job.layout) if job.layout is not None else None
+        self.names = ToolNames(job.layout or "per_job")
         return ("tasks" if mode == "tasks" else "handles"), "start" if "start" in job.tools else "call"
 
     async def _start(self, entry: JournalEntry) -> float:
         """`<job>_start` with the journal's idempotency key; re-sent with the same key after a lost answer."""
         arguments = {**self.arguments, "idempotency_key": entry.idempotency_key}
 
-        async def start(client: Client) -> CallToolResult:
+        async def start(client: Client) -> dict[str, Any]:
             result = await client.call_tool(
                 f"{self.job}_start", arguments, read_timeout_seconds=self.request_timeout
             )
@@ -279,10 +279,9 @@ class Follower:
                     raise Retryable(str(body.get("message")))
                 self.journal.forget(self.key)  # nothing was started: the key is free again
                 raise StartRefusedError(body, key=self.key)
-            return result
+            return result.structured_content or {}
 
-        result = await self._with_retries(start)
-        data = result.structured_content or {}
+        data = await self._with_retries(start)
         self._started(str(data["handle"]), str(data.get("status")), data.get("poll_after_ms"))
         if not data.get("created", True):
             logger.info("%s: the server returned the job already started with this idempotency key", self.key)
