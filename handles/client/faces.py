@@ -3,7 +3,6 @@ each observing, answering, cancelling and fetching the outcome in the same shape
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -38,7 +37,7 @@ from handles.client.tasks import (
     get_task,
     update_task,
 )
-from handles.client.transient import AUTHENTICATION_FAILED, TRANSIENT_MCP_CODES
+from handles.client.transient import AUTHENTICATION_FAILED, TRANSIENT_MCP_CODES, json_object
 from handles.results import link_of, text_of, tool_error_text
 from handles.tool_layout import ToolNames
 
@@ -68,11 +67,8 @@ class View:
 def caller_error(result: CallToolResult) -> dict[str, Any]:
     """The JSON body of a handle tool's caller error (or its text as the message)."""
     text = text_of(result)
-    try:
-        body = json.loads(text)
-    except json.JSONDecodeError:
-        body = None
-    return body if isinstance(body, dict) else {"error": "tool_error", "message": text or "The call failed."}
+    body = json_object(text)
+    return body if body is not None else {"error": "tool_error", "message": text or "The call failed."}
 
 
 @dataclass(eq=False)
@@ -84,8 +80,8 @@ class HandleFace:
     handle: str
     request_timeout: float
     job: str
-    names: ToolNames | None
-    """The server's tool layout for the job (None: the per-job names)."""
+    names: ToolNames
+    """The server's tool layout for the job."""
     pushed = False  # the handle tools long-poll instead
 
     async def _call(
@@ -95,26 +91,23 @@ class HandleFace:
         arguments: dict[str, Any],
         wait: float = 0.0,
         refused: type[FollowError] = FollowError,
-    ) -> CallToolResult:
+    ) -> dict[str, Any]:
         """Call `<job>_<verb>` on the handle; a caller error becomes `JobLostError`, a retry, or `refused`."""
-        names = self.names or ToolNames()
         result = await client.call_tool(
-            names.name(self.job, verb),
+            self.names.name(self.job, verb),
             {"handle": self.handle, **arguments},
             read_timeout_seconds=wait + self.request_timeout,
         )
         if result.is_error and result.structured_content is None:
             body = caller_error(result)
-            if body.get("error") in _LOST_CODES:
-                raise JobLostError(str(body.get("message")), key=self.key, handle=self.handle)
-            if body.get("retryable"):
+            if body.get("retryable") and body.get("error") not in _LOST_CODES:
                 raise Retryable(str(body.get("message")))
-            raise refused(str(body.get("message")), key=self.key, handle=self.handle)
-        return result
+            kind = JobLostError if body.get("error") in _LOST_CODES else refused
+            raise kind(str(body.get("message")), key=self.key, handle=self.handle)
+        return result.structured_content or {}
 
     async def observe(self, client: Client, wait: float) -> View:
-        result = await self._call(client, "progress", {"wait_seconds": round(wait, 3)}, wait)
-        data = result.structured_content or {}
+        data = await self._call(client, "progress", {"wait_seconds": round(wait, 3)}, wait)
         progress = data.get("progress") or {}
         questions = {
             key: Question(key, str(request.get("message", "")), dict(request.get("requested_schema") or {}))
@@ -140,8 +133,7 @@ class HandleFace:
         await self._call(client, "cancel", {})
 
     async def outcome(self, client: Client, view: View) -> dict[str, Any]:
-        result = await self._call(client, "fetch", {"wait_seconds": 0})
-        data = result.structured_content or {}
+        data = await self._call(client, "fetch", {"wait_seconds": 0})
         status = str(data.get("status"))
         if status == "completed":
             if data.get("tool_error") is not None:
@@ -169,9 +161,8 @@ class TaskFace:
         """What a failed task request raises: the error itself when it is retried or refused, else the job lost."""
         if error.error.code in _RAISED_AS_IS:
             return error
-        if error.error.code == INVALID_PARAMS:
-            return JobLostError(error.error.message, key=self.key, handle=self.handle)
-        return FollowError(error.error.message, key=self.key, handle=self.handle)
+        kind = JobLostError if error.error.code == INVALID_PARAMS else FollowError
+        return kind(error.error.message, key=self.key, handle=self.handle)
 
     async def _request(self, sent: Awaitable[T]) -> T:
         """The answer to the request `sent`, its failure raised as `_lost` says."""

@@ -10,7 +10,7 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import InitVar, dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeGuard, TypeVar
 
 import anyio
 from mcp import Client
@@ -106,8 +106,8 @@ class Follower:
     interval: float = field(init=False, default=DEFAULT_POLL_SECONDS)
     _last_report: Progress | None = field(init=False, default=None)
     face: Face | None = field(init=False, default=None)
-    names: ToolNames | None = field(init=False, default=None)
-    """The server's tool layout for this job, read from tools/list (None: it has no handle tools for it)."""
+    names: ToolNames = field(init=False, default_factory=ToolNames)
+    """The server's tool layout for this job, read from tools/list."""
     deadline_at: float | None = field(init=False, default=None)
     _failures: int = field(init=False, default=0)
     _answers: dict[str, dict[str, Any] | None] = field(init=False, default_factory=dict)
@@ -262,14 +262,14 @@ class Follower:
         except RequirementsNotMet as error:
             raise UnsupportedServerError(error.message, key=self.key) from None
         assert job is not None
-        self.names = ToolNames(job.layout) if job.layout is not None else None
+        self.names = ToolNames(job.layout or "per_job")
         return ("tasks" if mode == "tasks" else "handles"), "start" if "start" in job.tools else "call"
 
     async def _start(self, entry: JournalEntry) -> float:
         """`<job>_start` with the journal's idempotency key; re-sent with the same key after a lost answer."""
         arguments = {**self.arguments, "idempotency_key": entry.idempotency_key}
 
-        async def start(client: Client) -> CallToolResult:
+        async def start(client: Client) -> dict[str, Any]:
             result = await client.call_tool(
                 f"{self.job}_start", arguments, read_timeout_seconds=self.request_timeout
             )
@@ -279,24 +279,20 @@ class Follower:
                     raise Retryable(str(body.get("message")))
                 self.journal.forget(self.key)  # nothing was started: the key is free again
                 raise StartRefusedError(body, key=self.key)
-            return result
+            return result.structured_content or {}
 
-        result = await self._with_retries(start)
-        data = result.structured_content or {}
-        hint = data.get("poll_after_ms")
-        self._started(
-            str(data["handle"]), str(data.get("status")), hint if isinstance(hint, int | float) else None
-        )
+        data = await self._with_retries(start)
+        self._started(str(data["handle"]), str(data.get("status")), data.get("poll_after_ms"))
         if not data.get("created", True):
             logger.info("%s: the server returned the job already started with this idempotency key", self.key)
         await self._report(View(status=str(self.status), message=data.get("status_message")))
         return anyio.current_time()
 
-    def _started(self, handle: str, status: str, poll_ms: float | None) -> None:
-        """Record the job's handle and status in the journal, and the server's polling hint."""
+    def _started(self, handle: str, status: str, poll_ms: Any) -> None:
+        """Record the job's handle and status in the journal, and the server's polling hint (if a number)."""
         self.handle, self.status = handle, status
         self.journal.set_handle(self.key, handle, status)
-        if poll_ms is not None:
+        if isinstance(poll_ms, int | float):
             self.interval = max(MIN_POLL_SECONDS, poll_ms / 1000)
 
     async def _create_task(self, older: bool) -> dict[str, Any] | None:
@@ -315,7 +311,7 @@ class Follower:
                     self.job, self.arguments, read_timeout_seconds=self.request_timeout, allow_claimed=True
                 )
         except Exception as exc:
-            if _transient(exc):
+            if is_transient(exc):
                 raise self._unknown() from exc
             self.journal.forget(self.key)
             self._raise_if_refused(exc)
@@ -336,8 +332,7 @@ class Follower:
             handoff = created.structured_content
             if not created.is_error and _is_handoff(handoff, self.job):
                 # No task (the Tasks kill switch is on), but the job runs: follow it by its handle.
-                assert handoff is not None
-                self._started(str(handoff["handle"]), str(handoff["status"]), float(handoff["poll_after_ms"]))
+                self._started(handoff["handle"], handoff["status"], handoff["poll_after_ms"])
                 return None
             raw = created.model_dump(by_alias=True, mode="json", exclude_none=True)
             return self._settle(self._finish(completed(raw)))
@@ -476,7 +471,7 @@ class Follower:
                 result = await operation(self._client)
             except Exception as exc:
                 self._raise_if_refused(exc)
-                if self.connect is not None or not _transient(exc):
+                if self.connect is not None or not (isinstance(exc, Retryable) or is_transient(exc)):
                     raise
                 await self._failed(exc)
                 continue
@@ -509,7 +504,7 @@ _REFUSALS_TO_REPORT = frozenset({"limit_reached", "paused"})
 `error` carries `retry_after_seconds` for a pause) for the caller to schedule, not retried here."""
 
 
-def _is_handoff(body: dict[str, Any] | None, job: str) -> bool:
+def _is_handoff(body: dict[str, Any] | None, job: str) -> TypeGuard[dict[str, Any]]:
     """Whether a plain `<job>` call's answer is the job's handle (it outlived the inline budget, asks a
     question, or got no task while the server's Tasks kill switch is on) rather than its result."""
     return (
@@ -532,10 +527,6 @@ def _seconds_until(deadline: float | timedelta | datetime | None) -> float | Non
     if isinstance(deadline, timedelta):
         return deadline.total_seconds()
     return float(deadline)
-
-
-def _transient(exc: BaseException) -> bool:
-    return isinstance(exc, Retryable) or is_transient(exc)
 
 
 def _describe(exc: BaseException) -> str:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import httpx2
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 
-from handles.client.transient import AUTHENTICATION_FAILED, authentication_message
+from handles.client.transient import AUTHENTICATION_FAILED, authentication_message, json_object
 
 
 class _AuthenticationAnswers(httpx2.AsyncBaseTransport):
@@ -27,7 +26,7 @@ class _AuthenticationAnswers(httpx2.AsyncBaseTransport):
             "message": authentication_message(response.status_code, detail),
             "data": {"httpStatus": response.status_code, "detail": detail},
         }
-        body = {"jsonrpc": "2.0", "id": _json_object(request.content).get("id"), "error": error}
+        body = {"jsonrpc": "2.0", "id": (json_object(request.content) or {}).get("id"), "error": error}
         return httpx2.Response(
             response.status_code,
             headers={"content-type": "application/json"},
@@ -39,17 +38,9 @@ class _AuthenticationAnswers(httpx2.AsyncBaseTransport):
         await self._inner.aclose()
 
 
-def _json_object(content: bytes) -> dict[str, Any]:
-    try:
-        value = json.loads(content)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def _detail(response: httpx2.Response) -> str | None:
     """The server's own words: an OAuth error body's description, else the WWW-Authenticate header."""
-    body = _json_object(response.content)
+    body = json_object(response.content) or {}
     said = body.get("error_description") or body.get("error")
     return said if isinstance(said, str) else response.headers.get("www-authenticate")
 

@@ -117,7 +117,7 @@ class DetailedTask(TaskResultBase):
 
 
 class TaskParams(RequestParams):
-    """`{taskId}`, and `inputResponses` for `tasks/update`."""
+    """`{taskId}`, and `inputResponses` for `tasks/update` (its result models dumped with the request)."""
 
     task_id: str
     input_responses: dict[str, Any] | None = None
@@ -161,13 +161,8 @@ async def update_task(
     session: ClientSession, task_id: str, responses: dict[str, Any], *, timeout: float | None = None
 ) -> None:
     """Send answers; `responses` maps input-request keys to results (e.g. `ElicitResult`s or plain dicts)."""
-    wire = {
-        key: value.model_dump(by_alias=True, mode="json", exclude_none=True)
-        if isinstance(value, Result)
-        else value
-        for key, value in responses.items()
-    }
-    request = TaskRequest(method="tasks/update", params=TaskParams(task_id=task_id, input_responses=wire))
+    params = TaskParams(task_id=task_id, input_responses=responses)
+    request = TaskRequest(method="tasks/update", params=params)
     await session.send_request(request, Ack, request_read_timeout_seconds=timeout)
 
 
@@ -406,8 +401,12 @@ async def follow_task(
                 hint = state.poll_interval_ms or hint
                 if on_progress is not None and inspect.isawaitable(seen := on_progress(state)):
                     await seen
-                if state.status in TERMINAL_STATUSES:
-                    return _outcome(state)
+                if state.status == "completed":
+                    return CallToolResult.model_validate(state.result or {"content": []}, by_name=False)
+                if state.status == "failed":
+                    raise TaskFailed(state)
+                if state.status == "cancelled":
+                    raise TaskCancelled(state)
                 if state.status == "input_required":
                     fresh = {k: v for k, v in state.pending_requests().items() if k not in answered}
                     if fresh:
@@ -445,14 +444,6 @@ async def _retrying(request: Callable[[], Awaitable[T]], retries: int) -> T:
             pause = backoff_seconds(failures)
             logger.info("tasks client: %s; retrying in %.1f s", exc, pause)
             await anyio.sleep(pause)
-
-
-def _outcome(state: DetailedTask) -> CallToolResult:
-    if state.status == "completed":
-        return CallToolResult.model_validate(state.result or {"content": []}, by_name=False)
-    if state.status == "failed":
-        raise TaskFailed(state)
-    raise TaskCancelled(state)
 
 
 def _accepted(response: InputResponse | ErrorData) -> InputResponse:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anyio
@@ -39,6 +40,15 @@ _WHY_REFUSED = {
 def authentication_message(status: int, detail: str | None = None) -> str:
     why = _WHY_REFUSED[403 if status == 403 else 401]
     return f"Authentication failed ({why})" + (f" Server said: {detail}" if detail else "")
+
+
+def json_object(content: str | bytes) -> dict[str, Any] | None:
+    """`content` read as a JSON object; None when it is not one (a refusal's body may be anything)."""
+    try:
+        value = json.loads(content)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def leaves(exc: BaseException) -> list[BaseException]:
