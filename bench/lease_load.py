@@ -118,7 +118,7 @@ async def _renew(url: str, lease: float, heartbeat: float, seconds: float, owner
 
     config = HandlesConfig(lease_seconds=lease, heartbeat_seconds=heartbeat)
     repo = JobRepository(named(url, APPLICATION))
-    store = Store(repo)
+    store = Store.of(repo)
     held = {f"owner-{n}": [f"lease-{i:05d}" for i in range(JOBS) if i % owners == n] for n in range(owners)}
     keepers = [
         LeaseKeeper(

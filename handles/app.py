@@ -135,7 +135,7 @@ class Handles:
             keys = self.config.resolved_secret_keys()
             with database_errors(url):
                 repository = JobRepository(url, clock=self._clock)
-            store = Store(repository)
+            store = Store.of(repository)
             sealer = Sealer(keys)
             runtime = Runtime(store=store, config=self.config, specs=self._specs, sealer=sealer)
             self._service = JobOperations(

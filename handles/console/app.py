@@ -307,7 +307,7 @@ def console_app(handles_or_database_url: Handles | str, *, token: str) -> Starle
         )
     else:
         repository = JobRepository(handles_or_database_url)
-        store = Store(repository)
+        store = Store.of(repository)
         store.origin = "console"
         config = HandlesConfig.from_env()
         operations = Operations(store, Sealer(config.resolved_secret_keys()), LeaseTiming.of(config))

@@ -147,7 +147,8 @@ def _set(event: asyncio.Event | None) -> None:
 
 
 class Store:
-    """Async access to a `JobRepository`; database faults become `StoreUnavailable`."""
+    """Async access to a `JobRepository`, each call on a worker thread (PostgreSQL's starts awaited on the event
+    loop's own connections); database faults become `StoreUnavailable`. `Store.of` gives an engine its own."""
 
     def __init__(self, repository: JobRepository, *, threads: int = 8) -> None:
         self.repo = repository
@@ -158,11 +159,13 @@ class Store:
         # Loop time until which a write of what this node knows outlasts an outage (None: no lease).
         self.writable_until: Callable[[str], float | None] = lambda job_id: None
 
+    @staticmethod
+    def of(repository: JobRepository) -> Store:
+        """The store of `repository`'s engine: an SQLite file's runs short calls on the event loop."""
+        return SqliteStore(repository) if repository.sqlite else Store(repository)
+
     async def read(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run a read-only repository method: inline on an SQLite file when it can, else on a thread."""
-        if self.repo.sqlite:
-            with contextlib.suppress(OperationalError):
-                return self.repo.read_inline(fn, *args, **kwargs)
+        """Run a read-only repository method on a worker thread."""
         return await self._run(functools.partial(fn, *args, **kwargs), repeatable=True)
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -218,46 +221,13 @@ class Store:
             self.notifier.notify(job.id, change)
 
     def _write_now(self, job_id: str, call: Callable[[], T], change: Change) -> tuple[T] | None:
-        """Try `call` inline on a free SQLite writer lock: its result in a 1-tuple, or None."""
-        if not self.repo.sqlite:
-            return None
-        with contextlib.suppress(WriterBusy, OperationalError):
-            return self._write_here(job_id, call, change)
+        """`call`'s result in a 1-tuple when it could be written at once, here; else None."""
         return None
-
-    def _write_here(self, job_id: str, call: Callable[[], T], change: Change) -> tuple[T]:
-        """`_write_now`'s try; an error other than a busy lock may follow a commit, so it wakes too."""
-        try:
-            result = self.repo.write_inline(call)
-        except (WriterBusy, OperationalError):
-            raise  # nothing was written
-        except BaseException:
-            self.notifier.notify(job_id, change)
-            raise
-        self.notifier.notify(job_id, change)
-        return (result,)
 
     async def _write_later(
         self, job_id: str, call: Callable[[], T], change: Change, *, publish: bool = True
     ) -> T:
-        """A short write whose inline try met a busy writer, made even if the caller is cancelled."""
-        if not self.repo.sqlite:
-            return await self._write(job_id, change, call, publish=publish)
-        return await run_shielded(self._write_when_free(job_id, call, change, publish))
-
-    async def _write_when_free(self, job_id: str, call: Callable[[], T], change: Change, publish: bool) -> T:
-        """Write inline once this process's writer lock is free; on a thread if another process writes."""
-        loop = asyncio.get_running_loop()
-        while True:
-            free: asyncio.Future[None] = loop.create_future()
-            if self.repo.wake_when_writer_free(functools.partial(_wake, loop, free)):
-                await free
-            try:
-                return self._write_here(job_id, call, change)[0]
-            except WriterBusy:
-                continue  # another writer of this process took the lock first: wait for it in turn
-            except OperationalError:
-                break
+        """A short write `_write_now` did not make."""
         return await self._write(job_id, change, call, publish=publish)
 
     async def _write(self, job_id: str, change: Change, call: Callable[[], T], *, publish: bool = True) -> T:
@@ -308,3 +278,53 @@ class Store:
                 return await self._run(call)
             _raise_if_unavailable(exc)
             raise
+
+
+class SqliteStore(Store):
+    """The store of an SQLite file: reads and short writes run inline on the event loop while this process's
+    writer lock is free, and wait for it, without a thread, when it is not."""
+
+    async def read(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run a read-only repository method inline when the file answers at once, else on a thread."""
+        with contextlib.suppress(OperationalError):
+            return self.repo.read_inline(fn, *args, **kwargs)
+        return await super().read(fn, *args, **kwargs)
+
+    def _write_now(self, job_id: str, call: Callable[[], T], change: Change) -> tuple[T] | None:
+        """Try `call` inline on a free writer lock: its result in a 1-tuple, or None."""
+        with contextlib.suppress(WriterBusy, OperationalError):
+            return self._write_here(job_id, call, change)
+        return None
+
+    def _write_here(self, job_id: str, call: Callable[[], T], change: Change) -> tuple[T]:
+        """`_write_now`'s try; an error other than a busy lock may follow a commit, so it wakes too."""
+        try:
+            result = self.repo.write_inline(call)
+        except (WriterBusy, OperationalError):
+            raise  # nothing was written
+        except BaseException:
+            self.notifier.notify(job_id, change)
+            raise
+        self.notifier.notify(job_id, change)
+        return (result,)
+
+    async def _write_later(
+        self, job_id: str, call: Callable[[], T], change: Change, *, publish: bool = True
+    ) -> T:
+        """A short write whose inline try met a busy writer, made even if the caller is cancelled."""
+        return await run_shielded(self._write_when_free(job_id, call, change, publish))
+
+    async def _write_when_free(self, job_id: str, call: Callable[[], T], change: Change, publish: bool) -> T:
+        """Write inline once this process's writer lock is free; on a thread if another process writes."""
+        loop = asyncio.get_running_loop()
+        while True:
+            free: asyncio.Future[None] = loop.create_future()
+            if self.repo.wake_when_writer_free(functools.partial(_wake, loop, free)):
+                await free
+            try:
+                return self._write_here(job_id, call, change)[0]
+            except WriterBusy:
+                continue  # another writer of this process took the lock first: wait for it in turn
+            except OperationalError:
+                break
+        return await self._write(job_id, change, call, publish=publish)

@@ -176,8 +176,8 @@ class JobRepository(Claims, Retention, OperatorReads):
         return notice if self.notice_scope is None else f"{notice} {self.notice_scope}"
 
     def load_notice_scope(self) -> str | None:
-        """Read the schema of this store's tables into `notice_scope` (None off PostgreSQL)."""
-        if not self.sqlite:
+        """Read the schema of this store's tables into `notice_scope` (None where it sends no notices)."""
+        if self.publishes:
             with self._read_engine.connect() as connection:
                 self.notice_scope = connection.exec_driver_sql("SELECT current_schema()").scalar()
         return self.notice_scope

@@ -117,7 +117,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         config = HandlesConfig(data_dir=self.directory, secret_keys=("p" * 40,), lease_seconds=LEASE)
         self.runtime = Runtime(
-            store=Store(self.repo), config=config, specs={}, sealer=Sealer(config.resolved_secret_keys())
+            store=Store.of(self.repo), config=config, specs={}, sealer=Sealer(config.resolved_secret_keys())
         )
         self.model: dict[str, ModelJob] = {}
         self.alive = ["owner-1", "owner-2"]

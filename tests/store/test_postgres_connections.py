@@ -70,7 +70,7 @@ def test_a_read_on_a_connection_the_server_dropped_is_repeated_once_on_a_fresh_o
     job = job_row(f"d-{secrets.token_hex(4)}")
 
     async def main(repo: JobRepository) -> None:
-        store = Store(repo)
+        store = Store.of(repo)
         assert (await store.read(repo.get, job.id)) is not None  # the pool now holds an idle read connection
         assert terminate_backends(postgres_url, name) >= 1
         record = await store.read(repo.get, job.id)

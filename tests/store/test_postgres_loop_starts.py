@@ -69,7 +69,7 @@ def test_a_start_on_the_loop_stores_what_a_start_on_a_worker_thread_stores(postg
     """The same job row through both paths: every column read back the same, the lease by the database
     clock, the limit counted, the idempotency key's job returned as stored."""
     with repository(postgres_url) as repo:
-        store = Store(repo)
+        store = Store.of(repo)
         principal = _principal()
         threaded = job_row(_id(), principal=principal, arguments={"name": "é", "n": [1, 2.5, None]})
         on_loop = threaded.model_copy(update={"id": _id(), "idempotency_key": "k-1"})
@@ -97,7 +97,7 @@ def test_a_start_after_the_server_dropped_the_loops_connections_is_made_on_a_fre
     name = f"handles_loop_drop_{secrets.token_hex(4)}"
     principal = _principal()
     with repository(postgres_url, application_name=name) as repo:
-        store = Store(repo)
+        store = Store.of(repo)
 
         async def main() -> None:
             await asyncio.gather(
@@ -116,7 +116,7 @@ def test_a_burst_of_starts_shares_a_bounded_number_of_connections(postgres_url: 
     name = f"handles_loop_burst_{secrets.token_hex(4)}"
     principal = _principal()
     with repository(postgres_url, application_name=name) as repo:
-        store = Store(repo)
+        store = Store.of(repo)
 
         async def main() -> None:
             jobs = [job_row(_id(), principal=principal) for _ in range(60)]
@@ -134,7 +134,7 @@ def test_starts_on_another_event_loop_go_to_a_worker_thread(postgres_url: str) -
     """The loop's connections belong to the first loop that starts a job; a second loop running at the same
     time starts its jobs on a worker thread, and once the first loop has closed, the next loop takes them."""
     with repository(postgres_url) as repo:
-        store = Store(repo)
+        store = Store.of(repo)
         principal = _principal()
         first_running, first_may_end = threading.Event(), threading.Event()
         outcomes: list[bool] = []
@@ -199,7 +199,7 @@ def test_a_repository_closed_while_idle_leaves_no_connection_open(postgres_url: 
     name = f"handles_loop_close_{secrets.token_hex(4)}"
     repo = JobRepository(named(postgres_url, name))
     repo.prepare(auto_migrate=True)
-    store = Store(repo)
+    store = Store.of(repo)
     asyncio.run(start_in(store, job_row(_id(), principal=_principal()), queued=False))
     assert backends_that_started(postgres_url, name) == 1
     repo.dispose()
@@ -223,7 +223,7 @@ def test_starts_on_windows_proactor_loop_go_to_a_worker_thread(
 
     monkeypatch.setattr(asyncio, "ProactorEventLoop", StandIn, raising=False)
     with repository(postgres_url) as repo:
-        store = Store(repo)
+        store = Store.of(repo)
 
         async def main() -> bool:
             assert not repo.starts_on_loop

@@ -144,7 +144,7 @@ def test_only_a_start_that_waits_for_a_worker_is_announced(
     claimed = job_row(_id(), principal=principal, lease_owner="node-a", attempts=1)
     waiting = job_row(_id(), principal=principal, status="input_required")
     queued = job_row(_id(), principal=principal)
-    store = Store(repo)
+    store = Store.of(repo)
     store.origin = "node-a"
 
     async def start_all() -> None:
@@ -276,7 +276,7 @@ def test_a_start_against_a_database_that_never_answers_is_the_stores_retryable_e
             repo.insert(job_row(_id()), active_limit=5)
         assert not caught.value.connection_invalidated
         with pytest.raises(StoreUnavailable):
-            asyncio.run(start_in(Store(repo), job_row(_id()), queued=False, active_limit=5))
+            asyncio.run(start_in(Store.of(repo), job_row(_id()), queued=False, active_limit=5))
     finally:
         repo.dispose()
         silent.close()

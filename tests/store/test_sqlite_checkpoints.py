@@ -50,7 +50,7 @@ async def _start_inline(store: Store, count: int) -> None:
 
 def test_the_event_loops_write_connection_never_checkpoints_and_the_others_do(repo: JobRepository) -> None:
     async def main() -> None:
-        await _start_inline(Store(repo), 1)
+        await _start_inline(Store.of(repo), 1)
 
     asyncio.run(main())
     inline = repo._inline_write_raw
@@ -71,7 +71,7 @@ def test_starts_on_the_event_loop_keep_the_wal_short_and_every_job_stored(
     starts = 6 * INLINE_COMMITS_PER_CHECKPOINT
 
     async def main() -> None:
-        await _start_inline(Store(repo), starts)
+        await _start_inline(Store.of(repo), starts)
 
     asyncio.run(main())
     repo.wait_for_checkpoint(10)
@@ -103,7 +103,7 @@ def test_a_checkpoint_runs_on_a_thread_of_its_own_one_at_a_time(repo: JobReposit
     repo.checkpoint = recorded  # type: ignore[method-assign]
 
     async def main() -> None:
-        await _start_inline(Store(repo), 5 * INLINE_COMMITS_PER_CHECKPOINT)
+        await _start_inline(Store.of(repo), 5 * INLINE_COMMITS_PER_CHECKPOINT)
 
     asyncio.run(main())
     repo.wait_for_checkpoint(10)

@@ -76,7 +76,7 @@ def test_an_outcome_is_written_on_the_event_loop_committed_and_its_waiters_woken
     job_id = _held_job(sqlite_repo, "me")
 
     async def main() -> None:
-        store = Store(sqlite_repo)
+        store = Store.of(sqlite_repo)
         changed = store.notifier.watch(job_id)
         assert await _outcome(store, job_id, "me")
         assert changed.is_set()
@@ -92,7 +92,7 @@ def test_an_outcome_of_a_job_held_by_another_runtime_writes_nothing(
     job_id = _held_job(sqlite_repo, "someone-else")
 
     async def main() -> None:
-        store = Store(sqlite_repo)
+        store = Store.of(sqlite_repo)
         assert not await _outcome(store, job_id, "me")
         assert _status(sqlite_path, job_id) == "working"
         assert updates == []
@@ -106,7 +106,7 @@ def test_an_outcome_goes_to_a_worker_thread_while_another_process_writes_and_the
     job_id = _held_job(sqlite_repo, "me")
 
     async def main() -> None:
-        store = Store(sqlite_repo)
+        store = Store.of(sqlite_repo)
         with another_process_writing(sqlite_path) as other:
             outcome = _outcome(store, job_id, "me")
             ticks = await ticks_while_pending(outcome)  # the loop keeps serving while the outcome waits
@@ -127,7 +127,7 @@ def test_an_outcome_waits_on_the_event_loop_while_this_process_writes_and_is_wri
     job_id = _held_job(sqlite_repo, "me")
 
     async def main() -> None:
-        store = Store(sqlite_repo)
+        store = Store.of(sqlite_repo)
         changed = store.notifier.watch(job_id)
         with this_process_writing(sqlite_repo) as release:
             outcome = _outcome(store, job_id, "me")

@@ -52,7 +52,7 @@ def test_a_start_is_written_on_the_event_loop_and_committed_before_it_returns(
     sqlite_repo: JobRepository, sqlite_path: Path, inserts: list[int]
 ) -> None:
     async def main() -> None:
-        store = Store(sqlite_repo)
+        store = Store.of(sqlite_repo)
         job = job_row(f"i-{secrets.token_hex(4)}")
         stored, created = await start_in(store, job, queued=False, active_limit=5)
         assert created and stored.id == job.id
@@ -64,7 +64,7 @@ def test_a_start_is_written_on_the_event_loop_and_committed_before_it_returns(
 
 def test_the_limit_and_the_idempotency_key_hold_on_the_event_loop(sqlite_repo: JobRepository) -> None:
     async def main() -> None:
-        store = Store(sqlite_repo)
+        store = Store.of(sqlite_repo)
         first = job_row(f"i-{secrets.token_hex(4)}", idempotency_key="k")
         assert (await start_in(store, first, queued=False, active_limit=1))[1]
         again, created = await start_in(
@@ -83,7 +83,7 @@ def test_a_start_goes_to_a_worker_thread_while_another_process_writes_and_the_lo
     sqlite_repo: JobRepository, sqlite_path: Path, inserts: list[int]
 ) -> None:
     async def main() -> None:
-        store = Store(sqlite_repo)
+        store = Store.of(sqlite_repo)
         job = job_row(f"i-{secrets.token_hex(4)}")
         with another_process_writing(sqlite_path) as other:
             start = asyncio.create_task(start_in(store, job, queued=False, active_limit=5))
@@ -104,7 +104,7 @@ def test_a_start_waits_on_the_event_loop_while_this_process_writes_and_is_writte
     the event loop, which keeps serving meanwhile, and inserts there once it is free, not on a worker thread."""
 
     async def main() -> None:
-        store = Store(sqlite_repo)
+        store = Store.of(sqlite_repo)
         with this_process_writing(sqlite_repo) as release:
             job = job_row(f"i-{secrets.token_hex(4)}")
             start = asyncio.create_task(start_in(store, job, queued=False))
@@ -127,7 +127,7 @@ def test_a_start_cancelled_while_it_waits_for_this_processs_writer_is_still_writ
     not take it back (a start's caller may go away; its job is committed all the same, see `JobOperations`)."""
 
     async def main() -> None:
-        store = Store(sqlite_repo)
+        store = Store.of(sqlite_repo)
         job = job_row(f"i-{secrets.token_hex(4)}")
         with this_process_writing(sqlite_repo) as release:
             start = asyncio.create_task(start_in(store, job, queued=False))

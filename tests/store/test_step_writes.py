@@ -234,7 +234,7 @@ def test_a_kept_outcome_of_a_run_that_lost_its_job_wakes_the_jobs_waiters(repo: 
     assert repo.transition(job.id, Status.CANCELLED, owner=OWNER)
 
     async def main() -> None:
-        store = Store(repo)
+        store = Store.of(repo)
         changed = store.notifier.watch(job.id)
         with pytest.raises(LeaseLost):
             await store.write(
@@ -337,7 +337,7 @@ def test_a_steps_writes_on_an_sqlite_file_run_on_the_event_loop_and_wake_its_wai
     threads = statement_threads(sqlite_repo, "UPDATE handles_jobs")  # each write touches the job
 
     async def main() -> None:
-        store = Store(sqlite_repo)
+        store = Store.of(sqlite_repo)
         changed, fetching = store.notifier.watch(job.id), store.notifier.watch(job.id, past_reports=True)
         record, fresh = await store.write(
             job.id, "reported", sqlite_repo.begin_step, job.id, OWNER, "fetch", 1

@@ -52,7 +52,7 @@ async def test_the_store_is_read_at_most_once_per_period_and_a_change_shows_with
 ) -> None:
     reads = counting(repo)
     ticks = Ticks()
-    board = SwitchBoard(Store(repo), HandlesConfig(switch_cache_seconds=2.0), monotonic=ticks)
+    board = SwitchBoard(Store.of(repo), HandlesConfig(switch_cache_seconds=2.0), monotonic=ticks)
     first = await asyncio.gather(*(board.current() for _ in range(20)))
     assert reads == [1], "calls arriving together share one read"
     assert all(switches == Switches() for switches in first)
@@ -69,7 +69,7 @@ async def test_the_store_is_read_at_most_once_per_period_and_a_change_shows_with
 
 async def test_a_zero_period_reads_the_store_on_every_call(repo: JobRepository) -> None:
     reads = counting(repo)
-    board = SwitchBoard(Store(repo), HandlesConfig(switch_cache_seconds=0), monotonic=Ticks())
+    board = SwitchBoard(Store.of(repo), HandlesConfig(switch_cache_seconds=0), monotonic=Ticks())
     for _ in range(3):
         await board.current()
     assert reads == [3]
@@ -79,7 +79,7 @@ async def test_configuration_pins_hold_whatever_the_store_says(repo: JobReposito
     repo.set_switch(TASKS, engaged=False, by="bob")
     repo.set_switch(paused_switch("report"), engaged=True, by="carol", retry_after_seconds=30)
     config = HandlesConfig(tasks_off=True, paused_jobs=("export",))
-    switches = await SwitchBoard(Store(repo), config).current()
+    switches = await SwitchBoard(Store.of(repo), config).current()
     assert switches.tasks_off is not None and switches.tasks_off.pinned
     assert sorted(switches.paused) == ["export", "report"]
     assert switches.paused["export"].pinned and switches.paused["export"].retry_after_seconds == 60
