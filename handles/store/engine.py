@@ -199,8 +199,8 @@ class Database:
         self._prepared: dict[Any, _Prepared] = {}  # the hot paths' statements, compiled (`_prepare`)
         self._clock_offset = timedelta(0)  # how far the database's clock is ahead of this node's
         self._write_lock: WriterLock | contextlib.nullcontext[None] = contextlib.nullcontext()
-        # Else PostgreSQL. `JobRepository` picks its ops by it; `Store` tries reads, and short writes, on the
-        # calling (event loop) thread only on an SQLite file.
+        # Else PostgreSQL. `JobRepository` picks its ops by it, and `Store.of` its store (`SqliteStore` tries
+        # reads, and short writes, on the calling event loop thread).
         self.sqlite = url.startswith("sqlite")
         if self.sqlite:
             engines = _sqlite_engines(url)

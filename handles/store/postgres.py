@@ -176,7 +176,7 @@ class PostgresOps:
                 async with self.repo.loop_connections.connection() as connection:
                     try:
                         cursor = await connection.execute(start.sql, start.parameters(params))
-                        (row,) = start.decode(await cursor.fetchall(), cursor.description)
+                        (row,) = start.named(start.values(await cursor.fetchall(), cursor.description))
                     except psycopg.Error as exc:
                         raise as_sqlalchemy_error(
                             self.repo.engine, exc, disconnect=connection.closed

@@ -60,7 +60,7 @@ class _Prepared:
 
     def rows(self, connection: Any, values: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Run the SELECT on the DB-API `connection`: every row (so its statement ends), by column name."""
-        return [dict(zip(self._column_names, row, strict=True)) for row in self.positions(connection, values)]
+        return self.named(self.positions(connection, values))
 
     def positions(self, connection: Any, values: Mapping[str, Any]) -> list[list[Any]]:
         """As `rows`, each row by position."""
@@ -70,9 +70,8 @@ class _Prepared:
         finally:
             cursor.close()
 
-    def decode(self, found: Sequence[Sequence[Any]], description: Sequence[Any]) -> list[dict[str, Any]]:
-        """The rows `found`, by column name, through each column's result processor."""
-        rows = self.values(found, description)
+    def named(self, rows: list[list[Any]]) -> list[dict[str, Any]]:
+        """Rows by position (`values`) as rows by column name."""
         return [dict(zip(self._column_names, row, strict=True)) for row in rows]
 
     def values(self, found: Sequence[Sequence[Any]], description: Sequence[Any]) -> list[list[Any]]:
